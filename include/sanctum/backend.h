@@ -1,0 +1,100 @@
+/* Compute backends.
+ *
+ * A backend is a table of ops plus a context. Ops work at the granularity a
+ * model file names (a whole projection, a whole attention, a whole GDN
+ * step) so a backend fuses inside an op. Activations are fp32 row-major
+ * [T, n] in backend memory (host memory on the CPU, device memory on CUDA),
+ * allocated with buf_alloc. Weights are sn_weight views; upload_weight gives
+ * a backend the chance to copy/repack them once at load.
+ *
+ * The scalar CPU code is the oracle: every other kernel is tested against it. */
+#ifndef SANCTUM_BACKEND_H
+#define SANCTUM_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sanctum/tensor.h"
+
+typedef struct sn_backend sn_backend;
+
+/* Per-layer attention cache view for one sequence: K and V after RoPE,
+ * [max_ctx, n_kv_heads, head_dim] fp32 each, in backend memory. */
+typedef struct {
+    float *k, *v;
+    int max_ctx, n_kv_heads, head_dim;
+} sn_kv_view;
+
+/* Per-layer GatedDeltaNet state for one sequence, in backend memory.
+ * conv: [K-1, conv_dim] fp32 (pre-conv qkv rows, oldest first).
+ * S:    [Hv, Dk, Dv] fp32 (HF layout). */
+typedef struct {
+    float *conv;
+    float *S;
+} sn_gdn_view;
+
+typedef struct {
+    int n_k_heads, n_v_heads, dk, dv, conv_k; /* Hk, Hv, Dk, Dv, K */
+    float norm_eps;
+} sn_gdn_dims;
+
+typedef struct sn_backend_ops {
+    const char *name;
+    void (*destroy)(sn_backend *);
+    sn_status (*buf_alloc)(sn_backend *, size_t bytes, void **out);
+    void (*buf_free)(sn_backend *, void *);
+    /* dst/src in backend memory unless the name says host. */
+    sn_status (*copy)(sn_backend *, void *dst, const void *src, size_t bytes);
+    sn_status (*to_host)(sn_backend *, void *host_dst, const void *src, size_t bytes);
+    sn_status (*from_host)(sn_backend *, void *dst, const void *host_src, size_t bytes);
+    sn_status (*memset0)(sn_backend *, void *dst, size_t bytes);
+    sn_status (*upload_weight)(sn_backend *, sn_weight *w);
+    sn_status (*sync)(sn_backend *);
+
+    /* y[T,rows] = x[T,cols] @ W^T (+ bias). For an expert stack, expert e. */
+    sn_status (*matmul)(sn_backend *, const sn_weight *w, int expert, const float *x, int T, float *y);
+    /* y[T,cols] = dequantized rows ids[t] of W (embedding lookup). ids in host memory. */
+    sn_status (*embed)(sn_backend *, const sn_weight *w, const int32_t *ids, int T, float *y);
+    /* y[r,:] = x[r,:] * rsqrt(mean(x[r,:]^2)+eps) * w   for r in [0,rows). w fp32 [n] in backend memory. */
+    sn_status (*rmsnorm)(sn_backend *, const float *x, const float *w, int rows, int n, float eps, float *y);
+    sn_status (*add)(sn_backend *, float *y, const float *x, size_t n);              /* y += x */
+    sn_status (*swiglu)(sn_backend *, const float *gate, const float *up, size_t n, float *out); /* silu(g)*u */
+    /* NeoX RoPE on the first rot_dim dims of each head of x[T, n_heads, head_dim]
+     * at positions pos0..pos0+T-1; inv_freq [rot_dim/2] (backend memory), angle
+     * scaled by mscale on cos/sin (YaRN attention factor; 1 otherwise). */
+    sn_status (*rope)(sn_backend *, float *x, int T, int n_heads, int head_dim, int rot_dim,
+                      int pos0, const float *inv_freq, float mscale);
+    /* Causal GQA attention of q[T,Hq,D] against kv positions [0, pos0+T) of the
+     * cache (the new K/V already written at pos0..pos0+T-1). out [T,Hq,D]. */
+    sn_status (*attention)(sn_backend *, const float *q, const sn_kv_view *kv, int T, int pos0,
+                           int n_q_heads, float scale, float *out);
+    /* Write k,v [T,Hkv,D] into the cache at pos0. */
+    sn_status (*kv_write)(sn_backend *, const sn_kv_view *kv, const float *k, const float *v, int T, int pos0);
+    /* GatedDeltaNet core for T tokens: causal depthwise conv (weights conv_w
+     * [conv_dim, K] fp32) + SiLU over qkv [T, conv_dim] updating st->conv;
+     * l2norm(q)*Dk^-0.5, l2norm(k); beta = sigmoid(b), g = -exp(A_log)*softplus(a+dt_bias);
+     * delta rule updating st->S; out [T, Hv*Dv] (before the gated norm). */
+    sn_status (*gdn)(sn_backend *, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
+                     const float *conv_w, const float *A_log, const float *dt_bias,
+                     sn_gdn_view *st, int T, float *out);
+    /* Gated RMSNorm per head: y = w * rmsnorm(o) * silu(z), o,z [rows, n], w [n]. */
+    sn_status (*gated_rmsnorm)(sn_backend *, const float *o, const float *z, const float *w,
+                               int rows, int n, float eps, float *y);
+    /* y *= sigmoid(gate) elementwise. */
+    sn_status (*mul_sigmoid)(sn_backend *, float *y, const float *gate, size_t n);
+} sn_backend_ops;
+
+struct sn_backend {
+    const sn_backend_ops *ops;
+    int n_threads;
+};
+
+typedef enum { SN_BACKEND_CPU, SN_BACKEND_CUDA } sn_backend_kind;
+
+/* CPU: n_threads <= 0 means one per core. CUDA: gpu index. */
+sn_status sn_backend_cpu_new(int n_threads, sn_backend **out);
+sn_status sn_backend_cuda_new(int gpu, sn_backend **out);   /* SN_E_UNSUPPORTED when built without CUDA */
+void sn_backend_free(sn_backend *be);
+
+#endif

@@ -1,0 +1,67 @@
+/* Loading a checkpoint and running it: the API the server and tools use.
+ *
+ * sn_model is immutable after load and shared; sn_seq is one sequence's
+ * state (KV caches for attention layers, conv + recurrent state for
+ * GatedDeltaNet layers, position). States can be snapshotted and restored
+ * because recurrent state cannot be truncated: the prompt cache and
+ * speculative decoding rely on that. */
+#ifndef SANCTUM_MODEL_H
+#define SANCTUM_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "sanctum/backend.h"
+
+typedef struct sn_model sn_model;
+typedef struct sn_seq sn_seq;
+typedef struct sn_snapshot sn_snapshot;
+
+typedef struct {
+    sn_backend_kind backend;  /* CPU (default) or CUDA */
+    int gpu;                  /* CUDA device index */
+    int n_threads;            /* CPU threads; <=0: one per core */
+    int quantize_bits;        /* 0: as stored; 4 or 8: quantize raw HF weights at load */
+    int64_t memory_limit_mb;  /* 0: no limit; else refuse a model whose weights exceed it */
+} sn_load_opts;
+
+typedef struct {
+    const char *model_type;   /* "qwen3_5", "qwen3_5_moe", "qwen2", "mistral" */
+    const char *name;         /* model id shown to clients (directory base name) */
+    int vocab_size;
+    int hidden_size;
+    int n_layers;
+    int max_ctx;              /* max_position_embeddings */
+    int32_t eos_ids[8];       /* from generation_config.json, else config */
+    int n_eos;
+    int32_t bos_id;           /* -1 when none */
+    bool mlx_layout;          /* true: MLX-converted checkpoint; false: raw HF */
+    int64_t weight_bytes;     /* bytes of weights as stored (for bandwidth figures) */
+} sn_model_info;
+
+sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **out);
+void sn_model_free(sn_model *m);
+const sn_model_info *sn_model_get_info(const sn_model *m);
+
+/* max_ctx <= 0: the model's max_position_embeddings (capped to 32768). */
+sn_status sn_seq_new(sn_model *m, int max_ctx, sn_seq **out);
+void sn_seq_free(sn_seq *s);
+int sn_seq_pos(const sn_seq *s);       /* tokens consumed so far */
+int sn_seq_max_ctx(const sn_seq *s);
+void sn_seq_reset(sn_seq *s);           /* back to position 0, states zeroed */
+/* Bytes of state one snapshot holds at the current position. */
+size_t sn_seq_state_bytes(const sn_seq *s);
+
+/* Run n tokens through the model at the sequence's position.
+ * logits: host buffer; when all_logits, [n, vocab], else [vocab] for the last token.
+ * logits may be NULL (prefill without output). */
+sn_status sn_forward(sn_model *m, sn_seq *s, const int32_t *tokens, int n, float *logits, bool all_logits);
+
+/* Snapshot holds a full copy of the sequence state (host or backend memory). */
+sn_status sn_seq_snapshot(const sn_seq *s, sn_snapshot **out);
+sn_status sn_seq_restore(sn_seq *s, const sn_snapshot *snap);
+int sn_snapshot_pos(const sn_snapshot *snap);
+size_t sn_snapshot_bytes(const sn_snapshot *snap);
+void sn_snapshot_free(sn_snapshot *snap);
+
+#endif
