@@ -7,7 +7,15 @@
  * allocated with buf_alloc. Weights are sn_weight views; upload_weight gives
  * a backend the chance to copy/repack them once at load.
  *
- * The scalar CPU code is the oracle: every other kernel is tested against it. */
+ * The scalar CPU code is the oracle: every other kernel is tested against it.
+ *
+ * BATCH INVARIANCE (required of every CPU op): the value computed for token
+ * row t is bitwise identical whatever T is, wherever t sits in the batch and
+ * whatever the thread count (same accumulation order per output element; a
+ * GEMM that blocks over tokens still reduces each dot product exactly as the
+ * GEMV does). The prompt cache and prompt-lookup speculation rely on this to
+ * give byte-identical outputs whether a token was processed alone or in a
+ * run of many (the seed system needed a T_q >= 2 workaround without it). */
 #ifndef SANCTUM_BACKEND_H
 #define SANCTUM_BACKEND_H
 
