@@ -1,0 +1,274 @@
+/* Sampling: penalties -> top-p -> temperature -> draw (see sample.h).
+ *
+ * The order matches mlx-lm (architecture.md §7.1): top-p is decided on the
+ * untempered distribution, temperature only reshapes the draw among the
+ * survivors. Everything is scratch owned by the sampler: nothing allocates
+ * per token. */
+#include "sanctum/sample.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+struct sn_sampler {
+    sn_sample_params p;
+    int vocab;
+    sn_rng rng;
+    int32_t window[SN_SAMPLE_MAX_WINDOW]; /* ring of recent ids */
+    int win_n, win_head;
+    int32_t *counts;    /* [vocab] scratch, all zero between calls */
+    float *probs;       /* [vocab] untempered probabilities */
+    int32_t *cand;      /* [vocab] candidate ids for top-p */
+    bool penalties;
+};
+
+/* ---- PRNG: splitmix64 to expand the seed, xoshiro256** to draw ---- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void sn_rng_seed(sn_rng *r, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+}
+
+sn_status sn_rng_seed_random(sn_rng *r)
+{
+    uint64_t seed;
+    size_t got = 0;
+    while (got < sizeof seed) {
+        ssize_t k = getrandom((char *)&seed + got, sizeof seed - got, 0);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return SN_FAIL(SN_E_IO, "getrandom failed: %s", strerror(errno));
+        }
+        got += (size_t)k;
+    }
+    sn_rng_seed(r, seed);
+    return SN_OK;
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t sn_rng_next(sn_rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t out = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+double sn_rng_uniform(sn_rng *r) { return (double)(sn_rng_next(r) >> 11) * 0x1.0p-53; }
+
+/* ---- params ---- */
+
+void sn_sample_params_default(sn_sample_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->temperature = 0.0f;
+    p->top_p = 1.0f;
+    p->repetition_penalty = 0.0f;
+    p->repetition_window = 20;
+}
+
+sn_status sn_sample_params_check(const sn_sample_params *p)
+{
+    if (!(p->temperature >= 0.0f && p->temperature <= 100.0f))
+        return SN_FAIL(SN_E_INVALID, "temperature must be in [0, 100], got %g", p->temperature);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return SN_FAIL(SN_E_INVALID, "top_p must be in (0, 1], got %g", p->top_p);
+    if (!(p->repetition_penalty >= 0.0f && p->repetition_penalty <= 100.0f))
+        return SN_FAIL(SN_E_INVALID, "repetition_penalty must be in [0, 100], got %g", p->repetition_penalty);
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return SN_FAIL(SN_E_INVALID, "presence_penalty must be in [-2, 2], got %g", p->presence_penalty);
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return SN_FAIL(SN_E_INVALID, "frequency_penalty must be in [-2, 2], got %g", p->frequency_penalty);
+    if (p->repetition_window < 1 || p->repetition_window > SN_SAMPLE_MAX_WINDOW)
+        return SN_FAIL(SN_E_INVALID, "repetition window must be in [1, %d], got %d",
+                       SN_SAMPLE_MAX_WINDOW, p->repetition_window);
+    return SN_OK;
+}
+
+/* ---- sampler ---- */
+
+sn_status sn_sampler_new(const sn_sample_params *p, int vocab, sn_sampler **out)
+{
+    *out = NULL;
+    SN_TRY(sn_sample_params_check(p));
+    if (vocab <= 0) return SN_FAIL(SN_E_INVALID, "sampler: vocab must be positive, got %d", vocab);
+    sn_status st = SN_OK;
+    sn_sampler *s = calloc(1, sizeof *s);
+    if (!s) return SN_FAIL(SN_E_NOMEM, "sampler: out of memory");
+    s->p = *p;
+    s->vocab = vocab;
+    s->penalties = (p->repetition_penalty != 0.0f && p->repetition_penalty != 1.0f) ||
+                   p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    s->counts = calloc((size_t)vocab, sizeof *s->counts);
+    s->probs = malloc((size_t)vocab * sizeof *s->probs);
+    s->cand = malloc((size_t)vocab * sizeof *s->cand);
+    if (!s->counts || !s->probs || !s->cand) {
+        st = SN_FAIL(SN_E_NOMEM, "sampler: out of memory for vocab %d", vocab);
+        goto out;
+    }
+    if (p->has_seed) sn_rng_seed(&s->rng, p->seed);
+    else if ((st = sn_rng_seed_random(&s->rng)) != SN_OK) goto out;
+    *out = s;
+    return SN_OK;
+out:
+    sn_sampler_free(s);
+    return st;
+}
+
+void sn_sampler_free(sn_sampler *s)
+{
+    if (!s) return;
+    free(s->counts);
+    free(s->probs);
+    free(s->cand);
+    free(s);
+}
+
+bool sn_sampler_is_greedy(const sn_sampler *s) { return s->p.temperature == 0.0f && !s->penalties; }
+
+void sn_sampler_accept(sn_sampler *s, int32_t id)
+{
+    int w = s->p.repetition_window;
+    if (s->win_n < w) {
+        s->window[(s->win_head + s->win_n) % w] = id;
+        s->win_n++;
+    } else {
+        s->window[s->win_head] = id;
+        s->win_head = (s->win_head + 1) % w;
+    }
+}
+
+/* Sign-aware repetition penalty (a positive logit shrinks, a negative one
+ * grows more negative) plus OpenAI presence/frequency, each applied once per
+ * distinct token in the window. counts[] is left all zero again. */
+static void apply_penalties(sn_sampler *s, float *logits)
+{
+    int w = s->p.repetition_window;
+    for (int i = 0; i < s->win_n; i++) {
+        int32_t id = s->window[(s->win_head + i) % w];
+        if (id >= 0 && id < s->vocab) s->counts[id]++;
+    }
+    float rp = s->p.repetition_penalty;
+    bool use_rp = rp != 0.0f && rp != 1.0f;
+    for (int i = 0; i < s->win_n; i++) {
+        int32_t id = s->window[(s->win_head + i) % w];
+        if (id < 0 || id >= s->vocab || s->counts[id] == 0) continue;
+        float l = logits[id];
+        if (use_rp) l = l < 0.0f ? l * rp : l / rp;
+        l -= s->p.presence_penalty;
+        l -= s->p.frequency_penalty * (float)s->counts[id];
+        logits[id] = l;
+        s->counts[id] = 0;
+    }
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = -1;
+    float bv = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (isnan(x[i])) continue;
+        if (best < 0 || x[i] > bv) { bv = x[i]; best = i; }
+    }
+    return best;
+}
+
+/* Descending by probability, ties by id so the order (and the draw) is
+ * reproducible whatever qsort does with equal keys. */
+static _Thread_local const float *t_sort_probs;
+static int cmp_desc(const void *a, const void *b)
+{
+    int32_t ia = *(const int32_t *)a, ib = *(const int32_t *)b;
+    float pa = t_sort_probs[ia], pb = t_sort_probs[ib];
+    if (pa > pb) return -1;
+    if (pa < pb) return 1;
+    return (ia > ib) - (ia < ib);
+}
+
+sn_status sn_sampler_sample(sn_sampler *s, float *logits, int32_t *out_id)
+{
+    if (s->penalties) apply_penalties(s, logits);
+    if (s->p.temperature == 0.0f) {
+        int id = argmax(logits, s->vocab);
+        if (id < 0) return SN_FAIL(SN_E_RANGE, "sampler: every logit is NaN");
+        *out_id = id;
+        return SN_OK;
+    }
+    int n = s->vocab;
+    int top = argmax(logits, n);
+    if (top < 0) return SN_FAIL(SN_E_RANGE, "sampler: every logit is NaN");
+    float mx = logits[top];
+    if (isinf(mx)) { /* +inf dominates everything: the draw is decided */
+        *out_id = top;
+        return SN_OK;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        float e = isnan(logits[i]) ? 0.0f : expf(logits[i] - mx);
+        s->probs[i] = e;
+        sum += e;
+    }
+    float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) s->probs[i] *= inv;
+
+    /* Candidates. With top-p, a token whose probability is below (1-p)/n is
+     * always cut (all such tokens together weigh less than 1-p, so they sit
+     * in the discarded ascending tail); skipping them before the sort keeps
+     * the sort small without changing the result. */
+    float p = s->p.top_p;
+    int nc = 0;
+    if (p < 1.0f) {
+        float floor_p = (1.0f - p) / (float)n;
+        for (int i = 0; i < n; i++)
+            if (s->probs[i] >= floor_p && s->probs[i] > 0.0f) s->cand[nc++] = i;
+        t_sort_probs = s->probs;
+        qsort(s->cand, (size_t)nc, sizeof *s->cand, cmp_desc);
+        /* mlx-lm keeps a token when the ascending cumulative probability up to
+         * and including it exceeds 1-p, i.e. when the mass strictly above it
+         * is below p. */
+        double above = 0.0;
+        int keep = 0;
+        while (keep < nc && above < p) above += s->probs[s->cand[keep++]];
+        if (keep == 0) keep = 1;
+        nc = keep;
+    } else {
+        for (int i = 0; i < n; i++)
+            if (s->probs[i] > 0.0f) s->cand[nc++] = i;
+    }
+    if (nc == 0) { *out_id = top; return SN_OK; }
+
+    /* Temperature: categorical(logprobs / T) over the survivors. Weights are
+     * exp((l - mx) / T), so the max survivor weighs 1 and nothing overflows. */
+    float invT = 1.0f / s->p.temperature;
+    double total = 0.0;
+    for (int k = 0; k < nc; k++) {
+        int i = s->cand[k];
+        float w = expf((logits[i] - mx) * invT);
+        s->probs[i] = w;   /* probs is scratch now: reuse it for the weights */
+        total += w;
+    }
+    if (!(total > 0.0)) { *out_id = top; return SN_OK; }
+    double u = sn_rng_uniform(&s->rng) * total, acc = 0.0;
+    int32_t pick = s->cand[nc - 1];
+    for (int k = 0; k < nc; k++) {
+        acc += s->probs[s->cand[k]];
+        if (u < acc) { pick = s->cand[k]; break; }
+    }
+    *out_id = pick;
+    return SN_OK;
+}

@@ -1,0 +1,229 @@
+/* Sampler: argmax fast path, penalties (sign-aware, windowed), top-p on the
+ * untempered distribution, temperature, and seeded reproducibility. */
+#include "harness.h"
+#include "sanctum/sample.h"
+
+#include <stdlib.h>
+
+static sn_sampler *mk(float temp, float top_p, float rep, float pres, float freq, int window, bool seeded, uint64_t seed, int vocab)
+{
+    sn_sample_params p;
+    sn_sample_params_default(&p);
+    p.temperature = temp;
+    p.top_p = top_p;
+    p.repetition_penalty = rep;
+    p.presence_penalty = pres;
+    p.frequency_penalty = freq;
+    if (window) p.repetition_window = window;
+    p.has_seed = seeded;
+    p.seed = seed;
+    sn_sampler *s = NULL;
+    if (sn_sampler_new(&p, vocab, &s) != SN_OK) return NULL;
+    return s;
+}
+
+static void test_rng_reproducible(void)
+{
+    sn_rng a, b, c;
+    sn_rng_seed(&a, 42);
+    sn_rng_seed(&b, 42);
+    sn_rng_seed(&c, 43);
+    int same_c = 0;
+    for (int i = 0; i < 100; i++) {
+        uint64_t x = sn_rng_next(&a), y = sn_rng_next(&b), z = sn_rng_next(&c);
+        CHECK(x == y);
+        same_c += x == z;
+    }
+    CHECK(same_c == 0);
+    double lo = 1, hi = 0, mean = 0;
+    for (int i = 0; i < 10000; i++) {
+        double u = sn_rng_uniform(&a);
+        CHECK(u >= 0.0 && u < 1.0);
+        if (u < lo) lo = u;
+        if (u > hi) hi = u;
+        mean += u;
+    }
+    mean /= 10000;
+    CHECK(lo < 0.01 && hi > 0.99);
+    CHECKF(fabs(mean - 0.5) < 0.02, "mean %f", mean);
+}
+
+static void test_greedy(void)
+{
+    sn_sampler *s = mk(0, 1, 0, 0, 0, 0, true, 1, 5);
+    CHECK(s && sn_sampler_is_greedy(s));
+    float l[5] = {0.1f, 3.0f, NAN, 2.9f, -1.0f};
+    int32_t id = -1;
+    CHECK_OK(sn_sampler_sample(s, l, &id));
+    CHECK(id == 1);
+    float nan5[5] = {NAN, NAN, NAN, NAN, NAN};
+    CHECK(sn_sampler_sample(s, nan5, &id) == SN_E_RANGE);
+    sn_sampler_free(s);
+}
+
+static void test_repetition_penalty_sign_aware(void)
+{
+    sn_sampler *s = mk(0, 1, 2.0f, 0, 0, 0, true, 1, 4);
+    CHECK(s && !sn_sampler_is_greedy(s));
+    sn_sampler_accept(s, 0);
+    sn_sampler_accept(s, 2);
+    sn_sampler_accept(s, 0);  /* repeated: penalised once, not twice */
+    float l[4] = {4.0f, 3.0f, -1.0f, 1.0f};
+    int32_t id;
+    CHECK_OK(sn_sampler_sample(s, l, &id));
+    CHECK(l[0] == 2.0f);   /* positive: divided */
+    CHECK(l[2] == -2.0f);  /* negative: multiplied */
+    CHECK(l[1] == 3.0f && l[3] == 1.0f);
+    CHECK(id == 1);
+    sn_sampler_free(s);
+}
+
+static void test_window_bounded(void)
+{
+    /* Window 2: token 0 falls out once two newer tokens arrive. */
+    sn_sampler *s = mk(0, 1, 2.0f, 0, 0, 2, true, 1, 4);
+    sn_sampler_accept(s, 0);
+    sn_sampler_accept(s, 1);
+    sn_sampler_accept(s, 2);
+    float l[4] = {4.0f, 4.0f, 4.0f, 1.0f};
+    int32_t id;
+    CHECK_OK(sn_sampler_sample(s, l, &id));
+    CHECK(l[0] == 4.0f && l[1] == 2.0f && l[2] == 2.0f);
+    CHECK(id == 0);
+    sn_sampler_free(s);
+}
+
+static void test_presence_frequency(void)
+{
+    sn_sampler *s = mk(0, 1, 0, 0.5f, 0.25f, 0, true, 1, 3);
+    sn_sampler_accept(s, 1);
+    sn_sampler_accept(s, 1);
+    sn_sampler_accept(s, 1);
+    sn_sampler_accept(s, 2);
+    float l[3] = {0.0f, 2.0f, 1.0f};
+    int32_t id;
+    CHECK_OK(sn_sampler_sample(s, l, &id));
+    CHECKF(fabsf(l[1] - (2.0f - 0.5f - 0.75f)) < 1e-6f, "l1=%f", l[1]);
+    CHECKF(fabsf(l[2] - (1.0f - 0.5f - 0.25f)) < 1e-6f, "l2=%f", l[2]);
+    CHECK(l[0] == 0.0f);
+    CHECK(id == 1);
+    sn_sampler_free(s);
+}
+
+/* Draw many times and count. */
+static void histogram(sn_sampler *s, const float *logits, int n, int draws, int *counts)
+{
+    float *tmp = malloc(sizeof(float) * (size_t)n);
+    memset(counts, 0, sizeof(int) * (size_t)n);
+    for (int d = 0; d < draws; d++) {
+        memcpy(tmp, logits, sizeof(float) * (size_t)n);
+        int32_t id = -1;
+        if (sn_sampler_sample(s, tmp, &id) == SN_OK && id >= 0 && id < n) counts[id]++;
+    }
+    free(tmp);
+}
+
+static void test_temperature_distribution(void)
+{
+    /* probs 0.5 / 0.3 / 0.2 at T=1 */
+    float l[3] = {logf(0.5f), logf(0.3f), logf(0.2f)};
+    sn_sampler *s = mk(1.0f, 1, 0, 0, 0, 0, true, 7, 3);
+    int c[3];
+    histogram(s, l, 3, 20000, c);
+    CHECKF(abs(c[0] - 10000) < 400 && abs(c[1] - 6000) < 400 && abs(c[2] - 4000) < 400,
+           "%d %d %d", c[0], c[1], c[2]);
+    sn_sampler_free(s);
+    /* T=0.5 squares the odds: 25:9:4 */
+    s = mk(0.5f, 1, 0, 0, 0, 0, true, 7, 3);
+    histogram(s, l, 3, 20000, c);
+    CHECKF(abs(c[0] - 13158) < 400 && abs(c[1] - 4737) < 400 && abs(c[2] - 2105) < 400,
+           "%d %d %d", c[0], c[1], c[2]);
+    sn_sampler_free(s);
+}
+
+static void test_top_p_before_temperature(void)
+{
+    /* probs 0.5 / 0.3 / 0.15 / 0.05. top_p 0.75: mass above token 1 is 0.5 < 0.75
+     * (kept), above token 2 is 0.8 (cut). A high temperature would flatten the
+     * distribution and let more tokens in if it were applied first. */
+    float l[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    sn_sampler *s = mk(5.0f, 0.75f, 0, 0, 0, 0, true, 3, 4);
+    int c[4];
+    histogram(s, l, 4, 5000, c);
+    CHECKF(c[2] == 0 && c[3] == 0, "%d %d %d %d", c[0], c[1], c[2], c[3]);
+    CHECK(c[0] > 2000 && c[1] > 2000); /* nearly flat between the two survivors at T=5 */
+    sn_sampler_free(s);
+    /* top_p just above 0.8 lets token 2 in. */
+    s = mk(1.0f, 0.81f, 0, 0, 0, 0, true, 3, 4);
+    histogram(s, l, 4, 5000, c);
+    CHECK(c[2] > 0 && c[3] == 0);
+    sn_sampler_free(s);
+    /* tiny top_p keeps only the top token. */
+    s = mk(1.0f, 0.01f, 0, 0, 0, 0, true, 3, 4);
+    histogram(s, l, 4, 500, c);
+    CHECK(c[0] == 500);
+    sn_sampler_free(s);
+}
+
+static void test_seed_same_sequence(void)
+{
+    enum { V = 1000, N = 200 };
+    float *base = malloc(sizeof(float) * V), *tmp = malloc(sizeof(float) * V);
+    sn_rng r;
+    sn_rng_seed(&r, 99);
+    for (int i = 0; i < V; i++) base[i] = (float)(sn_rng_uniform(&r) * 4.0);
+    int32_t a[N], b[N], c[N];
+    for (int run = 0; run < 3; run++) {
+        sn_sampler *s = mk(0.9f, 0.95f, 1.1f, 0, 0, 0, true, run == 2 ? 1235 : 1234, V);
+        int32_t *dst = run == 0 ? a : run == 1 ? b : c;
+        for (int i = 0; i < N; i++) {
+            memcpy(tmp, base, sizeof(float) * V);
+            CHECK_OK(sn_sampler_sample(s, tmp, &dst[i]));
+            sn_sampler_accept(s, dst[i]);
+        }
+        sn_sampler_free(s);
+    }
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    CHECK(memcmp(a, c, sizeof a) != 0);
+    free(base);
+    free(tmp);
+}
+
+static void test_params_check(void)
+{
+    sn_sample_params p;
+    sn_sample_params_default(&p);
+    CHECK_OK(sn_sample_params_check(&p));
+    p.top_p = 0.0f;
+    CHECK(sn_sample_params_check(&p) == SN_E_INVALID && strstr(sn_errmsg(), "top_p"));
+    sn_sample_params_default(&p);
+    p.temperature = -1.0f;
+    CHECK(sn_sample_params_check(&p) == SN_E_INVALID && strstr(sn_errmsg(), "temperature"));
+    sn_sample_params_default(&p);
+    p.temperature = NAN;
+    CHECK(sn_sample_params_check(&p) == SN_E_INVALID);
+    sn_sample_params_default(&p);
+    p.repetition_window = 0;
+    CHECK(sn_sample_params_check(&p) == SN_E_INVALID);
+    sn_sample_params_default(&p);
+    p.presence_penalty = 3.0f;
+    CHECK(sn_sample_params_check(&p) == SN_E_INVALID && strstr(sn_errmsg(), "presence_penalty"));
+    sn_sampler *s = NULL;
+    sn_sample_params_default(&p);
+    CHECK(sn_sampler_new(&p, 0, &s) == SN_E_INVALID && s == NULL);
+    sn_sampler_free(NULL);
+}
+
+int main(void)
+{
+    RUN(test_rng_reproducible);
+    RUN(test_greedy);
+    RUN(test_repetition_penalty_sign_aware);
+    RUN(test_window_bounded);
+    RUN(test_presence_frequency);
+    RUN(test_temperature_distribution);
+    RUN(test_top_p_before_temperature);
+    RUN(test_seed_same_sequence);
+    RUN(test_params_check);
+    return TEST_END();
+}
