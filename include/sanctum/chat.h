@@ -1,5 +1,6 @@
 /* Chat templates, rendered in C per architecture (no Jinja): byte-exact with
- * transformers' apply_chat_template for the shipped templates. */
+ * transformers' apply_chat_template for the shipped templates (Qwen3.5,
+ * Qwen2.5) and with mistral-common's tekken V7 format for Mistral. */
 #ifndef SANCTUM_CHAT_H
 #define SANCTUM_CHAT_H
 
@@ -11,8 +12,10 @@
 typedef enum { SN_CHAT_QWEN3_5, SN_CHAT_QWEN2, SN_CHAT_MISTRAL } sn_chat_format;
 
 typedef struct {
-    const char *role;     /* "system", "user", "assistant" */
-    const char *content;  /* UTF-8 */
+    const char *role;       /* "system", "user", "assistant", "tool" (tool: Qwen formats only) */
+    const char *content;    /* UTF-8; NULL reads as "" */
+    const char *reasoning;  /* optional assistant reasoning_content (Qwen3.5); NULL = take it
+                             * from a <think>…</think> block inside content */
 } sn_chat_msg;
 
 typedef struct {
@@ -20,9 +23,14 @@ typedef struct {
     bool enable_thinking;   /* qwen3_5 only; default false in sanctum */
 } sn_chat_opts;
 
+/* model_type from config.json: qwen3_5, qwen3_5_moe (and *_text) -> QWEN3_5;
+ * qwen2 -> QWEN2; mistral, mistral3, ministral3 -> MISTRAL; else SN_E_UNSUPPORTED. */
 sn_status sn_chat_format_for(const char *model_type, sn_chat_format *out);
+const char *sn_chat_format_name(sn_chat_format f);
 /* Renders messages to a prompt string (malloc'd, NUL-terminated) that is
- * then encoded with parse_special = true. Unknown roles -> SN_E_INVALID. */
+ * then encoded with parse_special = true. Unknown roles, or a message order
+ * the official template rejects (Qwen3.5: system not first, no user turn)
+ * -> SN_E_INVALID naming the message index. */
 sn_status sn_chat_render(sn_chat_format f, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o, char **out);
 
 #endif
