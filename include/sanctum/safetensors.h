@@ -67,8 +67,10 @@ int64_t sn_st_numel(const sn_st_tensor *t);
 
 typedef struct sn_st_writer sn_st_writer;
 
-/* Produce bytes [offset, offset+len) of tensor `index` (in declaration
- * order) into buf. Called in order, chunks of at most a few MB. */
+/* Produce bytes [offset, offset+len) of tensor `index` (its declaration
+ * index) into buf. Called tensor by tensor in file order (see
+ * sn_st_writer_write), each tensor in increasing offset, chunks of at most
+ * 4 MB. */
 typedef sn_status (*sn_st_fill_fn)(void *ctx, size_t index, const char *name,
                                    size_t offset, void *buf, size_t len);
 
@@ -88,8 +90,10 @@ sn_status sn_st_writer_add(sn_st_writer *w, const char *name, sn_dtype dt, int n
 size_t sn_st_writer_count(const sn_st_writer *w);
 size_t sn_st_writer_data_bytes(const sn_st_writer *w);
 
-/* Write the file (tensors laid out in declaration order, header padded with
- * spaces to 8 bytes). fill may be NULL when every tensor had data. The file
+/* Write the file. Tensors are laid out by element size (4-byte dtypes
+ * first, then 2, then 1), in declaration order within a size, so that every
+ * tensor is aligned to its element size with no holes; the header is padded
+ * with spaces to a multiple of 8 bytes. fill may be NULL when every tensor had data. The file
  * is written to path.tmp and renamed, so a crash leaves no half file. */
 sn_status sn_st_writer_write(sn_st_writer *w, const char *path, sn_st_fill_fn fill, void *ctx);
 
