@@ -20,7 +20,8 @@
  *   4. coverage: every weight file of the model dir (*.safetensors,
  *      *.safetensors.index.json, config.json, tokenizer.json,
  *      tokenizer_config.json, generation_config.json, special_tokens_map.json,
- *      chat_template.jinja) must be listed, else SN_E_VERIFY naming it;
+ *      chat_template.jinja, chat_template.json, tekken.json, params.json), in
+ *      sub-directories too, must be listed, else SN_E_VERIFY naming it;
  *   5. hash every listed file on n_threads threads with streaming reads of a
  *      fixed buffer (never the whole file in memory): missing file is
  *      SN_E_MISSING naming it, a differing digest is SN_E_VERIFY naming it.
