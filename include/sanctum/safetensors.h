@@ -11,7 +11,7 @@
  * Writer: declare tensors (name, dtype, shape, optionally the bytes), then
  * write one file. Tensors declared without bytes are produced by a fill
  * callback in chunks, so a multi-GB shard never has to sit in memory. The
- * header carries {"format":"mlx"} metadata unless other metadata is set. */
+ * header metadata always starts as {"format":"mlx"}. */
 #ifndef SANCTUM_SAFETENSORS_H
 #define SANCTUM_SAFETENSORS_H
 
@@ -30,7 +30,9 @@ typedef struct sn_st_tensor {
     sn_dtype dtype;                 /* F32/F16/BF16/U32/I32/U8/I8 */
     int ndim;                       /* 0..SN_ST_MAX_DIMS (0 = scalar) */
     int64_t shape[SN_ST_MAX_DIMS];  /* unused dims are 0 */
-    const void *data;               /* view into the mmap (NULL when nbytes == 0) */
+    const void *data;               /* view into the mmap (NULL when nbytes == 0); aligned to
+                                     * the element size when the writer aligned it (ours and
+                                     * the safetensors library do): check before casting */
     size_t nbytes;
     const char *file;               /* path of the file holding it */
 } sn_st_tensor;
@@ -77,7 +79,8 @@ typedef sn_status (*sn_st_fill_fn)(void *ctx, size_t index, const char *name,
 sn_status sn_st_writer_new(sn_st_writer **out);
 void sn_st_writer_free(sn_st_writer *w);  /* accepts NULL */
 
-/* Replace the header metadata (default {"format":"mlx"}); strings only. */
+/* Add or replace one string in the header metadata, which starts as
+ * {"format":"mlx"}. */
 sn_status sn_st_writer_set_meta(sn_st_writer *w, const char *key, const char *value);
 
 /* Declare a tensor. data: its bytes (sn_dtype_size(dt) * numel of them; the
