@@ -57,6 +57,27 @@ size_t sn_seq_state_bytes(const sn_seq *s);
  * logits may be NULL (prefill without output). */
 sn_status sn_forward(sn_model *m, sn_seq *s, const int32_t *tokens, int n, float *logits, bool all_logits);
 
+/* One item of a batched step: a sequence and its run of new tokens (a
+ * prefill chunk or one decode token). */
+typedef struct {
+    sn_seq *seq;
+    const int32_t *tokens;    /* host, n ids in [0, vocab) */
+    int n;                    /* >= 1 */
+    float *logits;            /* host; NULL, [vocab] (last token) or [n, vocab] when all_logits */
+    bool all_logits;
+} sn_batch_item;
+
+/* Runs several sequences (each at its own position, each seq at most once)
+ * through the model together: the projections see all rows at once, the
+ * attention / recurrent parts run per sequence. Work beyond
+ * sn_model_step_tokens() rows is split into several steps. Results are
+ * bitwise the same as running each item alone (backend ops are batch
+ * invariant). On failure the states of the sequences involved are
+ * undefined: reset or restore them before reuse. */
+sn_status sn_forward_batch(sn_model *m, const sn_batch_item *items, int n_items);
+/* Rows one internal step takes (prefill chunk size). */
+int sn_model_step_tokens(const sn_model *m);
+
 /* Snapshot holds a full copy of the sequence state (host or backend memory). */
 sn_status sn_seq_snapshot(const sn_seq *s, sn_snapshot **out);
 sn_status sn_seq_restore(sn_seq *s, const sn_snapshot *snap);

@@ -1,0 +1,220 @@
+/* The forward pass: one straight loop over the decoder layers, every bit of
+ * arithmetic through backend ops (so the CUDA backend runs this same code).
+ *
+ * A step takes several sequences at once. Row-wise work (norms,
+ * projections, FFN) runs over all rows of the step together; the parts with
+ * per-sequence state (RoPE position, KV cache + attention, GatedDeltaNet
+ * conv + recurrence) run per sequence on its slice of rows. The backend ops
+ * are batch invariant, so a token's result does not depend on what else is
+ * in the step: this is what lets a prefill chunk, a decode token and
+ * continuous batching share one code path. */
+#include "models/model_impl.h"
+
+#include <string.h>
+
+typedef struct {
+    sn_seq *seq;
+    const int32_t *tokens;
+    int n;
+    int row0;         /* first row of this item in the step */
+    float *logits;    /* host destination: all rows ([n, V]) or only the last row ([V]) */
+    bool all;
+} step_item;
+
+typedef struct {
+    step_item it[SN_MAX_BATCH];
+    int n_items;
+    int T;
+} step;
+
+#define OPS (m->be->ops)
+#define BE (m->be)
+
+/* ---- blocks ------------------------------------------------------------- */
+
+/* Full attention: qwen3_5 gated (q/k RMSNorm, sigmoid output gate, partial
+ * RoPE), qwen2/mistral plain (biases travel inside the weights). */
+static sn_status attn_block(sn_model *m, const step *st, int l, const float *xn, float *y)
+{
+    const sn_layer *ly = &m->layers[l];
+    sn_workspace *ws = &m->ws;
+    const int T = st->T, Hq = m->Hq, Hkv = m->Hkv, D = m->D;
+    const int64_t qd = (int64_t)Hq * D, kvd = (int64_t)Hkv * D;
+    float *q = ws->s[0], *gate = ws->s[1], *k = ws->s[2], *v = ws->s[3];
+    float *o = ws->s[4];
+    SN_TRY(OPS->matmul(BE, &ly->wq, 0, xn, T, q));
+    SN_TRY(OPS->matmul(BE, &ly->wk, 0, xn, T, k));
+    SN_TRY(OPS->matmul(BE, &ly->wv, 0, xn, T, v));
+    if (ly->q_norm) {
+        float *qn = ws->s[4], *kn = ws->s[5];
+        SN_TRY(OPS->rmsnorm(BE, q, ly->q_norm, T * Hq, D, m->eps, qn));
+        SN_TRY(OPS->rmsnorm(BE, k, ly->k_norm, T * Hkv, D, m->eps, kn));
+        /* the raw q is dead now: its slot takes the attention output */
+        o = q;
+        q = qn;
+        k = kn;
+    }
+    for (int i = 0; i < st->n_items; i++) {
+        const step_item *it = &st->it[i];
+        sn_seq *s = it->seq;
+        float *qi = q + (int64_t)it->row0 * qd, *ki = k + (int64_t)it->row0 * kvd;
+        float *vi = v + (int64_t)it->row0 * kvd, *oi = o + (int64_t)it->row0 * qd;
+        SN_TRY(OPS->rope(BE, qi, it->n, Hq, D, m->rot_dim, s->pos, m->inv_freq, m->rope_mscale));
+        SN_TRY(OPS->rope(BE, ki, it->n, Hkv, D, m->rot_dim, s->pos, m->inv_freq, m->rope_mscale));
+        SN_TRY(OPS->kv_write(BE, &s->kv[l], ki, vi, it->n, s->pos));
+        SN_TRY(OPS->attention(BE, qi, &s->kv[l], it->n, s->pos, Hq, m->attn_scale, oi));
+    }
+    if (ly->wgate.data) {
+        SN_TRY(OPS->matmul(BE, &ly->wgate, 0, xn, T, gate));
+        SN_TRY(OPS->mul_sigmoid(BE, o, gate, (size_t)T * (size_t)qd));
+    }
+    return OPS->matmul(BE, &ly->wo, 0, o, T, y);
+}
+
+/* GatedDeltaNet (architecture.md §2.2). */
+static sn_status gdn_block(sn_model *m, const step *st, int l, const float *xn, float *y)
+{
+    const sn_layer *ly = &m->layers[l];
+    sn_workspace *ws = &m->ws;
+    const int T = st->T;
+    const sn_gdn_dims *g = &m->gdn;
+    const int64_t conv = m->dims[DIM_CONV], vd = m->dims[DIM_VD], hv = g->n_v_heads;
+    float *qkv = ws->s[0], *z = ws->s[1], *a = ws->s[2], *b = ws->s[3], *o = ws->s[4], *on = ws->s[5];
+    SN_TRY(OPS->matmul(BE, &ly->in_qkv, 0, xn, T, qkv));
+    SN_TRY(OPS->matmul(BE, &ly->in_z, 0, xn, T, z));
+    SN_TRY(OPS->matmul(BE, &ly->in_b, 0, xn, T, b));
+    SN_TRY(OPS->matmul(BE, &ly->in_a, 0, xn, T, a));
+    for (int i = 0; i < st->n_items; i++) {
+        const step_item *it = &st->it[i];
+        int64_t r = it->row0;
+        SN_TRY(OPS->gdn(BE, g, qkv + r * conv, a + r * hv, b + r * hv, ly->conv_w, ly->A_log, ly->dt_bias,
+                        &it->seq->gdn[l], it->n, o + r * vd));
+    }
+    SN_TRY(OPS->gated_rmsnorm(BE, o, z, ly->gnorm, T * (int)hv, g->dv, m->eps, on));
+    return OPS->matmul(BE, &ly->out_proj, 0, on, T, y);
+}
+
+static sn_status swiglu_ffn(sn_model *m, const sn_weight *wg, const sn_weight *wu, const sn_weight *wd,
+                            const float *x, int T, float *y)
+{
+    sn_workspace *ws = &m->ws;
+    SN_TRY(OPS->matmul(BE, wg, 0, x, T, ws->s[0]));
+    SN_TRY(OPS->matmul(BE, wu, 0, x, T, ws->s[1]));
+    SN_TRY(OPS->swiglu(BE, ws->s[0], ws->s[1], (size_t)T * (size_t)wg->rows, ws->s[2]));
+    return OPS->matmul(BE, wd, 0, ws->s[2], T, y);
+}
+
+/* ---- one step ----------------------------------------------------------- */
+
+static sn_status emit_logits(sn_model *m, int nrows, float *const *dst)
+{
+    sn_workspace *ws = &m->ws;
+    SN_TRY(OPS->rmsnorm(BE, ws->lg_x, m->final_norm, nrows, (int)m->H, m->eps, ws->xn));
+    SN_TRY(OPS->matmul(BE, &m->lm_head, 0, ws->xn, nrows, ws->lg));
+    for (int r = 0; r < nrows; r++)
+        SN_TRY(OPS->to_host(BE, dst[r], ws->lg + (int64_t)r * m->V, (size_t)m->V * sizeof(float)));
+    return SN_OK;
+}
+
+static sn_status run_step(sn_model *m, const step *st)
+{
+    sn_workspace *ws = &m->ws;
+    const int T = st->T;
+    const int64_t H = m->H;
+    for (int i = 0; i < st->n_items; i++)
+        memcpy(ws->h_ids + st->it[i].row0, st->it[i].tokens, (size_t)st->it[i].n * sizeof(int32_t));
+    SN_TRY(OPS->embed(BE, &m->embed, ws->h_ids, T, ws->x));
+
+    for (int l = 0; l < m->n_layers; l++) {
+        const sn_layer *ly = &m->layers[l];
+        SN_TRY(OPS->rmsnorm(BE, ws->x, ly->in_norm, T, (int)H, m->eps, ws->xn));
+        if (ly->kind == SN_LAYER_LINEAR) SN_TRY(gdn_block(m, st, l, ws->xn, ws->y));
+        else SN_TRY(attn_block(m, st, l, ws->xn, ws->y));
+        SN_TRY(OPS->add(BE, ws->x, ws->y, (size_t)T * (size_t)H));
+        SN_TRY(OPS->rmsnorm(BE, ws->x, ly->post_norm, T, (int)H, m->eps, ws->xn));
+        if (m->impl->ffn) SN_TRY(m->impl->ffn(m, l, ws->xn, T, ws->y));
+        else SN_TRY(swiglu_ffn(m, &ly->gate, &ly->up, &ly->down, ws->xn, T, ws->y));
+        SN_TRY(OPS->add(BE, ws->x, ws->y, (size_t)T * (size_t)H));
+    }
+    for (int i = 0; i < st->n_items; i++) st->it[i].seq->pos += st->it[i].n;
+
+    /* Final norm + lm_head only on the rows whose logits are wanted, a few
+     * rows at a time so the logits scratch stays [SN_LOGIT_ROWS, V]. */
+    float *dst[SN_LOGIT_ROWS];
+    int nr = 0;
+    for (int i = 0; i < st->n_items; i++) {
+        const step_item *it = &st->it[i];
+        if (!it->logits) continue;
+        int first = it->all ? 0 : it->n - 1;
+        for (int r = first; r < it->n; r++) {
+            SN_TRY(OPS->copy(BE, ws->lg_x + (int64_t)nr * H, ws->x + (int64_t)(it->row0 + r) * H,
+                             (size_t)H * sizeof(float)));
+            dst[nr++] = it->all ? it->logits + (int64_t)r * m->V : it->logits;
+            if (nr == SN_LOGIT_ROWS) {
+                SN_TRY(emit_logits(m, nr, dst));
+                nr = 0;
+            }
+        }
+    }
+    if (nr) SN_TRY(emit_logits(m, nr, dst));
+    return SN_OK;
+}
+
+/* ---- public entry points ------------------------------------------------ */
+
+int sn_model_step_tokens(const sn_model *m) { (void)m; return SN_STEP_TOKENS; }
+
+sn_status sn_forward_batch(sn_model *m, const sn_batch_item *items, int n_items)
+{
+    if (!m || (!items && n_items)) return SN_FAIL(SN_E_INVALID, "forward: NULL model or items");
+    if (n_items < 0 || n_items > SN_MAX_BATCH)
+        return SN_FAIL(SN_E_INVALID, "forward: %d sequences in one batch (1..%d)", n_items, SN_MAX_BATCH);
+    for (int i = 0; i < n_items; i++) {
+        const sn_batch_item *b = &items[i];
+        if (!b->seq || b->seq->m != m) return SN_FAIL(SN_E_INVALID, "forward: item %d has no sequence of this model", i);
+        if (b->n < 1 || !b->tokens) return SN_FAIL(SN_E_INVALID, "forward: item %d has no tokens", i);
+        if (b->n > b->seq->max_ctx - b->seq->pos)
+            return SN_FAIL(SN_E_RANGE, "forward: context full: position %d + %d tokens exceeds %d",
+                           b->seq->pos, b->n, b->seq->max_ctx);
+        for (int t = 0; t < b->n; t++)
+            if (b->tokens[t] < 0 || b->tokens[t] >= m->V)
+                return SN_FAIL(SN_E_RANGE, "forward: token id %d at index %d is outside the vocabulary [0, %lld)",
+                               b->tokens[t], t, (long long)m->V);
+        for (int j = 0; j < i; j++)
+            if (items[j].seq == b->seq) return SN_FAIL(SN_E_INVALID, "forward: sequence appears twice in one batch");
+    }
+    int done[SN_MAX_BATCH] = { 0 };
+    sn_status s = SN_OK;
+    pthread_mutex_lock(&m->lock);
+    for (;;) {
+        step st = { .n_items = 0, .T = 0 };
+        for (int i = 0; i < n_items && st.T < SN_STEP_TOKENS; i++) {
+            const sn_batch_item *b = &items[i];
+            int left = b->n - done[i];
+            if (left <= 0) continue;
+            int take = left < SN_STEP_TOKENS - st.T ? left : SN_STEP_TOKENS - st.T;
+            step_item *it = &st.it[st.n_items++];
+            it->seq = b->seq;
+            it->tokens = b->tokens + done[i];
+            it->n = take;
+            it->row0 = st.T;
+            it->all = b->all_logits;
+            it->logits = NULL;
+            if (b->logits && b->all_logits) it->logits = b->logits + (int64_t)done[i] * m->V;
+            else if (b->logits && done[i] + take == b->n) it->logits = b->logits;
+            st.T += take;
+        }
+        if (!st.n_items) break;
+        if ((s = run_step(m, &st)) != SN_OK) break;
+        for (int i = 0, k = 0; i < n_items && k < st.n_items; i++)
+            if (st.it[k].seq == items[i].seq) done[i] += st.it[k++].n;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return s;
+}
+
+sn_status sn_forward(sn_model *m, sn_seq *s, const int32_t *tokens, int n, float *logits, bool all_logits)
+{
+    sn_batch_item b = { .seq = s, .tokens = tokens, .n = n, .logits = logits, .all_logits = all_logits };
+    return sn_forward_batch(m, &b, 1);
+}
