@@ -1,0 +1,197 @@
+/* Dtype conversions and MLX affine quantization: packing layout, the
+ * reference quantizer on hand-computed groups, dequantization of whole
+ * matrices and expert stacks. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "harness.h"
+#include "sanctum/quant.h"
+
+static float f32_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static void test_dtypes(void)
+{
+    CHECK(sn_dtype_size(SN_DT_F32) == 4 && sn_dtype_size(SN_DT_BF16) == 2 && sn_dtype_size(SN_DT_I8) == 1 &&
+          sn_dtype_size(SN_DT_U32) == 4 && sn_dtype_size(SN_DT_Q4) == 0);
+    CHECK(strcmp(sn_dtype_name(SN_DT_BF16), "BF16") == 0 && strcmp(sn_dtype_name(SN_DT_Q8), "Q8") == 0);
+    /* bf16: round half to even */
+    CHECK(sn_f32_to_bf16(1.0f) == 0x3f80);
+    CHECK(sn_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80);          /* tie -> even (down) */
+    CHECK(sn_f32_to_bf16(1.0f + 3 * 0x1p-8f) == 0x3f82);      /* tie -> even (up) */
+    CHECK(sn_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81); /* above the tie */
+    CHECK(sn_f32_to_bf16(-2.5f) == 0xc020);
+    CHECK(isnan(sn_bf16_to_f32(sn_f32_to_bf16(f32_of(0x7f800001u)))));  /* NaN with low payload stays NaN */
+    CHECK(isinf(sn_bf16_to_f32(sn_f32_to_bf16(INFINITY))));
+    CHECK(sn_bf16_to_f32(sn_f32_to_bf16(3.0e38f)) == INFINITY || sn_bf16_to_f32(sn_f32_to_bf16(3.0e38f)) > 2.9e38f);
+    /* f16: every finite half survives f16 -> f32 -> f16; NaNs stay NaN */
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = sn_f16_to_f32((uint16_t)h);
+        if (isnan(f)) bad += !isnan(sn_f16_to_f32(sn_f32_to_f16(f)));
+        else bad += sn_f32_to_f16(f) != h;
+    }
+    CHECK(bad == 0);
+    CHECK(sn_f16_to_f32(0x3c00) == 1.0f && sn_f16_to_f32(0x0001) == 0x1p-24f && sn_f16_to_f32(0x7bff) == 65504.0f);
+    CHECK(sn_f32_to_f16(65519.0f) == 0x7bff && sn_f32_to_f16(65520.0f) == 0x7c00);  /* overflow edge */
+    CHECK(sn_f32_to_f16(0x1p-25f) == 0x0000);                 /* tie with 0 -> even (0) */
+    CHECK(sn_f32_to_f16(3 * 0x1p-25f) == 0x0002);             /* 1.5 ulp -> 2 (even) */
+    CHECK(sn_f32_to_f16(1.0f + 0x1p-11f) == 0x3c00);          /* tie -> even */
+    CHECK(sn_f32_to_f16(-0.0f) == 0x8000);
+    uint16_t b3[3] = {0x3f80, 0xc000, 0x0000};
+    float f3[2] = {0.25f, -8.0f};
+    uint16_t h2[1] = {0xc400};
+    CHECK(sn_load_f32(b3, SN_DT_BF16, 1) == -2.0f && sn_load_f32(f3, SN_DT_F32, 1) == -8.0f &&
+          sn_load_f32(h2, SN_DT_F16, 0) == -4.0f);
+    sn_weight w = {.dtype = SN_DT_Q4, .rows = 16, .cols = 128, .group = 64, .sdtype = SN_DT_BF16};
+    CHECK(sn_weight_bytes(&w) == 16 * 128 / 2 + 2 * 16 * 2 * 2);
+    sn_weight d = {.dtype = SN_DT_BF16, .rows = 3, .cols = 5};
+    CHECK(sn_weight_bytes(&d) == 30);
+}
+
+static void test_pack_layout(void)
+{
+    uint8_t q[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    uint32_t p[2];
+    sn_q_pack_row(q, 4, 8, p);
+    CHECK(p[0] == 0x87654321u);   /* element 0 in the low nibble */
+    sn_q_pack_row(q, 8, 8, p);
+    CHECK(p[0] == 0x04030201u && p[1] == 0x08070605u);
+    uint8_t back[8];
+    uint32_t w4 = 0xfedcba98u;
+    sn_q_unpack_row(&w4, 4, 8, back);
+    CHECK(back[0] == 8 && back[1] == 9 && back[7] == 15);
+    /* random round trip */
+    uint8_t big[256], out[256];
+    uint32_t pk[64];
+    srand(7);
+    for (int bits = 4; bits <= 8; bits += 4) {
+        for (int i = 0; i < 256; i++) big[i] = (uint8_t)(rand() & ((1 << bits) - 1));
+        sn_q_pack_row(big, bits, 256, pk);
+        sn_q_unpack_row(pk, bits, 256, out);
+        CHECK(memcmp(big, out, 256) == 0);
+    }
+}
+
+/* Quantize one group (F32 scales so the check is on the fp32 arithmetic). */
+static void quant1(const float *w, int bits, int group, uint8_t *q, float *s, float *b)
+{
+    uint32_t pk[32];
+    CHECK_OK(sn_q_quantize(w, 1, group, bits, group, SN_DT_F32, pk, s, b));
+    sn_q_unpack_row(pk, bits, group, q);
+}
+
+static void test_quantize_hand(void)
+{
+    float w[128];
+    uint8_t q[128];
+    float s, b;
+    /* |min| > |max|: positive scale, bias = min; integers make every step exact */
+    for (int i = 0; i < 32; i++) w[i] = -15.0f + (float)(i % 16);   /* -15 .. 0 */
+    w[5] = -12.5f;   /* (w - bias)/s = 2.5 -> rint half to even -> 2 */
+    w[6] = -11.5f;   /* 3.5 -> 4 */
+    quant1(w, 4, 32, q, &s, &b);
+    CHECK(s == 1.0f && b == -15.0f);
+    CHECK(q[0] == 0 && q[15] == 15 && q[3] == 3 && q[5] == 2 && q[6] == 4);
+
+    /* |min| <= |max|: the scale is negative, bias = max, zero exact */
+    for (int i = 0; i < 32; i++) w[i] = -0.5f + 2.0f * (float)i / 31.0f;   /* -0.5 .. 1.5 */
+    w[7] = 0.0f;
+    quant1(w, 4, 32, q, &s, &b);
+    float s0 = -2.0f / 15.0f;
+    float q0 = rintf(1.5f / s0);   /* -11 */
+    CHECK(q0 == -11.0f);
+    CHECK(s < 0 && s == 1.5f / q0 && b == 1.5f);
+    CHECK(q[31] == 0);             /* w = max = bias */
+    CHECK(q[0] == 15);             /* (-0.5-1.5)/s = 14.67 -> 15 */
+    CHECK(q[7] == 11);             /* zero maps to -q0 exactly */
+    CHECK(fabsf(s * (float)q[7] + b) < 1e-6f);
+    for (int i = 0; i < 32; i++) CHECK(fabsf(s * (float)q[i] + b - w[i]) <= fabsf(s) * 0.5f + 1e-6f);
+
+    /* all zero: scale clamps to 1e-7 (negated), q0 = 0 -> bias 0 */
+    memset(w, 0, sizeof w);
+    quant1(w, 8, 64, q, &s, &b);
+    CHECK(s == -1e-7f && b == 0.0f && q[0] == 0 && q[63] == 0);
+
+    /* 8-bit, group 128: |min| > |max| with a non-integer scale */
+    for (int i = 0; i < 128; i++) w[i] = -1.0f + 1.5f * (float)i / 127.0f;   /* -1 .. 0.5 */
+    quant1(w, 8, 128, q, &s, &b);
+    float sr = 1.5f / 255.0f;
+    float qq = rintf(-1.0f / sr);
+    CHECK(s == -1.0f / qq && b == -1.0f && s > 0);
+    CHECK(q[0] == 0 && q[127] == (uint8_t)rintf((0.5f + 1.0f) / s));
+    for (int i = 0; i < 128; i++) CHECK(fabsf(s * (float)q[i] + b - w[i]) <= s * 0.5f + 1e-6f);
+
+    /* bf16 storage: the stored scale is the bf16 rounding of the fp32 one */
+    for (int i = 0; i < 32; i++) w[i] = -0.5f + 2.0f * (float)i / 31.0f;
+    uint32_t pk[4];
+    uint16_t sb, bb;
+    CHECK_OK(sn_q_quantize(w, 1, 32, 4, 32, SN_DT_BF16, pk, &sb, &bb));
+    CHECK(sb == sn_f32_to_bf16(1.5f / -11.0f) && bb == sn_f32_to_bf16(1.5f));
+    /* non-finite input and bad shapes are refused */
+    w[3] = NAN;
+    CHECK(sn_q_quantize(w, 1, 32, 4, 32, SN_DT_F32, pk, &s, &b) == SN_E_INVALID && strstr(sn_errmsg(), "col 3"));
+    CHECK(sn_q_quantize(w, 1, 32, 3, 32, SN_DT_F32, pk, &s, &b) == SN_E_UNSUPPORTED);
+    CHECK(sn_q_quantize(w, 1, 48, 4, 32, SN_DT_F32, pk, &s, &b) == SN_E_SHAPE);
+    CHECK(sn_q_check_shape(4, 64, 4, 48, "blk.w") == SN_E_UNSUPPORTED && strstr(sn_errmsg(), "blk.w"));
+    CHECK(sn_q_check_shape(4, 64, 8, 64, "blk.w") == SN_OK);
+    CHECK(sn_q_supported(4, 128) && sn_q_supported(8, 32) && !sn_q_supported(2, 64) && !sn_q_supported(4, 16));
+}
+
+/* A matrix with an odd number of groups per row, quantized then read back
+ * through sn_weight (plain and as expert 1 of a stack). */
+static void test_dequant_matrix(void)
+{
+    for (int bits = 4; bits <= 8; bits += 4) {
+        const int rows = 5, group = 32, cols = 3 * group, E = 2;
+        float *w = malloc(sizeof(float) * E * rows * cols), *out = malloc(sizeof(float) * rows * cols);
+        uint32_t *pk = malloc(4 * (size_t)(E * rows * cols * bits / 32));
+        uint16_t *sc = malloc(2 * E * rows * 3), *bi = malloc(2 * E * rows * 3);
+        srand(11);
+        for (int i = 0; i < E * rows * cols; i++) w[i] = ((float)rand() / RAND_MAX - 0.5f) * (1 + i % 7);
+        CHECK_OK(sn_q_quantize(w, E * rows, cols, bits, group, SN_DT_BF16, pk, sc, bi));
+        sn_weight W = {.dtype = bits == 4 ? SN_DT_Q4 : SN_DT_Q8, .rows = rows, .cols = cols, .n_experts = E,
+                       .group = group, .data = pk, .scales = sc, .qbiases = bi, .sdtype = SN_DT_BF16};
+        CHECK_OK(sn_weight_to_f32(&W, 1, out));
+        double maxerr = 0;
+        int exact = 1;
+        uint8_t q[96];
+        for (int r = 0; r < rows; r++) {
+            int R = rows + r;   /* row within the stack */
+            sn_q_unpack_row(pk + R * cols * bits / 32, bits, cols, q);
+            for (int c = 0; c < cols; c++) {
+                int g = R * 3 + c / group;
+                float ref = sn_bf16_to_f32(sc[g]) * (float)q[c] + sn_bf16_to_f32(bi[g]);
+                exact &= out[r * cols + c] == ref;
+                float range = 0;
+                for (int k = 0; k < group; k++) {
+                    float a = fabsf(w[R * cols + (c / group) * group + k]);
+                    range = a > range ? a : range;
+                }
+                double err = fabs(out[r * cols + c] - w[R * cols + c]) / (2 * range / ((1 << bits) - 1));
+                maxerr = err > maxerr ? err : maxerr;
+            }
+        }
+        CHECK(exact);
+        /* half a step, plus the bf16 rounding of scale and bias, which at
+         * 8 bits (255 steps) is worth about a step on its own */
+        CHECKF(maxerr <= (bits == 4 ? 0.55 : 1.6), "bits %d: max error %.3f steps", bits, maxerr);
+        CHECK(sn_weight_to_f32(&W, 2, out) == SN_E_RANGE);
+        CHECK(sn_weight_row_f32(&W, 0, rows, out) == SN_E_RANGE);
+        /* dense bf16 path */
+        uint16_t dv[6] = {0x3f80, 0x4000, 0x4040, 0xbf80, 0, 0x3f00};
+        sn_weight D = {.dtype = SN_DT_BF16, .rows = 2, .cols = 3, .data = dv};
+        float o6[6];
+        CHECK_OK(sn_weight_to_f32(&D, 0, o6));
+        CHECK(o6[0] == 1.0f && o6[2] == 3.0f && o6[3] == -1.0f && o6[5] == 0.5f);
+        free(w); free(out); free(pk); free(sc); free(bi);
+    }
+}
+
+int main(void)
+{
+    RUN(test_dtypes);
+    RUN(test_pack_layout);
+    RUN(test_quantize_hand);
+    RUN(test_dequant_matrix);
+    return TEST_END();
+}
