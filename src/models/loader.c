@@ -664,7 +664,7 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
     m->rot_dim = c->rotary_dim;
     m->attn_scale = (float)(1.0 / sqrt((double)m->D));
     m->gdn = (sn_gdn_dims){ c->linear_num_key_heads, c->linear_num_value_heads, c->linear_key_head_dim,
-                            c->linear_value_head_dim, c->linear_conv_kernel_dim, (float)c->rms_norm_eps };
+                            c->linear_value_head_dim, c->linear_conv_kernel_dim, 1e-6f /* HF l2norm eps */ };
     m->info.mlx_layout = detect_mlx(&L.map, m->impl->gdn);
     if (L.quantize_bits && m->info.mlx_layout) L.quantize_bits = 0; /* already quantized */
 

@@ -1,0 +1,300 @@
+/* Loader tests on small synthetic qwen3_5 checkpoints written here (no
+ * fixture needed): a good one loads and runs; each broken one (missing
+ * tensor, wrong shape, bad dtype, unknown model_type, truncated file) fails
+ * with an error naming the problem, both through the library and as a
+ * one-line error + non-zero exit of sanctum-run. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "models/model_impl.h"
+#include "sanctum/model.h"
+#include "sanctum/safetensors.h"
+
+enum { H = 64, V = 128, NL = 4, HQ = 2, HKV = 1, HD = 32, HK = 1, HV = 2, DK = 32, DV = 32, KC = 4, FF = 64 };
+#define CONV (2 * HK * DK + HV * DV)
+
+typedef enum { MUT_NONE, MUT_MISSING, MUT_SHAPE, MUT_DTYPE, MUT_MODEL_TYPE, MUT_TRUNCATE, MUT_BAD_JSON } mutation;
+
+static char g_root[256];
+
+/* deterministic values in [-s, s) */
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static float frand(float s)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return s * ((float)(g_rng >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
+}
+
+typedef struct {
+    char name[128];
+    int nd;
+    int64_t shape[3];
+    float *data;
+} tdesc;
+
+static tdesc g_t[128];
+static int g_nt;
+
+static void add(const char *name, int nd, int64_t a, int64_t b, int64_t c, float scale, float base)
+{
+    tdesc *t = &g_t[g_nt++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->nd = nd;
+    t->shape[0] = a;
+    t->shape[1] = b;
+    t->shape[2] = c;
+    int64_t n = a * (nd > 1 ? b : 1) * (nd > 2 ? c : 1);
+    t->data = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) t->data[i] = base + frand(scale);
+}
+
+static void build_tensors(void)
+{
+    char n[128];
+    g_nt = 0;
+    add("model.embed_tokens.weight", 2, V, H, 0, 0.5f, 0);
+    add("model.norm.weight", 1, H, 0, 0, 0.1f, 0);
+    add("lm_head.weight", 2, V, H, 0, 0.2f, 0);
+    for (int l = 0; l < NL; l++) {
+#define L(fmt, ...) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), n)
+        add(L("input_layernorm.weight"), 1, H, 0, 0, 0.1f, 0);
+        add(L("post_attention_layernorm.weight"), 1, H, 0, 0, 0.1f, 0);
+        add(L("mlp.gate_proj.weight"), 2, FF, H, 0, 0.2f, 0);
+        add(L("mlp.up_proj.weight"), 2, FF, H, 0, 0.2f, 0);
+        add(L("mlp.down_proj.weight"), 2, H, FF, 0, 0.2f, 0);
+        if (l == NL - 1) {
+            add(L("self_attn.q_proj.weight"), 2, 2 * HQ * HD, H, 0, 0.2f, 0);
+            add(L("self_attn.k_proj.weight"), 2, HKV * HD, H, 0, 0.2f, 0);
+            add(L("self_attn.v_proj.weight"), 2, HKV * HD, H, 0, 0.2f, 0);
+            add(L("self_attn.o_proj.weight"), 2, H, HQ * HD, 0, 0.2f, 0);
+            add(L("self_attn.q_norm.weight"), 1, HD, 0, 0, 0.1f, 0);
+            add(L("self_attn.k_norm.weight"), 1, HD, 0, 0, 0.1f, 0);
+        } else {
+            add(L("linear_attn.in_proj_qkv.weight"), 2, CONV, H, 0, 0.2f, 0);
+            add(L("linear_attn.in_proj_z.weight"), 2, HV * DV, H, 0, 0.2f, 0);
+            add(L("linear_attn.in_proj_b.weight"), 2, HV, H, 0, 0.2f, 0);
+            add(L("linear_attn.in_proj_a.weight"), 2, HV, H, 0, 0.2f, 0);
+            add(L("linear_attn.conv1d.weight"), 3, CONV, 1, KC, 0.3f, 0);
+            add(L("linear_attn.A_log"), 1, HV, 0, 0, 0.5f, 1.0f);
+            add(L("linear_attn.dt_bias"), 1, HV, 0, 0, 0.5f, 0);
+            add(L("linear_attn.norm.weight"), 1, DV, 0, 0, 0.1f, 1.0f);
+            add(L("linear_attn.out_proj.weight"), 2, H, HV * DV, 0, 0.2f, 0);
+        }
+#undef L
+    }
+}
+
+static void free_tensors(void)
+{
+    for (int i = 0; i < g_nt; i++) free(g_t[i].data);
+    g_nt = 0;
+}
+
+static const char *CONFIG_FMT =
+    "{\"model_type\": \"%s\", \"architectures\": [\"Qwen3_5ForCausalLM\"],\n"
+    " \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d,\n"
+    " \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d,\n"
+    " \"linear_num_key_heads\": %d, \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n"
+    " \"linear_value_head_dim\": %d, \"linear_conv_kernel_dim\": %d, \"rms_norm_eps\": 1e-6,\n"
+    " \"tie_word_embeddings\": false, \"max_position_embeddings\": 256, \"eos_token_id\": 1,\n"
+    " \"layer_types\": [\"linear_attention\", \"linear_attention\", \"linear_attention\", \"full_attention\"],\n"
+    " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000.0, \"partial_rotary_factor\": 0.25}}\n";
+
+/* Writes <g_root>/<sub>/{config.json,model.safetensors} with one mutation. */
+static int write_ckpt(const char *sub, mutation mut, char *dir, size_t cap)
+{
+    snprintf(dir, cap, "%s/%s", g_root, sub);
+    mkdir(dir, 0700);
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    if (mut == MUT_BAD_JSON) fprintf(f, "{\"model_type\": \"qwen3_5\", \"hidden_size\": 64,,}");
+    else fprintf(f, CONFIG_FMT, mut == MUT_MODEL_TYPE ? "llama_bogus" : "qwen3_5", V, H, FF, NL, HQ, HKV, HD, HK,
+                 HV, DK, DV, KC);
+    fclose(f);
+    build_tensors();
+    sn_st_writer *w = NULL;
+    if (sn_st_writer_new(&w) != SN_OK) return -1;
+    for (int i = 0; i < g_nt; i++) {
+        tdesc *t = &g_t[i];
+        sn_dtype dt = SN_DT_F32;
+        const void *data = t->data;
+        if (mut == MUT_MISSING && !strcmp(t->name, "model.layers.1.linear_attn.in_proj_z.weight")) continue;
+        if (mut == MUT_SHAPE && !strcmp(t->name, "model.layers.3.self_attn.k_proj.weight")) t->shape[0] += 32;
+        if (mut == MUT_DTYPE && !strcmp(t->name, "model.layers.0.mlp.up_proj.weight")) {
+            /* same bytes reinterpreted as I32: a dtype no linear weight can have */
+            dt = SN_DT_I32;
+        }
+        int64_t n = t->shape[0] * (t->nd > 1 ? t->shape[1] : 1) * (t->nd > 2 ? t->shape[2] : 1);
+        if (mut == MUT_SHAPE && !strcmp(t->name, "model.layers.3.self_attn.k_proj.weight")) {
+            free(t->data);
+            t->data = calloc((size_t)n, sizeof(float));
+            data = t->data;
+        }
+        if (sn_st_writer_add(w, t->name, dt, t->nd, t->shape, data) != SN_OK) {
+            sn_st_writer_free(w);
+            return -1;
+        }
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    sn_status s = sn_st_writer_write(w, path, NULL, NULL);
+    sn_st_writer_free(w);
+    free_tensors();
+    if (s != SN_OK) return -1;
+    if (mut == MUT_TRUNCATE) {
+        struct stat sb;
+        if (stat(path, &sb) || truncate(path, sb.st_size / 2)) return -1;
+    }
+    return 0;
+}
+
+static void test_good_checkpoint_runs(void)
+{
+    char dir[512];
+    CHECK(write_ckpt("good", MUT_NONE, dir, sizeof dir) == 0);
+    sn_model *m = NULL;
+    sn_load_opts o = { .n_threads = 1 };
+    CHECK_OK(sn_model_load(dir, &o, &m));
+    if (!m) return;
+    const sn_model_info *in = sn_model_get_info(m);
+    CHECK(in->vocab_size == V && in->n_layers == NL && !in->mlx_layout);
+    CHECK(strcmp(in->model_type, "qwen3_5") == 0 && strcmp(in->name, "good") == 0);
+    /* zero-centred norms of a raw HF checkpoint are used as 1+w */
+    CHECK(m->final_norm[0] > 0.85f && m->final_norm[0] < 1.15f);
+    /* gated norm is not shifted */
+    CHECK(m->layers[0].gnorm[0] > 0.85f && m->layers[0].gnorm[0] < 1.15f);
+    sn_seq *s = NULL;
+    CHECK_OK(sn_seq_new(m, 64, &s));
+    int32_t ids[5] = { 3, 17, 99, 0, 127 };
+    float *lg = malloc(sizeof(float) * V * 5);
+    CHECK_OK(sn_forward(m, s, ids, 5, lg, true));
+    bool finite = true;
+    for (int i = 0; i < V * 5; i++) finite = finite && isfinite(lg[i]);
+    CHECK(finite);
+    CHECK(sn_seq_pos(s) == 5);
+    /* out-of-vocabulary ids and a full context are errors, not crashes */
+    int32_t bad = V;
+    CHECK(sn_forward(m, s, &bad, 1, lg, false) == SN_E_RANGE);
+    CHECK(strstr(sn_errmsg(), "vocabulary") != NULL);
+    int32_t many[64] = { 0 };
+    CHECK(sn_forward(m, s, many, 64, NULL, false) == SN_E_RANGE);
+    CHECK(strstr(sn_errmsg(), "context") != NULL);
+    free(lg);
+    sn_seq_free(s);
+    sn_model_free(m);
+}
+
+static void test_quantize_at_load(void)
+{
+    char dir[512];
+    CHECK(write_ckpt("good", MUT_NONE, dir, sizeof dir) == 0);
+    sn_model *m = NULL, *q = NULL;
+    sn_load_opts o = { .n_threads = 1 }, oq = { .n_threads = 1, .quantize_bits = 8 };
+    CHECK_OK(sn_model_load(dir, &o, &m));
+    CHECK_OK(sn_model_load(dir, &oq, &q));
+    if (!m || !q) goto out;
+    CHECK(q->layers[0].in_qkv.dtype == SN_DT_Q8 && q->layers[0].in_qkv.group == 64);
+    CHECK(q->embed.dtype == SN_DT_Q8);
+    sn_seq *a = NULL, *b = NULL;
+    CHECK_OK(sn_seq_new(m, 16, &a));
+    CHECK_OK(sn_seq_new(q, 16, &b));
+    int32_t ids[4] = { 5, 6, 7, 8 };
+    float la[V], lb[V];
+    CHECK_OK(sn_forward(m, a, ids, 4, la, false));
+    CHECK_OK(sn_forward(q, b, ids, 4, lb, false));
+    float md = 0, mx = 0;
+    for (int i = 0; i < V; i++) {
+        md = fmaxf(md, fabsf(la[i] - lb[i]));
+        mx = fmaxf(mx, fabsf(la[i]));
+    }
+    /* 8-bit affine quantization of every matrix: within a few % of the logit scale */
+    CHECKF(md <= 0.05f * mx, "8-bit vs fp32 max diff %g, logit scale %g", md, mx);
+    sn_seq_free(a);
+    sn_seq_free(b);
+out:
+    sn_model_free(m);
+    sn_model_free(q);
+}
+
+/* Loads a broken checkpoint: expects `code` and a message containing `needle`,
+ * then the same through sanctum-run: non-zero exit, one line on stderr. */
+static void expect_bad(const char *sub, mutation mut, sn_status code, const char *needle)
+{
+    char dir[512];
+    CHECK(write_ckpt(sub, mut, dir, sizeof dir) == 0);
+    sn_model *m = NULL;
+    sn_load_opts o = { .n_threads = 1 };
+    sn_status s = sn_model_load(dir, &o, &m);
+    CHECKF(s == code, "%s: got %s (%s), expected %s", sub, sn_status_name(s), sn_errmsg(), sn_status_name(code));
+    CHECKF(strstr(sn_errmsg(), needle) != NULL, "%s: message '%s' lacks '%s'", sub, sn_errmsg(), needle);
+    CHECK(m == NULL);
+    sn_model_free(m);
+
+    if (access("build/sanctum-run", X_OK) != 0) return;
+    char cmd[1200], errf[600];
+    snprintf(errf, sizeof errf, "%s/%s.err", g_root, sub);
+    snprintf(cmd, sizeof cmd, "build/sanctum-run --model %s --ids 1,2,3 --max-tokens 2 --print-ids >/dev/null 2>%s",
+             dir, errf);
+    int rc = system(cmd);
+    CHECKF(rc != 0, "%s: sanctum-run exited 0", sub);
+    FILE *f = fopen(errf, "r");
+    CHECK(f != NULL);
+    if (!f) return;
+    char line[2048];
+    int n = 0;
+    bool named = false;
+    while (fgets(line, sizeof line, f)) {
+        n++;
+        if (strstr(line, needle)) named = true;
+    }
+    fclose(f);
+    CHECKF(n == 1, "%s: sanctum-run wrote %d lines to stderr", sub, n);
+    CHECKF(named, "%s: sanctum-run error lacks '%s'", sub, needle);
+}
+
+static void test_missing_tensor(void)
+{
+    expect_bad("missing", MUT_MISSING, SN_E_MISSING, "model.layers.1.linear_attn.in_proj_z.weight");
+}
+static void test_wrong_shape(void)
+{
+    expect_bad("shape", MUT_SHAPE, SN_E_SHAPE, "model.layers.3.self_attn.k_proj.weight: expected shape [32, 64]");
+}
+static void test_bad_dtype(void) { expect_bad("dtype", MUT_DTYPE, SN_E_SHAPE, "model.layers.0.mlp.up_proj.weight"); }
+static void test_unknown_model_type(void) { expect_bad("mtype", MUT_MODEL_TYPE, SN_E_UNSUPPORTED, "llama_bogus"); }
+static void test_truncated(void) { expect_bad("trunc", MUT_TRUNCATE, SN_E_FORMAT, "model.safetensors"); }
+static void test_bad_json(void) { expect_bad("json", MUT_BAD_JSON, SN_E_FORMAT, "config.json"); }
+
+static void test_missing_dir(void)
+{
+    sn_model *m = NULL;
+    sn_status s = sn_model_load("/nonexistent/sanctum-model", NULL, &m);
+    CHECK(s != SN_OK && m == NULL);
+    CHECK(strstr(sn_errmsg(), "/nonexistent/sanctum-model") != NULL);
+}
+
+int main(void)
+{
+    snprintf(g_root, sizeof g_root, "/tmp/sanctum-test-model-load-%d", (int)getpid());
+    mkdir(g_root, 0700);
+    RUN(test_good_checkpoint_runs);
+    RUN(test_quantize_at_load);
+    RUN(test_missing_tensor);
+    RUN(test_wrong_shape);
+    RUN(test_bad_dtype);
+    RUN(test_unknown_model_type);
+    RUN(test_truncated);
+    RUN(test_bad_json);
+    RUN(test_missing_dir);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_root);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_root);
+    return TEST_END();
+}
