@@ -1,0 +1,442 @@
+/* Model tests against the reference fixtures (tests/fixtures/<arch>/),
+ * shared by test_model_<arch>.c: each defines FIXTURE_ARCH and includes this.
+ *
+ * Fixture: mlx/ and hf/ checkpoints of one tiny random model (the HF weights
+ * are the dequantized MLX weights, so both are the same function) and
+ * reference.safetensors with, per prompt i, prompt_i I32[L], logits_i
+ * F32[L,V] (transformers, fp32), greedy_i I32[16], margin_i F32[16].
+ *
+ * Tolerances (stated here, checked below):
+ *  - logits vs transformers: max |diff| <= 2e-3 * max(1, max |ref|) over every
+ *    position of every prompt (fp32 on both sides; what remains is summation
+ *    order and the chunked-vs-recurrent GatedDeltaNet forms);
+ *  - greedy continuations: identical (the generator keeps every margin >= 0.05);
+ *  - MLX layout vs HF layout: max |diff| <= 1e-4 * max(1, max |logit|);
+ *  - prefill L == prefill L-1 + one decode, batched == alone, chunked ==
+ *    whole, snapshot/restore: bitwise (the CPU ops are batch invariant). */
+#ifndef TEST_MODEL_COMMON_H
+#define TEST_MODEL_COMMON_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "models/model_impl.h"
+#include "sanctum/model.h"
+#include "sanctum/safetensors.h"
+
+#define FX_DIR "tests/fixtures/" FIXTURE_ARCH
+#define FX_MAX_PROMPTS 16
+#define FX_GREEDY 16
+#define TOL_REF 2e-3f
+#define TOL_LAYOUT 1e-4f
+
+typedef struct {
+    int n;
+    const int32_t *prompt[FX_MAX_PROMPTS];
+    int len[FX_MAX_PROMPTS];
+    const float *logits[FX_MAX_PROMPTS];
+    const int32_t *greedy[FX_MAX_PROMPTS];
+    const float *margin[FX_MAX_PROMPTS];
+    const float *cont[FX_MAX_PROMPTS];   /* optional: logits at each greedy step [16, V] */
+} fx_ref;
+
+static sn_st *g_ref_st;
+static fx_ref g_ref;
+static sn_model *g_mlx, *g_hf;
+static int g_V;
+static bool g_have;
+
+static bool fx_load(void)
+{
+    if (access(FX_DIR "/reference.safetensors", R_OK) != 0) return false;
+    sn_load_opts o = { .n_threads = 2 };
+    if (sn_st_open(FX_DIR "/reference.safetensors", &g_ref_st) != SN_OK) {
+        fprintf(stderr, "reference: %s\n", sn_errmsg());
+        return false;
+    }
+    for (int i = 0; i < FX_MAX_PROMPTS; i++) {
+        char n[64];
+        snprintf(n, sizeof n, "prompt_%d", i);
+        const sn_st_tensor *p = sn_st_find(g_ref_st, n);
+        if (!p) break;
+        snprintf(n, sizeof n, "logits_%d", i);
+        const sn_st_tensor *l = sn_st_find(g_ref_st, n);
+        snprintf(n, sizeof n, "greedy_%d", i);
+        const sn_st_tensor *g = sn_st_find(g_ref_st, n);
+        snprintf(n, sizeof n, "margin_%d", i);
+        const sn_st_tensor *mg = sn_st_find(g_ref_st, n);
+        snprintf(n, sizeof n, "cont_logits_%d", i);
+        const sn_st_tensor *c = sn_st_find(g_ref_st, n);
+        if (!l || !g || p->dtype != SN_DT_I32 || l->dtype != SN_DT_F32 || g->dtype != SN_DT_I32 ||
+            l->ndim != 2 || l->shape[0] != p->shape[0] || g->shape[0] != FX_GREEDY) {
+            fprintf(stderr, "reference: prompt %d malformed\n", i);
+            return false;
+        }
+        g_ref.prompt[i] = p->data;
+        g_ref.len[i] = (int)p->shape[0];
+        g_ref.logits[i] = l->data;
+        g_ref.greedy[i] = g->data;
+        g_ref.margin[i] = mg ? mg->data : NULL;
+        g_ref.cont[i] = c && c->dtype == SN_DT_F32 && c->ndim == 2 && c->shape[0] == FX_GREEDY ? c->data : NULL;
+        g_V = (int)l->shape[1];
+        g_ref.n = i + 1;
+    }
+    if (!g_ref.n) return false;
+    if (sn_model_load(FX_DIR "/mlx", &o, &g_mlx) != SN_OK) {
+        fprintf(stderr, "loading %s/mlx: %s\n", FX_DIR, sn_errmsg());
+        return false;
+    }
+    if (sn_model_load(FX_DIR "/hf", &o, &g_hf) != SN_OK) {
+        fprintf(stderr, "loading %s/hf: %s\n", FX_DIR, sn_errmsg());
+        return false;
+    }
+    return sn_model_get_info(g_mlx)->vocab_size == g_V && sn_model_get_info(g_hf)->vocab_size == g_V;
+}
+
+static void fx_free(void)
+{
+    sn_model_free(g_mlx);
+    sn_model_free(g_hf);
+    sn_st_close(g_ref_st);
+}
+
+#define NEED_FIXTURE() do { if (!g_have) SKIP("fixture " FX_DIR " not present or not loadable"); } while (0)
+
+static float max_abs(const float *a, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i]));
+    return m;
+}
+
+static float max_diff(const float *a, const float *b, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Prefill tokens, all logits. */
+static float *run_all(sn_model *m, const int32_t *ids, int n)
+{
+    sn_seq *s = NULL;
+    float *lg = malloc(sizeof(float) * (size_t)n * (size_t)g_V);
+    if (sn_seq_new(m, n + FX_GREEDY + 1, &s) != SN_OK || sn_forward(m, s, ids, n, lg, true) != SN_OK) {
+        fprintf(stderr, "  forward: %s\n", sn_errmsg());
+        free(lg);
+        lg = NULL;
+    }
+    sn_seq_free(s);
+    return lg;
+}
+
+/* Greedy continuation of FX_GREEDY tokens from the sequence's state and
+ * the logits of its last token; step logits optionally kept. */
+static bool greedy(sn_model *m, sn_seq *s, float *lg, int32_t *out, float *steps)
+{
+    for (int t = 0; t < FX_GREEDY; t++) {
+        if (steps) memcpy(steps + (size_t)t * g_V, lg, sizeof(float) * g_V);
+        out[t] = argmax(lg, g_V);
+        if (t + 1 < FX_GREEDY && sn_forward(m, s, &out[t], 1, lg, false) != SN_OK) {
+            fprintf(stderr, "  decode: %s\n", sn_errmsg());
+            return false;
+        }
+    }
+    return true;
+}
+
+static void check_logits_vs_ref(sn_model *m, const char *what)
+{
+    for (int i = 0; i < g_ref.n; i++) {
+        int L = g_ref.len[i];
+        float *lg = run_all(m, g_ref.prompt[i], L);
+        CHECK(lg != NULL);
+        if (!lg) continue;
+        size_t n = (size_t)L * g_V;
+        float scale = fmaxf(1.0f, max_abs(g_ref.logits[i], n)), d = max_diff(lg, g_ref.logits[i], n);
+        fprintf(stderr, "  %s prompt %d (L=%d): max |logit diff| %.3g (scale %.3g, rel %.3g)\n", what, i, L, d, scale,
+                d / scale);
+        CHECKF(d <= TOL_REF * scale, "%s prompt %d: max diff %g > %g", what, i, d, TOL_REF * scale);
+        free(lg);
+    }
+}
+
+static void check_greedy_vs_ref(sn_model *m, const char *what)
+{
+    for (int i = 0; i < g_ref.n; i++) {
+        int L = g_ref.len[i];
+        sn_seq *s = NULL;
+        float *lg = malloc(sizeof(float) * g_V), *steps = malloc(sizeof(float) * g_V * FX_GREEDY);
+        int32_t out[FX_GREEDY];
+        CHECK_OK(sn_seq_new(m, L + FX_GREEDY + 1, &s));
+        CHECK_OK(sn_forward(m, s, g_ref.prompt[i], L, lg, false));
+        CHECK(greedy(m, s, lg, out, steps));
+        int first_bad = -1;
+        for (int t = 0; t < FX_GREEDY && first_bad < 0; t++)
+            if (out[t] != g_ref.greedy[i][t]) first_bad = t;
+        CHECKF(first_bad < 0, "%s prompt %d: greedy differs at step %d (got %d, want %d, ref margin %g)", what, i,
+               first_bad, first_bad >= 0 ? out[first_bad] : 0, first_bad >= 0 ? g_ref.greedy[i][first_bad] : 0,
+               first_bad >= 0 && g_ref.margin[i] ? g_ref.margin[i][first_bad] : -1.0);
+        if (g_ref.cont[i] && first_bad < 0) {
+            size_t n = (size_t)FX_GREEDY * g_V;
+            float scale = fmaxf(1.0f, max_abs(g_ref.cont[i], n)), d = max_diff(steps, g_ref.cont[i], n);
+            CHECKF(d <= TOL_REF * scale, "%s prompt %d: decode-step logits max diff %g > %g", what, i, d,
+                   TOL_REF * scale);
+        }
+        free(lg);
+        free(steps);
+        sn_seq_free(s);
+    }
+}
+
+static void test_logits_mlx(void) { NEED_FIXTURE(); check_logits_vs_ref(g_mlx, "mlx"); }
+static void test_logits_hf(void) { NEED_FIXTURE(); check_logits_vs_ref(g_hf, "hf"); }
+static void test_greedy_mlx(void) { NEED_FIXTURE(); check_greedy_vs_ref(g_mlx, "mlx"); }
+static void test_greedy_hf(void) { NEED_FIXTURE(); check_greedy_vs_ref(g_hf, "hf"); }
+
+static void test_layouts_agree(void)
+{
+    NEED_FIXTURE();
+    CHECK(sn_model_get_info(g_mlx)->mlx_layout);
+    CHECK(!sn_model_get_info(g_hf)->mlx_layout);
+    for (int i = 0; i < g_ref.n; i++) {
+        int L = g_ref.len[i];
+        float *a = run_all(g_mlx, g_ref.prompt[i], L), *b = run_all(g_hf, g_ref.prompt[i], L);
+        CHECK(a && b);
+        if (a && b) {
+            size_t n = (size_t)L * g_V;
+            float scale = fmaxf(1.0f, max_abs(b, n)), d = max_diff(a, b, n);
+            fprintf(stderr, "  prompt %d: mlx vs hf max diff %.3g (scale %.3g)\n", i, d, scale);
+            CHECKF(d <= TOL_LAYOUT * scale, "prompt %d: mlx vs hf max diff %g > %g", i, d, TOL_LAYOUT * scale);
+        }
+        free(a);
+        free(b);
+    }
+}
+
+static int longest_prompt(void)
+{
+    int b = 0;
+    for (int i = 1; i < g_ref.n; i++)
+        if (g_ref.len[i] > g_ref.len[b]) b = i;
+    return b;
+}
+
+/* Compares the per-layer states of two sequences at the same position. */
+static void check_states_equal(const sn_seq *a, const sn_seq *b, const char *what)
+{
+    const sn_model *m = a->m;
+    int bad_attn = 0, bad_gdn = 0, n_attn = 0, n_gdn = 0;
+    size_t kvb = (size_t)a->pos * a->kv_row_floats * sizeof(float);
+    for (int l = 0; l < m->n_layers; l++) {
+        if (a->gdn[l].S) {
+            n_gdn++;
+            if (memcmp(a->gdn[l].S, b->gdn[l].S, a->S_floats * sizeof(float)) ||
+                memcmp(a->gdn[l].conv, b->gdn[l].conv, a->conv_floats * sizeof(float)))
+                bad_gdn++;
+        }
+        if (a->kv[l].k) {
+            n_attn++;
+            if (memcmp(a->kv[l].k, b->kv[l].k, kvb) || memcmp(a->kv[l].v, b->kv[l].v, kvb)) bad_attn++;
+        }
+    }
+    fprintf(stderr, "  %s: %d/%d attention and %d/%d GatedDeltaNet layer states identical\n", what,
+            n_attn - bad_attn, n_attn, n_gdn - bad_gdn, n_gdn);
+    CHECKF(bad_attn == 0, "%s: %d attention layers' KV differ", what, bad_attn);
+    CHECKF(bad_gdn == 0, "%s: %d GatedDeltaNet layers' state differ", what, bad_gdn);
+}
+
+/* prefill L == prefill L-1 then one decode step: logits and every layer's state. */
+static void test_prefill_equals_decode(void)
+{
+    NEED_FIXTURE();
+    sn_model *m = g_mlx;
+    int i = longest_prompt(), L = g_ref.len[i];
+    const int32_t *p = g_ref.prompt[i];
+    int lens[] = { 2, 64, 65, L };
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+        int n = lens[k];
+        if (n > L) continue;
+        sn_seq *a = NULL, *b = NULL;
+        float *la = malloc(sizeof(float) * g_V), *lb = malloc(sizeof(float) * g_V);
+        CHECK_OK(sn_seq_new(m, L + 1, &a));
+        CHECK_OK(sn_seq_new(m, L + 1, &b));
+        CHECK_OK(sn_forward(m, a, p, n, la, false));
+        CHECK_OK(sn_forward(m, b, p, n - 1, NULL, false));
+        CHECK_OK(sn_forward(m, b, p + n - 1, 1, lb, false));
+        CHECKF(memcmp(la, lb, sizeof(float) * g_V) == 0, "L=%d: prefill vs prefill+decode logits differ (max %g)", n,
+               max_diff(la, lb, (size_t)g_V));
+        char what[64];
+        snprintf(what, sizeof what, "L=%d prefill vs L-1 + decode", n);
+        check_states_equal(a, b, what);
+        free(la);
+        free(lb);
+        sn_seq_free(a);
+        sn_seq_free(b);
+    }
+}
+
+/* Prefixes of the longest prompt against the reference rows (causal, so the
+ * reference logits of a prefix are the first rows of the full prompt's). */
+static void test_prompt_lengths(void)
+{
+    NEED_FIXTURE();
+    int i = longest_prompt(), L = g_ref.len[i];
+    int lens[] = { 1, 2, 63, 64, 65, 127, 128, 129 };
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+        int n = lens[k];
+        if (n > L) continue;
+        float *lg = run_all(g_mlx, g_ref.prompt[i], n);
+        CHECK(lg != NULL);
+        if (!lg) continue;
+        size_t cnt = (size_t)n * g_V;
+        float scale = fmaxf(1.0f, max_abs(g_ref.logits[i], cnt)), d = max_diff(lg, g_ref.logits[i], cnt);
+        CHECKF(d <= TOL_REF * scale, "prefix %d: max diff %g > %g", n, d, TOL_REF * scale);
+        free(lg);
+    }
+}
+
+/* Feeding the prompt in pieces (chunked prefill) == all at once, bitwise. */
+static void test_chunked_prefill(void)
+{
+    NEED_FIXTURE();
+    int i = longest_prompt(), L = g_ref.len[i];
+    float *whole = run_all(g_mlx, g_ref.prompt[i], L);
+    float *parts = malloc(sizeof(float) * (size_t)L * g_V);
+    sn_seq *s = NULL;
+    CHECK_OK(sn_seq_new(g_mlx, L, &s));
+    int cuts[] = { 1, 63, 64, 7 };
+    int at = 0;
+    for (size_t k = 0; at < L; k++) {
+        int n = k < sizeof cuts / sizeof *cuts ? cuts[k] : L - at;
+        if (n > L - at) n = L - at;
+        CHECK_OK(sn_forward(g_mlx, s, g_ref.prompt[i] + at, n, parts + (size_t)at * g_V, true));
+        at += n;
+    }
+    CHECK(whole && memcmp(whole, parts, sizeof(float) * (size_t)L * g_V) == 0);
+    free(whole);
+    free(parts);
+    sn_seq_free(s);
+}
+
+/* Several sequences in one batched step give exactly what each gives alone. */
+static void test_batch_equals_single(void)
+{
+    NEED_FIXTURE();
+    int n = g_ref.n < 4 ? g_ref.n : 4;
+    sn_seq *s[4] = { 0 };
+    float *lg[4] = { 0 }, *alone[4] = { 0 };
+    sn_batch_item items[4] = { 0 };
+    for (int i = 0; i < n; i++) {
+        CHECK_OK(sn_seq_new(g_mlx, g_ref.len[i] + 2, &s[i]));
+        lg[i] = malloc(sizeof(float) * (size_t)g_ref.len[i] * g_V);
+        alone[i] = run_all(g_mlx, g_ref.prompt[i], g_ref.len[i]);
+        items[i] = (sn_batch_item){ s[i], g_ref.prompt[i], g_ref.len[i], lg[i], true };
+    }
+    CHECK_OK(sn_forward_batch(g_mlx, items, n));
+    for (int i = 0; i < n; i++)
+        CHECKF(alone[i] && memcmp(lg[i], alone[i], sizeof(float) * (size_t)g_ref.len[i] * g_V) == 0,
+               "prompt %d: batched logits differ from alone", i);
+    /* a mixed step: one decode token for each, in one batch */
+    int32_t next[4];
+    float *dl[4];
+    for (int i = 0; i < n; i++) {
+        next[i] = argmax(lg[i] + (size_t)(g_ref.len[i] - 1) * g_V, g_V);
+        dl[i] = malloc(sizeof(float) * g_V);
+        items[i] = (sn_batch_item){ s[i], &next[i], 1, dl[i], false };
+    }
+    CHECK_OK(sn_forward_batch(g_mlx, items, n));
+    for (int i = 0; i < n; i++) {
+        sn_seq *one = NULL;
+        float *l1 = malloc(sizeof(float) * g_V);
+        CHECK_OK(sn_seq_new(g_mlx, g_ref.len[i] + 2, &one));
+        CHECK_OK(sn_forward(g_mlx, one, g_ref.prompt[i], g_ref.len[i], NULL, false));
+        CHECK_OK(sn_forward(g_mlx, one, &next[i], 1, l1, false));
+        CHECKF(memcmp(l1, dl[i], sizeof(float) * g_V) == 0, "prompt %d: batched decode differs from alone", i);
+        free(l1);
+        sn_seq_free(one);
+        free(dl[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        free(lg[i]);
+        free(alone[i]);
+        sn_seq_free(s[i]);
+    }
+}
+
+/* Snapshot after the prompt; greedy; restore (same seq and a fresh one);
+ * greedy again: identical continuations. */
+static void test_snapshot_restore(void)
+{
+    NEED_FIXTURE();
+    int i = longest_prompt(), L = g_ref.len[i];
+    sn_seq *s = NULL, *t = NULL;
+    sn_snapshot *snap = NULL;
+    float *lg = malloc(sizeof(float) * g_V), *lg0 = malloc(sizeof(float) * g_V);
+    int32_t a[FX_GREEDY], b[FX_GREEDY], c[FX_GREEDY];
+    CHECK_OK(sn_seq_new(g_mlx, L + FX_GREEDY + 1, &s));
+    CHECK_OK(sn_seq_new(g_mlx, L + FX_GREEDY + 1, &t));
+    CHECK_OK(sn_forward(g_mlx, s, g_ref.prompt[i], L, lg0, false));
+    CHECK_OK(sn_seq_snapshot(s, &snap));
+    if (!snap) goto out;
+    CHECK(sn_snapshot_pos(snap) == L);
+    CHECK(sn_snapshot_bytes(snap) == sn_seq_state_bytes(s));
+    memcpy(lg, lg0, sizeof(float) * g_V);
+    CHECK(greedy(g_mlx, s, lg, a, NULL));
+    CHECK(sn_seq_pos(s) == L + FX_GREEDY - 1);
+    CHECK_OK(sn_seq_restore(s, snap));
+    CHECK(sn_seq_pos(s) == L);
+    memcpy(lg, lg0, sizeof(float) * g_V);
+    CHECK(greedy(g_mlx, s, lg, b, NULL));
+    CHECK_OK(sn_seq_restore(t, snap));
+    memcpy(lg, lg0, sizeof(float) * g_V);
+    CHECK(greedy(g_mlx, t, lg, c, NULL));
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    CHECK(memcmp(a, c, sizeof a) == 0);
+    CHECK(memcmp(a, g_ref.greedy[i], sizeof a) == 0);
+    /* reset gives a clean sequence: the same prompt again gives the same logits */
+    sn_seq_reset(t);
+    CHECK(sn_seq_pos(t) == 0);
+    CHECK_OK(sn_forward(g_mlx, t, g_ref.prompt[i], L, lg, false));
+    CHECK(memcmp(lg, lg0, sizeof(float) * g_V) == 0);
+out:
+    free(lg);
+    free(lg0);
+    sn_snapshot_free(snap);
+    sn_seq_free(s);
+    sn_seq_free(t);
+}
+
+static int fixture_main(void)
+{
+    g_have = fx_load();
+    if (!g_have) fprintf(stderr, "SKIP: %s fixture not available; model tests skipped\n", FX_DIR);
+    RUN(test_logits_mlx);
+    RUN(test_logits_hf);
+    RUN(test_greedy_mlx);
+    RUN(test_greedy_hf);
+    RUN(test_layouts_agree);
+    RUN(test_prefill_equals_decode);
+    RUN(test_prompt_lengths);
+    RUN(test_chunked_prefill);
+    RUN(test_batch_equals_single);
+    RUN(test_snapshot_restore);
+    fx_free();
+    return TEST_END();
+}
+
+#endif
