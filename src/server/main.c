@@ -1,0 +1,406 @@
+/* sanctum-mlx: the OpenAI-compatible inference server.
+ *
+ * Startup order: parse flags -> verify the signed manifest (before any
+ * weight is mapped) -> load the model, tokenizer and one sequence (checked
+ * against --memory-limit-mb) -> bind (loopback must succeed) -> serve until
+ * SIGTERM/SIGINT -> drain -> exit 0. The model side of the server (chat
+ * template, tokenizer, generation loop) is bound here as the srv_engine. */
+#include <errno.h>
+#include <limits.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sanctum/chat.h"
+#include "sanctum/generate.h"
+#include "sanctum/manifest.h"
+#include "sanctum/model.h"
+#include "sanctum/tokenizer.h"
+#include "server/auth.h"
+#include "server/server.h"
+#include "server/tls.h"
+
+#define SANCTUM_VERSION "0.1.0"
+#define MAX_HOSTS 16
+
+typedef struct {
+    const char *model_dir;
+    const char *hosts[MAX_HOSTS];
+    size_t n_hosts;
+    const char *tls_hosts[MAX_HOSTS];
+    size_t n_tls_hosts;
+    int port, tls_port;
+    int max_queue, flush_tokens, default_max_tokens, ctx, threads, gpu;
+    long long max_body, memory_limit_mb;
+    double grace;
+    sn_backend_kind backend;
+    const char *manifest, *manifest_sig, *manifest_pubkey;
+    bool require_signed, no_plain;
+    const char *tls_cert, *tls_key, *tls_ca, *tls_crl;
+    const char *auth_token_file;
+} cli;
+
+typedef struct {
+    sn_model *model;
+    sn_tokenizer *tok;
+    sn_seq *seq;
+    sn_chat_format fmt;
+    const sn_model_info *info;
+} engine;
+
+typedef struct {
+    sn_auth *auth;
+    sn_tls *tls;
+    const cli *c;
+} hooks;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- engine: runs on the worker thread ---- */
+
+static sn_status emit_cb(void *ud, const char *text, size_t len, int n_tokens)
+{
+    return srv_job_emit(ud, text, len, n_tokens);
+}
+
+static int cancel_cb(void *ud) { return srv_job_cancelled(ud); }
+
+static sn_status engine_run(void *ctx, srv_job *job, const srv_chat_req *req, srv_gen_out *out)
+{
+    engine *e = ctx;
+    sn_status st = SN_OK;
+    char *prompt = NULL;
+    sn_ids ids = {0};
+    sn_chat_msg *msgs = calloc(req->n_msgs, sizeof *msgs);
+    if (!msgs) return SN_FAIL(SN_E_NOMEM, "out of memory for %zu messages", req->n_msgs);
+    for (size_t i = 0; i < req->n_msgs; i++) {
+        msgs[i].role = req->msgs[i].role;
+        msgs[i].content = req->msgs[i].content;
+    }
+    sn_chat_opts co = {.add_generation_prompt = true, .enable_thinking = req->enable_thinking};
+    if ((st = sn_chat_render(e->fmt, msgs, req->n_msgs, &co, &prompt)) != SN_OK) goto out;
+    if ((st = sn_tok_encode(e->tok, prompt, strlen(prompt), true, &ids)) != SN_OK) goto out;
+    int max_ctx = sn_seq_max_ctx(e->seq);
+    if (ids.n == 0) { st = SN_FAIL(SN_E_INVALID, "the rendered prompt is empty"); goto out; }
+    if (ids.n + 1 > (size_t)max_ctx) {
+        st = SN_FAIL(SN_E_RANGE, "the prompt is %zu tokens but the context holds %d (with room for at least one "
+                                 "generated token)", ids.n, max_ctx);
+        goto out;
+    }
+    srv_job_started(job, (int)ids.n);
+    sn_seq_reset(e->seq);
+    sn_gen_params gp = {
+        .sample = req->sample,
+        .max_tokens = srv_job_max_tokens(job),
+        .stops = (const char *const *)req->stops,
+        .n_stops = req->n_stops,
+        .flush_tokens = srv_job_flush_tokens(job),
+        .cancelled = cancel_cb,
+        .ud = job,
+    };
+    sn_gen_result r;
+    st = sn_generate(e->model, e->tok, e->seq, ids.ids, (int)ids.n, &gp, emit_cb, &r);
+    out->prompt_tokens = r.prompt_tokens;
+    out->completion_tokens = r.completion_tokens;
+    out->finish = sn_finish_name(r.finish);
+    out->decode_s = r.decode_s;
+out:
+    free(msgs);
+    free(prompt);
+    sn_ids_free(&ids);
+    return st;
+}
+
+/* ---- hooks: auth and mTLS ---- */
+
+static int admit_hook(void *ud, struct evhttp_request *req)
+{
+    hooks *h = ud;
+    return sn_auth_http(h->auth, req);
+}
+
+static const char *client_id_hook(void *ud, struct evhttp_request *req)
+{
+    hooks *h = ud;
+    return h->tls ? sn_tls_client_cn(req) : NULL;
+}
+
+static sn_status add_tls_listeners(void *ud, srv *s)
+{
+    hooks *h = ud;
+    if (!h->tls) return SN_OK;
+    struct evhttp *https;
+    SN_TRY(srv_http_new(s, &https));
+    sn_tls_attach(h->tls, https);
+    for (size_t i = 0; i < h->c->n_tls_hosts; i++) {
+        bool bound;
+        SN_TRY(srv_http_bind(s, https, h->c->tls_hosts[i], h->c->tls_port, &bound));
+    }
+    return SN_OK;
+}
+
+/* ---- flags ---- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sanctum-mlx [options]\n"
+            "  --model DIR                  model directory (default models/default)\n"
+            "  --host ADDR                  plain HTTP bind address, repeatable (default 127.0.0.1)\n"
+            "  --port N                     plain HTTP port (default 8080; 0 picks a free one)\n"
+            "  --no-plain                   no plain HTTP listener (mTLS only)\n"
+            "  --max-queue N                waiting requests before 503 (default 16)\n"
+            "  --max-body-bytes N           request body limit (default 4194304)\n"
+            "  --stream-flush-tokens N      SSE flush cadence in tokens (default 8)\n"
+            "  --max-tokens N               default max_tokens of a request (default 512)\n"
+            "  --ctx N                      context length (default: the model's, capped at 32768)\n"
+            "  --shutdown-grace-seconds S   drain time after SIGTERM (default 30)\n"
+            "  --memory-limit-mb N          refuse a model + KV cache bigger than this\n"
+            "  --backend cpu|cuda           compute backend (default cpu)\n"
+            "  --gpu N                      CUDA device (default 0)\n"
+            "  --threads N                  CPU threads (default: one per core)\n"
+            "  --manifest FILE              sha256sum manifest of the model dir, verified before loading\n"
+            "  --manifest-sig FILE          detached ed25519 signature (default FILE.sig)\n"
+            "  --manifest-pubkey FILE       ed25519 public key that must have signed the manifest\n"
+            "  --require-signed-manifest    refuse to start without a verified signature\n"
+            "  --tls-cert/--tls-key/--tls-ca FILE   mTLS listener (all three required)\n"
+            "  --tls-crl FILE               CRL for client certificates\n"
+            "  --tls-host ADDR              mTLS bind address, repeatable (default 127.0.0.1)\n"
+            "  --tls-port N                 mTLS port (default 8443)\n"
+            "  --auth-token-file FILE       bearer token for non-loopback plain HTTP clients\n");
+}
+
+static int parse_ll(const char *s, const char *what, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "sanctum-mlx: %s: bad value '%s' (expected an integer in [%lld, %lld])\n", what, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_i(const char *s, const char *what, int lo, int hi, int *out)
+{
+    long long v;
+    if (parse_ll(s, what, lo, hi, &v)) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, cli *c)
+{
+    *c = (cli){.model_dir = "models/default", .port = 8080, .tls_port = 8443, .max_queue = 16, .flush_tokens = 8,
+               .default_max_tokens = 512, .max_body = 4 << 20, .grace = 30, .backend = SN_BACKEND_CPU};
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV() do { if (!v) { fprintf(stderr, "sanctum-mlx: %s needs a value\n", k); return -1; } i++; } while (0)
+        long long ll;
+        if (!strcmp(k, "--help") || !strcmp(k, "-h")) { usage(stdout); exit(0); }
+        else if (!strcmp(k, "--model")) { NEEDV(); c->model_dir = v; }
+        else if (!strcmp(k, "--host")) {
+            NEEDV();
+            if (c->n_hosts >= MAX_HOSTS) { fprintf(stderr, "sanctum-mlx: at most %d --host\n", MAX_HOSTS); return -1; }
+            c->hosts[c->n_hosts++] = v;
+        }
+        else if (!strcmp(k, "--tls-host")) {
+            NEEDV();
+            if (c->n_tls_hosts >= MAX_HOSTS) { fprintf(stderr, "sanctum-mlx: at most %d --tls-host\n", MAX_HOSTS); return -1; }
+            c->tls_hosts[c->n_tls_hosts++] = v;
+        }
+        else if (!strcmp(k, "--port")) { NEEDV(); if (parse_i(v, k, 0, 65535, &c->port)) return -1; }
+        else if (!strcmp(k, "--tls-port")) { NEEDV(); if (parse_i(v, k, 0, 65535, &c->tls_port)) return -1; }
+        else if (!strcmp(k, "--no-plain")) c->no_plain = true;
+        else if (!strcmp(k, "--max-queue")) { NEEDV(); if (parse_i(v, k, 0, 100000, &c->max_queue)) return -1; }
+        else if (!strcmp(k, "--max-body-bytes")) { NEEDV(); if (parse_ll(v, k, 1024, 1LL << 30, &c->max_body)) return -1; }
+        else if (!strcmp(k, "--stream-flush-tokens")) { NEEDV(); if (parse_i(v, k, 1, 4096, &c->flush_tokens)) return -1; }
+        else if (!strcmp(k, "--max-tokens")) { NEEDV(); if (parse_i(v, k, 1, SRV_MAX_TOKENS_ABSURD, &c->default_max_tokens)) return -1; }
+        else if (!strcmp(k, "--ctx")) { NEEDV(); if (parse_i(v, k, 0, 1 << 22, &c->ctx)) return -1; }
+        else if (!strcmp(k, "--shutdown-grace-seconds")) { NEEDV(); if (parse_ll(v, k, 0, 86400, &ll)) return -1; c->grace = (double)ll; }
+        else if (!strcmp(k, "--memory-limit-mb")) { NEEDV(); if (parse_ll(v, k, 1, 1LL << 40, &c->memory_limit_mb)) return -1; }
+        else if (!strcmp(k, "--backend")) {
+            NEEDV();
+            if (!strcmp(v, "cpu")) c->backend = SN_BACKEND_CPU;
+            else if (!strcmp(v, "cuda")) c->backend = SN_BACKEND_CUDA;
+            else { fprintf(stderr, "sanctum-mlx: --backend must be cpu or cuda, got '%s'\n", v); return -1; }
+        }
+        else if (!strcmp(k, "--gpu")) { NEEDV(); if (parse_i(v, k, 0, 255, &c->gpu)) return -1; }
+        else if (!strcmp(k, "--threads")) { NEEDV(); if (parse_i(v, k, 0, 1024, &c->threads)) return -1; }
+        else if (!strcmp(k, "--manifest")) { NEEDV(); c->manifest = v; }
+        else if (!strcmp(k, "--manifest-sig")) { NEEDV(); c->manifest_sig = v; }
+        else if (!strcmp(k, "--manifest-pubkey")) { NEEDV(); c->manifest_pubkey = v; }
+        else if (!strcmp(k, "--require-signed-manifest")) c->require_signed = true;
+        else if (!strcmp(k, "--tls-cert")) { NEEDV(); c->tls_cert = v; }
+        else if (!strcmp(k, "--tls-key")) { NEEDV(); c->tls_key = v; }
+        else if (!strcmp(k, "--tls-ca")) { NEEDV(); c->tls_ca = v; }
+        else if (!strcmp(k, "--tls-crl")) { NEEDV(); c->tls_crl = v; }
+        else if (!strcmp(k, "--auth-token-file")) { NEEDV(); c->auth_token_file = v; }
+        else { fprintf(stderr, "sanctum-mlx: unknown option '%s' (see --help)\n", k); return -1; }
+#undef NEEDV
+    }
+    if (c->n_hosts == 0 && !c->no_plain) c->hosts[c->n_hosts++] = "127.0.0.1";
+    if (c->no_plain) c->n_hosts = 0;
+    bool any_tls = c->tls_cert || c->tls_key || c->tls_ca || c->tls_crl || c->n_tls_hosts;
+    if (any_tls && !(c->tls_cert && c->tls_key && c->tls_ca)) {
+        fprintf(stderr, "sanctum-mlx: mTLS needs --tls-cert, --tls-key and --tls-ca together\n");
+        return -1;
+    }
+    if (any_tls && c->n_tls_hosts == 0) c->tls_hosts[c->n_tls_hosts++] = "127.0.0.1";
+    if (c->no_plain && !any_tls) {
+        fprintf(stderr, "sanctum-mlx: --no-plain leaves no listener; add the --tls-* options\n");
+        return -1;
+    }
+    if ((c->manifest_sig || c->manifest_pubkey || c->require_signed) && !c->manifest) {
+        fprintf(stderr, "sanctum-mlx: --manifest-sig/--manifest-pubkey/--require-signed-manifest need --manifest\n");
+        return -1;
+    }
+    return 0;
+}
+
+static const char *base_name(const char *dir)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    static char buf[256];
+    size_t start = n;
+    while (start > 0 && dir[start - 1] != '/') start--;
+    size_t len = n - start < sizeof buf - 1 ? n - start : sizeof buf - 1;
+    memcpy(buf, dir + start, len);
+    buf[len] = 0;
+    return buf;
+}
+
+/* Bytes the allocator handed out, so a sequence's KV cache can be measured
+ * on the CPU backend (weights are mmapped and checked by the loader). */
+static size_t heap_bytes(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+int main(int argc, char **argv)
+{
+    cli c;
+    if (parse_args(argc, argv, &c)) return 2;
+    int rc = 1;
+    srv_metrics *metrics = NULL;
+    engine e = {0};
+    hooks h = {.c = &c};
+    char model_id[256], fingerprint[320];
+
+    if (srv_metrics_new(&metrics) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); return 1; }
+    if (sn_auth_new(c.auth_token_file, &h.auth) != SN_OK) {
+        fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg());
+        goto out;
+    }
+    for (size_t i = 0; i < c.n_hosts; i++) {
+        if (sn_auth_check_bind(h.auth, c.hosts[i]) != SN_OK) {
+            fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg());
+            goto out;
+        }
+    }
+    if (c.tls_cert) {
+        sn_tls_opts to = {c.tls_cert, c.tls_key, c.tls_ca, c.tls_crl};
+        if (sn_tls_new(&to, &h.tls) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); goto out; }
+    }
+
+    /* The manifest gate runs before a single weight byte is mapped. */
+    if (c.manifest) {
+        sn_manifest_opts mo = {.manifest_path = c.manifest, .sig_path = c.manifest_sig,
+                               .pubkey_path = c.manifest_pubkey, .require_signed = c.require_signed,
+                               .n_threads = c.threads};
+        sn_manifest_report rep;
+        fprintf(stderr, "sanctum-mlx: verifying %s against %s\n", c.model_dir, c.manifest);
+        if (sn_manifest_gate(c.model_dir, &mo, &rep) != SN_OK) {
+            fprintf(stderr, "sanctum-mlx: manifest verification failed: %s\n", sn_errmsg());
+            goto out;
+        }
+        srv_metrics_startup(metrics, "manifest_verify", rep.seconds);
+        fprintf(stderr, "sanctum-mlx: manifest ok (%zu files, %.1f MB, signature %s) in %.2fs\n", rep.n_files,
+                rep.bytes / 1e6, rep.signature_checked ? "verified" : "not checked", rep.seconds);
+    } else if (c.require_signed) {
+        fprintf(stderr, "sanctum-mlx: --require-signed-manifest without --manifest\n");
+        goto out;
+    }
+
+    double t0 = now_s();
+    sn_load_opts lo = {.backend = c.backend, .gpu = c.gpu, .n_threads = c.threads,
+                       .memory_limit_mb = c.memory_limit_mb};
+    fprintf(stderr, "sanctum-mlx: loading %s\n", c.model_dir);
+    if (sn_model_load(c.model_dir, &lo, &e.model) != SN_OK) {
+        fprintf(stderr, "sanctum-mlx: cannot load model %s: %s\n", c.model_dir, sn_errmsg());
+        goto out;
+    }
+    e.info = sn_model_get_info(e.model);
+    if (sn_tok_load(c.model_dir, e.info->model_type, &e.tok) != SN_OK) {
+        fprintf(stderr, "sanctum-mlx: cannot load the tokenizer of %s: %s\n", c.model_dir, sn_errmsg());
+        goto out;
+    }
+    if (sn_chat_format_for(e.info->model_type, &e.fmt) != SN_OK) {
+        fprintf(stderr, "sanctum-mlx: no chat template for %s: %s\n", e.info->model_type, sn_errmsg());
+        goto out;
+    }
+    size_t heap0 = heap_bytes();
+    if (sn_seq_new(e.model, c.ctx, &e.seq) != SN_OK) {
+        fprintf(stderr, "sanctum-mlx: cannot allocate a sequence of %d tokens: %s\n", c.ctx, sn_errmsg());
+        goto out;
+    }
+    size_t seq_bytes = heap_bytes() - heap0;
+    if (c.memory_limit_mb > 0) {
+        long long total_mb = (e.info->weight_bytes + (long long)seq_bytes) >> 20;
+        if (total_mb > c.memory_limit_mb) {
+            fprintf(stderr, "sanctum-mlx: model %s needs %lld MB (weights %lld MB + KV/state %zu MB for %d tokens), "
+                            "over --memory-limit-mb %lld; lower --ctx or raise the limit\n",
+                    c.model_dir, total_mb, (long long)(e.info->weight_bytes >> 20), seq_bytes >> 20,
+                    sn_seq_max_ctx(e.seq), c.memory_limit_mb);
+            goto out;
+        }
+    }
+    double load_s = now_s() - t0;
+    srv_metrics_startup(metrics, "model_load", load_s);
+    snprintf(model_id, sizeof model_id, "%s", e.info->name && e.info->name[0] ? e.info->name : base_name(c.model_dir));
+    {
+        uint64_t hsh = 0xcbf29ce484222325ull;
+        const char *parts[] = {model_id, e.info->model_type, SANCTUM_VERSION, __DATE__, __TIME__};
+        for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+            for (const char *p = parts[i]; p && *p; p++) { hsh ^= (unsigned char)*p; hsh *= 0x100000001b3ull; }
+        hsh ^= (uint64_t)e.info->weight_bytes;
+        snprintf(fingerprint, sizeof fingerprint, "fp_%s_%s_%08llx", model_id, SANCTUM_VERSION,
+                 (unsigned long long)(hsh & 0xffffffffull));
+    }
+    fprintf(stderr, "sanctum-mlx: loaded %s (%s, %d layers, vocab %d, ctx %d) in %.2fs\n", model_id,
+            e.info->model_type, e.info->n_layers, e.info->vocab_size, sn_seq_max_ctx(e.seq), load_s);
+
+    srv_opts so = {
+        .hosts = c.hosts, .n_hosts = c.n_hosts, .port = c.port,
+        .max_queue = c.max_queue, .max_body_bytes = (size_t)c.max_body,
+        .stream_flush_tokens = c.flush_tokens, .default_max_tokens = c.default_max_tokens,
+        .shutdown_grace_s = c.grace, .model_id = model_id, .fingerprint = fingerprint,
+        .engine = {.ctx = &e, .run = engine_run}, .metrics = metrics,
+        .admit = admit_hook, .client_id = client_id_hook, .add_listeners = add_tls_listeners, .hook_ud = &h,
+    };
+    if (srv_run(&so) != SN_OK) {
+        fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg());
+        goto out;
+    }
+    rc = 0;
+out:
+    sn_seq_free(e.seq);
+    sn_tok_free(e.tok);
+    sn_model_free(e.model);
+    sn_tls_free(h.tls);
+    sn_auth_free(h.auth);
+    srv_metrics_free(metrics);
+    return rc;
+}
