@@ -1,0 +1,591 @@
+/* Tokenizer core: the id table, hash maps, loading dispatch and the encode
+ * pipeline shared by tokenizer.json and tekken.json:
+ *
+ *   raw text -> added/special tokens matched first (longest, leftmost)
+ *            -> normalizer (NFC ...) on the text between them
+ *            -> added tokens flagged "normalized" matched on that
+ *            -> Split pre-tokenizer stages (PCRE2)
+ *            -> byte-level BPE per word (bpe.c)
+ *
+ * This follows the Hugging Face tokenizers pipeline (AddedVocabulary, then
+ * normalizer, then pre-tokenizer, then model) so ids match it exactly. */
+#include "tok/tok_internal.h"
+
+#include <string.h>
+#include <sys/stat.h>
+#include <utf8proc.h>
+
+/* ---------------------------------------------------------------- ids */
+
+void sn_ids_free(sn_ids *v)
+{
+    if (!v) return;
+    free(v->ids);
+    v->ids = NULL;
+    v->n = v->cap = 0;
+}
+
+sn_status sn_ids_push(sn_ids *v, int32_t id)
+{
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? v->cap * 2 : 64;
+        int32_t *p = realloc(v->ids, cap * sizeof *p);
+        if (!p) return SN_FAIL(SN_E_NOMEM, "token id buffer: out of memory (%zu ids)", cap);
+        v->ids = p;
+        v->cap = cap;
+    }
+    v->ids[v->n++] = id;
+    return SN_OK;
+}
+
+/* ---------------------------------------------------------- hashing */
+
+uint64_t tok_hash(const void *p, size_t n)
+{
+    /* FNV-1a over 8-byte words with a final avalanche: fast on the short
+     * strings (tokens, words) this table sees. */
+    const unsigned char *s = p;
+    uint64_t h = 0xcbf29ce484222325ull ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+        s += 8;
+        n -= 8;
+    }
+    while (n--) h = (h ^ *s++) * 0x100000001b3ull;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+
+static uint32_t pow2_at_least(size_t n)
+{
+    uint32_t c = 16;
+    while (c < n) c <<= 1;
+    return c;
+}
+
+/* ---------------------------------------------------------- id table */
+
+sn_status tok_alloc_ids(sn_tokenizer *t, int32_t n_ids)
+{
+    t->n_ids = n_ids;
+    t->off = calloc((size_t)n_ids, sizeof *t->off);
+    t->len = calloc((size_t)n_ids, sizeof *t->len);
+    t->flags = calloc((size_t)n_ids, 1);
+    if (!t->off || !t->len || !t->flags)
+        return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory for %d ids", n_ids);
+    return SN_OK;
+}
+
+sn_status tok_set_piece(sn_tokenizer *t, int32_t id, const void *bytes, size_t len, uint8_t flags)
+{
+    SN_ASSERT(id >= 0 && id < t->n_ids && !(t->flags[id] & TF_PRESENT));
+    if (len > UINT32_MAX / 2 || t->blob_len + len > UINT32_MAX)
+        return SN_FAIL(SN_E_RANGE, "tokenizer: token %d too long (%zu bytes)", id, len);
+    if (t->blob_len + len > t->blob_cap) {
+        size_t cap = t->blob_cap ? t->blob_cap : 1 << 20;
+        while (cap < t->blob_len + len) cap *= 2;
+        char *p = realloc(t->blob, cap);
+        if (!p) return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory for token text");
+        t->blob = p;
+        t->blob_cap = cap;
+    }
+    if (len) memcpy(t->blob + t->blob_len, bytes, len);
+    t->off[id] = (uint32_t)t->blob_len;
+    t->len[id] = (uint32_t)len;
+    t->blob_len += len;
+    t->flags[id] = flags | TF_PRESENT;
+    return SN_OK;
+}
+
+static inline bool piece_eq(const sn_tokenizer *t, int32_t id, const void *b, size_t n)
+{
+    return t->len[id] == n && memcmp(t->blob + t->off[id], b, n) == 0;
+}
+
+/* Builds a map over every present id whose flags contain need_flags and
+ * none of skip_flags. A later duplicate piece keeps the first (lowest) id. */
+sn_status tok_strmap_build(sn_tokenizer *t, tok_strmap *m, uint8_t need_flags, uint8_t skip_flags)
+{
+    m->mask = pow2_at_least((size_t)t->n_ids * 2) - 1;
+    m->count = 0;
+    m->slots = malloc(((size_t)m->mask + 1) * sizeof *m->slots);
+    if (!m->slots) return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory for the vocabulary index");
+    memset(m->slots, 0xff, ((size_t)m->mask + 1) * sizeof *m->slots);
+    for (int32_t id = 0; id < t->n_ids; id++) {
+        uint8_t f = t->flags[id];
+        if (!(f & TF_PRESENT) || (f & need_flags) != need_flags || (f & skip_flags)) continue;
+        const char *b = t->blob + t->off[id];
+        uint32_t i = (uint32_t)tok_hash(b, t->len[id]) & m->mask;
+        for (;; i = (i + 1) & m->mask) {
+            int32_t s = m->slots[i];
+            if (s < 0) { m->slots[i] = id; m->count++; break; }
+            if (piece_eq(t, s, b, t->len[id])) break;
+        }
+    }
+    return SN_OK;
+}
+
+int32_t tok_strmap_get(const sn_tokenizer *t, const tok_strmap *m, const void *bytes, size_t len)
+{
+    if (!m->slots) return -1;
+    uint32_t i = (uint32_t)tok_hash(bytes, len) & m->mask;
+    for (;; i = (i + 1) & m->mask) {
+        int32_t s = m->slots[i];
+        if (s < 0) return -1;
+        if (piece_eq(t, s, bytes, len)) return s;
+    }
+}
+
+sn_status tok_pairmap_init(tok_pairmap *m, size_t expected)
+{
+    m->mask = pow2_at_least(expected * 2 + 16) - 1;
+    m->count = 0;
+    m->slots = malloc(((size_t)m->mask + 1) * sizeof *m->slots);
+    if (!m->slots) return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory for the merge table");
+    for (size_t i = 0; i <= m->mask; i++) m->slots[i].key = UINT64_MAX;
+    return SN_OK;
+}
+
+static inline uint32_t pair_slot(uint64_t key, uint32_t mask)
+{
+    key ^= key >> 31;
+    key *= 0x9e3779b97f4a7c15ull;
+    return (uint32_t)(key >> 32) & mask;
+}
+
+void tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t id)
+{
+    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+    SN_ASSERT(m->count < m->mask);   /* sized by the caller for every pair */
+    for (uint32_t i = pair_slot(key, m->mask);; i = (i + 1) & m->mask) {
+        tok_pair *p = &m->slots[i];
+        if (p->key == UINT64_MAX) {
+            p->key = key; p->rank = rank; p->id = id;
+            m->count++;
+            return;
+        }
+        if (p->key == key) {
+            if (rank < p->rank) { p->rank = rank; p->id = id; }
+            return;
+        }
+    }
+}
+
+const tok_pair *tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b)
+{
+    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+    for (uint32_t i = pair_slot(key, m->mask);; i = (i + 1) & m->mask) {
+        const tok_pair *p = &m->slots[i];
+        if (p->key == key) return p;
+        if (p->key == UINT64_MAX) return NULL;
+    }
+}
+
+/* ---------------------------------------------------------- regex */
+
+sn_status tok_compile_regex(const char *pattern, size_t len, const char *what, pcre2_code **out)
+{
+    /* Hugging Face tokenizers runs these patterns on Oniguruma, whose \s
+     * includes U+0085 (NEL); PCRE2's \s with UCP does not. Add it back:
+     * \s -> [\s\x{85}] outside a class, \s\x{85} inside one, and
+     * \S -> [^\s\x{85}] outside a class. */
+    size_t cap = len * 4 + 16;
+    char *p = malloc(cap);
+    if (!p) return SN_FAIL(SN_E_NOMEM, "%s: out of memory compiling the pattern", what);
+    size_t o = 0;
+    bool in_class = false;
+    size_t class_start = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = pattern[i];
+        if (c == '\\' && i + 1 < len) {
+            char e = pattern[i + 1];
+            if (e == 's' && !in_class) { memcpy(p + o, "[\\s\\x{85}]", 10); o += 10; }
+            else if (e == 's') { memcpy(p + o, "\\s\\x{85}", 8); o += 8; }
+            else if (e == 'S' && !in_class) { memcpy(p + o, "[^\\s\\x{85}]", 11); o += 11; }
+            else { p[o++] = c; p[o++] = e; }
+            i++;
+            continue;
+        }
+        if (!in_class && c == '[') {
+            in_class = true;
+            class_start = o + 1;
+            p[o++] = c;
+            if (i + 1 < len && pattern[i + 1] == '^') { p[o++] = '^'; i++; class_start = o; }
+            continue;
+        }
+        if (in_class && c == ']' && o != class_start) in_class = false;
+        p[o++] = c;
+    }
+    int err = 0;
+    PCRE2_SIZE erroff = 0;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)p, o, PCRE2_UTF | PCRE2_UCP, &err, &erroff, NULL);
+    free(p);
+    if (!re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return SN_FAIL(SN_E_FORMAT, "%s: bad regex near offset %zu: %s", what, (size_t)erroff, (char *)msg);
+    }
+    /* JIT is an accelerator only: without it (no JIT support) matching still works. */
+    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+    *out = re;
+    return SN_OK;
+}
+
+/* ---------------------------------------------------------- finish/free */
+
+static int added_cmp(const void *a, const void *b)
+{
+    const tok_added *x = a, *y = b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+sn_status tok_finish(sn_tokenizer *t, const char *what)
+{
+    for (int b = 0; b < 256; b++) {
+        char c = (char)b;
+        t->byte_id[b] = tok_strmap_get(t, &t->vocab, &c, 1);
+        if (t->byte_id[b] < 0)
+            return SN_FAIL(SN_E_FORMAT, "%s: vocabulary has no token for byte 0x%02x (byte-level BPE needs all 256)", what, b);
+    }
+    qsort(t->added, t->n_added, sizeof *t->added, added_cmp);
+    for (size_t i = 0; i < t->n_added; i++)
+        if (t->added[i].len) t->first_byte[t->added[i].normalized][(unsigned char)t->added[i].text[0]] = true;
+    return tok_cache_init(&t->cache);
+}
+
+void sn_tok_free(sn_tokenizer *t)
+{
+    if (!t) return;
+    free(t->blob);
+    free(t->off);
+    free(t->len);
+    free(t->flags);
+    free(t->vocab.slots);
+    free(t->merges.slots);
+    for (size_t i = 0; i < t->n_added; i++) free(t->added[i].text);
+    free(t->added);
+    for (int i = 0; i < t->n_split; i++) pcre2_code_free(t->split_re[i]);
+    tok_cache_free(&t->cache);
+    free(t);
+}
+
+/* ---------------------------------------------------------- loading */
+
+static bool is_dir(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool is_file(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+sn_status sn_tok_load(const char *path, const char *model_type, sn_tokenizer **out)
+{
+    if (!path || !out) return SN_FAIL(SN_E_INVALID, "sn_tok_load: NULL argument");
+    *out = NULL;
+    char file[4096];
+    if (is_dir(path)) {
+        snprintf(file, sizeof file, "%s/tekken.json", path);
+        if (!is_file(file)) snprintf(file, sizeof file, "%s/tokenizer.json", path);
+        if (!is_file(file))
+            return SN_FAIL(SN_E_MISSING, "%s: no tekken.json or tokenizer.json in the model directory", path);
+    } else {
+        if (strlen(path) >= sizeof file) return SN_FAIL(SN_E_INVALID, "tokenizer path too long");
+        strcpy(file, path);
+    }
+    json_error_t jerr;
+    json_t *root = json_load_file(file, 0, &jerr);
+    if (!root)
+        return SN_FAIL(json_error_code(&jerr) == json_error_cannot_open_file ? SN_E_IO : SN_E_FORMAT, "%s: %s (line %d, column %d)", file, jerr.text,
+                       jerr.line, jerr.column);
+    sn_status st = SN_OK;
+    sn_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) { st = SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory"); goto out; }
+    t->prefix_stage = -1;
+    if (!json_is_object(root)) { st = SN_FAIL(SN_E_FORMAT, "%s: top level is not a JSON object", file); goto out; }
+    if (json_object_get(root, "model")) st = tok_load_hf(root, file, model_type, t);
+    else if (json_object_get(root, "vocab") && json_object_get(root, "config")) st = tok_load_tekken(root, file, t);
+    else st = SN_FAIL(SN_E_FORMAT, "%s: neither a tokenizer.json (no \"model\") nor a tekken.json (no \"vocab\"/\"config\")", file);
+    if (st == SN_OK) st = tok_finish(t, file);
+out:
+    json_decref(root);
+    if (st != SN_OK) { sn_tok_free(t); return st; }
+    *out = t;
+    return SN_OK;
+}
+
+/* ---------------------------------------------------------- queries */
+
+const char *sn_tok_piece(const sn_tokenizer *t, int32_t id, size_t *len)
+{
+    if (!t || id < 0 || id >= t->n_ids || !(t->flags[id] & TF_PRESENT)) return NULL;
+    if (len) *len = t->len[id];
+    return t->blob + t->off[id];
+}
+
+int32_t sn_tok_vocab_size(const sn_tokenizer *t) { return t ? t->n_ids : 0; }
+
+int32_t sn_tok_find(const sn_tokenizer *t, const char *token)
+{
+    if (!t || !token) return -1;
+    size_t n = strlen(token);
+    for (size_t i = 0; i < t->n_added; i++)
+        if (t->added[i].len == n && memcmp(t->added[i].text, token, n) == 0) return t->added[i].id;
+    return tok_strmap_get(t, &t->vocab, token, n);
+}
+
+bool sn_tok_is_special(const sn_tokenizer *t, int32_t id)
+{
+    return t && id >= 0 && id < t->n_ids && (t->flags[id] & TF_SPECIAL);
+}
+
+const char *sn_tok_kind(const sn_tokenizer *t)
+{
+    return !t ? "" : t->kind == TOK_TEKKEN ? "tekken.json" : "tokenizer.json";
+}
+
+/* ---------------------------------------------------------- encoding */
+
+typedef struct {
+    const sn_tokenizer *t;
+    bool parse_special;
+    pcre2_match_data *md;
+    sn_ids *out;
+} enc_ctx;
+
+/* Unicode White_Space (Rust char::is_whitespace), for lstrip/rstrip. */
+static bool is_white_space(int32_t c)
+{
+    return (c >= 9 && c <= 13) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f ||
+           c == 0x3000;
+}
+
+static bool is_word_char(int32_t c)
+{
+    if (c == '_') return true;
+    utf8proc_category_t k = utf8proc_category(c);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) ||
+           (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
+}
+
+/* Code point ending at s[end) (the input is valid UTF-8), its start in *start. */
+static int32_t cp_before(const char *s, size_t end, size_t *start)
+{
+    size_t i = end - 1;
+    while (i > 0 && ((unsigned char)s[i] & 0xc0) == 0x80) i--;
+    utf8proc_int32_t c = -1;
+    utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(end - i), &c);
+    *start = i;
+    return c;
+}
+
+static int32_t cp_at(const char *s, size_t pos, size_t n, size_t *next)
+{
+    utf8proc_int32_t c = -1;
+    utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + pos, (utf8proc_ssize_t)(n - pos), &c);
+    *next = pos + (k > 0 ? (size_t)k : 1);
+    return c;
+}
+
+/* Finds the next accepted added-token match of class cls (normalized or
+ * not) in s[from, n): leftmost, then longest, as an Aho-Corasick
+ * leftmost-longest automaton reports them. A single_word token next to a
+ * word character is skipped (and its text is not rescanned). lstrip/rstrip
+ * widen the match over whitespace, never before floor. */
+static bool added_next(const enc_ctx *c, const char *s, size_t n, size_t from, size_t floor, int cls,
+                       size_t *ms, size_t *me, int32_t *id)
+{
+    const sn_tokenizer *t = c->t;
+    for (size_t i = from; i < n; i++) {
+        if (!t->first_byte[cls][(unsigned char)s[i]]) continue;
+        const tok_added *hit = NULL;
+        for (size_t k = 0; k < t->n_added; k++) {
+            const tok_added *a = &t->added[k];
+            if (a->normalized != cls || (a->special && !c->parse_special) || a->len > n - i) continue;
+            if (memcmp(s + i, a->text, a->len) == 0) { hit = a; break; }
+        }
+        if (!hit) continue;
+        size_t start = i, end = i + hit->len, p;
+        if (hit->single_word) {
+            bool ok = true;
+            if (start > 0 && is_word_char(cp_before(s, start, &p))) ok = false;
+            if (end < n && is_word_char(cp_at(s, end, n, &p))) ok = false;
+            if (!ok) { i = end - 1; continue; }
+        }
+        if (hit->lstrip)
+            while (start > floor) {
+                if (!is_white_space(cp_before(s, start, &p)) || p < floor) break;
+                start = p;
+            }
+        if (hit->rstrip)
+            while (end < n) {
+                if (!is_white_space(cp_at(s, end, n, &p))) break;
+                end = p;
+            }
+        *ms = start;
+        *me = end;
+        *id = hit->id;
+        return true;
+    }
+    return false;
+}
+
+static sn_status pretok(const enc_ctx *c, int stage, const char *s, size_t n);
+
+static sn_status pretok_piece(const enc_ctx *c, int stage, const char *s, size_t n)
+{
+    if (n == 0) return SN_OK;
+    const sn_tokenizer *t = c->t;
+    if (stage == t->prefix_stage && s[0] != ' ') {
+        /* ByteLevel add_prefix_space: rare (GPT-2 style files), so a copy is fine. */
+        char small[256];
+        char *b = n + 1 <= sizeof small ? small : malloc(n + 1);
+        if (!b) return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory");
+        b[0] = ' ';
+        memcpy(b + 1, s, n);
+        sn_status st = stage == t->n_split ? tok_bpe_word(t, b, n + 1, c->out) : pretok(c, stage, b, n + 1);
+        if (b != small) free(b);
+        return st;
+    }
+    if (stage == t->n_split) return tok_bpe_word(t, s, n, c->out);
+    return pretok(c, stage, s, n);
+}
+
+/* One Split stage over s[0, n): the subject is the piece alone, so
+ * lookarounds stop at its edges as they do in tokenizers. */
+static sn_status pretok(const enc_ctx *c, int stage, const char *s, size_t n)
+{
+    const sn_tokenizer *t = c->t;
+    const pcre2_code *re = t->split_re[stage];
+    int beh = t->split_behavior[stage];
+    size_t pos = 0, last = 0;
+    while (pos <= n) {
+        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, c->md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[160];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return SN_FAIL(SN_E_INVALID, "tokenizer: pre-tokenizer regex failed: %s", (char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
+        size_t a = ov[0], b = ov[1];
+        if (b == a) {  /* an empty match splits nothing; step one character */
+            if (a >= n) break;
+            size_t nx;
+            cp_at(s, a, n, &nx);
+            pos = nx;
+            continue;
+        }
+        switch (beh) {
+        case SPLIT_ISOLATED:
+            SN_TRY(pretok_piece(c, stage + 1, s + last, a - last));
+            SN_TRY(pretok_piece(c, stage + 1, s + a, b - a));
+            last = b;
+            break;
+        case SPLIT_REMOVED:
+            SN_TRY(pretok_piece(c, stage + 1, s + last, a - last));
+            last = b;
+            break;
+        case SPLIT_MERGED_PREV:
+            SN_TRY(pretok_piece(c, stage + 1, s + last, b - last));
+            last = b;
+            break;
+        case SPLIT_MERGED_NEXT:
+            SN_TRY(pretok_piece(c, stage + 1, s + last, a - last));
+            last = a;
+            break;
+        }
+        pos = b;
+    }
+    return pretok_piece(c, stage + 1, s + last, n - last);
+}
+
+static sn_status encode_words(const enc_ctx *c, const char *s, size_t n)
+{
+    return n ? pretok_piece(c, 0, s, n) : SN_OK;
+}
+
+static bool all_ascii(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s[i] >= 0x80) return false;
+    return true;
+}
+
+/* Text between raw-matched added tokens: normalize, match the "normalized"
+ * added tokens on the result, pre-tokenize and BPE the rest. */
+static sn_status encode_segment(const enc_ctx *c, const char *s, size_t n)
+{
+    const sn_tokenizer *t = c->t;
+    char *norm = NULL;
+    sn_status st = SN_OK;
+    if (t->n_norm && !all_ascii(s, n)) {   /* ASCII is invariant under every Unicode normal form */
+        const char *cur = s;
+        size_t cur_n = n;
+        for (int k = 0; k < t->n_norm; k++) {
+            int opt = UTF8PROC_STABLE;
+            switch (t->norm[k]) {
+            case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+            case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+            case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+            case NORM_NFKD: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+            }
+            utf8proc_uint8_t *r = NULL;
+            utf8proc_ssize_t rn = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)cur_n, &r, opt);
+            if (rn < 0) {
+                free(norm);
+                return SN_FAIL(SN_E_INVALID, "tokenizer: normalization failed: %s", utf8proc_errmsg(rn));
+            }
+            free(norm);
+            norm = (char *)r;
+            cur = norm;
+            cur_n = (size_t)rn;
+        }
+        s = cur;
+        n = cur_n;
+    }
+    size_t pos = 0, ms, me;
+    int32_t id;
+    while (pos < n && added_next(c, s, n, pos, pos, 1, &ms, &me, &id)) {
+        if ((st = encode_words(c, s + pos, ms - pos)) != SN_OK) goto out;
+        if ((st = sn_ids_push(c->out, id)) != SN_OK) goto out;
+        pos = me;
+    }
+    st = encode_words(c, s + pos, n - pos);
+out:
+    free(norm);
+    return st;
+}
+
+sn_status sn_tok_encode(const sn_tokenizer *t, const char *text, size_t len, bool parse_special, sn_ids *out)
+{
+    if (!t || !out || (!text && len)) return SN_FAIL(SN_E_INVALID, "sn_tok_encode: NULL argument");
+    size_t bad = tok_utf8_check(text, len);
+    if (bad < len) return SN_FAIL(SN_E_INVALID, "tokenizer input: invalid UTF-8 at byte %zu of %zu", bad, len);
+    enc_ctx c = { .t = t, .parse_special = parse_special, .out = out };
+    c.md = pcre2_match_data_create(1, NULL);
+    if (!c.md) return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory");
+    sn_status st = SN_OK;
+    size_t pos = 0, ms, me;
+    int32_t id;
+    while (pos < len && added_next(&c, text, len, pos, pos, 0, &ms, &me, &id)) {
+        if ((st = encode_segment(&c, text + pos, ms - pos)) != SN_OK) goto out;
+        if ((st = sn_ids_push(out, id)) != SN_OK) goto out;
+        pos = me;
+    }
+    st = encode_segment(&c, text + pos, len - pos);
+out:
+    pcre2_match_data_free(c.md);
+    return st;
+}

@@ -1,0 +1,546 @@
+/* Tokenizer tests: Qwen3 tokenizer.json against Hugging Face tokenizers
+ * reference ids (tests/fixtures/tokenizer/qwen3*refs.json, made by
+ * tools/python/make_tok_refs.py), round trips, the streaming detokenizer,
+ * hand-made tokenizer.json / tekken.json files written here, and bad
+ * input. */
+#include <jansson.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <utf8proc.h>
+
+#include "harness.h"
+#include "sanctum/tokenizer.h"
+
+#define FX "tests/fixtures/tokenizer"
+
+static char g_tmp[64];
+static sn_tokenizer *g_qwen3;   /* shared by the Qwen3 tests; NULL if the fixture failed */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) { perror(path); exit(2); }
+    fputs(text, f);
+    fclose(f);
+}
+
+static bool valid_utf8(const char *s, size_t n)
+{
+    utf8proc_ssize_t i = 0;
+    while ((size_t)i < n) {
+        utf8proc_int32_t c;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)n - i, &c);
+        if (k <= 0) return false;
+        i += k;
+    }
+    return true;
+}
+
+static char *nfc(const char *s)
+{
+    utf8proc_uint8_t *r = NULL;
+    if (!*s) return strdup("");
+    utf8proc_map((const utf8proc_uint8_t *)s, 0, &r, UTF8PROC_NULLTERM | UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    return (char *)r;
+}
+
+static json_t *load_json(const char *path)
+{
+    json_error_t e;
+    return json_load_file(path, 0, &e);
+}
+
+/* refs: a list of {"text", "ids"}. Returns the number of strings checked. */
+static int check_refs(sn_tokenizer *t, json_t *refs, const char *label)
+{
+    size_t i;
+    json_t *r;
+    int n = 0, bad = 0;
+    json_array_foreach(refs, i, r) {
+        json_t *jt = json_object_get(r, "text"), *ji = json_object_get(r, "ids");
+        CHECK(json_is_string(jt) && json_is_array(ji));
+        if (!json_is_string(jt) || !json_is_array(ji)) continue;
+        sn_ids ids = {0};
+        CHECK_OK(sn_tok_encode(t, json_string_value(jt), json_string_length(jt), true, &ids));
+        bool same = ids.n == json_array_size(ji);
+        for (size_t k = 0; same && k < ids.n; k++) same = ids.ids[k] == json_integer_value(json_array_get(ji, k));
+        if (!same && bad++ < 8) {
+            fprintf(stderr, "  %s mismatch on %s\n    want:", label, json_dumps(jt, JSON_ENCODE_ANY));
+            for (size_t k = 0; k < json_array_size(ji) && k < 40; k++)
+                fprintf(stderr, " %lld", (long long)json_integer_value(json_array_get(ji, k)));
+            fprintf(stderr, "\n    got: ");
+            for (size_t k = 0; k < ids.n && k < 40; k++) fprintf(stderr, " %d", ids.ids[k]);
+            fputc('\n', stderr);
+        }
+        CHECKF(same, "%s string %zu", label, i);
+        sn_ids_free(&ids);
+        n++;
+    }
+    return n;
+}
+
+static void test_qwen3_load(void)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "gzip -dc " FX "/qwen3/tokenizer.json.gz > %s/tokenizer.json", g_tmp);
+    CHECK(system(cmd) == 0);
+    double t0 = now_s();
+    CHECK_OK(sn_tok_load(g_tmp, "qwen3", &g_qwen3));
+    fprintf(stderr, "  loaded Qwen3 tokenizer.json in %.2f s\n", now_s() - t0);
+    if (!g_qwen3) return;
+    CHECK(strcmp(sn_tok_kind(g_qwen3), "tokenizer.json") == 0);
+    CHECK(sn_tok_vocab_size(g_qwen3) == 151669);
+    CHECK(sn_tok_find(g_qwen3, "<|im_end|>") == 151645);
+    CHECK(sn_tok_find(g_qwen3, "<think>") == 151667);
+    CHECK(sn_tok_find(g_qwen3, " the") == 279);   /* raw text, not the byte-level "Ġthe" */
+    CHECK(sn_tok_find(g_qwen3, "\xc4\xa0the") != 279);
+    CHECK(sn_tok_is_special(g_qwen3, 151645));
+    CHECK(!sn_tok_is_special(g_qwen3, 151667));   /* <think> is added but not special */
+    CHECK(!sn_tok_is_special(g_qwen3, 279));
+    size_t n = 0;
+    const char *p = sn_tok_piece(g_qwen3, 279, &n);
+    CHECK(p && n == 4 && memcmp(p, " the", 4) == 0);
+    CHECK(sn_tok_piece(g_qwen3, -1, &n) == NULL);
+    CHECK(sn_tok_piece(g_qwen3, 151669, &n) == NULL);
+}
+
+static void test_qwen3_refs(void)
+{
+    if (!g_qwen3) SKIP("Qwen3 tokenizer did not load");
+    json_t *refs = load_json(FX "/qwen3_refs.json");
+    if (!refs) SKIP(FX "/qwen3_refs.json not there yet (tools/python/make_tok_refs.py makes it)");
+    int n = check_refs(g_qwen3, refs, "qwen3");
+    CHECK(n >= 60);
+    fprintf(stderr, "  %d strings compared with HF tokenizers ids\n", n);
+    json_decref(refs);
+}
+
+/* Qwen3.5's pre-tokenizer (\p{M} joins letters) over the Qwen3 vocabulary:
+ * the file is edited the same way make_tok_refs.py edits it. */
+static void test_qwen35_pattern_refs(void)
+{
+    if (!g_qwen3) SKIP("Qwen3 tokenizer did not load");
+    json_t *refs = load_json(FX "/qwen3_pm_refs.json");
+    if (!refs) SKIP(FX "/qwen3_pm_refs.json not there yet");
+    char path[128];
+    snprintf(path, sizeof path, "%s/tokenizer.json", g_tmp);
+    json_t *spec = load_json(path);
+    CHECK(spec != NULL);
+    json_t *split = json_array_get(json_object_get(json_object_get(spec, "pre_tokenizer"), "pretokenizers"), 0);
+    json_object_set_new(json_object_get(split, "pattern"), "Regex",
+                        json_string("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+                                    "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"));
+    snprintf(path, sizeof path, "%s/qwen35_pattern.json", g_tmp);
+    CHECK(json_dump_file(spec, path, 0) == 0);
+    json_decref(spec);
+    sn_tokenizer *t = NULL;
+    CHECK_OK(sn_tok_load(path, NULL, &t));
+    if (t) CHECK(check_refs(t, refs, "qwen3.5-pattern") >= 60);
+    sn_tok_free(t);
+    json_decref(refs);
+}
+
+/* decode(encode(s)) == NFC(s), and the stream of detokenizer chunks is
+ * valid UTF-8 at every step and adds up to the whole decode. */
+static void test_qwen3_roundtrip_and_stream(void)
+{
+    if (!g_qwen3) SKIP("Qwen3 tokenizer did not load");
+    json_t *strings = load_json(FX "/strings.json");
+    CHECK(json_is_array(strings) && json_array_size(strings) >= 60);
+    size_t i;
+    json_t *js;
+    json_array_foreach(strings, i, js) {
+        const char *s = json_string_value(js);
+        sn_ids ids = {0};
+        CHECK_OK(sn_tok_encode(g_qwen3, s, strlen(s), true, &ids));
+        char *dec = NULL;
+        size_t dn = 0;
+        CHECK_OK(sn_tok_decode(g_qwen3, ids.ids, ids.n, false, &dec, &dn));
+        char *want = nfc(s);
+        CHECKF(dec && strcmp(dec, want) == 0, "round trip of string %zu", i);
+        char *acc = NULL;
+        size_t an = 0, ac = 0, prev = 0;
+        sn_detok d;
+        sn_detok_init(&d);
+        for (size_t k = 0; k < ids.n; k++) {
+            CHECK_OK(sn_detok_push(&d, g_qwen3, ids.ids[k], true, &acc, &an, &ac));
+            CHECKF(valid_utf8(acc + prev, an - prev), "string %zu token %zu: chunk is not valid UTF-8", i, k);
+            prev = an;
+        }
+        CHECK_OK(sn_detok_flush(&d, &acc, &an, &ac));
+        CHECKF(an == dn && (dn == 0 || memcmp(acc, dec, dn) == 0), "stream of string %zu differs from decode", i);
+        free(acc);
+        free(want);
+        free(dec);
+        sn_ids_free(&ids);
+    }
+    json_decref(strings);
+}
+
+static void test_qwen3_special_handling(void)
+{
+    if (!g_qwen3) SKIP("Qwen3 tokenizer did not load");
+    const char *s = "a<|im_end|>b<think>c";
+    sn_ids on = {0}, off = {0};
+    CHECK_OK(sn_tok_encode(g_qwen3, s, strlen(s), true, &on));
+    CHECK_OK(sn_tok_encode(g_qwen3, s, strlen(s), false, &off));
+    bool on_has = false, off_has = false, off_think = false;
+    for (size_t i = 0; i < on.n; i++) on_has |= on.ids[i] == 151645;
+    for (size_t i = 0; i < off.n; i++) { off_has |= off.ids[i] == 151645; off_think |= off.ids[i] == 151667; }
+    CHECK(on_has && on.n == 5);
+    CHECK(!off_has);        /* user text cannot forge <|im_end|> */
+    CHECK(off_think);       /* a non-special added token matches either way, as in HF */
+    char *dec = NULL;
+    CHECK_OK(sn_tok_decode(g_qwen3, off.ids, off.n, false, &dec, NULL));
+    CHECK(dec && strcmp(dec, s) == 0);
+    free(dec);
+    CHECK_OK(sn_tok_decode(g_qwen3, on.ids, on.n, true, &dec, NULL));
+    CHECK(dec && strcmp(dec, "ab<think>c") == 0);   /* skip_special keeps non-special added tokens */
+    free(dec);
+    /* encode appends */
+    size_t before = on.n;
+    CHECK_OK(sn_tok_encode(g_qwen3, "x", 1, true, &on));
+    CHECK(on.n == before + 1);
+    sn_ids_free(&on);
+    sn_ids_free(&off);
+}
+
+static void test_qwen3_invalid_utf8(void)
+{
+    if (!g_qwen3) SKIP("Qwen3 tokenizer did not load");
+    static const char *bad[] = { "\xff", "ab\xc3", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "x\x80y", "\xe2\x82" };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        sn_ids ids = {0};
+        sn_status st = sn_tok_encode(g_qwen3, bad[i], strlen(bad[i]), true, &ids);
+        CHECKF(st == SN_E_INVALID, "bad string %zu gave %s", i, sn_status_name(st));
+        CHECK(strstr(sn_errmsg(), "UTF-8") != NULL);
+        sn_ids_free(&ids);
+    }
+    /* An embedded NUL is valid UTF-8 and round-trips. */
+    sn_ids ids = {0};
+    CHECK_OK(sn_tok_encode(g_qwen3, "a\0b", 3, true, &ids));
+    char *dec = NULL;
+    size_t dn = 0;
+    CHECK_OK(sn_tok_decode(g_qwen3, ids.ids, ids.n, false, &dec, &dn));
+    CHECK(dn == 3 && memcmp(dec, "a\0b", 3) == 0);
+    free(dec);
+    sn_ids_free(&ids);
+}
+
+/* Byte tokens that split one character: nothing comes out until it is
+ * complete; a dangling prefix becomes one U+FFFD at flush; a broken
+ * sequence becomes U+FFFD immediately and the next character survives. */
+static void test_detok_partial_chars(void)
+{
+    if (!g_qwen3) SKIP("Qwen3 tokenizer did not load");
+    int32_t b[256];
+    for (int i = 0; i < 256; i++) {
+        char c = (char)i;
+        sn_ids ids = {0};
+        /* a lone byte >= 0x80 is not valid input text: find its token by piece */
+        b[i] = -1;
+        for (int32_t id = 0; id < 1000 && b[i] < 0; id++) {
+            size_t n;
+            const char *p = sn_tok_piece(g_qwen3, id, &n);
+            if (p && n == 1 && p[0] == c) b[i] = id;
+        }
+        sn_ids_free(&ids);
+    }
+    for (int i = 0; i < 256; i++) CHECKF(b[i] >= 0, "no single-byte token for 0x%02x", i);
+    char *out = NULL;
+    size_t n = 0, cap = 0;
+    sn_detok d;
+    sn_detok_init(&d);
+    const unsigned char smile[] = { 0xf0, 0x9f, 0x98, 0x80 };
+    for (int k = 0; k < 3; k++) {
+        CHECK_OK(sn_detok_push(&d, g_qwen3, b[smile[k]], true, &out, &n, &cap));
+        CHECK(n == 0);
+    }
+    CHECK_OK(sn_detok_push(&d, g_qwen3, b[smile[3]], true, &out, &n, &cap));
+    CHECK(n == 4 && memcmp(out, smile, 4) == 0);
+    /* E2 82 then 'A': the prefix is replaced, 'A' kept */
+    n = 0;
+    CHECK_OK(sn_detok_push(&d, g_qwen3, b[0xe2], true, &out, &n, &cap));
+    CHECK_OK(sn_detok_push(&d, g_qwen3, b[0x82], true, &out, &n, &cap));
+    CHECK(n == 0);
+    CHECK_OK(sn_detok_push(&d, g_qwen3, b['A'], true, &out, &n, &cap));
+    CHECK(n == 4 && memcmp(out, "\xef\xbf\xbd" "A", 4) == 0);
+    /* dangling prefix at the end */
+    n = 0;
+    CHECK_OK(sn_detok_push(&d, g_qwen3, b[0xc3], true, &out, &n, &cap));
+    CHECK(n == 0);
+    CHECK_OK(sn_detok_flush(&d, &out, &n, &cap));
+    CHECK(n == 3 && memcmp(out, "\xef\xbf\xbd", 3) == 0);
+    /* a lone continuation byte is replaced at once */
+    n = 0;
+    CHECK_OK(sn_detok_push(&d, g_qwen3, b[0x80], true, &out, &n, &cap));
+    CHECK(n == 3);
+    /* a special token hidden with show_special = false leaves the stream alone */
+    n = 0;
+    CHECK_OK(sn_detok_push(&d, g_qwen3, b[0xc3], true, &out, &n, &cap));
+    CHECK_OK(sn_detok_push(&d, g_qwen3, 151645, false, &out, &n, &cap));
+    CHECK_OK(sn_detok_push(&d, g_qwen3, b[0xa9], true, &out, &n, &cap));
+    CHECK(n == 2 && memcmp(out, "\xc3\xa9", 2) == 0);
+    CHECK(sn_detok_push(&d, g_qwen3, 999999, true, &out, &n, &cap) == SN_E_RANGE);
+    CHECK(sn_detok_push(&d, g_qwen3, -1, true, &out, &n, &cap) == SN_E_RANGE);
+    /* whole decode agrees */
+    int32_t ids[] = { b[0xe2], b[0x82], b['A'], b[0xc3] };
+    char *dec = NULL;
+    size_t dn = 0;
+    CHECK_OK(sn_tok_decode(g_qwen3, ids, 4, false, &dec, &dn));
+    CHECK(dn == 7 && memcmp(dec, "\xef\xbf\xbd" "A" "\xef\xbf\xbd", 7) == 0);
+    free(dec);
+    CHECK(sn_tok_decode(g_qwen3, (int32_t[]){ 5, 151669 }, 2, false, &dec, &dn) == SN_E_RANGE);
+    free(out);
+}
+
+/* A tiny GPT-2-style tokenizer.json: ByteLevel with its own regex and
+ * add_prefix_space, merges in the "a b" string form, added tokens with
+ * lstrip / rstrip / single_word / normalized. */
+static void test_hf_small_features(void)
+{
+    /* byte-level alphabet: printable ASCII maps to itself, space -> "Ġ" (U+0120) */
+    json_t *vocab = json_object();
+    int id = 0, extra = 0;
+    for (int b = 0; b < 256; b++) {
+        bool self = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+        int cp = self ? b : 256 + extra++;
+        char u[8];
+        utf8proc_ssize_t k = utf8proc_encode_char(cp, (utf8proc_uint8_t *)u);
+        u[k] = 0;
+        json_object_set_new(vocab, u, json_integer(id++));
+    }
+    const char *extra_tokens[] = { "\xc4\xa0h", "\xc4\xa0hi", "ab", "abc" };
+    for (int i = 0; i < 4; i++) json_object_set_new(vocab, extra_tokens[i], json_integer(id++));
+    json_t *merges = json_pack("[s,s,s,s]", "\xc4\xa0 h", "\xc4\xa0h i", "a b", "ab c");
+    json_t *root = json_pack(
+        "{s:[{s:i,s:s,s:b,s:b,s:b,s:b,s:b},{s:i,s:s,s:b,s:b,s:b,s:b,s:b},{s:i,s:s,s:b,s:b,s:b,s:b,s:b}],"
+        "s:{s:s},s:{s:s,s:b,s:b},s:{s:s},s:{s:s,s:o,s:o}}",
+        "added_tokens",
+        "id", id, "content", "<L>", "special", 1, "lstrip", 1, "rstrip", 0, "single_word", 0, "normalized", 0,
+        "id", id + 1, "content", "<R>", "special", 1, "lstrip", 0, "rstrip", 1, "single_word", 0, "normalized", 0,
+        "id", id + 2, "content", "xyz", "special", 0, "lstrip", 0, "rstrip", 0, "single_word", 1, "normalized", 1,
+        "normalizer", "type", "NFC",
+        "pre_tokenizer", "type", "ByteLevel", "add_prefix_space", 1, "use_regex", 1,
+        "decoder", "type", "ByteLevel",
+        "model", "type", "BPE", "vocab", vocab, "merges", merges);
+    char path[128];
+    snprintf(path, sizeof path, "%s/small.json", g_tmp);
+    CHECK(json_dump_file(root, path, 0) == 0);
+    json_decref(root);
+    sn_tokenizer *t = NULL;
+    CHECK_OK(sn_tok_load(path, NULL, &t));
+    if (!t) return;
+    /* ids 0..255 are the bytes in order, so ' ' is 32 and 'x' is 120 */
+    const int H = 256, HI = 257, ABC = 259, L = 260, R = 261, XYZ = 262;
+    struct { const char *in; int n; int ids[8]; } cases[] = {
+        { "hi", 1, { HI } },                       /* add_prefix_space: " hi" */
+        { "x", 2, { 32, 'x' } },
+        { "hi abc", 3, { HI, 32, ABC } },          /* "ab" then "ab c"; no " a" merge */
+        { "h", 1, { H } },
+        { "x  <L>hi", 4, { 32, 'x', L, HI } },     /* lstrip eats the spaces; each segment gets its prefix */
+        { "hi<R>   abc", 4, { HI, R, 32, ABC } },  /* rstrip */
+        { "xyz", 1, { XYZ } },                     /* normalized added token, single_word at both edges */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        sn_ids v = {0};
+        CHECK_OK(sn_tok_encode(t, cases[i].in, strlen(cases[i].in), true, &v));
+        bool same = (int)v.n == cases[i].n;
+        for (int k = 0; same && k < cases[i].n; k++) same = v.ids[k] == cases[i].ids[k];
+        if (!same) {
+            fprintf(stderr, "  case \"%s\":", cases[i].in);
+            for (size_t k = 0; k < v.n; k++) fprintf(stderr, " %d", v.ids[k]);
+            fputc('\n', stderr);
+        }
+        CHECKF(same, "small tokenizer case %zu", i);
+        sn_ids_free(&v);
+    }
+    /* single_word: "axyz" must not match the added token */
+    sn_ids v = {0};
+    CHECK_OK(sn_tok_encode(t, "axyz", 4, true, &v));
+    for (size_t k = 0; k < v.n; k++) CHECK(v.ids[k] != XYZ);
+    sn_ids_free(&v);
+    /* parse_special = false: <L> is plain text */
+    CHECK_OK(sn_tok_encode(t, "<L>", 3, false, &v));
+    for (size_t k = 0; k < v.n; k++) CHECK(v.ids[k] != L);
+    sn_ids_free(&v);
+    CHECK(sn_tok_find(t, "<L>") == L && sn_tok_is_special(t, L) && !sn_tok_is_special(t, XYZ));
+    sn_tok_free(t);
+}
+
+static void test_tekken(void)
+{
+    /* 256 byte ranks, then merges; default_vocab_size leaves out the last rank ("hello") */
+    const char *extra[] = { "ll", "he", "hel", "lo", "hell", " w", "or", " wor", "ld", "!!", "hello" };
+    json_t *vocab = json_array();
+    for (int r = 0; r < 256 + 11; r++) {
+        unsigned char b[8];
+        size_t n;
+        if (r < 256) { b[0] = (unsigned char)r; n = 1; }
+        else { n = strlen(extra[r - 256]); memcpy(b, extra[r - 256], n); }
+        static const char *A = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        char enc[16];
+        size_t o = 0;
+        for (size_t i = 0; i < n; i += 3) {
+            uint32_t v = (uint32_t)b[i] << 16 | (i + 1 < n ? b[i + 1] << 8 : 0) | (i + 2 < n ? b[i + 2] : 0);
+            enc[o++] = A[v >> 18 & 63];
+            enc[o++] = A[v >> 12 & 63];
+            enc[o++] = i + 1 < n ? A[v >> 6 & 63] : '=';
+            enc[o++] = i + 2 < n ? A[v & 63] : '=';
+        }
+        enc[o] = 0;
+        json_array_append_new(vocab, json_pack("{s:i,s:s,s:n}", "rank", r, "token_bytes", enc, "token_str"));
+    }
+    json_t *specials = json_array();
+    const char *names[] = { "<unk>", "<s>", "</s>", "[INST]", "[/INST]" };
+    for (int i = 0; i < 5; i++)
+        json_array_append_new(specials, json_pack("{s:i,s:s,s:b}", "rank", i, "token_str", names[i], "is_control", 1));
+    json_t *root = json_pack(
+        "{s:{s:s,s:i,s:i,s:i,s:s},s:o,s:o}", "config", "pattern",
+        "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?"
+        "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|"
+        "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+        "num_vocab_tokens", 256 + 11, "default_vocab_size", 274, "default_num_special_tokens", 8, "version", "v7",
+        "vocab", vocab, "special_tokens", specials);
+    char dir[128], path[160];
+    snprintf(dir, sizeof dir, "%s/tekken_model", g_tmp);
+    mkdir(dir, 0700);
+    snprintf(path, sizeof path, "%s/tekken.json", dir);
+    CHECK(json_dump_file(root, path, 0) == 0);
+    json_decref(root);
+    /* a tokenizer.json next to it must lose: tekken.json is preferred */
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    write_file(path, "{\"model\": 1}");
+    sn_tokenizer *t = NULL;
+    CHECK_OK(sn_tok_load(dir, "mistral", &t));
+    if (!t) return;
+    CHECK(strcmp(sn_tok_kind(t), "tekken.json") == 0);
+    CHECK(sn_tok_vocab_size(t) == 274);
+    CHECK(sn_tok_find(t, "[INST]") == 3 && sn_tok_find(t, "<SPECIAL_6>") == 6 && sn_tok_find(t, "hell") == 268);
+    CHECK(sn_tok_find(t, "hello") == -1);   /* beyond default_vocab_size */
+    CHECK(sn_tok_is_special(t, 1) && sn_tok_is_special(t, 7) && !sn_tok_is_special(t, 8));
+    /* ids from a tiktoken-style reference (rank + 8) */
+    struct { const char *in; bool special; int n; int ids[12]; } cases[] = {
+        { "hello world", false, 4, { 268, 8 + 'o', 271, 272 } },
+        { "hel", false, 1, { 266 } },
+        { "!!!", false, 2, { 273, 8 + '!' } },
+        { "<s>[INST]hello[/INST]", true, 5, { 1, 3, 268, 8 + 'o', 4 } },
+        { "[INST]", false, 6, { 8 + '[', 8 + 'I', 8 + 'N', 8 + 'S', 8 + 'T', 8 + ']' } },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        sn_ids v = {0};
+        CHECK_OK(sn_tok_encode(t, cases[i].in, strlen(cases[i].in), cases[i].special, &v));
+        bool same = (int)v.n == cases[i].n;
+        for (int k = 0; same && k < cases[i].n; k++) same = v.ids[k] == cases[i].ids[k];
+        if (!same) {
+            fprintf(stderr, "  tekken case \"%s\":", cases[i].in);
+            for (size_t k = 0; k < v.n; k++) fprintf(stderr, " %d", v.ids[k]);
+            fputc('\n', stderr);
+        }
+        CHECKF(same, "tekken case %zu", i);
+        char *dec = NULL;
+        CHECK_OK(sn_tok_decode(t, v.ids, v.n, false, &dec, NULL));
+        CHECK(dec && strcmp(dec, cases[i].in) == 0);
+        free(dec);
+        sn_ids_free(&v);
+    }
+    int32_t ids[] = { 1, 3, 268, 8 + 'o', 4 };
+    char *dec = NULL;
+    CHECK_OK(sn_tok_decode(t, ids, 5, true, &dec, NULL));
+    CHECK(dec && strcmp(dec, "hello") == 0);
+    free(dec);
+    /* non-ASCII text goes through byte tokens and back */
+    sn_ids v = {0};
+    CHECK_OK(sn_tok_encode(t, "héllo ☃", strlen("héllo ☃"), false, &v));
+    CHECK_OK(sn_tok_decode(t, v.ids, v.n, false, &dec, NULL));
+    CHECK(dec && strcmp(dec, "héllo ☃") == 0);
+    free(dec);
+    sn_ids_free(&v);
+    sn_tok_free(t);
+}
+
+static void expect_load_error(const char *name, const char *content, sn_status want, const char *needle)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/%s", g_tmp, name);
+    write_file(path, content);
+    sn_tokenizer *t = NULL;
+    sn_status st = sn_tok_load(path, NULL, &t);
+    CHECKF(st == want, "%s: got %s (%s)", name, sn_status_name(st), sn_errmsg());
+    CHECKF(strstr(sn_errmsg(), needle) != NULL, "%s: message \"%s\" lacks \"%s\"", name, sn_errmsg(), needle);
+    CHECK(t == NULL);
+    sn_tok_free(t);
+}
+
+static void test_load_errors(void)
+{
+    sn_tokenizer *t = NULL;
+    CHECK(sn_tok_load("/nonexistent/dir/tokenizer.json", NULL, &t) == SN_E_IO);
+    CHECK(sn_tok_load(g_tmp, NULL, &t) == SN_OK || t == NULL);   /* the Qwen3 copy lives here */
+    sn_tok_free(t);
+    t = NULL;
+    char empty[128];
+    snprintf(empty, sizeof empty, "%s/empty_dir", g_tmp);
+    mkdir(empty, 0700);
+    CHECK(sn_tok_load(empty, NULL, &t) == SN_E_MISSING);
+    expect_load_error("notjson.json", "{\"model\": ", SN_E_FORMAT, "notjson.json");
+    expect_load_error("array.json", "[1,2]", SN_E_FORMAT, "not a JSON object");
+    expect_load_error("neither.json", "{\"a\": 1}", SN_E_FORMAT, "neither");
+    expect_load_error("wordpiece.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", SN_E_UNSUPPORTED, "WordPiece");
+    expect_load_error("nobl.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+                      SN_E_UNSUPPORTED, "ByteLevel");
+    expect_load_error("badid.json",
+                      "{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -3}, \"merges\": []}}",
+                      SN_E_FORMAT, "model.vocab");
+    expect_load_error("bytes.json",
+                      "{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+                      SN_E_FORMAT, "byte 0x00");
+    expect_load_error("merge.json",
+                      "{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a q\"]}}",
+                      SN_E_FORMAT, "merges[0]");
+    expect_load_error("regex.json",
+                      "{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(unclosed\"}, \"behavior\": \"Isolated\"},"
+                      " \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}",
+                      SN_E_FORMAT, "regex");
+    expect_load_error("tk_pattern.json", "{\"config\": {\"default_vocab_size\": 2000}, \"vocab\": []}", SN_E_FORMAT, "config.pattern");
+    expect_load_error("tk_b64.json",
+                      "{\"config\": {\"pattern\": \".\", \"default_vocab_size\": 400, \"default_num_special_tokens\": 30},"
+                      " \"vocab\": [{\"rank\": 0, \"token_bytes\": \"@@@\"}]}",
+                      SN_E_FORMAT, "base64");
+    expect_load_error("tk_short.json",
+                      "{\"config\": {\"pattern\": \".\", \"default_vocab_size\": 400, \"default_num_special_tokens\": 30},"
+                      " \"vocab\": [{\"rank\": 0, \"token_bytes\": \"AA==\"}]}",
+                      SN_E_FORMAT, "ranks below default_vocab_size");
+    CHECK(sn_tok_load(NULL, NULL, &t) == SN_E_INVALID);
+    sn_tok_free(NULL);
+}
+
+int main(void)
+{
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/sn_test_tok_XXXXXX");
+    if (!mkdtemp(g_tmp)) { perror("mkdtemp"); return 2; }
+    RUN(test_qwen3_load);
+    RUN(test_qwen3_refs);
+    RUN(test_qwen35_pattern_refs);
+    RUN(test_qwen3_roundtrip_and_stream);
+    RUN(test_qwen3_special_handling);
+    RUN(test_qwen3_invalid_utf8);
+    RUN(test_detok_partial_chars);
+    RUN(test_hf_small_features);
+    RUN(test_tekken);
+    RUN(test_load_errors);
+    sn_tok_free(g_qwen3);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
+    return TEST_END();
+}
