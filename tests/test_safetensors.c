@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "sanctum/config.h"
+#include "sanctum/quant.h"
 #include "sanctum/safetensors.h"
 
 static char g_dir[64];
+static char g_synth[512];   /* build/sanctum-synth, next to build/tests/ */
 
 static void mkpath(char *out, size_t n, const char *sub, const char *name)
 {
@@ -297,7 +300,196 @@ static void test_sharded(void)
     CHECK(st == NULL);
 }
 
-int main(void)
+
+/* ---- sanctum-synth output: names, shapes, quantization, determinism ----- */
+
+static const char *TINY_MOE =
+    "{\"model_type\":\"qwen3_5_moe\",\"tie_word_embeddings\":false,\"eos_token_id\":7,\"text_config\":{"
+    "\"model_type\":\"qwen3_5_moe_text\",\"hidden_size\":128,\"num_hidden_layers\":4,\"num_attention_heads\":2,"
+    "\"num_key_value_heads\":1,\"head_dim\":64,\"linear_num_key_heads\":2,\"linear_num_value_heads\":4,"
+    "\"linear_key_head_dim\":32,\"linear_value_head_dim\":32,\"linear_conv_kernel_dim\":4,"
+    "\"full_attention_interval\":4,\"rms_norm_eps\":1e-6,\"vocab_size\":512,\"num_experts\":8,"
+    "\"num_experts_per_tok\":2,\"moe_intermediate_size\":64,\"shared_expert_intermediate_size\":64,"
+    "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000000,\"partial_rotary_factor\":0.25}}}";
+
+static const char *TINY_QWEN2 =
+    "{\"model_type\":\"qwen2\",\"hidden_size\":128,\"num_hidden_layers\":2,\"intermediate_size\":160,"
+    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":300,\"rope_theta\":1000000.0,"
+    "\"tie_word_embeddings\":true,\"eos_token_id\":5}";
+
+static const char *TINY_MISTRAL =
+    "{\"model_type\":\"mistral\",\"hidden_size\":96,\"num_hidden_layers\":2,\"intermediate_size\":160,"
+    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,\"vocab_size\":256,"
+    "\"rope_theta\":1000000000.0,\"tie_word_embeddings\":false,\"eos_token_id\":2}";
+
+static int run_synth(const char *cfg_json, const char *name, const char *extra)
+{
+    char cfg[256], out[256], cmd[2048];
+    snprintf(cfg, sizeof cfg, "%s/%s.json", g_dir, name);
+    write_file(cfg, cfg_json, strlen(cfg_json));
+    snprintf(out, sizeof out, "%s/%s", g_dir, name);
+    snprintf(cmd, sizeof cmd, "%s --config %s --out %s %s 2>%s/%s.log", g_synth, cfg, out, extra, g_dir, name);
+    return system(cmd);
+}
+
+static int has(const sn_st *st, const char *name, sn_dtype dt, int ndim, int64_t d0, int64_t d1, int64_t d2)
+{
+    const sn_st_tensor *t = sn_st_find(st, name);
+    int64_t want[3] = {d0, d1, d2};
+    int ok = t && t->dtype == dt && t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
+    if (!ok) fprintf(stderr, "  tensor %s: %s\n", name, t ? "wrong dtype/shape" : "absent");
+    return ok;
+}
+
+/* Dequantize a quantized module and check the values are finite, centred
+ * and of roughly the intended spread. */
+static int sane_module(const sn_st *st, const char *path, int bits, int group, double lo, double hi)
+{
+    char n[256];
+    snprintf(n, sizeof n, "%s.weight", path);
+    const sn_st_tensor *w = sn_st_find(st, n);
+    snprintf(n, sizeof n, "%s.scales", path);
+    const sn_st_tensor *s = sn_st_find(st, n);
+    snprintf(n, sizeof n, "%s.biases", path);
+    const sn_st_tensor *b = sn_st_find(st, n);
+    if (!w || !s || !b) return 0;
+    int nd = w->ndim;
+    sn_weight W = {.dtype = bits == 4 ? SN_DT_Q4 : SN_DT_Q8, .rows = w->shape[nd - 2],
+                   .cols = w->shape[nd - 1] * 32 / bits, .n_experts = nd == 3 ? w->shape[0] : 0, .group = group,
+                   .data = w->data, .scales = s->data, .qbiases = b->data, .sdtype = SN_DT_BF16};
+    float *out = malloc(sizeof(float) * (size_t)(W.rows * W.cols));
+    double sum = 0, sq = 0;
+    int ok = sn_weight_to_f32(&W, 0, out) == SN_OK;
+    for (int64_t i = 0; ok && i < W.rows * W.cols; i++) {
+        ok = isfinite(out[i]);
+        sum += out[i];
+        sq += (double)out[i] * out[i];
+    }
+    double n_ = (double)(W.rows * W.cols), mean = sum / n_, sd = sqrt(sq / n_ - mean * mean);
+    free(out);
+    if (!ok || fabs(mean) > 0.2 * sd || sd < lo || sd > hi) {
+        fprintf(stderr, "  %s: mean %g sd %g (want sd in [%g, %g])\n", path, mean, sd, lo, hi);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_synth_checkpoints(void)
+{
+    if (access(g_synth, X_OK) != 0) SKIP("build/sanctum-synth not built");
+    char d[256];
+    sn_st *st = NULL;
+    sn_config *c = NULL;
+
+    /* qwen3_5_moe, forced into shards */
+    CHECK(run_synth(TINY_MOE, "moe", "--seed 3 --shard-size 300K") == 0);
+    snprintf(d, sizeof d, "%s/moe/model.safetensors.index.json", g_dir);
+    CHECK(access(d, F_OK) == 0);
+    snprintf(d, sizeof d, "%s/moe", g_dir);
+    CHECK_OK(sn_st_open(d, &st));
+    CHECK_OK(sn_config_load(d, &c));
+    if (st && c) {
+        const char *L0 = "language_model.model.layers.0.", *L3 = "language_model.model.layers.3.";
+        char n[256];
+#define HAS(pfx, suffix, dt, nd, a, b, cc) (snprintf(n, sizeof n, "%s%s", pfx, suffix), has(st, n, dt, nd, a, b, cc))
+        CHECK(HAS("", "language_model.model.embed_tokens.weight", SN_DT_U32, 2, 512, 16, 0));
+        CHECK(HAS("", "language_model.model.embed_tokens.scales", SN_DT_BF16, 2, 512, 2, 0));
+        CHECK(HAS("", "language_model.lm_head.weight", SN_DT_U32, 2, 512, 16, 0));
+        CHECK(HAS("", "language_model.model.norm.weight", SN_DT_BF16, 1, 128, 0, 0));
+        CHECK(HAS(L0, "linear_attn.in_proj_qkv.weight", SN_DT_U32, 2, 256, 16, 0));
+        CHECK(HAS(L0, "linear_attn.in_proj_z.weight", SN_DT_U32, 2, 128, 16, 0));
+        CHECK(HAS(L0, "linear_attn.in_proj_b.weight", SN_DT_U32, 2, 4, 16, 0));
+        CHECK(HAS(L0, "linear_attn.conv1d.weight", SN_DT_BF16, 3, 256, 4, 1));
+        CHECK(HAS(L0, "linear_attn.A_log", SN_DT_F32, 1, 4, 0, 0));
+        CHECK(HAS(L0, "linear_attn.dt_bias", SN_DT_BF16, 1, 4, 0, 0));
+        CHECK(HAS(L0, "linear_attn.norm.weight", SN_DT_BF16, 1, 32, 0, 0));
+        CHECK(HAS(L0, "linear_attn.out_proj.weight", SN_DT_U32, 2, 128, 16, 0));
+        CHECK(HAS(L0, "mlp.gate.weight", SN_DT_U32, 2, 8, 32, 0));            /* router: 8-bit */
+        CHECK(HAS(L0, "mlp.shared_expert_gate.weight", SN_DT_U32, 2, 1, 32, 0));
+        CHECK(HAS(L0, "mlp.switch_mlp.gate_proj.weight", SN_DT_U32, 3, 8, 64, 16));
+        CHECK(HAS(L0, "mlp.switch_mlp.down_proj.weight", SN_DT_U32, 3, 8, 128, 8));
+        CHECK(HAS(L0, "mlp.switch_mlp.down_proj.scales", SN_DT_BF16, 3, 8, 128, 1));
+        CHECK(HAS(L0, "mlp.shared_expert.down_proj.weight", SN_DT_U32, 2, 128, 8, 0));
+        CHECK(HAS(L3, "self_attn.q_proj.weight", SN_DT_U32, 2, 256, 16, 0));   /* [q | gate] per head */
+        CHECK(HAS(L3, "self_attn.k_proj.weight", SN_DT_U32, 2, 64, 16, 0));
+        CHECK(HAS(L3, "self_attn.q_norm.weight", SN_DT_BF16, 1, 64, 0, 0));
+        CHECK(sn_st_find(st, "language_model.model.layers.3.linear_attn.A_log") == NULL);
+        CHECK(sn_st_find(st, "language_model.model.layers.0.self_attn.q_proj.weight") == NULL);
+#undef HAS
+        int bits, group;
+        CHECK_OK(sn_config_quant_for(c, "language_model.model.layers.2.mlp.gate", &bits, &group));
+        CHECK(bits == 8 && group == 64);
+        CHECK_OK(sn_config_quant_for(c, "language_model.model.layers.2.mlp.switch_mlp.up_proj", &bits, &group));
+        CHECK(bits == 4 && group == 64);
+        CHECK(c->arch == SN_ARCH_QWEN3_5_MOE && c->quantized && c->n_eos == 1);
+        CHECK(sane_module(st, "language_model.model.layers.0.linear_attn.in_proj_qkv", 4, 64, 0.06, 0.13));
+        CHECK(sane_module(st, "language_model.model.layers.0.mlp.gate", 8, 64, 0.06, 0.13));
+        CHECK(sane_module(st, "language_model.model.layers.1.mlp.switch_mlp.down_proj", 4, 64, 0.02, 0.09));
+        const sn_st_tensor *nw = sn_st_find(st, "language_model.model.norm.weight");
+        float n0 = nw ? sn_load_f32(nw->data, SN_DT_BF16, 0) : 0;
+        CHECK(n0 > 0.9f && n0 < 1.1f);   /* stored as 1+w */
+        const sn_st_tensor *al = sn_st_find(st, "language_model.model.layers.0.linear_attn.A_log");
+        float a0 = al ? ((const float *)al->data)[0] : -1;
+        CHECK(a0 >= 0.0f && a0 <= logf(16.0f));
+    }
+    sn_st_close(st);
+    sn_config_free(c);
+    st = NULL;
+    c = NULL;
+
+    /* same seed -> same bytes; another seed -> other bytes */
+    CHECK(run_synth(TINY_QWEN2, "q2a", "--seed 9") == 0);
+    CHECK(run_synth(TINY_QWEN2, "q2b", "--seed 9") == 0);
+    CHECK(run_synth(TINY_QWEN2, "q2c", "--seed 10") == 0);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "cmp -s %s/q2a/model.safetensors %s/q2b/model.safetensors", g_dir, g_dir);
+    CHECK(system(cmd) == 0);
+    snprintf(cmd, sizeof cmd, "cmp -s %s/q2a/model.safetensors %s/q2c/model.safetensors", g_dir, g_dir);
+    CHECK(system(cmd) != 0);
+    snprintf(d, sizeof d, "%s/q2a", g_dir);
+    CHECK_OK(sn_st_open(d, &st));
+    if (st) {
+        /* qwen2: model.* names, q/k/v biases, tied embeddings (no lm_head), o_proj without bias */
+        CHECK(has(st, "model.embed_tokens.weight", SN_DT_U32, 2, 300, 16, 0));
+        CHECK(has(st, "model.layers.1.self_attn.q_proj.bias", SN_DT_BF16, 1, 128, 0, 0));
+        CHECK(has(st, "model.layers.1.self_attn.k_proj.bias", SN_DT_BF16, 1, 64, 0, 0));
+        CHECK(has(st, "model.layers.1.self_attn.q_proj.biases", SN_DT_BF16, 2, 128, 2, 0));
+        CHECK(has(st, "model.layers.1.mlp.down_proj.weight", SN_DT_BF16, 2, 128, 160, 0));  /* 160 % 64 != 0: dense */
+        CHECK(sn_st_find(st, "model.layers.1.self_attn.o_proj.bias") == NULL);
+        CHECK(sn_st_find(st, "lm_head.weight") == NULL);
+        CHECK(strcmp(sn_st_metadata(st, "format"), "mlx") == 0);
+        sn_st_close(st);
+        st = NULL;
+    }
+
+    /* mistral at 8 bits, group 32 */
+    CHECK(run_synth(TINY_MISTRAL, "mis", "--bits 8 --group 32") == 0);
+    snprintf(d, sizeof d, "%s/mis", g_dir);
+    CHECK_OK(sn_st_open(d, &st));
+    CHECK_OK(sn_config_load(d, &c));
+    if (st && c) {
+        CHECK(has(st, "model.layers.0.self_attn.q_proj.weight", SN_DT_U32, 2, 128, 24, 0));
+        CHECK(has(st, "model.layers.0.self_attn.o_proj.scales", SN_DT_BF16, 2, 96, 4, 0));
+        CHECK(has(st, "lm_head.weight", SN_DT_U32, 2, 256, 24, 0));
+        CHECK(sn_st_find(st, "model.layers.0.self_attn.q_proj.bias") == NULL);
+        CHECK(c->q_bits == 8 && c->q_group == 32 && c->n_q_overrides == 0);
+        CHECK(sane_module(st, "model.layers.0.mlp.up_proj", 8, 32, 0.07, 0.14));
+    }
+    sn_st_close(st);
+    sn_config_free(c);
+
+    /* bad input is reported, not written */
+    CHECK(run_synth("{\"model_type\":\"llama\"}", "bad", "") != 0);
+    CHECK(run_synth(TINY_QWEN2, "badbits", "--bits 3") != 0);
+    snprintf(d, sizeof d, "%s/bad.log", g_dir);
+    FILE *f = fopen(d, "r");
+    char line[512] = "";
+    if (f) { if (!fgets(line, sizeof line, f)) line[0] = 0; fclose(f); }
+    CHECKF(strstr(line, "unsupported model_type \"llama\""), "log: %s", line);
+}
+
+int main(int argc, char **argv)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/sn_test_st_XXXXXX");
     SN_ASSERT(mkdtemp(g_dir));
@@ -306,6 +498,10 @@ int main(void)
     RUN(test_corrupt_headers);
     RUN(test_truncated_file);
     RUN(test_sharded);
+    const char *slash = strrchr(argv[0], '/');
+    snprintf(g_synth, sizeof g_synth, "%.*s/../sanctum-synth", slash ? (int)(slash - argv[0]) : 1,
+             slash ? argv[0] : ".");
+    RUN(test_synth_checkpoints);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
