@@ -10,6 +10,7 @@
  * continuous batching share one code path. */
 #include "models/model_impl.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef struct {
@@ -61,6 +62,15 @@ static sn_status attn_block(sn_model *m, const step *st, int l, const float *xn,
         float *vi = v + (int64_t)it->row0 * kvd, *oi = o + (int64_t)it->row0 * qd;
         SN_TRY(OPS->rope(BE, qi, it->n, Hq, D, m->rot_dim, s->pos, m->inv_freq, m->rope_mscale));
         SN_TRY(OPS->rope(BE, ki, it->n, Hkv, D, m->rot_dim, s->pos, m->inv_freq, m->rope_mscale));
+        if (m->cfg->ministral3 && m->cfg->rope.llama4_beta != 0) {
+            /* ministral3: q *= 1 + beta*ln(1 + floor(pos / original_max_position_embeddings)) */
+            double orig = (double)(m->cfg->rope.original_max_position ? m->cfg->rope.original_max_position
+                                                                        : m->cfg->max_position_embeddings);
+            for (int t = 0; t < it->n; t++) {
+                float f = (float)(1.0 + m->cfg->rope.llama4_beta * log(1.0 + floor((double)(s->pos + t) / orig)));
+                if (f != 1.0f) SN_TRY(sn_scale_row(m, qi + (int64_t)t * qd, qd, f));
+            }
+        }
         SN_TRY(OPS->kv_write(BE, &s->kv[l], ki, vi, it->n, s->pos));
         SN_TRY(OPS->attention(BE, qi, &s->kv[l], it->n, s->pos, Hq, m->attn_scale, oi));
     }

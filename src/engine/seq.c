@@ -28,6 +28,16 @@ sn_status sn_seq_new(sn_model *m, int max_ctx, sn_seq **out)
     if (max_ctx <= 0) {
         max_ctx = m->info.max_ctx > 0 ? m->info.max_ctx : SEQ_DEFAULT_CTX_CAP;
         if (max_ctx > SEQ_DEFAULT_CTX_CAP) max_ctx = SEQ_DEFAULT_CTX_CAP;
+        if (m->cfg->arch == SN_ARCH_MISTRAL && m->cfg->sliding_window > 0 && max_ctx > m->cfg->sliding_window)
+            max_ctx = m->cfg->sliding_window;
+    }
+    int win = m->cfg->arch == SN_ARCH_MISTRAL ? m->cfg->sliding_window : 0;
+    if (win > 0 && max_ctx > win) {
+        /* HF Mistral applies sliding_window whenever it is set; within the
+         * window full attention is the same function, beyond it we have no
+         * windowed kernel, so the context stops at the window. */
+        return SN_FAIL(SN_E_RANGE, "seq: context %d exceeds the model's sliding_window %d (windowed attention is "
+                       "not implemented)", max_ctx, win);
     }
     sn_seq *s = calloc(1, sizeof *s);
     if (!s) return SN_FAIL(SN_E_NOMEM, "seq: out of memory");

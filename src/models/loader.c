@@ -561,8 +561,18 @@ static sn_status workspace_alloc(sn_model *m)
     SN_TRY(be_alloc(m, (size_t)(SN_LOGIT_ROWS * m->H) * 4, (void **)&ws->lg_x));
     SN_TRY(be_alloc(m, (size_t)(SN_LOGIT_ROWS * m->V) * 4, (void **)&ws->lg));
     SN_TRY(sn_model_host_alloc(m, (size_t)T * sizeof(int32_t), (void **)&ws->h_ids));
-    if (D[DIM_E] > 0)
+    if (D[DIM_E] > 0) {
+        int64_t k = m->cfg->n_experts_per_tok;
         SN_TRY(sn_model_host_alloc(m, (size_t)(T * D[DIM_E]) * sizeof(float), (void **)&ws->h_router));
+        SN_TRY(sn_model_host_alloc(m, (size_t)T * sizeof(float), (void **)&ws->h_sgate));
+        SN_TRY(sn_model_host_alloc(m, (size_t)(T * k) * sizeof(int32_t), (void **)&ws->h_sel));
+        SN_TRY(sn_model_host_alloc(m, (size_t)(T * k) * sizeof(float), (void **)&ws->h_selw));
+        SN_TRY(sn_model_host_alloc(m, (size_t)(D[DIM_E] + 1) * sizeof(int32_t), (void **)&ws->h_count));
+    }
+    size_t nz = (size_t)(max64(m->H, D[DIM_QD]) / 2 + 1);
+    float *z = NULL;
+    SN_TRY(sn_model_host_alloc(m, nz * sizeof(float), (void **)&z));
+    SN_TRY(sn_model_be_upload(m, z, nz * sizeof(float), &ws->zero_freq));
     return SN_OK;
 }
 
@@ -675,6 +685,8 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
 
     for (size_t i = 0; i < m->impl->n_binds; i++) {
         const sn_bind *b = &m->impl->binds[i];
+        if (b->layout == LAYOUT_MLX && !m->info.mlx_layout) continue;
+        if (b->layout == LAYOUT_HF && m->info.mlx_layout) continue;
         if (b->on == ON_GLOBAL) {
             if ((s = bind_one(&L, b, 0, (char *)m)) != SN_OK) goto out;
             continue;

@@ -96,7 +96,10 @@ typedef struct {
     int d0, d1;          /* DIM_* (d1 unused for vectors) */
     bool optional;       /* absent is fine (lm_head when tied, biases) */
     bool bias;           /* qwen2 q/k/v: also bind "<path>.bias" [d0] */
+    int layout;          /* LAYOUT_ANY, or only for MLX / only for raw HF checkpoints */
 } sn_bind;
+
+enum { LAYOUT_ANY = 0, LAYOUT_MLX = 1, LAYOUT_HF = 2 };
 
 /* One model architecture. */
 typedef struct sn_arch_impl {
@@ -114,6 +117,8 @@ typedef struct sn_arch_impl {
 } sn_arch_impl;
 
 const sn_arch_impl *sn_arch_find(sn_arch a);
+/* Hybrid-stack config checks shared by qwen3_5 and qwen3_5_moe. */
+sn_status sn_qwen3_5_check(const sn_config *c);
 extern const sn_arch_impl sn_arch_qwen3_5;
 extern const sn_arch_impl sn_arch_qwen3_5_moe;
 extern const sn_arch_impl sn_arch_qwen2;
@@ -129,6 +134,11 @@ typedef struct {
     float *lg;               /* [SN_LOGIT_ROWS, V] logits */
     /* MoE routing on the host */
     float *h_router;         /* [T, E] host copy of router logits */
+    float *h_sgate;          /* [T] host copy of shared-expert gate logits */
+    int32_t *h_sel;          /* [T*k] token of each (expert, slot), grouped by expert */
+    float *h_selw;           /* [T*k] its routing weight */
+    int32_t *h_count;        /* [E+1] start of each expert's group in h_sel */
+    float *zero_freq;        /* [max(H, Hq*D)/2] zeros in backend memory, for sn_scale_row */
     int32_t *h_ids;          /* [T] host copy of the step's token ids */
 } sn_workspace;
 
@@ -178,6 +188,16 @@ struct sn_seq {
     sn_gdn_view *gdn;        /* [n_layers]; S == NULL for non-GDN layers */
     size_t conv_floats, S_floats, kv_row_floats; /* per layer: (K-1)*conv_dim, Hv*Dk*Dv, Hkv*D */
 };
+
+/* y[0..n) *= alpha on the backend (n even). The op set has no row scale,
+ * but RoPE at angle 0 multiplies by its mscale exactly (cos 0 = 1,
+ * sin 0 = 0), so one "head" of width n rotated with zero frequencies is an
+ * exact scale on every backend. Used for MoE routing weights, the shared
+ * expert gate and ministral3's query scaling. */
+static inline sn_status sn_scale_row(sn_model *m, float *y, int64_t n, float alpha)
+{
+    return m->be->ops->rope(m->be, y, 1, 1, (int)n, (int)n, 0, m->ws.zero_freq, alpha);
+}
 
 /* Allocation helpers for the loader (memory freed with the model). */
 sn_status sn_model_host_alloc(sn_model *m, size_t bytes, void **out);

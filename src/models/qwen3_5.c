@@ -4,41 +4,13 @@
  * Names are canonical (loader.c strips "language_model." and
  * "model.language_model."). Raw HF checkpoints store the five RMSNorm
  * weights zero-centred (used as 1+w); MLX ones store 1+w. */
-#include "models/model_impl.h"
-
-#include <stddef.h>
-
-#define LY(f) offsetof(sn_layer, f)
-#define MD(f) offsetof(sn_model, f)
-
-/* Shared with qwen3_5_moe.c: everything but the FFN. */
-#define QWEN3_5_COMMON_BINDS                                                                           \
-    { "model.embed_tokens", BIND_EMBED, ON_GLOBAL, MD(embed), DIM_V, DIM_H, false, false },            \
-    { "model.norm", BIND_NORM, ON_GLOBAL, MD(final_norm), DIM_H, DIM_1, false, false },                \
-    { "lm_head", BIND_LINEAR, ON_GLOBAL, MD(lm_head), DIM_V, DIM_H, true, false },                     \
-    { "model.layers.%d.input_layernorm", BIND_NORM, ON_ALL, LY(in_norm), DIM_H, DIM_1, false, false }, \
-    { "model.layers.%d.post_attention_layernorm", BIND_NORM, ON_ALL, LY(post_norm), DIM_H, DIM_1, false, false }, \
-    { "model.layers.%d.linear_attn.in_proj_qkv", BIND_LINEAR, ON_LINEAR, LY(in_qkv), DIM_CONV, DIM_H, false, false }, \
-    { "model.layers.%d.linear_attn.in_proj_z", BIND_LINEAR, ON_LINEAR, LY(in_z), DIM_VD, DIM_H, false, false }, \
-    { "model.layers.%d.linear_attn.in_proj_b", BIND_LINEAR, ON_LINEAR, LY(in_b), DIM_HV, DIM_H, false, false }, \
-    { "model.layers.%d.linear_attn.in_proj_a", BIND_LINEAR, ON_LINEAR, LY(in_a), DIM_HV, DIM_H, false, false }, \
-    { "model.layers.%d.linear_attn.conv1d", BIND_CONV, ON_LINEAR, LY(conv_w), DIM_CONV, DIM_K, false, false }, \
-    { "model.layers.%d.linear_attn.A_log", BIND_VEC, ON_LINEAR, LY(A_log), DIM_HV, DIM_1, false, false }, \
-    { "model.layers.%d.linear_attn.dt_bias", BIND_VEC, ON_LINEAR, LY(dt_bias), DIM_HV, DIM_1, false, false }, \
-    { "model.layers.%d.linear_attn.norm", BIND_GNORM, ON_LINEAR, LY(gnorm), DIM_DV, DIM_1, false, false }, \
-    { "model.layers.%d.linear_attn.out_proj", BIND_LINEAR, ON_LINEAR, LY(out_proj), DIM_H, DIM_VD, false, false }, \
-    { "model.layers.%d.self_attn.q_proj", BIND_LINEAR_QG, ON_ATTN, LY(wq), DIM_QGD, DIM_H, false, false }, \
-    { "model.layers.%d.self_attn.k_proj", BIND_LINEAR, ON_ATTN, LY(wk), DIM_KVD, DIM_H, false, false }, \
-    { "model.layers.%d.self_attn.v_proj", BIND_LINEAR, ON_ATTN, LY(wv), DIM_KVD, DIM_H, false, false }, \
-    { "model.layers.%d.self_attn.o_proj", BIND_LINEAR, ON_ATTN, LY(wo), DIM_H, DIM_QD, false, false }, \
-    { "model.layers.%d.self_attn.q_norm", BIND_NORM, ON_ATTN, LY(q_norm), DIM_D, DIM_1, false, false }, \
-    { "model.layers.%d.self_attn.k_norm", BIND_NORM, ON_ATTN, LY(k_norm), DIM_D, DIM_1, false, false }
+#include "models/qwen3_5_binds.h"
 
 static const sn_bind qwen3_5_binds[] = {
     QWEN3_5_COMMON_BINDS,
-    { "model.layers.%d.mlp.gate_proj", BIND_LINEAR, ON_ALL, LY(gate), DIM_I, DIM_H, false, false },
-    { "model.layers.%d.mlp.up_proj", BIND_LINEAR, ON_ALL, LY(up), DIM_I, DIM_H, false, false },
-    { "model.layers.%d.mlp.down_proj", BIND_LINEAR, ON_ALL, LY(down), DIM_H, DIM_I, false, false },
+    { "model.layers.%d.mlp.gate_proj", BIND_LINEAR, ON_ALL, LY(gate), DIM_I, DIM_H, false, false, LAYOUT_ANY },
+    { "model.layers.%d.mlp.up_proj", BIND_LINEAR, ON_ALL, LY(up), DIM_I, DIM_H, false, false, LAYOUT_ANY },
+    { "model.layers.%d.mlp.down_proj", BIND_LINEAR, ON_ALL, LY(down), DIM_H, DIM_I, false, false, LAYOUT_ANY },
 };
 
 /* Dimensions the hybrid stack needs beyond sn_config's own validation. */
