@@ -1,6 +1,8 @@
 /* Chat templates, rendered in C per architecture (no Jinja): byte-exact with
- * transformers' apply_chat_template for the shipped templates (Qwen3.5,
- * Qwen2.5) and with mistral-common's tekken V7 format for Mistral. */
+ * transformers' apply_chat_template for the shipped templates: Qwen3.5
+ * (Qwen/Qwen3.5-4B), Qwen2.5-Instruct, and Mistral-Small-3.2-24B-Instruct-2506
+ * (tekken V7 layout, including its default system prompt). The references are
+ * tests/fixtures/chat/<format>.json (tools/python/templates/ holds the jinja). */
 #ifndef SANCTUM_CHAT_H
 #define SANCTUM_CHAT_H
 
@@ -19,8 +21,10 @@ typedef struct {
 } sn_chat_msg;
 
 typedef struct {
-    bool add_generation_prompt;
+    bool add_generation_prompt;  /* no effect on MISTRAL (the prompt always ends in [/INST]) */
     bool enable_thinking;   /* qwen3_5 only; default false in sanctum */
+    const char *today;      /* MISTRAL: "YYYY-MM-DD" for the default system prompt (used when
+                             * the first message is not a system message); NULL = today, UTC */
 } sn_chat_opts;
 
 /* model_type from config.json: qwen3_5, qwen3_5_moe (and *_text) -> QWEN3_5;
@@ -28,9 +32,10 @@ typedef struct {
 sn_status sn_chat_format_for(const char *model_type, sn_chat_format *out);
 const char *sn_chat_format_name(sn_chat_format f);
 /* Renders messages to a prompt string (malloc'd, NUL-terminated) that is
- * then encoded with parse_special = true. Unknown roles, or a message order
- * the official template rejects (Qwen3.5: system not first, no user turn)
- * -> SN_E_INVALID naming the message index. */
+ * then encoded with parse_special = true. o may be NULL (all defaults).
+ * Unknown roles, or a message order the official template rejects
+ * (Qwen3.5: system not first, no user turn; Mistral: roles not alternating
+ * user/assistant, tool messages) -> SN_E_INVALID naming the message index. */
 sn_status sn_chat_render(sn_chat_format f, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o, char **out);
 
 #endif

@@ -1,0 +1,197 @@
+/* Chat template tests: byte-exact against transformers' renderings of the
+ * real jinja templates (tests/fixtures/chat/<format>.json, made by
+ * tools/python/make_chat_refs.py), plus hand-checked cases and the errors
+ * the templates raise. */
+#include <jansson.h>
+#include <stdlib.h>
+
+#include "harness.h"
+#include "sanctum/chat.h"
+
+static char *render(sn_chat_format f, const sn_chat_msg *m, size_t n, bool gen, bool think)
+{
+    sn_chat_opts o = { .add_generation_prompt = gen, .enable_thinking = think, .today = "2026-01-01" };
+    char *s = NULL;
+    sn_status st = sn_chat_render(f, m, n, &o, &s);
+    if (st != SN_OK) fprintf(stderr, "  render failed: %s\n", sn_errmsg());
+    return s;
+}
+
+#define EXPECT_RENDER(f, msgs, gen, think, want) do { \
+    char *_s = render((f), (msgs), sizeof(msgs) / sizeof *(msgs), (gen), (think)); \
+    CHECKF(_s && strcmp(_s, (want)) == 0, "got \"%s\"", _s ? _s : "(null)"); \
+    free(_s); } while (0)
+
+static void report_diff(const char *want, const char *got)
+{
+    size_t i = 0;
+    while (want[i] && want[i] == got[i]) i++;
+    fprintf(stderr, "    first difference at byte %zu\n    want: \"%.80s\"\n    got:  \"%.80s\"\n", i, want + i, got + i);
+}
+
+static void check_fixture(const char *name, sn_chat_format f)
+{
+    char path[256];
+    snprintf(path, sizeof path, "tests/fixtures/chat/%s.json", name);
+    json_error_t e;
+    json_t *cases = json_load_file(path, 0, &e);
+    if (!cases) SKIP("reference renderings not there (tools/python/make_chat_refs.py makes them)");
+    size_t i, n_ok = 0, n_skip = 0;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+        json_t *jm = json_object_get(c, "messages");
+        size_t n = json_array_size(jm);
+        sn_chat_msg *msgs = calloc(n ? n : 1, sizeof *msgs);
+        bool usable = json_is_array(jm);
+        for (size_t k = 0; k < n; k++) {
+            json_t *m = json_array_get(jm, k);
+            json_t *content = json_object_get(m, "content");
+            if (json_object_get(m, "tool_calls") || (content && !json_is_string(content) && !json_is_null(content)))
+                usable = false;   /* tool calls and multi-part content are outside sn_chat_msg */
+            msgs[k].role = json_string_value(json_object_get(m, "role"));
+            msgs[k].content = json_string_value(content);
+            msgs[k].reasoning = json_string_value(json_object_get(m, "reasoning_content"));
+        }
+        if (!usable) { n_skip++; free(msgs); continue; }
+        json_t *think = json_object_get(c, "enable_thinking");
+        sn_chat_opts o = {
+            .add_generation_prompt = json_is_true(json_object_get(c, "add_generation_prompt")),
+            /* null = not passed: the template then takes the thinking branch */
+            .enable_thinking = !json_is_false(think),
+            .today = json_string_value(json_object_get(c, "today")),
+        };
+        const char *want = json_string_value(json_object_get(c, "text"));
+        char *got = NULL;
+        sn_status st = sn_chat_render(f, msgs, n, &o, &got);
+        CHECKF(st == SN_OK, "%s case %zu: %s", name, i, sn_errmsg());
+        if (st == SN_OK && want) {
+            bool same = strcmp(got, want) == 0;
+            CHECKF(same, "%s case %zu differs", name, i);
+            if (!same) report_diff(want, got);
+            n_ok += same;
+        }
+        free(got);
+        free(msgs);
+    }
+    fprintf(stderr, "  %s: %zu of %zu reference renderings identical (%zu skipped: tool calls / multi-part content)\n",
+            name, n_ok, json_array_size(cases), n_skip);
+    CHECK(n_ok >= 10);
+    json_decref(cases);
+}
+
+static void test_fixture_qwen3_5(void) { check_fixture("qwen3_5", SN_CHAT_QWEN3_5); }
+static void test_fixture_qwen2(void) { check_fixture("qwen2", SN_CHAT_QWEN2); }
+static void test_fixture_mistral(void) { check_fixture("mistral", SN_CHAT_MISTRAL); }
+
+static void test_qwen3_5_hand(void)
+{
+    sn_chat_msg one[] = { { "user", "Hi", NULL } };
+    EXPECT_RENDER(SN_CHAT_QWEN3_5, one, true, false,
+                  "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    EXPECT_RENDER(SN_CHAT_QWEN3_5, one, true, true, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n");
+    EXPECT_RENDER(SN_CHAT_QWEN3_5, one, false, false, "<|im_start|>user\nHi<|im_end|>\n");
+    /* historic assistant turn: empty reasoning dropped, content after </think> kept */
+    sn_chat_msg hist[] = { { "system", " S \n", NULL }, { "user", "q1", NULL },
+                           { "assistant", "<think>\n\n</think>\n\nA1", NULL }, { "user", "q2", NULL } };
+    EXPECT_RENDER(SN_CHAT_QWEN3_5, hist, true, false,
+                  "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
+                  "<|im_start|>user\nq2<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    /* explicit reasoning field, after the last query: think block with it */
+    sn_chat_msg rsn[] = { { "user", "q", NULL }, { "assistant", "ans", "  why \n" } };
+    EXPECT_RENDER(SN_CHAT_QWEN3_5, rsn, false, false,
+                  "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nwhy\n</think>\n\nans<|im_end|>\n");
+    /* tool responses are grouped into one user turn; they do not count as the query */
+    sn_chat_msg tools[] = { { "user", "weather?", NULL }, { "assistant", "calling", NULL },
+                            { "tool", "sunny", NULL }, { "tool", " 20C ", NULL } };
+    EXPECT_RENDER(SN_CHAT_QWEN3_5, tools, true, true,
+                  "<|im_start|>user\nweather?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\ncalling<|im_end|>\n"
+                  "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\n20C\n</tool_response>"
+                  "<|im_end|>\n<|im_start|>assistant\n<think>\n");
+    /* Unicode whitespace is trimmed like Python's str.strip() */
+    sn_chat_msg uws[] = { { "user", "\xe3\x80\x80x\xc2\xa0\x1f", NULL } };
+    EXPECT_RENDER(SN_CHAT_QWEN3_5, uws, false, false, "<|im_start|>user\nx<|im_end|>\n");
+    /* NULL content reads as "" */
+    sn_chat_msg nul[] = { { "user", NULL, NULL } };
+    EXPECT_RENDER(SN_CHAT_QWEN3_5, nul, false, false, "<|im_start|>user\n<|im_end|>\n");
+}
+
+static void test_qwen2_hand(void)
+{
+    sn_chat_msg m[] = { { "user", " a ", NULL }, { "assistant", "b", NULL }, { "tool", "r", NULL } };
+    EXPECT_RENDER(SN_CHAT_QWEN2, m, true, true,
+                  "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+                  "<|im_start|>user\n a <|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n"
+                  "<|im_start|>user\n<tool_response>\nr\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
+    sn_chat_msg s[] = { { "system", "S", NULL }, { "user", "u", NULL }, { "system", "later", NULL } };
+    EXPECT_RENDER(SN_CHAT_QWEN2, s, false, false,
+                  "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>system\nlater<|im_end|>\n");
+}
+
+static void test_mistral_hand(void)
+{
+    sn_chat_msg m[] = { { "system", "S", NULL }, { "user", "u1", NULL }, { "assistant", "a1", NULL }, { "user", "u2", NULL } };
+    EXPECT_RENDER(SN_CHAT_MISTRAL, m, true, false,
+                  "<s>[SYSTEM_PROMPT]S[/SYSTEM_PROMPT][INST]u1[/INST]a1</s>[INST]u2[/INST]");
+    sn_chat_msg d[] = { { "user", "u", NULL } };
+    char *s = render(SN_CHAT_MISTRAL, d, 1, true, false);
+    CHECK(s && strncmp(s, "<s>[SYSTEM_PROMPT]You are Mistral Small 3,", 42) == 0);
+    CHECK(s && strstr(s, "The current date is 2026-01-01.\n") != NULL);
+    CHECK(s && strstr(s, "[/SYSTEM_PROMPT][INST]u[/INST]") != NULL);
+    free(s);
+    /* without a date the current UTC date is used */
+    char *t = NULL;
+    sn_chat_opts o = { .add_generation_prompt = true };
+    CHECK_OK(sn_chat_render(SN_CHAT_MISTRAL, d, 1, &o, &t));
+    CHECK(t && strstr(t, "The current date is 20") != NULL);
+    free(t);
+}
+
+static void test_errors(void)
+{
+    char *s = NULL;
+    sn_chat_msg bad_role[] = { { "user", "u", NULL }, { "wizard", "x", NULL } };
+    CHECK(sn_chat_render(SN_CHAT_QWEN3_5, bad_role, 2, NULL, &s) == SN_E_INVALID);
+    CHECK(strstr(sn_errmsg(), "message 1") && strstr(sn_errmsg(), "wizard"));
+    CHECK(s == NULL);
+    sn_chat_msg late_sys[] = { { "user", "u", NULL }, { "system", "s", NULL } };
+    CHECK(sn_chat_render(SN_CHAT_QWEN3_5, late_sys, 2, NULL, &s) == SN_E_INVALID);
+    CHECK(strstr(sn_errmsg(), "beginning") != NULL);
+    sn_chat_msg no_user[] = { { "system", "s", NULL }, { "assistant", "a", NULL } };
+    CHECK(sn_chat_render(SN_CHAT_QWEN3_5, no_user, 2, NULL, &s) == SN_E_INVALID);
+    sn_chat_msg only_tool_resp[] = { { "user", "<tool_response>x</tool_response>", NULL } };
+    CHECK(sn_chat_render(SN_CHAT_QWEN3_5, only_tool_resp, 1, NULL, &s) == SN_E_INVALID);
+    CHECK(sn_chat_render(SN_CHAT_QWEN2, NULL, 0, NULL, &s) == SN_E_INVALID);
+    sn_chat_msg two_users[] = { { "user", "a", NULL }, { "user", "b", NULL } };
+    CHECK(sn_chat_render(SN_CHAT_MISTRAL, two_users, 2, NULL, &s) == SN_E_INVALID);
+    CHECK(strstr(sn_errmsg(), "alternate") != NULL);
+    sn_chat_msg tool[] = { { "user", "a", NULL }, { "tool", "b", NULL } };
+    CHECK(sn_chat_render(SN_CHAT_MISTRAL, tool, 2, NULL, &s) == SN_E_INVALID);
+    CHECK(sn_chat_render((sn_chat_format)42, two_users, 2, NULL, &s) == SN_E_INVALID);
+    CHECK(s == NULL);
+}
+
+static void test_format_for(void)
+{
+    sn_chat_format f;
+    CHECK(sn_chat_format_for("qwen3_5", &f) == SN_OK && f == SN_CHAT_QWEN3_5);
+    CHECK(sn_chat_format_for("qwen3_5_moe", &f) == SN_OK && f == SN_CHAT_QWEN3_5);
+    CHECK(sn_chat_format_for("qwen2", &f) == SN_OK && f == SN_CHAT_QWEN2);
+    CHECK(sn_chat_format_for("mistral3", &f) == SN_OK && f == SN_CHAT_MISTRAL);
+    CHECK(sn_chat_format_for("ministral3", &f) == SN_OK && f == SN_CHAT_MISTRAL);
+    CHECK(sn_chat_format_for("llama", &f) == SN_E_UNSUPPORTED);
+    CHECK(strstr(sn_errmsg(), "llama") != NULL);
+    CHECK(strcmp(sn_chat_format_name(SN_CHAT_QWEN2), "qwen2") == 0);
+}
+
+int main(void)
+{
+    RUN(test_fixture_qwen3_5);
+    RUN(test_fixture_qwen2);
+    RUN(test_fixture_mistral);
+    RUN(test_qwen3_5_hand);
+    RUN(test_qwen2_hand);
+    RUN(test_mistral_hand);
+    RUN(test_errors);
+    RUN(test_format_for);
+    return TEST_END();
+}
