@@ -1,0 +1,302 @@
+/* sanctum-run: the engine from the command line. One prompt in, tokens out.
+ *
+ *   sanctum-run [--model DIR] --prompt TEXT [--raw]      chat template + tokenizer
+ *   sanctum-run [--model DIR] --ids 1,2,3 [--print-ids]  token ids, no tokenizer needed
+ *   sanctum-run --tokenizer FILE --encode < text         print the ids of stdin
+ *
+ * Generated text goes to stdout (or the generated ids with --print-ids);
+ * prefill and decode speeds go to stderr. Errors are one line on stderr and
+ * a non-zero exit. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sanctum/chat.h"
+#include "sanctum/model.h"
+#include "sanctum/sample.h"
+#include "sanctum/tokenizer.h"
+
+typedef struct {
+    const char *model, *prompt, *ids, *tokenizer;
+    bool raw, print_ids, encode, has_seed;
+    int max_tokens, threads, gpu, quantize, ctx;
+    float temperature;
+    unsigned long long seed;
+    sn_backend_kind backend;
+} args;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sanctum-run [--model DIR] (--prompt TEXT [--raw] | --ids 1,2,3) [options]\n"
+            "       sanctum-run --tokenizer FILE --encode < text\n"
+            "options:\n"
+            "  --model DIR        model directory (default models/default)\n"
+            "  --prompt TEXT      user message, rendered with the model's chat template\n"
+            "  --raw              encode --prompt as is, without the chat template\n"
+            "  --ids LIST         prompt as comma-separated token ids\n"
+            "  --print-ids        print the generated ids (space-separated) instead of text\n"
+            "  --max-tokens N     tokens to generate (default 128)\n"
+            "  --temperature T    0 = greedy (default 0)\n"
+            "  --seed S           sampling seed\n"
+            "  --threads N        CPU threads (default: one per core)\n"
+            "  --backend cpu|cuda compute backend (default cpu)\n"
+            "  --gpu N            CUDA device (default 0)\n"
+            "  --quantize 4|8     quantize a raw (unquantized) checkpoint at load\n"
+            "  --ctx N            context length (default: prompt + max tokens)\n");
+}
+
+static int parse_int(const char *s, const char *what, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "sanctum-run: %s: bad value '%s' (expected an integer in [%ld, %ld])\n", what, s, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, args *a)
+{
+    *a = (args){ .model = "models/default", .max_tokens = 128, .backend = SN_BACKEND_CPU };
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV() do { if (!v) { fprintf(stderr, "sanctum-run: %s needs a value\n", k); return -1; } i++; } while (0)
+        if (!strcmp(k, "--help") || !strcmp(k, "-h")) { usage(stdout); exit(0); }
+        else if (!strcmp(k, "--raw")) a->raw = true;
+        else if (!strcmp(k, "--print-ids")) a->print_ids = true;
+        else if (!strcmp(k, "--encode")) a->encode = true;
+        else if (!strcmp(k, "--model")) { NEEDV(); a->model = v; }
+        else if (!strcmp(k, "--prompt")) { NEEDV(); a->prompt = v; }
+        else if (!strcmp(k, "--ids")) { NEEDV(); a->ids = v; }
+        else if (!strcmp(k, "--tokenizer")) { NEEDV(); a->tokenizer = v; }
+        else if (!strcmp(k, "--max-tokens")) { NEEDV(); if (parse_int(v, k, 0, 1 << 24, &a->max_tokens)) return -1; }
+        else if (!strcmp(k, "--threads")) { NEEDV(); if (parse_int(v, k, 0, 1024, &a->threads)) return -1; }
+        else if (!strcmp(k, "--gpu")) { NEEDV(); if (parse_int(v, k, 0, 64, &a->gpu)) return -1; }
+        else if (!strcmp(k, "--ctx")) { NEEDV(); if (parse_int(v, k, 1, 1 << 24, &a->ctx)) return -1; }
+        else if (!strcmp(k, "--quantize")) {
+            NEEDV();
+            if (parse_int(v, k, 4, 8, &a->quantize) || (a->quantize != 4 && a->quantize != 8)) {
+                fprintf(stderr, "sanctum-run: --quantize: expected 4 or 8, got '%s'\n", v);
+                return -1;
+            }
+        } else if (!strcmp(k, "--temperature")) {
+            NEEDV();
+            char *end;
+            a->temperature = strtof(v, &end);
+            if (end == v || *end || !(a->temperature >= 0) || a->temperature > 100) {
+                fprintf(stderr, "sanctum-run: --temperature: bad value '%s'\n", v);
+                return -1;
+            }
+        } else if (!strcmp(k, "--seed")) {
+            NEEDV();
+            char *end;
+            errno = 0;
+            a->seed = strtoull(v, &end, 10);
+            if (errno || end == v || *end) { fprintf(stderr, "sanctum-run: --seed: bad value '%s'\n", v); return -1; }
+            a->has_seed = true;
+        } else if (!strcmp(k, "--backend")) {
+            NEEDV();
+            if (!strcmp(v, "cpu")) a->backend = SN_BACKEND_CPU;
+            else if (!strcmp(v, "cuda")) a->backend = SN_BACKEND_CUDA;
+            else { fprintf(stderr, "sanctum-run: --backend: expected cpu or cuda, got '%s'\n", v); return -1; }
+        } else {
+            fprintf(stderr, "sanctum-run: unknown option '%s' (see --help)\n", k);
+            return -1;
+        }
+#undef NEEDV
+    }
+    if (a->encode) {
+        if (!a->tokenizer) { fprintf(stderr, "sanctum-run: --encode needs --tokenizer FILE\n"); return -1; }
+        return 0;
+    }
+    if (!!a->prompt == !!a->ids) { fprintf(stderr, "sanctum-run: give exactly one of --prompt or --ids\n"); return -1; }
+    return 0;
+}
+
+static int parse_ids(const char *s, sn_ids *out)
+{
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            fprintf(stderr, "sanctum-run: --ids: bad id list at '%s'\n", p);
+            return -1;
+        }
+        if (sn_ids_push(out, (int32_t)v) != SN_OK) { fprintf(stderr, "sanctum-run: out of memory\n"); return -1; }
+        p = *end ? end + 1 : end;
+    }
+    if (!out->n) { fprintf(stderr, "sanctum-run: --ids: empty list\n"); return -1; }
+    return 0;
+}
+
+static int fail(const char *what, sn_status s)
+{
+    fprintf(stderr, "sanctum-run: %s: %s (%s)\n", what, sn_errmsg(), sn_status_name(s));
+    return 1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int run_encode(const args *a)
+{
+    sn_tokenizer *tok = NULL;
+    sn_status s = sn_tok_load(a->tokenizer, NULL, &tok);
+    if (s != SN_OK) return fail("loading tokenizer", s);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    int rc = 1;
+    sn_ids ids = { 0 };
+    if (!buf) { fprintf(stderr, "sanctum-run: out of memory\n"); goto out; }
+    for (;;) {
+        if (n == cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) { fprintf(stderr, "sanctum-run: out of memory\n"); goto out; }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n, stdin);
+        n += r;
+        if (r == 0) break;
+    }
+    if ((s = sn_tok_encode(tok, buf, n, true, &ids)) != SN_OK) { rc = fail("encoding stdin", s); goto out; }
+    for (size_t i = 0; i < ids.n; i++) printf("%s%d", i ? " " : "", ids.ids[i]);
+    printf("\n");
+    rc = 0;
+out:
+    sn_ids_free(&ids);
+    free(buf);
+    sn_tok_free(tok);
+    return rc;
+}
+
+static bool is_eos(const sn_model_info *in, int32_t id)
+{
+    for (int i = 0; i < in->n_eos; i++)
+        if (in->eos_ids[i] == id) return true;
+    return false;
+}
+
+int main(int argc, char **argv)
+{
+    args a;
+    if (parse_args(argc, argv, &a)) return 2;
+    if (a.encode) return run_encode(&a);
+
+    int rc = 1;
+    sn_status s;
+    sn_model *m = NULL;
+    sn_seq *seq = NULL;
+    sn_tokenizer *tok = NULL;
+    sn_sampler *smp = NULL;
+    sn_ids prompt = { 0 }, gen = { 0 };
+    float *logits = NULL;
+    char *text = NULL, *dtext = NULL;
+    size_t dlen = 0, dcap = 0;
+
+    sn_load_opts lo = { .backend = a.backend, .gpu = a.gpu, .n_threads = a.threads, .quantize_bits = a.quantize };
+    double t0 = now_s();
+    if ((s = sn_model_load(a.model, &lo, &m)) != SN_OK) { rc = fail("loading model", s); goto out; }
+    const sn_model_info *info = sn_model_get_info(m);
+    fprintf(stderr, "sanctum-run: loaded %s (%s, %s layout, %d layers) in %.2f s\n", info->name, info->model_type,
+            info->mlx_layout ? "MLX" : "HF", info->n_layers, now_s() - t0);
+
+    /* The tokenizer is optional with --ids: then only ids come out. */
+    if (a.prompt || !a.print_ids) {
+        if ((s = sn_tok_load(a.model, info->model_type, &tok)) != SN_OK) {
+            if (a.prompt) { rc = fail("loading tokenizer", s); goto out; }
+            tok = NULL;
+            a.print_ids = true;
+        }
+    }
+    if (a.ids) {
+        if (parse_ids(a.ids, &prompt)) { rc = 2; goto out; }
+    } else {
+        const char *src = a.prompt;
+        if (!a.raw) {
+            sn_chat_format f;
+            if ((s = sn_chat_format_for(info->model_type, &f)) != SN_OK) { rc = fail("chat template", s); goto out; }
+            sn_chat_msg msg = { .role = "user", .content = a.prompt };
+            sn_chat_opts co = { .add_generation_prompt = true, .enable_thinking = false };
+            if ((s = sn_chat_render(f, &msg, 1, &co, &text)) != SN_OK) { rc = fail("rendering chat template", s); goto out; }
+            src = text;
+        }
+        if ((s = sn_tok_encode(tok, src, strlen(src), true, &prompt)) != SN_OK) { rc = fail("encoding prompt", s); goto out; }
+        if (!prompt.n) { fprintf(stderr, "sanctum-run: the prompt encodes to no tokens\n"); rc = 2; goto out; }
+    }
+
+    int ctx = a.ctx ? a.ctx : (int)prompt.n + a.max_tokens + 1;
+    if ((s = sn_seq_new(m, ctx, &seq)) != SN_OK) { rc = fail("creating sequence", s); goto out; }
+    sn_sample_params sp;
+    sn_sample_params_default(&sp);
+    sp.temperature = a.temperature;
+    sp.has_seed = a.has_seed;
+    sp.seed = a.seed;
+    if ((s = sn_sampler_new(&sp, info->vocab_size, &smp)) != SN_OK) { rc = fail("sampler", s); goto out; }
+    logits = malloc((size_t)info->vocab_size * sizeof *logits);
+    if (!logits) { fprintf(stderr, "sanctum-run: out of memory\n"); goto out; }
+
+    double tp = now_s();
+    if ((s = sn_forward(m, seq, prompt.ids, (int)prompt.n, logits, false)) != SN_OK) { rc = fail("prefill", s); goto out; }
+    double prefill_s = now_s() - tp;
+    sn_sampler_accept(smp, prompt.ids[prompt.n - 1]);
+
+    sn_detok dt;
+    sn_detok_init(&dt);
+    double td = now_s();
+    int n_dec = 0;
+    for (int i = 0; i < a.max_tokens; i++) {
+        int32_t id;
+        if ((s = sn_sampler_sample(smp, logits, &id)) != SN_OK) { rc = fail("sampling", s); goto out; }
+        sn_sampler_accept(smp, id);
+        if (sn_ids_push(&gen, id) != SN_OK) { fprintf(stderr, "sanctum-run: out of memory\n"); goto out; }
+        bool eos = is_eos(info, id);
+        if (!a.print_ids && !eos) {
+            dlen = 0;
+            if ((s = sn_detok_push(&dt, tok, id, false, &dtext, &dlen, &dcap)) != SN_OK) { rc = fail("detokenizing", s); goto out; }
+            fwrite(dtext, 1, dlen, stdout);
+            fflush(stdout);
+        }
+        if (eos || i + 1 == a.max_tokens || sn_seq_pos(seq) >= sn_seq_max_ctx(seq)) break;
+        if ((s = sn_forward(m, seq, &id, 1, logits, false)) != SN_OK) { rc = fail("decode", s); goto out; }
+        n_dec++;
+    }
+    double decode_s = now_s() - td;
+    if (a.print_ids) {
+        for (size_t i = 0; i < gen.n; i++) printf("%s%d", i ? " " : "", gen.ids[i]);
+        printf("\n");
+    } else {
+        dlen = 0;
+        if ((s = sn_detok_flush(&dt, &dtext, &dlen, &dcap)) != SN_OK) { rc = fail("detokenizing", s); goto out; }
+        fwrite(dtext, 1, dlen, stdout);
+        printf("\n");
+    }
+    fprintf(stderr, "sanctum-run: prefill %zu tokens in %.3f s (%.1f tok/s); decode %d tokens in %.3f s (%.2f tok/s)\n",
+            prompt.n, prefill_s, prefill_s > 0 ? (double)prompt.n / prefill_s : 0.0, n_dec, decode_s,
+            decode_s > 0 ? n_dec / decode_s : 0.0);
+    rc = 0;
+out:
+    free(dtext);
+    free(text);
+    free(logits);
+    sn_ids_free(&gen);
+    sn_ids_free(&prompt);
+    sn_sampler_free(smp);
+    sn_seq_free(seq);
+    sn_tok_free(tok);
+    sn_model_free(m);
+    return rc;
+}
