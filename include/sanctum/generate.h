@@ -4,7 +4,8 @@
  * an EOS id, a stop string, max_tokens, the end of the context, or the
  * caller cancels. Decoded text goes through the streaming detokenizer and the
  * stop-string matcher, and is handed to the callback every flush_tokens
- * tokens (and once at the end), so a stop string never leaks and a
+ * tokens (and right after the first token, and once at the end), so a stop
+ * string never leaks, the first token reaches a client at once, and a
  * disconnected client is noticed within one flush. */
 #ifndef SANCTUM_GENERATE_H
 #define SANCTUM_GENERATE_H

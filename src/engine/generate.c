@@ -93,7 +93,9 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
             res->finish = SN_FINISH_LENGTH;
             break;
         }
-        if (since_flush >= p->flush_tokens) {
+        /* The first token goes out at once (time to first token is what a
+         * client feels); after that, every flush_tokens tokens. */
+        if (since_flush >= p->flush_tokens || res->completion_tokens == 1) {
             since_flush = 0;
             st = cb ? cb(p->ud, otext ? otext : "", olen, res->completion_tokens) : SN_OK;
             olen = 0;
