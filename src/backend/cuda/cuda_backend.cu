@@ -1,0 +1,1140 @@
+/* The CUDA backend driver: device memory, weight upload, argument checks,
+ * the op table, per-op profiling, and decode-step graphs.
+ *
+ * Decode-step graphs. Between begin_step and end_step, ops are not run but
+ * recorded (arguments only; every check still happens at the call). At
+ * end_step the record is compared with the one the cached graph was
+ * captured from: when they match except for positions that all moved by the
+ * same delta (and token ids, which are data), the graph is replayed with
+ * that delta and the ids written into a small parameter block that the
+ * graph's first node copies to the device; otherwise the record is captured
+ * into a new graph (cudaGraphExecUpdate when the topology allows) and run.
+ * So the model calls ops exactly as it does eagerly, the host does a
+ * memcmp per op instead of a launch, and the GPU runs the step without
+ * launch gaps. Anything inside a step that needs the host (to_host, sync,
+ * from_host, free) first runs the pending record eagerly; that step then
+ * stays eager. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/sn_cuda.h"
+
+namespace {
+
+enum rec_kind {
+    R_MATMUL, R_EMBED, R_RMSNORM, R_GRMSNORM, R_ADD, R_SWIGLU, R_MULSIG, R_ROPE, R_KVWRITE, R_ATTN, R_GDN,
+    R_COPY, R_MEMSET, R_ARGMAX, R_MOE, R_COUNT
+};
+const char *const rec_names[R_COUNT] = { "matmul", "embed", "rmsnorm", "gated_rmsnorm", "add", "swiglu",
+                                         "mul_sigmoid", "rope", "kv_write", "attention", "gdn", "copy",
+                                         "memset0", "argmax", "moe" };
+
+/* One op call. Zero-initialised before filling, so memcmp compares it. */
+struct rec {
+    int kind;
+    int has_pos;
+    int pos0;
+    int pad;
+    const void *p[10];
+    int64_t i[8];
+    float f[4];
+};
+
+constexpr int STEP_MAX_IDS = 4096;
+constexpr int STEP_MAX_OUTS = 1024;
+
+struct step_params {
+    int delta;
+    int pad[31];
+    int32_t ids[STEP_MAX_IDS];
+};
+
+struct prof_ev {
+    int kind;
+    cudaEvent_t a, b;
+};
+
+struct cuda_be {
+    sn_backend base; /* first: the table's sn_backend * is this struct */
+    int dev;
+    cu_devinfo di;
+    char name[256];
+    cudaStream_t st;
+    size_t held;
+    cu_weight *weights;
+
+    void *scratch;
+    size_t scratch_cap;
+    int *d_zero;            /* constant 0: the delta outside graphs */
+    int32_t *d_ids;         /* eager embed ids */
+    size_t ids_cap;
+    int32_t *d_outs;        /* argmax results [STEP_MAX_OUTS] */
+    int32_t *h_outs;        /* pinned mirror */
+    step_params *d_sp, *h_sp;
+
+    /* step recording */
+    bool in_step, broken;
+    rec *recs;
+    int n_recs, cap_recs;
+    int32_t pend_ids[STEP_MAX_IDS];
+    int n_ids;
+    int32_t *out_ptrs[STEP_MAX_OUTS]; /* host destinations of argmax rows */
+    int n_outs;
+
+    /* the cached graph */
+    rec *g_recs;
+    int g_n, g_cap;
+    bool g_valid;
+    cudaGraphExec_t exec;
+    long n_replayed, n_captured, n_eager;
+
+    /* profiling */
+    bool prof;
+    prof_ev *evs;
+    int n_evs, cap_evs;
+};
+
+cuda_be *cb_of(sn_backend *b) { return (cuda_be *)b; }
+
+sn_status cu_err(cudaError_t e, const char *what)
+{
+    return SN_FAIL(SN_E_BACKEND, "cuda %s: %s", what, cudaGetErrorString(e));
+}
+
+sn_status ensure_scratch(cuda_be *cb, size_t bytes)
+{
+    if (bytes <= cb->scratch_cap)
+        return SN_OK;
+    size_t want = bytes + bytes / 4 + (1u << 20);
+    if (cb->scratch) {
+        cudaError_t e = cudaStreamSynchronize(cb->st);
+        if (e != cudaSuccess)
+            return cu_err(e, "scratch sync");
+        cudaFree(cb->scratch);
+        cb->held -= cb->scratch_cap;
+        cb->scratch = NULL;
+        cb->scratch_cap = 0;
+    }
+    cudaError_t e = cudaMalloc(&cb->scratch, want);
+    if (e != cudaSuccess)
+        return SN_FAIL(SN_E_NOMEM, "cuda scratch of %zu bytes: %s", want, cudaGetErrorString(e));
+    cb->scratch_cap = want;
+    cb->held += want;
+    cb->g_valid = false; /* a captured graph holds the old pointer */
+    return SN_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Dispatch: run one recorded op on the stream. capture: inside a graph      */
+/* capture (positions through the parameter block, ids from it).             */
+/* ------------------------------------------------------------------------ */
+
+const cu_weight *cw_of(const void *p) { return (const cu_weight *)((const sn_weight *)p)->dev; }
+
+sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
+{
+    cudaStream_t s = cb->st;
+    const int *d_delta = capture ? &cb->d_sp->delta : cb->d_zero;
+    switch (r.kind) {
+    case R_MATMUL:
+        return cu_matmul(&cb->di, s, cw_of(r.p[0]), (int)r.i[0], (const float *)r.p[1], (int)r.i[1],
+                         (float *)r.p[2], cb->scratch);
+    case R_EMBED: {
+        int T = (int)r.i[0];
+        const int32_t *ids;
+        if (capture) {
+            ids = cb->d_sp->ids + r.i[1];
+        } else {
+            /* eager replay of a recorded embed: the ids wait in pend_ids */
+            /* a direct call carries the caller's ids (p[2]); a flushed step's
+             * record finds them in pend_ids */
+            const int32_t *src = r.p[2] ? (const int32_t *)r.p[2] : cb->pend_ids + r.i[1];
+            CU_TRY(cudaMemcpyAsync(cb->d_ids, src, sizeof(int32_t) * T, cudaMemcpyHostToDevice, s), "embed ids");
+            ids = cb->d_ids;
+        }
+        return cu_embed(s, cw_of(r.p[0]), ids, T, (float *)r.p[1]);
+    }
+    case R_RMSNORM:
+        return cu_rmsnorm(s, (const float *)r.p[0], (const float *)r.p[1], (int)r.i[0], (int)r.i[1], r.f[0],
+                          (float *)r.p[2]);
+    case R_GRMSNORM:
+        return cu_gated_rmsnorm(s, (const float *)r.p[0], (const float *)r.p[1], (const float *)r.p[2], (int)r.i[0],
+                                (int)r.i[1], r.f[0], (float *)r.p[3]);
+    case R_ADD: return cu_add(s, (float *)r.p[0], (const float *)r.p[1], (size_t)r.i[0]);
+    case R_SWIGLU:
+        return cu_swiglu(s, (const float *)r.p[0], (const float *)r.p[1], (size_t)r.i[0], (float *)r.p[2]);
+    case R_MULSIG: return cu_mul_sigmoid(s, (float *)r.p[0], (const float *)r.p[1], (size_t)r.i[0]);
+    case R_ROPE:
+        return cu_rope(s, (float *)r.p[0], (int)r.i[0], (int)r.i[1], (int)r.i[2], (int)r.i[3], r.pos0, d_delta,
+                       (const float *)r.p[1], r.f[0]);
+    case R_KVWRITE: {
+        sn_kv_view kv = { (float *)r.p[0], (float *)r.p[1], (int)r.i[0], (int)r.i[1], (int)r.i[2] };
+        return cu_kv_write(s, &kv, (const float *)r.p[2], (const float *)r.p[3], (int)r.i[3], r.pos0, d_delta);
+    }
+    case R_ATTN: {
+        sn_kv_view kv = { (float *)r.p[0], (float *)r.p[1], (int)r.i[0], (int)r.i[1], (int)r.i[2] };
+        return cu_attention(&cb->di, s, (const float *)r.p[2], &kv, (int)r.i[3], r.pos0, d_delta, (int)r.i[4],
+                            r.f[0], (float *)r.p[3], cb->scratch);
+    }
+    case R_GDN: {
+        sn_gdn_dims d = { (int)r.i[0], (int)r.i[1], (int)r.i[2], (int)r.i[3], (int)r.i[4], r.f[0] };
+        return cu_gdn(s, &d, (const float *)r.p[0], (const float *)r.p[1], (const float *)r.p[2],
+                      (const float *)r.p[3], (const float *)r.p[4], (const float *)r.p[5], (float *)r.p[6],
+                      (float *)r.p[7], (int)r.i[5], (float *)r.p[8], cb->scratch);
+    }
+    case R_COPY:
+        CU_TRY(cudaMemcpyAsync((void *)r.p[0], r.p[1], (size_t)r.i[0], cudaMemcpyDeviceToDevice, s), "copy");
+        return SN_OK;
+    case R_MEMSET:
+        CU_TRY(cudaMemsetAsync((void *)r.p[0], 0, (size_t)r.i[0], s), "memset0");
+        return SN_OK;
+    case R_ARGMAX:
+        return cu_argmax(s, (const float *)r.p[0], (int)r.i[0], (int)r.i[1], cb->d_outs + r.i[2]);
+    case R_MOE:
+        return cu_moe(&cb->di, s, cw_of(r.p[0]), cw_of(r.p[1]), cw_of(r.p[2]), (const float *)r.p[3], (int)r.i[0],
+                      (int)r.i[1], (const float *)r.p[4], (int)r.i[2], (float *)r.p[5], cb->scratch);
+    default:
+        return SN_FAIL(SN_E_INVALID, "cuda: unknown record kind %d", r.kind);
+    }
+}
+
+/* Run one op now (outside a step), with profiling events if on. */
+sn_status run_eager(cuda_be *cb, const rec &r)
+{
+    prof_ev ev = { r.kind, NULL, NULL };
+    if (cb->prof) {
+        if (cb->n_evs == cb->cap_evs) {
+            int nc = cb->cap_evs ? 2 * cb->cap_evs : 4096;
+            prof_ev *ne = (prof_ev *)realloc(cb->evs, sizeof(prof_ev) * nc);
+            if (!ne)
+                return SN_FAIL(SN_E_NOMEM, "cuda profile events");
+            cb->evs = ne;
+            cb->cap_evs = nc;
+        }
+        CU_TRY(cudaEventCreate(&ev.a), "profile event");
+        CU_TRY(cudaEventCreate(&ev.b), "profile event");
+        CU_TRY(cudaEventRecord(ev.a, cb->st), "profile event");
+    }
+    sn_status st = dispatch(cb, r, false);
+    if (cb->prof) {
+        CU_TRY(cudaEventRecord(ev.b, cb->st), "profile event");
+        cb->evs[cb->n_evs++] = ev;
+    }
+    return st;
+}
+
+/* Copy argmax results of the pending step to their host destinations
+ * (after the stream has finished). */
+void deliver_outs(cuda_be *cb)
+{
+    for (int k = 0; k < cb->n_outs; k++)
+        *cb->out_ptrs[k] = cb->h_outs[k];
+    cb->n_outs = 0;
+}
+
+/* Run the pending record eagerly and leave the step in eager mode. */
+sn_status flush_step(cuda_be *cb)
+{
+    if (!cb->in_step || cb->broken)
+        return SN_OK;
+    cb->broken = true;
+    cb->n_eager++;
+    for (int k = 0; k < cb->n_recs; k++) {
+        SN_TRY(run_eager(cb, cb->recs[k]));
+        if (cb->recs[k].kind == R_ARGMAX) {
+            int off = (int)cb->recs[k].i[2], rows = (int)cb->recs[k].i[0];
+            CU_TRY(cudaMemcpyAsync(cb->h_outs + off, cb->d_outs + off, sizeof(int32_t) * rows,
+                                   cudaMemcpyDeviceToHost, cb->st), "argmax result");
+        }
+    }
+    CU_TRY(cudaStreamSynchronize(cb->st), "step flush");
+    deliver_outs(cb);
+    cb->n_recs = 0;
+    return SN_OK;
+}
+
+/* Submit one op: recorded inside a step, else run now. need: scratch bytes. */
+sn_status submit(cuda_be *cb, const rec &r, size_t need)
+{
+    SN_TRY(ensure_scratch(cb, need));
+    if (cb->in_step && !cb->broken) {
+        if (cb->n_recs == cb->cap_recs) {
+            int nc = cb->cap_recs ? 2 * cb->cap_recs : 1024;
+            rec *nr = (rec *)realloc(cb->recs, sizeof(rec) * nc);
+            if (!nr)
+                return SN_FAIL(SN_E_NOMEM, "cuda step record");
+            cb->recs = nr;
+            cb->cap_recs = nc;
+        }
+        cb->recs[cb->n_recs++] = r;
+        return SN_OK;
+    }
+    return run_eager(cb, r);
+}
+
+/* Ops that need the host: inside a step, run what is pending first. */
+sn_status host_barrier(cuda_be *cb)
+{
+    if (cb->in_step && !cb->broken)
+        return flush_step(cb);
+    return SN_OK;
+}
+
+rec rec_new(int kind)
+{
+    rec r;
+    memset(&r, 0, sizeof r);
+    r.kind = kind;
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Graph capture / replay                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* The delta that maps the cached record onto the pending one, or false. */
+bool records_match(const cuda_be *cb, int *delta)
+{
+    if (!cb->g_valid || cb->g_n != cb->n_recs)
+        return false;
+    bool have = false;
+    int dl = 0;
+    for (int k = 0; k < cb->n_recs; k++) {
+        rec a = cb->recs[k], b = cb->g_recs[k];
+        if (a.has_pos) {
+            int d = a.pos0 - b.pos0;
+            if (have && d != dl)
+                return false;
+            have = true;
+            dl = d;
+            a.pos0 = b.pos0;
+        }
+        if (memcmp(&a, &b, sizeof a) != 0)
+            return false;
+    }
+    *delta = dl;
+    return true;
+}
+
+sn_status capture_and_run(cuda_be *cb)
+{
+    cudaStream_t s = cb->st;
+    cb->h_sp->delta = 0;
+    memcpy(cb->h_sp->ids, cb->pend_ids, sizeof(int32_t) * cb->n_ids);
+    CU_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "graph capture");
+    sn_status st = SN_OK;
+    cudaError_t e = cudaMemcpyAsync(cb->d_sp, cb->h_sp, sizeof(step_params), cudaMemcpyHostToDevice, s);
+    if (e != cudaSuccess)
+        st = cu_err(e, "graph params");
+    for (int k = 0; k < cb->n_recs && st == SN_OK; k++)
+        st = dispatch(cb, cb->recs[k], true);
+    if (st == SN_OK && cb->n_outs) {
+        e = cudaMemcpyAsync(cb->h_outs, cb->d_outs, sizeof(int32_t) * cb->n_outs, cudaMemcpyDeviceToHost, s);
+        if (e != cudaSuccess)
+            st = cu_err(e, "graph outputs");
+    }
+    cudaGraph_t g = NULL;
+    e = cudaStreamEndCapture(s, &g);
+    if (st != SN_OK || e != cudaSuccess) {
+        if (g)
+            cudaGraphDestroy(g);
+        cudaGetLastError();
+        return st != SN_OK ? st : cu_err(e, "graph capture end");
+    }
+    bool updated = false;
+    if (cb->exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(cb->exec, g, &info) == cudaSuccess)
+            updated = true;
+        else {
+            cudaGetLastError();
+            cudaGraphExecDestroy(cb->exec);
+            cb->exec = NULL;
+        }
+    }
+    if (!updated) {
+        e = cudaGraphInstantiate(&cb->exec, g, 0);
+        if (e != cudaSuccess) {
+            cudaGraphDestroy(g);
+            cb->exec = NULL;
+            return cu_err(e, "graph instantiate");
+        }
+    }
+    cudaGraphDestroy(g);
+    if (cb->g_cap < cb->n_recs) {
+        rec *nr = (rec *)realloc(cb->g_recs, sizeof(rec) * cb->n_recs);
+        if (!nr)
+            return SN_FAIL(SN_E_NOMEM, "cuda graph record");
+        cb->g_recs = nr;
+        cb->g_cap = cb->n_recs;
+    }
+    memcpy(cb->g_recs, cb->recs, sizeof(rec) * cb->n_recs);
+    cb->g_n = cb->n_recs;
+    cb->g_valid = true;
+    cb->n_captured++;
+    CU_TRY(cudaGraphLaunch(cb->exec, s), "graph launch");
+    return SN_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Table entries                                                              */
+/* ------------------------------------------------------------------------ */
+
+void cuda_destroy(sn_backend *b)
+{
+    cuda_be *cb = cb_of(b);
+    if (!cb)
+        return;
+    cudaSetDevice(cb->dev);
+    cudaStreamSynchronize(cb->st);
+    for (cu_weight *w = cb->weights, *n; w; w = n) {
+        n = w->next;
+        cudaFree(w->q);
+        cudaFree(w->sb);
+        cudaFree(w->bias);
+        free(w);
+    }
+    if (cb->exec)
+        cudaGraphExecDestroy(cb->exec);
+    for (int k = 0; k < cb->n_evs; k++) {
+        cudaEventDestroy(cb->evs[k].a);
+        cudaEventDestroy(cb->evs[k].b);
+    }
+    free(cb->evs);
+    cudaFree(cb->scratch);
+    cudaFree(cb->d_zero);
+    cudaFree(cb->d_ids);
+    cudaFree(cb->d_outs);
+    cudaFree(cb->d_sp);
+    cudaFreeHost(cb->h_outs);
+    cudaFreeHost(cb->h_sp);
+    if (cb->st)
+        cudaStreamDestroy(cb->st);
+    free(cb->recs);
+    free(cb->g_recs);
+    free(cb);
+}
+
+sn_status cuda_buf_alloc(sn_backend *b, size_t bytes, void **out)
+{
+    cuda_be *cb = cb_of(b);
+    *out = NULL;
+    cudaSetDevice(cb->dev);
+    /* never zero bytes: a distinct pointer keeps "allocated" meaningful */
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        return SN_FAIL(SN_E_NOMEM, "cuda buf_alloc of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    }
+    return SN_OK;
+}
+
+void cuda_buf_free(sn_backend *b, void *p)
+{
+    cuda_be *cb = cb_of(b);
+    if (!p)
+        return;
+    host_barrier(cb); /* a pending step may still use p */
+    cudaFree(p);
+}
+
+sn_status cuda_copy(sn_backend *b, void *dst, const void *src, size_t bytes)
+{
+    cuda_be *cb = cb_of(b);
+    if (!bytes)
+        return SN_OK;
+    if (!dst || !src)
+        return SN_FAIL(SN_E_INVALID, "copy: NULL buffer");
+    rec r = rec_new(R_COPY);
+    r.p[0] = dst;
+    r.p[1] = src;
+    r.i[0] = (int64_t)bytes;
+    return submit(cb, r, 0);
+}
+
+sn_status cuda_to_host(sn_backend *b, void *host_dst, const void *src, size_t bytes)
+{
+    cuda_be *cb = cb_of(b);
+    if (!bytes)
+        return SN_OK;
+    if (!host_dst || !src)
+        return SN_FAIL(SN_E_INVALID, "to_host: NULL buffer");
+    SN_TRY(host_barrier(cb));
+    CU_TRY(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cb->st), "to_host");
+    CU_TRY(cudaStreamSynchronize(cb->st), "to_host");
+    return SN_OK;
+}
+
+sn_status cuda_from_host(sn_backend *b, void *dst, const void *host_src, size_t bytes)
+{
+    cuda_be *cb = cb_of(b);
+    if (!bytes)
+        return SN_OK;
+    if (!dst || !host_src)
+        return SN_FAIL(SN_E_INVALID, "from_host: NULL buffer");
+    SN_TRY(host_barrier(cb));
+    /* from pageable memory this returns once the bytes are staged, so the
+     * caller may reuse host_src at once */
+    CU_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cb->st), "from_host");
+    return SN_OK;
+}
+
+sn_status cuda_memset0(sn_backend *b, void *dst, size_t bytes)
+{
+    if (!bytes)
+        return SN_OK;
+    if (!dst)
+        return SN_FAIL(SN_E_INVALID, "memset0: NULL buffer");
+    rec r = rec_new(R_MEMSET);
+    r.p[0] = dst;
+    r.i[0] = (int64_t)bytes;
+    return submit(cb_of(b), r, 0);
+}
+
+sn_status cuda_sync(sn_backend *b)
+{
+    cuda_be *cb = cb_of(b);
+    SN_TRY(host_barrier(cb));
+    CU_TRY(cudaStreamSynchronize(cb->st), "sync");
+    return SN_OK;
+}
+
+/* ---- weights ---- */
+
+__global__ void k_interleave(const void *sc, const void *bi, int ssize, size_t n, void *out)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        if (ssize == 2) {
+            uint32_t v = (uint32_t)((const uint16_t *)sc)[i] | ((uint32_t)((const uint16_t *)bi)[i] << 16);
+            ((uint32_t *)out)[i] = v;
+        } else {
+            ((float2 *)out)[i] = make_float2(((const float *)sc)[i], ((const float *)bi)[i]);
+        }
+    }
+}
+
+sn_status weight_check(const sn_weight *w, const char *op)
+{
+    if (!w)
+        return SN_FAIL(SN_E_INVALID, "%s: NULL weight", op);
+    if (w->rows <= 0 || w->cols <= 0 || w->n_experts < 0 || w->rows > INT32_MAX || w->cols > INT32_MAX)
+        return SN_FAIL(SN_E_SHAPE, "%s: weight shape [%lld, %lld] x %lld experts", op, (long long)w->rows,
+                       (long long)w->cols, (long long)w->n_experts);
+    if (!w->data)
+        return SN_FAIL(SN_E_INVALID, "%s: weight has no data", op);
+    switch (w->dtype) {
+    case SN_DT_F32: case SN_DT_F16: case SN_DT_BF16: return SN_OK;
+    case SN_DT_Q4: case SN_DT_Q8: break;
+    default: return SN_FAIL(SN_E_UNSUPPORTED, "%s: weight dtype %s", op, sn_dtype_name(w->dtype));
+    }
+    /* A 16-byte step of packed words must stay inside one group: groups of
+     * 32, 64, 128 (MLX's choices). */
+    if (w->group <= 0 || w->group % 32 != 0 || w->cols % w->group != 0)
+        return SN_FAIL(SN_E_UNSUPPORTED, "%s: quant group %d with %lld columns (need a multiple of 32 dividing cols)",
+                       op, w->group, (long long)w->cols);
+    if (!w->scales || !w->qbiases)
+        return SN_FAIL(SN_E_MISSING, "%s: quantized weight without scales/biases", op);
+    if (w->sdtype != SN_DT_BF16 && w->sdtype != SN_DT_F16 && w->sdtype != SN_DT_F32)
+        return SN_FAIL(SN_E_UNSUPPORTED, "%s: scale dtype %s", op, sn_dtype_name(w->sdtype));
+    return SN_OK;
+}
+
+sn_status upload_fail(cu_weight *cw, sn_status st)
+{
+    if (cw) {
+        cudaFree(cw->q);
+        cudaFree(cw->sb);
+        cudaFree(cw->bias);
+        free(cw);
+    }
+    return st;
+}
+
+sn_status cuda_upload_weight(sn_backend *b, sn_weight *w)
+{
+    cuda_be *cb = cb_of(b);
+    SN_TRY(weight_check(w, "upload_weight"));
+    if (w->dev)
+        return SN_OK; /* uploaded already */
+    SN_TRY(host_barrier(cb));
+    cudaSetDevice(cb->dev);
+    cu_weight *cw = (cu_weight *)calloc(1, sizeof *cw);
+    if (!cw)
+        return SN_FAIL(SN_E_NOMEM, "upload_weight");
+    int64_t E = w->n_experts > 0 ? w->n_experts : 1;
+    cw->rows = w->rows;
+    cw->cols = w->cols;
+    cw->n_experts = E;
+    cudaError_t e;
+    if (w->dtype == SN_DT_Q4 || w->dtype == SN_DT_Q8) {
+        cw->fmt = w->dtype == SN_DT_Q4 ? CW_Q4 : CW_Q8;
+        cw->bits = w->dtype == SN_DT_Q4 ? 4 : 8;
+        cw->group = w->group;
+        cw->words = w->cols * cw->bits / 32;
+        cw->groups = w->cols / w->group;
+        cw->sfmt = w->sdtype == SN_DT_BF16 ? CS_BF16 : w->sdtype == SN_DT_F16 ? CS_F16 : CS_F32;
+        size_t qbytes = (size_t)E * w->rows * cw->words * 4;
+        size_t ng = (size_t)E * w->rows * cw->groups;
+        int ssize = cw->sfmt == CS_F32 ? 4 : 2;
+        if ((e = cudaMalloc(&cw->q, qbytes)) != cudaSuccess ||
+            (e = cudaMalloc(&cw->sb, ng * 2 * ssize)) != cudaSuccess)
+            return upload_fail(cw, SN_FAIL(SN_E_NOMEM, "upload_weight: %zu bytes: %s", qbytes, cudaGetErrorString(e)));
+        if ((e = cudaMemcpy(cw->q, w->data, qbytes, cudaMemcpyDefault)) != cudaSuccess)
+            return upload_fail(cw, cu_err(e, "upload_weight data"));
+        void *ts = NULL, *tb = NULL;
+        if ((e = cudaMalloc(&ts, ng * ssize)) != cudaSuccess || (e = cudaMalloc(&tb, ng * ssize)) != cudaSuccess) {
+            cudaFree(ts);
+            return upload_fail(cw, SN_FAIL(SN_E_NOMEM, "upload_weight scales: %s", cudaGetErrorString(e)));
+        }
+        if ((e = cudaMemcpy(ts, w->scales, ng * ssize, cudaMemcpyDefault)) == cudaSuccess &&
+            (e = cudaMemcpy(tb, w->qbiases, ng * ssize, cudaMemcpyDefault)) == cudaSuccess) {
+            k_interleave<<<1024, 256, 0, cb->st>>>(ts, tb, ssize, ng, cw->sb);
+            e = cudaGetLastError();
+            if (e == cudaSuccess)
+                e = cudaStreamSynchronize(cb->st);
+        }
+        cudaFree(ts);
+        cudaFree(tb);
+        if (e != cudaSuccess)
+            return upload_fail(cw, cu_err(e, "upload_weight scales"));
+        cw->bytes = qbytes + ng * 2 * ssize;
+    } else {
+        cw->fmt = w->dtype == SN_DT_F32 ? CW_F32 : w->dtype == SN_DT_F16 ? CW_F16 : CW_BF16;
+        size_t bytes = (size_t)E * w->rows * w->cols * sn_dtype_size(w->dtype);
+        if ((e = cudaMalloc(&cw->q, bytes)) != cudaSuccess)
+            return upload_fail(cw, SN_FAIL(SN_E_NOMEM, "upload_weight: %zu bytes: %s", bytes, cudaGetErrorString(e)));
+        if ((e = cudaMemcpy(cw->q, w->data, bytes, cudaMemcpyDefault)) != cudaSuccess)
+            return upload_fail(cw, cu_err(e, "upload_weight data"));
+        cw->bytes = bytes;
+    }
+    if (w->bias) {
+        /* the bias may live in host or device memory: cudaMemcpyDefault reads either */
+        if ((e = cudaMalloc(&cw->bias, sizeof(float) * w->rows)) != cudaSuccess)
+            return upload_fail(cw, SN_FAIL(SN_E_NOMEM, "upload_weight bias: %s", cudaGetErrorString(e)));
+        if ((e = cudaMemcpy(cw->bias, w->bias, sizeof(float) * w->rows, cudaMemcpyDefault)) != cudaSuccess)
+            return upload_fail(cw, cu_err(e, "upload_weight bias"));
+        cw->bytes += sizeof(float) * w->rows;
+    }
+    cw->next = cb->weights;
+    cb->weights = cw;
+    cb->held += cw->bytes;
+    w->dev = cw;
+    return SN_OK;
+}
+
+sn_status weight_ready(const sn_weight *w, const char *op)
+{
+    SN_TRY(weight_check(w, op));
+    if (!w->dev)
+        return SN_FAIL(SN_E_INVALID, "%s: weight [%lld, %lld] was not uploaded (upload_weight)", op,
+                       (long long)w->rows, (long long)w->cols);
+    return SN_OK;
+}
+
+/* ---- compute ops ---- */
+
+sn_status cuda_matmul(sn_backend *b, const sn_weight *w, int expert, const float *x, int T, float *y)
+{
+    SN_TRY(weight_ready(w, "matmul"));
+    int64_t E = w->n_experts > 0 ? w->n_experts : 1;
+    if (expert < 0 || expert >= E)
+        return SN_FAIL(SN_E_RANGE, "matmul: expert %d of %lld", expert, (long long)E);
+    if (T < 0)
+        return SN_FAIL(SN_E_INVALID, "matmul: T=%d", T);
+    if (T == 0)
+        return SN_OK;
+    if (!x || !y)
+        return SN_FAIL(SN_E_INVALID, "matmul: NULL activation");
+    rec r = rec_new(R_MATMUL);
+    r.p[0] = w;
+    r.p[1] = x;
+    r.p[2] = y;
+    r.i[0] = expert;
+    r.i[1] = T;
+    return submit(cb_of(b), r, cu_matmul_scratch_bytes((const cu_weight *)w->dev, T));
+}
+
+sn_status cuda_embed(sn_backend *b, const sn_weight *w, const int32_t *ids, int T, float *y)
+{
+    cuda_be *cb = cb_of(b);
+    SN_TRY(weight_ready(w, "embed"));
+    if (w->n_experts > 0)
+        return SN_FAIL(SN_E_SHAPE, "embed: stacked weight");
+    if (T < 0)
+        return SN_FAIL(SN_E_INVALID, "embed: T=%d", T);
+    if (T == 0)
+        return SN_OK;
+    if (!ids || !y)
+        return SN_FAIL(SN_E_INVALID, "embed: NULL buffer");
+    for (int t = 0; t < T; t++)
+        if (ids[t] < 0 || ids[t] >= w->rows)
+            return SN_FAIL(SN_E_RANGE, "embed: token id %d at %d outside [0, %lld)", ids[t], t, (long long)w->rows);
+    rec r = rec_new(R_EMBED);
+    r.p[0] = w;
+    r.p[1] = y;
+    r.i[0] = T;
+    if (cb->in_step && !cb->broken) {
+        if (cb->n_ids + T > STEP_MAX_IDS)
+            SN_TRY(flush_step(cb));
+        else {
+            r.i[1] = cb->n_ids;
+            memcpy(cb->pend_ids + cb->n_ids, ids, sizeof(int32_t) * T);
+            cb->n_ids += T;
+            return submit(cb, r, 0);
+        }
+    }
+    /* eager: the ids are copied to the device by dispatch, from the caller's array */
+    if ((size_t)T > cb->ids_cap) {
+        CU_TRY(cudaStreamSynchronize(cb->st), "embed ids");
+        cudaFree(cb->d_ids);
+        cb->d_ids = NULL;
+        cb->ids_cap = 0;
+        CU_TRY(cudaMalloc(&cb->d_ids, sizeof(int32_t) * T), "embed ids");
+        cb->ids_cap = (size_t)T;
+    }
+    r.p[2] = ids;
+    return submit(cb, r, 0);
+}
+
+sn_status cuda_rmsnorm(sn_backend *b, const float *x, const float *w, int rows, int n, float eps, float *y)
+{
+    if (rows < 0 || n <= 0)
+        return SN_FAIL(SN_E_INVALID, "rmsnorm: rows=%d n=%d", rows, n);
+    if (rows == 0)
+        return SN_OK;
+    if (!x || !w || !y)
+        return SN_FAIL(SN_E_INVALID, "rmsnorm: NULL buffer");
+    rec r = rec_new(R_RMSNORM);
+    r.p[0] = x; r.p[1] = w; r.p[2] = y;
+    r.i[0] = rows; r.i[1] = n;
+    r.f[0] = eps;
+    return submit(cb_of(b), r, 0);
+}
+
+sn_status cuda_gated_rmsnorm(sn_backend *b, const float *o, const float *z, const float *w, int rows, int n,
+                             float eps, float *y)
+{
+    if (rows < 0 || n <= 0)
+        return SN_FAIL(SN_E_INVALID, "gated_rmsnorm: rows=%d n=%d", rows, n);
+    if (rows == 0)
+        return SN_OK;
+    if (!o || !z || !w || !y)
+        return SN_FAIL(SN_E_INVALID, "gated_rmsnorm: NULL buffer");
+    rec r = rec_new(R_GRMSNORM);
+    r.p[0] = o; r.p[1] = z; r.p[2] = w; r.p[3] = y;
+    r.i[0] = rows; r.i[1] = n;
+    r.f[0] = eps;
+    return submit(cb_of(b), r, 0);
+}
+
+sn_status ew(sn_backend *b, int kind, const char *op, const void *p0, const void *p1, const void *p2, size_t n)
+{
+    if (!n)
+        return SN_OK;
+    if (!p0 || !p1 || (kind == R_SWIGLU && !p2))
+        return SN_FAIL(SN_E_INVALID, "%s: NULL buffer", op);
+    rec r = rec_new(kind);
+    r.p[0] = p0; r.p[1] = p1; r.p[2] = p2;
+    r.i[0] = (int64_t)n;
+    return submit(cb_of(b), r, 0);
+}
+
+sn_status cuda_add(sn_backend *b, float *y, const float *x, size_t n) { return ew(b, R_ADD, "add", y, x, NULL, n); }
+sn_status cuda_swiglu(sn_backend *b, const float *g, const float *u, size_t n, float *out)
+{
+    return ew(b, R_SWIGLU, "swiglu", g, u, out, n);
+}
+sn_status cuda_mul_sigmoid(sn_backend *b, float *y, const float *g, size_t n)
+{
+    return ew(b, R_MULSIG, "mul_sigmoid", y, g, NULL, n);
+}
+
+sn_status cuda_rope(sn_backend *b, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
+                    const float *inv_freq, float mscale)
+{
+    if (T < 0 || n_heads <= 0 || head_dim <= 0 || rot_dim < 0 || rot_dim > head_dim || rot_dim % 2 || pos0 < 0)
+        return SN_FAIL(SN_E_INVALID, "rope: T=%d heads=%d head_dim=%d rot_dim=%d pos0=%d", T, n_heads, head_dim,
+                       rot_dim, pos0);
+    if (T == 0 || rot_dim == 0)
+        return SN_OK;
+    if (!x || !inv_freq)
+        return SN_FAIL(SN_E_INVALID, "rope: NULL buffer");
+    rec r = rec_new(R_ROPE);
+    r.has_pos = 1;
+    r.pos0 = pos0;
+    r.p[0] = x; r.p[1] = inv_freq;
+    r.i[0] = T; r.i[1] = n_heads; r.i[2] = head_dim; r.i[3] = rot_dim;
+    r.f[0] = mscale;
+    return submit(cb_of(b), r, 0);
+}
+
+sn_status kv_check(const char *op, const sn_kv_view *kv, int T, int pos0)
+{
+    if (!kv || !kv->k || !kv->v || kv->max_ctx <= 0 || kv->n_kv_heads <= 0 || kv->head_dim <= 0)
+        return SN_FAIL(SN_E_INVALID, "%s: bad kv cache view", op);
+    if (T < 0 || pos0 < 0 || (int64_t)pos0 + T > kv->max_ctx)
+        return SN_FAIL(SN_E_RANGE, "%s: positions [%d, %lld) outside the cache of %d", op, pos0,
+                       (long long)pos0 + T, kv->max_ctx);
+    return SN_OK;
+}
+
+void rec_kv(rec &r, const sn_kv_view *kv)
+{
+    r.p[0] = kv->k; r.p[1] = kv->v;
+    r.i[0] = kv->max_ctx; r.i[1] = kv->n_kv_heads; r.i[2] = kv->head_dim;
+}
+
+sn_status cuda_kv_write(sn_backend *b, const sn_kv_view *kv, const float *k, const float *v, int T, int pos0)
+{
+    SN_TRY(kv_check("kv_write", kv, T, pos0));
+    if (T == 0)
+        return SN_OK;
+    if (!k || !v)
+        return SN_FAIL(SN_E_INVALID, "kv_write: NULL buffer");
+    rec r = rec_new(R_KVWRITE);
+    r.has_pos = 1;
+    r.pos0 = pos0;
+    rec_kv(r, kv);
+    r.p[2] = k; r.p[3] = v;
+    r.i[3] = T;
+    return submit(cb_of(b), r, 0);
+}
+
+sn_status cuda_attention(sn_backend *b, const float *q, const sn_kv_view *kv, int T, int pos0, int n_q_heads,
+                         float scale, float *out)
+{
+    SN_TRY(kv_check("attention", kv, T, pos0));
+    if (n_q_heads <= 0 || n_q_heads % kv->n_kv_heads != 0)
+        return SN_FAIL(SN_E_SHAPE, "attention: %d query heads not a multiple of %d kv heads", n_q_heads,
+                       kv->n_kv_heads);
+    if (kv->head_dim > 256)
+        return SN_FAIL(SN_E_UNSUPPORTED, "attention: head_dim %d > 256", kv->head_dim);
+    if (T == 0)
+        return SN_OK;
+    if (!q || !out)
+        return SN_FAIL(SN_E_INVALID, "attention: NULL buffer");
+    rec r = rec_new(R_ATTN);
+    r.has_pos = 1;
+    r.pos0 = pos0;
+    rec_kv(r, kv);
+    r.p[2] = q; r.p[3] = out;
+    r.i[3] = T; r.i[4] = n_q_heads;
+    r.f[0] = scale;
+    return submit(cb_of(b), r, cu_attention_scratch_bytes(kv, T, n_q_heads));
+}
+
+sn_status cuda_gdn(sn_backend *b, const sn_gdn_dims *d, const float *qkv, const float *a, const float *bb,
+                   const float *conv_w, const float *A_log, const float *dt_bias, sn_gdn_view *st, int T, float *out)
+{
+    if (!d || d->n_k_heads <= 0 || d->n_v_heads <= 0 || d->dk <= 0 || d->dv <= 0 || d->conv_k <= 0)
+        return SN_FAIL(SN_E_INVALID, "gdn: bad dims");
+    if (d->n_v_heads % d->n_k_heads != 0)
+        return SN_FAIL(SN_E_SHAPE, "gdn: %d value heads not a multiple of %d key heads", d->n_v_heads,
+                       d->n_k_heads);
+    if (d->dk > 256 || d->dv > 512)
+        return SN_FAIL(SN_E_UNSUPPORTED, "gdn: dk=%d (max 256) dv=%d (max 512)", d->dk, d->dv);
+    if (T < 0)
+        return SN_FAIL(SN_E_INVALID, "gdn: T=%d", T);
+    if (!st || !st->S || (d->conv_k > 1 && !st->conv))
+        return SN_FAIL(SN_E_INVALID, "gdn: missing state");
+    if (T == 0)
+        return SN_OK;
+    if (!qkv || !a || !bb || !conv_w || !A_log || !dt_bias || !out)
+        return SN_FAIL(SN_E_INVALID, "gdn: NULL buffer");
+    rec r = rec_new(R_GDN);
+    r.p[0] = qkv; r.p[1] = a; r.p[2] = bb; r.p[3] = conv_w; r.p[4] = A_log; r.p[5] = dt_bias;
+    r.p[6] = st->conv; r.p[7] = st->S; r.p[8] = out;
+    r.i[0] = d->n_k_heads; r.i[1] = d->n_v_heads; r.i[2] = d->dk; r.i[3] = d->dv; r.i[4] = d->conv_k;
+    r.i[5] = T;
+    r.f[0] = d->norm_eps;
+    return submit(cb_of(b), r, cu_gdn_scratch_bytes(d, T));
+}
+
+} // namespace
+
+/* ------------------------------------------------------------------------ */
+/* Exported                                                                   */
+/* ------------------------------------------------------------------------ */
+
+extern "C" sn_status sn_cuda_argmax(sn_backend *b, const float *x, int rows, int n, int32_t *out_host)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (rows < 0 || n <= 0)
+        return SN_FAIL(SN_E_INVALID, "argmax: rows=%d n=%d", rows, n);
+    if (rows == 0)
+        return SN_OK;
+    if (!x || !out_host)
+        return SN_FAIL(SN_E_INVALID, "argmax: NULL buffer");
+    if (rows > STEP_MAX_OUTS)
+        return SN_FAIL(SN_E_UNSUPPORTED, "argmax: %d rows (max %d per call)", rows, STEP_MAX_OUTS);
+    rec r = rec_new(R_ARGMAX);
+    r.p[0] = x;
+    r.i[0] = rows;
+    r.i[1] = n;
+    if (cb->in_step && !cb->broken && cb->n_outs + rows > STEP_MAX_OUTS)
+        SN_TRY(flush_step(cb));
+    if (cb->in_step && !cb->broken) {
+        r.i[2] = cb->n_outs;
+        for (int k = 0; k < rows; k++)
+            cb->out_ptrs[cb->n_outs + k] = out_host + k;
+        cb->n_outs += rows;
+        return submit(cb, r, 0);
+    }
+    r.i[2] = 0;
+    SN_TRY(run_eager(cb, r));
+    CU_TRY(cudaMemcpyAsync(cb->h_outs, cb->d_outs, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost, cb->st),
+           "argmax result");
+    CU_TRY(cudaStreamSynchronize(cb->st), "argmax result");
+    memcpy(out_host, cb->h_outs, sizeof(int32_t) * rows);
+    return SN_OK;
+}
+
+extern "C" sn_status sn_cuda_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
+                                 const float *logits, int top_k, int norm_topk, const float *x, int T, float *out)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    SN_TRY(weight_ready(gate, "moe gate"));
+    SN_TRY(weight_ready(up, "moe up"));
+    SN_TRY(weight_ready(down, "moe down"));
+    if (gate->n_experts <= 0 || up->n_experts != gate->n_experts || down->n_experts != gate->n_experts)
+        return SN_FAIL(SN_E_SHAPE, "moe: expert stacks of %lld/%lld/%lld", (long long)gate->n_experts,
+                       (long long)up->n_experts, (long long)down->n_experts);
+    if (up->rows != gate->rows || up->cols != gate->cols || down->cols != gate->rows || down->rows != gate->cols)
+        return SN_FAIL(SN_E_SHAPE, "moe: gate [%lld,%lld] up [%lld,%lld] down [%lld,%lld] do not chain",
+                       (long long)gate->rows, (long long)gate->cols, (long long)up->rows, (long long)up->cols,
+                       (long long)down->rows, (long long)down->cols);
+    const cu_weight *g = (const cu_weight *)gate->dev, *u = (const cu_weight *)up->dev,
+                    *dn = (const cu_weight *)down->dev;
+    if ((g->fmt != CW_Q4 && g->fmt != CW_Q8) || u->fmt != g->fmt || u->group != g->group || u->sfmt != g->sfmt ||
+        (dn->fmt != CW_Q4 && dn->fmt != CW_Q8))
+        return SN_FAIL(SN_E_UNSUPPORTED, "moe: experts must be quantized (gate and up alike)");
+    if (top_k <= 0 || top_k > gate->n_experts || top_k > 32)
+        return SN_FAIL(SN_E_INVALID, "moe: top_k %d of %lld experts (max 32)", top_k, (long long)gate->n_experts);
+    if (T < 0)
+        return SN_FAIL(SN_E_INVALID, "moe: T=%d", T);
+    if (T == 0)
+        return SN_OK;
+    if (!logits || !x || !out)
+        return SN_FAIL(SN_E_INVALID, "moe: NULL buffer");
+    rec r = rec_new(R_MOE);
+    r.p[0] = gate; r.p[1] = up; r.p[2] = down; r.p[3] = logits; r.p[4] = x; r.p[5] = out;
+    r.i[0] = top_k; r.i[1] = norm_topk ? 1 : 0; r.i[2] = T;
+    return submit(cb_of(b), r, cu_moe_scratch_bytes(g, T, top_k));
+}
+
+extern "C" sn_status sn_cuda_begin_step(sn_backend *b)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (cb->in_step)
+        return SN_FAIL(SN_E_INVALID, "begin_step: a step is already open");
+    cb->in_step = true;
+    cb->broken = cb->prof; /* profiling times ops one by one: no graph */
+    if (cb->broken)
+        cb->n_eager++;
+    cb->n_recs = 0;
+    cb->n_ids = 0;
+    cb->n_outs = 0;
+    return SN_OK;
+}
+
+extern "C" sn_status sn_cuda_end_step(sn_backend *b)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (!cb->in_step)
+        return SN_FAIL(SN_E_INVALID, "end_step: no step is open");
+    sn_status st = SN_OK;
+    if (!cb->broken) {
+        int delta;
+        /* the previous replay may still be reading h_sp */
+        cudaError_t e = cudaStreamSynchronize(cb->st);
+        if (e != cudaSuccess)
+            st = cu_err(e, "end_step");
+        else if (records_match(cb, &delta)) {
+            cb->h_sp->delta = delta;
+            memcpy(cb->h_sp->ids, cb->pend_ids, sizeof(int32_t) * cb->n_ids);
+            e = cudaGraphLaunch(cb->exec, cb->st);
+            if (e != cudaSuccess)
+                st = cu_err(e, "graph replay");
+            cb->n_replayed++;
+        } else {
+            st = capture_and_run(cb);
+            if (st != SN_OK) {
+                /* capture failed: run the step eagerly so it still happens */
+                cb->g_valid = false;
+                sn_status st2 = flush_step(cb);
+                if (st2 == SN_OK)
+                    st = SN_OK;
+            }
+        }
+        if (st == SN_OK && !cb->broken) {
+            e = cudaStreamSynchronize(cb->st);
+            if (e != cudaSuccess)
+                st = cu_err(e, "end_step");
+            else
+                deliver_outs(cb);
+        }
+    }
+    cb->in_step = false;
+    cb->broken = false;
+    cb->n_recs = 0;
+    cb->n_ids = 0;
+    cb->n_outs = 0;
+    return st;
+}
+
+namespace {
+
+const sn_backend_ops g_cuda_ops = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .buf_alloc = cuda_buf_alloc,
+    .buf_free = cuda_buf_free,
+    .copy = cuda_copy,
+    .to_host = cuda_to_host,
+    .from_host = cuda_from_host,
+    .memset0 = cuda_memset0,
+    .upload_weight = cuda_upload_weight,
+    .sync = cuda_sync,
+    .matmul = cuda_matmul,
+    .embed = cuda_embed,
+    .rmsnorm = cuda_rmsnorm,
+    .add = cuda_add,
+    .swiglu = cuda_swiglu,
+    .rope = cuda_rope,
+    .attention = cuda_attention,
+    .kv_write = cuda_kv_write,
+    .gdn = cuda_gdn,
+    .gated_rmsnorm = cuda_gated_rmsnorm,
+    .mul_sigmoid = cuda_mul_sigmoid,
+};
+
+} // namespace
+
+extern "C" int sn_cuda_is(const sn_backend *b) { return b && b->ops == &g_cuda_ops; }
+
+extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
+{
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return SN_FAIL(SN_E_UNSUPPORTED, "CUDA backend: no CUDA device (%s)",
+                       e != cudaSuccess ? cudaGetErrorString(e) : "count 0");
+    }
+    if (gpu < 0 || gpu >= n)
+        return SN_FAIL(SN_E_RANGE, "CUDA backend: gpu %d of %d devices", gpu, n);
+    if ((e = cudaSetDevice(gpu)) != cudaSuccess)
+        return cu_err(e, "set device");
+    cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, gpu)) != cudaSuccess)
+        return cu_err(e, "device properties");
+    if (prop.major < 8)
+        return SN_FAIL(SN_E_UNSUPPORTED, "CUDA backend: %s is sm_%d%d; sm_80 or newer needed", prop.name, prop.major,
+                       prop.minor);
+    cuda_be *cb = (cuda_be *)calloc(1, sizeof *cb);
+    if (!cb)
+        return SN_FAIL(SN_E_NOMEM, "CUDA backend");
+    cb->base.ops = &g_cuda_ops;
+    cb->base.n_threads = 1;
+    cb->dev = gpu;
+    cb->di.n_sm = prop.multiProcessorCount;
+    cb->di.smem_optin = prop.sharedMemPerBlockOptin;
+    snprintf(cb->name, sizeof cb->name, "%s", prop.name);
+    sn_status st = SN_OK;
+    if ((e = cudaStreamCreateWithFlags(&cb->st, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaMalloc(&cb->d_zero, sizeof(int))) != cudaSuccess ||
+        (e = cudaMemset(cb->d_zero, 0, sizeof(int))) != cudaSuccess ||
+        (e = cudaMalloc(&cb->d_outs, sizeof(int32_t) * STEP_MAX_OUTS)) != cudaSuccess ||
+        (e = cudaMallocHost(&cb->h_outs, sizeof(int32_t) * STEP_MAX_OUTS)) != cudaSuccess ||
+        (e = cudaMalloc(&cb->d_sp, sizeof(step_params))) != cudaSuccess ||
+        (e = cudaMallocHost(&cb->h_sp, sizeof(step_params))) != cudaSuccess ||
+        (e = cudaMalloc(&cb->d_ids, sizeof(int32_t) * STEP_MAX_IDS)) != cudaSuccess)
+        st = cu_err(e, "backend setup");
+    if (st == SN_OK) {
+        cb->ids_cap = STEP_MAX_IDS;
+        memset(cb->h_sp, 0, sizeof(step_params));
+        st = ensure_scratch(cb, 64u << 20);
+    }
+    if (st == SN_OK)
+        st = cu_matmul_init(&cb->di);
+    if (st == SN_OK)
+        st = cu_ops_init(&cb->di);
+    if (st != SN_OK) {
+        cuda_destroy(&cb->base);
+        return st;
+    }
+    *out = &cb->base;
+    return SN_OK;
+}
+
+extern "C" sn_status sn_cuda_info(sn_backend *b, char *name, size_t name_len, size_t *dev_used, size_t *dev_total,
+                                  size_t *held)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    cudaSetDevice(cb->dev);
+    size_t fr = 0, tot = 0;
+    CU_TRY(cudaMemGetInfo(&fr, &tot), "memory info");
+    if (name && name_len)
+        snprintf(name, name_len, "%s", cb->name);
+    if (dev_used)
+        *dev_used = tot - fr;
+    if (dev_total)
+        *dev_total = tot;
+    if (held)
+        *held = cb->held;
+    return SN_OK;
+}
+
+extern "C" void sn_cuda_profile(sn_backend *b, int on)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    cudaStreamSynchronize(cb->st);
+    for (int k = 0; k < cb->n_evs; k++) {
+        cudaEventDestroy(cb->evs[k].a);
+        cudaEventDestroy(cb->evs[k].b);
+    }
+    cb->n_evs = 0;
+    cb->prof = on != 0;
+}
+
+extern "C" sn_status sn_cuda_profile_report(sn_backend *b, FILE *f)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    CU_TRY(cudaStreamSynchronize(cb->st), "profile report");
+    double ms[R_COUNT] = { 0 }, total = 0;
+    long calls[R_COUNT] = { 0 };
+    for (int k = 0; k < cb->n_evs; k++) {
+        float t = 0;
+        CU_TRY(cudaEventElapsedTime(&t, cb->evs[k].a, cb->evs[k].b), "profile report");
+        ms[cb->evs[k].kind] += t;
+        calls[cb->evs[k].kind]++;
+        total += t;
+    }
+    fprintf(f, "%-14s %8s %10s %6s\n", "op", "calls", "ms", "share");
+    for (int k = 0; k < R_COUNT; k++)
+        if (calls[k])
+            fprintf(f, "%-14s %8ld %10.3f %5.1f%%\n", rec_names[k], calls[k], ms[k],
+                    total > 0 ? 100.0 * ms[k] / total : 0.0);
+    fprintf(f, "%-14s %8s %10.3f\n", "total", "", total);
+    return SN_OK;
+}
+
+extern "C" void sn_cuda_graph_stats(sn_backend *b, long *replayed, long *captured, long *eager)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (replayed)
+        *replayed = cb->n_replayed;
+    if (captured)
+        *captured = cb->n_captured;
+    if (eager)
+        *eager = cb->n_eager;
+}

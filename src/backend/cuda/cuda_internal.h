@@ -1,0 +1,109 @@
+/* Internal contract of the CUDA backend: the driver (cuda_backend.cu: memory,
+ * weight upload, the op table, step recording and graph replay) and the
+ * kernel files (cuda_matmul.cu, cuda_ops.cu), which export plain launch
+ * functions that enqueue on a stream and check the launch.
+ *
+ * Conventions: activations are fp32 row-major in device memory; every
+ * launcher returns sn_status (SN_E_BACKEND with the CUDA error text when a
+ * launch fails). Positions that change from one decode step to the next are
+ * passed as (pos0, d_delta): the kernel uses pos0 + *d_delta, so a captured
+ * CUDA graph can be replayed at a later position by rewriting one device int
+ * (d_delta points at a constant 0 outside graphs). */
+#ifndef SANCTUM_CUDA_INTERNAL_H
+#define SANCTUM_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "sanctum/backend.h"
+}
+
+#define CU_CHECK_LAUNCH(what)                                                                   \
+    do {                                                                                        \
+        cudaError_t _e = cudaGetLastError();                                                    \
+        if (_e != cudaSuccess)                                                                  \
+            return SN_FAIL(SN_E_BACKEND, "%s: %s", (what), cudaGetErrorString(_e));             \
+    } while (0)
+
+#define CU_TRY(call, what)                                                                      \
+    do {                                                                                        \
+        cudaError_t _e = (call);                                                                \
+        if (_e != cudaSuccess)                                                                  \
+            return SN_FAIL(SN_E_BACKEND, "%s: %s", (what), cudaGetErrorString(_e));             \
+    } while (0)
+
+/* Weight formats on the device. Quantized weights keep MLX's packed words
+ * exactly as stored ([E, rows, words]); scales and quantization biases are
+ * interleaved at upload into one pair per group ([E, rows, groups] of
+ * (scale, bias)) so a kernel fetches both with one load, in the stored scale
+ * dtype (bf16/f16 pairs are 4 bytes, f32 pairs 8). Dense weights are copied
+ * as stored. */
+enum { CW_Q4 = 0, CW_Q8 = 1, CW_F32 = 2, CW_F16 = 3, CW_BF16 = 4 };
+enum { CS_BF16 = 0, CS_F16 = 1, CS_F32 = 2 };
+
+typedef struct cu_weight {
+    int fmt;              /* CW_* */
+    int sfmt;             /* CS_* (quantized only) */
+    int bits, group;      /* quantized only */
+    int64_t rows, cols, n_experts; /* n_experts >= 1 here (1 for a plain matrix) */
+    int64_t words;        /* uint32 words per row (quantized) */
+    int64_t groups;       /* groups per row (quantized) */
+    void *q;              /* packed words or dense values */
+    void *sb;             /* interleaved (scale, bias) pairs */
+    float *bias;          /* optional linear bias [rows] */
+    size_t bytes;         /* device bytes held */
+    struct cu_weight *next; /* the backend's list, freed on destroy */
+} cu_weight;
+
+/* ---- matmul family (cuda_matmul.cu) ---- */
+
+/* Per-device limits the launchers size grids from. */
+typedef struct {
+    int n_sm;
+    size_t smem_optin;    /* max dynamic shared memory per block */
+} cu_devinfo;
+
+/* Raise the dynamic shared memory limit of every kernel that needs more
+ * than 48 KB, once per process and device (not legal inside a capture). */
+sn_status cu_matmul_init(const cu_devinfo *di);
+sn_status cu_ops_init(const cu_devinfo *di);
+
+/* y[T, rows] = x[T, cols] @ W_e^T (+ bias). scratch: device buffer of at
+ * least cu_matmul_scratch_bytes(w, T) bytes (the GEMM's fp16 copy of x). */
+size_t cu_matmul_scratch_bytes(const cu_weight *w, int T);
+sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int expert, const float *x, int T,
+                    float *y, void *scratch);
+/* y[T, cols] = dequantized rows d_ids[t] of W (ids validated by the caller). */
+sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int T, float *y);
+/* MoE FFN over the experts of one layer for T tokens, routing on the GPU:
+ * softmax(logits[t]) -> top_k -> (renormalised when norm_topk) weights;
+ * out[t] = sum_j w_j * down_e(silu(gate_e x_t) * up_e x_t). */
+size_t cu_moe_scratch_bytes(const cu_weight *gate, int T, int top_k);
+sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, const cu_weight *up,
+                 const cu_weight *down, const float *logits, int top_k, int norm_topk, const float *x, int T,
+                 float *out, void *scratch);
+
+/* ---- elementwise, norms, attention, GDN (cuda_ops.cu) ---- */
+
+sn_status cu_rmsnorm(cudaStream_t s, const float *x, const float *w, int rows, int n, float eps, float *y);
+sn_status cu_gated_rmsnorm(cudaStream_t s, const float *o, const float *z, const float *w, int rows, int n,
+                           float eps, float *y);
+sn_status cu_add(cudaStream_t s, float *y, const float *x, size_t n);
+sn_status cu_swiglu(cudaStream_t s, const float *g, const float *u, size_t n, float *out);
+sn_status cu_mul_sigmoid(cudaStream_t s, float *y, const float *g, size_t n);
+sn_status cu_rope(cudaStream_t s, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
+                  const int *d_delta, const float *inv_freq, float mscale);
+sn_status cu_kv_write(cudaStream_t s, const sn_kv_view *kv, const float *k, const float *v, int T, int pos0,
+                      const int *d_delta);
+size_t cu_attention_scratch_bytes(const sn_kv_view *kv, int T, int n_q_heads);
+sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, const sn_kv_view *kv, int T,
+                       int pos0, const int *d_delta, int n_q_heads, float scale, float *out, void *scratch);
+size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T);
+sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
+                 const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
+                 int T, float *out, void *scratch);
+/* out[r] = index of the largest x[r, :] (the first one on ties). */
+sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_out);
+
+#endif

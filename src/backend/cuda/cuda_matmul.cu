@@ -1,0 +1,937 @@
+/* Projections on the GPU: quantized/dense GEMV for decode (T <= 7), a
+ * tensor-core GEMM with fused dequantization for prefill, the embedding
+ * lookup, and the MoE expert FFN with routing on the device.
+ *
+ * Decode is a pure memory stream (4.5 bits per weight against 32-bit
+ * activations), so the GEMV is built around the bytes: each lane loads 16
+ * bytes of one row per step (coalesced 512 B per warp), a warp works on 4
+ * rows at once so every activation read from shared memory feeds 4 rows,
+ * and the activation vector sits in shared memory in a lane-major order
+ * (no bank conflicts for the 16-byte reads). Nibbles are turned into floats
+ * two at a time with one LOP3: (w >> s) & 0x03C003C0 | 0x3C003C00 is a half2
+ * holding 1 + q/16 for two nibbles, so sum(q*x) = 16*(sum(v*x) - sum(x)),
+ * where v in [1, 2) keeps the fp32 sums free of cancellation. */
+#include <cuda_fp16.h>
+#include <cuda_pipeline.h>
+#include <mma.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+namespace {
+
+constexpr int GEMV_RPW = 4;      /* rows per warp */
+constexpr int GEMV_WARPS = 8;
+constexpr int GEMV_TT = 4;       /* tokens per pass */
+constexpr int GEMM_MIN_T = 8;    /* T at which the tensor-core GEMM takes over */
+
+__device__ __forceinline__ float2 load_sb(const void *sb, int sf, int64_t i)
+{
+    if (sf == CS_BF16) {
+        uint32_t v = __ldg((const unsigned int *)sb + i);
+        return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+    }
+    if (sf == CS_F16) {
+        uint32_t v = __ldg((const unsigned int *)sb + i);
+        __half2 h = *reinterpret_cast<__half2 *>(&v);
+        return __half22float2(h);
+    }
+    return __ldg((const float2 *)sb + i);
+}
+
+/* Two quantized values of word w as floats 1 + q/2^bits: pair k of a Q4 word
+ * is nibbles (k, k+4); of a Q8 word bytes (k, k+2). */
+template <int BITS>
+__device__ __forceinline__ float2 qpair(uint32_t w, int k)
+{
+    uint32_t h;
+    if (BITS == 4) {
+        uint32_t s = k == 0 ? (w << 6) : k == 1 ? (w << 2) : k == 2 ? (w >> 2) : (w >> 6);
+        h = (s & 0x03C003C0u) | 0x3C003C00u;
+    } else {
+        uint32_t s = k == 0 ? (w << 2) : (w >> 6);
+        h = (s & 0x03FC03FCu) | 0x3C003C00u;
+    }
+    return __half22float2(*reinterpret_cast<__half2 *>(&h));
+}
+
+/* Exact float of value i (0..7 / 0..3) of a word, for the non-hot paths. */
+template <int BITS>
+__device__ __forceinline__ float qval(uint32_t w, int i)
+{
+    return (float)((w >> (BITS * i)) & ((1u << BITS) - 1u));
+}
+
+/* ------------------------------------------------------------------------ */
+/* GEMV                                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Lane-major x layout: chunk c (VPC = 128/BITS values, one uint4 of words)
+ * float4 i lives at float4 index ((c >> 5) * NF4 + i) * 32 + (c & 31). */
+template <int BITS>
+__device__ __forceinline__ int64_t xperm(int64_t c, int i)
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+    return ((c >> 5) * NF4 + i) * 32 + (c & 31);
+}
+
+template <int BITS>
+__device__ void stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t stride4)
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+    int64_t n4 = cols / 4;
+    for (int t = 0; t < T; t++) {
+        const float4 *xt = (const float4 *)(x + (size_t)t * cols);
+        for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) {
+            int64_t c = q / NF4;
+            xs[t * stride4 + xperm<BITS>(c, (int)(q % NF4))] = __ldg(xt + q);
+        }
+    }
+}
+
+/* acc[r][t] += row (r0+r) . x_t over all chunks handled by this lane. */
+template <int BITS, int TT>
+__device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int sf, int64_t words, int64_t groups,
+                                          int group, int nrows, const float4 *xs, int64_t stride4,
+                                          float acc[GEMV_RPW][TT])
+{
+    constexpr int VPC = 128 / BITS;
+    constexpr int NF4 = VPC / 4;
+    const int lane = threadIdx.x & 31;
+    int64_t nch = words / 4;
+    for (int64_t c = lane; c < nch; c += 32) {
+        uint4 wv[GEMV_RPW];
+        float2 sbv[GEMV_RPW];
+        int64_t g = c * VPC / group;
+#pragma unroll
+        for (int r = 0; r < GEMV_RPW; r++) {
+            if (r < nrows) {
+                wv[r] = __ldg((const uint4 *)(W + r * words) + c);
+                sbv[r] = load_sb(sb, sf, r * groups + g);
+            } else {
+                wv[r] = make_uint4(0, 0, 0, 0);
+                sbv[r] = make_float2(0.f, 0.f);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            float xv[VPC];
+#pragma unroll
+            for (int i = 0; i < NF4; i++) {
+                float4 f = xs[t * stride4 + xperm<BITS>(c, i)];
+                xv[4 * i] = f.x; xv[4 * i + 1] = f.y; xv[4 * i + 2] = f.z; xv[4 * i + 3] = f.w;
+            }
+            float xsum = 0.f;
+#pragma unroll
+            for (int i = 0; i < VPC; i++)
+                xsum += xv[i];
+#pragma unroll
+            for (int r = 0; r < GEMV_RPW; r++) {
+                float d = 0.f;
+                uint32_t ws[4] = { wv[r].x, wv[r].y, wv[r].z, wv[r].w };
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if (BITS == 4) {
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            float2 p = qpair<4>(ws[j], k);
+                            d = fmaf(p.x, xv[8 * j + k], d);
+                            d = fmaf(p.y, xv[8 * j + k + 4], d);
+                        }
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < 2; k++) {
+                            float2 p = qpair<8>(ws[j], k);
+                            d = fmaf(p.x, xv[4 * j + k], d);
+                            d = fmaf(p.y, xv[4 * j + k + 2], d);
+                        }
+                    }
+                }
+                constexpr float QS = (float)(1 << BITS);
+                acc[r][t] += sbv[r].x * (QS * (d - xsum)) + sbv[r].y * xsum;
+            }
+        }
+    }
+}
+
+template <int BITS, int TT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_gemv_q(const uint32_t *__restrict__ W, const void *__restrict__ sb, int sf, const float *__restrict__ bias,
+         int64_t rows, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x,
+         int T, float *__restrict__ y)
+{
+    extern __shared__ float4 xs[];
+    constexpr int NF4 = (128 / BITS) / 4;
+    int64_t nch = words / 4;
+    int64_t stride4 = ((nch + 31) / 32) * NF4 * 32;
+    stage_x<BITS>(xs, x, T, cols, stride4);
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t rows_per_block = GEMV_WARPS * GEMV_RPW;
+    for (int64_t rb = blockIdx.x; rb * rows_per_block < rows; rb += gridDim.x) {
+        int64_t r0 = rb * rows_per_block + (int64_t)warp * GEMV_RPW;
+        if (r0 >= rows)
+            continue;
+        int nrows = (int)min((int64_t)GEMV_RPW, rows - r0);
+        float acc[GEMV_RPW][TT];
+#pragma unroll
+        for (int r = 0; r < GEMV_RPW; r++)
+#pragma unroll
+            for (int t = 0; t < TT; t++)
+                acc[r][t] = 0.f;
+        qdot_rows<BITS, TT>(W + r0 * words, (const char *)sb + (size_t)r0 * groups * (sf == CS_F32 ? 8 : 4), sf,
+                            words, groups, group, nrows, xs, stride4, acc);
+#pragma unroll
+        for (int r = 0; r < GEMV_RPW; r++)
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                float v = acc[r][t];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    v += __shfl_xor_sync(0xffffffffu, v, o);
+                acc[r][t] = v;
+            }
+        if (lane < nrows * TT) {
+            /* lane -> (r, t) so the stores of one warp go out together */
+            int r = lane / TT, t = lane % TT;
+            float v = 0.f;
+#pragma unroll
+            for (int rr = 0; rr < GEMV_RPW; rr++)
+#pragma unroll
+                for (int tt = 0; tt < TT; tt++)
+                    if (rr == r && tt == t)
+                        v = acc[rr][tt];
+            if (t < T) {
+                if (bias)
+                    v += bias[r0 + r];
+                y[(size_t)t * rows + r0 + r] = v;
+            }
+        }
+    }
+}
+
+/* Dense weights: 8 values per lane step. */
+template <int FMT>
+__device__ __forceinline__ void dense8(const void *W, int64_t i8, float v[8])
+{
+    if (FMT == CW_F32) {
+        float4 a = __ldg((const float4 *)W + 2 * i8), b = __ldg((const float4 *)W + 2 * i8 + 1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+        uint4 u = __ldg((const uint4 *)W + i8);
+        uint32_t ws[4] = { u.x, u.y, u.z, u.w };
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (FMT == CW_BF16) {
+                v[2 * j] = __uint_as_float(ws[j] << 16);
+                v[2 * j + 1] = __uint_as_float(ws[j] & 0xffff0000u);
+            } else {
+                __half2 h = *reinterpret_cast<__half2 *>(&ws[j]);
+                float2 f = __half22float2(h);
+                v[2 * j] = f.x;
+                v[2 * j + 1] = f.y;
+            }
+        }
+    }
+}
+
+template <int FMT>
+__device__ __forceinline__ float dense1(const void *W, int64_t i)
+{
+    if (FMT == CW_F32)
+        return ((const float *)W)[i];
+    uint16_t h = ((const uint16_t *)W)[i];
+    if (FMT == CW_BF16)
+        return __uint_as_float((uint32_t)h << 16);
+    return __half2float(__ushort_as_half(h));
+}
+
+/* One warp per row; x read through L1 (every warp of the block reads it). */
+template <int FMT>
+__global__ void k_gemv_dense(const void *__restrict__ W, const float *__restrict__ bias, int64_t rows, int64_t cols,
+                             const float *__restrict__ x, int T, float *__restrict__ y)
+{
+    const int lane = threadIdx.x & 31;
+    int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (row >= rows)
+        return;
+    const char *Wr = (const char *)W + (size_t)row * cols * (FMT == CW_F32 ? 4 : 2);
+    bool vec = (cols % 8) == 0;
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * cols;
+        float acc = 0.f;
+        if (vec) {
+            for (int64_t i8 = lane; i8 < cols / 8; i8 += 32) {
+                float v[8];
+                dense8<FMT>(Wr, i8, v);
+                float4 a = __ldg((const float4 *)xt + 2 * i8), b = __ldg((const float4 *)xt + 2 * i8 + 1);
+                acc += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y + v[6] * b.z +
+                       v[7] * b.w;
+            }
+        } else {
+            for (int64_t i = lane; i < cols; i += 32)
+                acc += dense1<FMT>(Wr, i) * xt[i];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0)
+            y[(size_t)t * rows + row] = acc + (bias ? bias[row] : 0.f);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* GEMM (T >= GEMM_MIN_T): fp16 tensor cores, fp32 accumulation.             */
+/* ------------------------------------------------------------------------ */
+
+/* x rows are scaled by a power of two into fp16 range (|x| < 2^15) so large
+ * activations cannot overflow; y is scaled back exactly. Rows >= T and
+ * columns >= cols are zero so the GEMM needs no bounds on A. */
+__global__ void k_x_to_f16(const float *__restrict__ x, int T, int64_t cols, int64_t Kp, __half *__restrict__ xh,
+                           float *__restrict__ sig)
+{
+    int t = blockIdx.x;
+    __shared__ float red[32];
+    float m = 0.f;
+    if (t < T)
+        for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+            m = fmaxf(m, fabsf(x[(size_t)t * cols + i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        m = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (threadIdx.x == 0)
+            red[0] = m;
+    }
+    __syncthreads();
+    m = red[0];
+    /* scale = 2^(e-14) with m in [2^e, 2^(e+1)): scaled max lands in [2^14, 2^15) */
+    float s = 1.f;
+    if (m > 0.f && isfinite(m)) {
+        int e;
+        frexpf(m, &e); /* m = f * 2^e, f in [0.5, 1) */
+        s = ldexpf(1.f, e - 15);
+    }
+    float inv = 1.f / s;
+    for (int64_t i = threadIdx.x; i < Kp; i += blockDim.x) {
+        float v = (t < T && i < cols) ? x[(size_t)t * cols + i] * inv : 0.f;
+        xh[(size_t)t * Kp + i] = __float2half_rn(v);
+    }
+    if (threadIdx.x == 0 && t < T)
+        sig[t] = s;
+}
+
+constexpr int BM = 128, BN = 128, BK = 64, LDS = BK + 8;
+constexpr int GEMM_THREADS = 256;
+constexpr size_t GEMM_SMEM = (size_t)2 * (BM + BN) * LDS * sizeof(__half);
+
+/* The raw bytes one thread loads for its 32 weights of one tile (row
+ * tid/2, columns 32*(tid&1) .. +31 of the tile). */
+struct braw {
+    uint4 u[8];
+    float2 sb;
+};
+
+template <int FMT>
+__device__ __forceinline__ void b_fetch(const cu_weight &w, const void *q, const void *sb, int64_t row, int64_t c0,
+                                        braw &r)
+{
+    if (row >= w.rows || c0 >= w.cols)
+        return; /* b_store writes zeros */
+    if (FMT == CW_Q4 || FMT == CW_Q8) {
+        constexpr int BITS = FMT == CW_Q4 ? 4 : 8;
+        const uint32_t *Wr = (const uint32_t *)q + row * w.words + c0 * BITS / 32;
+        r.u[0] = __ldg((const uint4 *)Wr);
+        if (BITS == 8)
+            r.u[1] = __ldg((const uint4 *)Wr + 1);
+        r.sb = load_sb(sb, w.sfmt, row * w.groups + c0 / w.group);
+    } else if (FMT == CW_F32) {
+        const float *Wr = (const float *)q + row * w.cols + c0;
+        if ((w.cols & 3) == 0 && c0 + 32 <= w.cols) {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                r.u[i] = __ldg((const uint4 *)Wr + i);
+        } else {
+            float *f = (float *)r.u;
+            for (int i = 0; i < 32; i++)
+                f[i] = c0 + i < w.cols ? Wr[i] : 0.f;
+        }
+    } else {
+        const uint16_t *Wr = (const uint16_t *)q + row * w.cols + c0;
+        if ((w.cols & 7) == 0 && c0 + 32 <= w.cols) {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                r.u[i] = __ldg((const uint4 *)Wr + i);
+        } else {
+            uint16_t *h = (uint16_t *)r.u;
+            for (int i = 0; i < 32; i++)
+                h[i] = c0 + i < w.cols ? Wr[i] : (uint16_t)0;
+        }
+    }
+}
+
+template <int FMT>
+__device__ __forceinline__ void b_store(const cu_weight &w, int64_t row, int64_t c0, const braw &r, __half *dst)
+{
+    float v[32];
+    if (row >= w.rows || c0 >= w.cols) {
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            v[i] = 0.f;
+    } else if (FMT == CW_Q4) {
+        /* s*q + b with q = 16*(p-1): (16 s)*p + (b - 16 s) */
+        float s16 = 16.f * r.sb.x, b2 = r.sb.y - s16;
+        uint32_t ws[4] = { r.u[0].x, r.u[0].y, r.u[0].z, r.u[0].w };
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float2 p = qpair<4>(ws[j], k);
+                v[8 * j + k] = fmaf(s16, p.x, b2);
+                v[8 * j + k + 4] = fmaf(s16, p.y, b2);
+            }
+    } else if (FMT == CW_Q8) {
+        float s256 = 256.f * r.sb.x, b2 = r.sb.y - s256;
+        uint32_t ws[8] = { r.u[0].x, r.u[0].y, r.u[0].z, r.u[0].w, r.u[1].x, r.u[1].y, r.u[1].z, r.u[1].w };
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                float2 p = qpair<8>(ws[j], k);
+                v[4 * j + k] = fmaf(s256, p.x, b2);
+                v[4 * j + k + 2] = fmaf(s256, p.y, b2);
+            }
+    } else if (FMT == CW_F32) {
+        const float *f = (const float *)r.u;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            v[i] = f[i];
+    } else {
+        const uint16_t *h = (const uint16_t *)r.u;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            v[i] = FMT == CW_BF16 ? __uint_as_float((uint32_t)h[i] << 16) : __half2float(__ushort_as_half(h[i]));
+    }
+    uint4 *d = (uint4 *)dst;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __half2 h0 = __floats2half2_rn(v[8 * i], v[8 * i + 1]), h1 = __floats2half2_rn(v[8 * i + 2], v[8 * i + 3]);
+        __half2 h2 = __floats2half2_rn(v[8 * i + 4], v[8 * i + 5]), h3 = __floats2half2_rn(v[8 * i + 6], v[8 * i + 7]);
+        uint4 o;
+        o.x = *reinterpret_cast<uint32_t *>(&h0);
+        o.y = *reinterpret_cast<uint32_t *>(&h1);
+        o.z = *reinterpret_cast<uint32_t *>(&h2);
+        o.w = *reinterpret_cast<uint32_t *>(&h3);
+        d[i] = o;
+    }
+}
+
+__device__ __forceinline__ void a_fetch_async(const __half *xh, int64_t Kp, int64_t m0, int64_t k0, __half *As)
+{
+    /* 128 rows x 64 halves = 1024 chunks of 16 B, 4 per thread */
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int chunk = threadIdx.x + i * GEMM_THREADS;
+        int r = chunk >> 3, c8 = (chunk & 7) * 8;
+        __pipeline_memcpy_async(As + r * LDS + c8, xh + (size_t)(m0 + r) * Kp + k0 + c8, 16);
+    }
+}
+
+template <int FMT>
+__global__ void __launch_bounds__(GEMM_THREADS)
+k_gemm(cu_weight w, const void *__restrict__ q, const void *__restrict__ sb, const __half *__restrict__ xh,
+       const float *__restrict__ sig, int64_t Kp, int T, float *__restrict__ y)
+{
+    using namespace nvcuda;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __half *As = (__half *)smem_raw;                 /* [2][BM][LDS] */
+    __half *Bs = As + 2 * BM * LDS;                  /* [2][BN][LDS] */
+    const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
+    const int warp = threadIdx.x >> 5;
+    const int wm = warp >> 2, wn = warp & 3; /* 2 x 4 warps, 64 x 32 each */
+    const int brow = threadIdx.x >> 1, bcol = (threadIdx.x & 1) * 32;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.f);
+
+    int64_t nk = Kp / BK;
+    braw r;
+    a_fetch_async(xh, Kp, m0, 0, As);
+    __pipeline_commit();
+    b_fetch<FMT>(w, q, sb, n0 + brow, bcol, r);
+    b_store<FMT>(w, n0 + brow, bcol, r, Bs + brow * LDS + bcol);
+    __pipeline_wait_prior(0);
+    __syncthreads();
+
+    for (int64_t kt = 0; kt < nk; kt++) {
+        int cur = (int)(kt & 1), nxt = cur ^ 1;
+        bool more = kt + 1 < nk;
+        if (more) {
+            a_fetch_async(xh, Kp, m0, (kt + 1) * BK, As + nxt * BM * LDS);
+            __pipeline_commit();
+            b_fetch<FMT>(w, q, sb, n0 + brow, (kt + 1) * BK + bcol, r);
+        }
+        const __half *Ac = As + cur * BM * LDS, *Bc = Bs + cur * BN * LDS;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[4];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                wmma::load_matrix_sync(fa[i], Ac + (wm * 64 + i * 16) * LDS + kk, LDS);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                wmma::load_matrix_sync(fb[j], Bc + (wn * 32 + j * 16) * LDS + kk, LDS);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        if (more) {
+            b_store<FMT>(w, n0 + brow, (kt + 1) * BK + bcol, r, Bs + nxt * BN * LDS + brow * LDS + bcol);
+            __pipeline_wait_prior(0);
+        }
+        __syncthreads();
+    }
+
+    /* Epilogue through shared memory: [BM][BN+4] floats fit in the tiles. */
+    float *Cs = (float *)smem_raw;
+    constexpr int LDC = BN + 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(Cs + (wm * 64 + i * 16) * LDC + wn * 32 + j * 16, acc[i][j], LDC,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int e = threadIdx.x; e < BM * BN; e += GEMM_THREADS) {
+        int i = e / BN, j = e % BN;
+        int64_t t = m0 + i, n = n0 + j;
+        if (t < T && n < w.rows)
+            y[(size_t)t * w.rows + n] = Cs[i * LDC + j] * sig[t] + (w.bias ? w.bias[n] : 0.f);
+    }
+}
+
+static_assert((size_t)BM * (BN + 4) * sizeof(float) <= GEMM_SMEM, "epilogue tile fits");
+
+/* ------------------------------------------------------------------------ */
+/* Embedding                                                                  */
+/* ------------------------------------------------------------------------ */
+
+__global__ void k_embed(cu_weight w, const int32_t *__restrict__ ids, float *__restrict__ y)
+{
+    int t = blockIdx.y;
+    int64_t row = ids[t];
+    float *yt = y + (size_t)t * w.cols;
+    if (w.fmt == CW_Q4 || w.fmt == CW_Q8) {
+        int bits = w.bits, per = 32 / bits;
+        const uint32_t *Wr = (const uint32_t *)w.q + row * w.words;
+        for (int64_t wi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; wi < w.words;
+             wi += (int64_t)gridDim.x * blockDim.x) {
+            uint32_t word = Wr[wi];
+            int64_t c0 = wi * per;
+            float2 p = load_sb(w.sb, w.sfmt, row * w.groups + c0 / w.group);
+            for (int i = 0; i < per; i++) {
+                float qv = bits == 4 ? qval<4>(word, i) : qval<8>(word, i);
+                yt[c0 + i] = p.x * qv + p.y;
+            }
+        }
+    } else {
+        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < w.cols;
+             c += (int64_t)gridDim.x * blockDim.x) {
+            int64_t i = row * w.cols + c;
+            yt[c] = w.fmt == CW_F32 ? dense1<CW_F32>(w.q, i) : w.fmt == CW_BF16 ? dense1<CW_BF16>(w.q, i)
+                                                                                 : dense1<CW_F16>(w.q, i);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* MoE                                                                        */
+/* ------------------------------------------------------------------------ */
+
+constexpr int MOE_MAX_K = 32;
+
+/* One warp per token: softmax over E logits, top-k by k rounds of a warp
+ * argmax (lowest index on ties), weights renormalised over the chosen. */
+__global__ void k_moe_route(const float *__restrict__ logits, int T, int E, int k, int norm, int32_t *__restrict__ idx,
+                            float *__restrict__ wts)
+{
+    int t = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (t >= T)
+        return;
+    const float *l = logits + (size_t)t * E;
+    float m = -INFINITY;
+    for (int e = lane; e < E; e += 32)
+        m = fmaxf(m, l[e]);
+    for (int o = 16; o > 0; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float sum = 0.f;
+    for (int e = lane; e < E; e += 32)
+        sum += expf(l[e] - m);
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    int chosen[MOE_MAX_K];
+    float pw[MOE_MAX_K];
+    float tot = 0.f;
+    for (int j = 0; j < k; j++) {
+        float best = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += 32) {
+            bool taken = false;
+            for (int jj = 0; jj < j; jj++)
+                taken |= chosen[jj] == e;
+            float v = l[e];
+            if (!taken && (v > best || (v == best && e < bi))) {
+                best = v;
+                bi = e;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ob > best || (ob == best && oi < bi)) {
+                best = ob;
+                bi = oi;
+            }
+        }
+        if (bi == 0x7fffffff)
+            bi = 0; /* all NaN: keep the index valid */
+        chosen[j] = bi;
+        pw[j] = expf(best - m) / sum;
+        tot += pw[j];
+    }
+    if (lane == 0)
+        for (int j = 0; j < k; j++) {
+            idx[(size_t)t * k + j] = chosen[j];
+            wts[(size_t)t * k + j] = norm ? pw[j] / tot : pw[j];
+        }
+}
+
+/* h[t, j, r] = silu(gate_e[r] . x_t) * (up_e[r] . x_t) for e = idx[t, j].
+ * grid (row blocks, k, T); x_t staged once per block. */
+template <int BITS>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_moe_gate_up(const uint32_t *__restrict__ Wg, const void *__restrict__ sbg, const uint32_t *__restrict__ Wu,
+              const void *__restrict__ sbu, int sf, int64_t rows, int64_t cols, int64_t words, int64_t groups,
+              int group, const int32_t *__restrict__ idx, int k, const float *__restrict__ x, float *__restrict__ h)
+{
+    extern __shared__ float4 xs[];
+    constexpr int NF4 = (128 / BITS) / 4;
+    int t = blockIdx.z, j = blockIdx.y;
+    int64_t e = idx[(size_t)t * k + j];
+    int64_t nch = words / 4;
+    int64_t stride4 = ((nch + 31) / 32) * NF4 * 32;
+    stage_x<BITS>(xs, x + (size_t)t * cols, 1, cols, stride4);
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    size_t sbsz = sf == CS_F32 ? 8 : 4;
+    for (int64_t rb = blockIdx.x; rb * GEMV_WARPS * GEMV_RPW < rows; rb += gridDim.x) {
+        int64_t r0 = rb * GEMV_WARPS * GEMV_RPW + (int64_t)warp * GEMV_RPW;
+        if (r0 >= rows)
+            continue;
+        int nrows = (int)min((int64_t)GEMV_RPW, rows - r0);
+        float ag[GEMV_RPW][1] = {}, au[GEMV_RPW][1] = {};
+        int64_t base = e * rows + r0;
+        qdot_rows<BITS, 1>(Wg + base * words, (const char *)sbg + base * groups * sbsz, sf, words, groups, group,
+                           nrows, xs, stride4, ag);
+        qdot_rows<BITS, 1>(Wu + base * words, (const char *)sbu + base * groups * sbsz, sf, words, groups, group,
+                           nrows, xs, stride4, au);
+#pragma unroll
+        for (int r = 0; r < GEMV_RPW; r++)
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                ag[r][0] += __shfl_xor_sync(0xffffffffu, ag[r][0], o);
+                au[r][0] += __shfl_xor_sync(0xffffffffu, au[r][0], o);
+            }
+        if (lane < nrows) {
+            float g = 0.f, u = 0.f;
+#pragma unroll
+            for (int r = 0; r < GEMV_RPW; r++)
+                if (r == lane) {
+                    g = ag[r][0];
+                    u = au[r][0];
+                }
+            h[((size_t)t * k + j) * rows + r0 + lane] = g / (1.f + expf(-g)) * u;
+        }
+    }
+}
+
+/* out[t, r] = sum_j w_j * down_e(j)[r] . h[t, j]; grid (row blocks, T). */
+template <int BITS>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_moe_down(const uint32_t *__restrict__ Wd, const void *__restrict__ sbd, int sf, int64_t rows, int64_t cols,
+           int64_t words, int64_t groups, int group, const int32_t *__restrict__ idx, const float *__restrict__ wts,
+           int k, const float *__restrict__ h, float *__restrict__ out)
+{
+    extern __shared__ float4 xs[];
+    constexpr int NF4 = (128 / BITS) / 4;
+    int t = blockIdx.y;
+    int64_t nch = words / 4;
+    int64_t stride4 = ((nch + 31) / 32) * NF4 * 32;
+    stage_x<BITS>(xs, h + (size_t)t * k * cols, k, cols, stride4);
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    size_t sbsz = sf == CS_F32 ? 8 : 4;
+    for (int64_t rb = blockIdx.x; rb * GEMV_WARPS * GEMV_RPW < rows; rb += gridDim.x) {
+        int64_t r0 = rb * GEMV_WARPS * GEMV_RPW + (int64_t)warp * GEMV_RPW;
+        if (r0 >= rows)
+            continue;
+        int nrows = (int)min((int64_t)GEMV_RPW, rows - r0);
+        float tot[GEMV_RPW] = {};
+        for (int j = 0; j < k; j++) {
+            int64_t e = idx[(size_t)t * k + j];
+            float wj = wts[(size_t)t * k + j];
+            float a[GEMV_RPW][1] = {};
+            int64_t base = e * rows + r0;
+            qdot_rows<BITS, 1>(Wd + base * words, (const char *)sbd + base * groups * sbsz, sf, words, groups, group,
+                               nrows, xs + (size_t)j * stride4, stride4, a);
+#pragma unroll
+            for (int r = 0; r < GEMV_RPW; r++) {
+                float v = a[r][0];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    v += __shfl_xor_sync(0xffffffffu, v, o);
+                tot[r] += wj * v;
+            }
+        }
+        if (lane < nrows) {
+            float v = 0.f;
+#pragma unroll
+            for (int r = 0; r < GEMV_RPW; r++)
+                if (r == lane)
+                    v = tot[r];
+            out[(size_t)t * rows + r0 + lane] = v;
+        }
+    }
+}
+
+size_t gemv_smem(const cu_weight *w, int tt)
+{
+    int vpc = 128 / w->bits;
+    int64_t nch = w->words / 4;
+    return (size_t)tt * ((nch + 31) / 32) * (vpc / 4) * 32 * sizeof(float4);
+}
+
+template <typename K>
+sn_status max_smem(K kern, const cu_devinfo *di, const char *what)
+{
+    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)di->smem_optin), what);
+    return SN_OK;
+}
+
+template <int BITS, int TT>
+sn_status launch_gemv_q(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t e, const float *x, int T,
+                        float *y)
+{
+    size_t smem = gemv_smem(w, TT);
+    int64_t nrb = (w->rows + GEMV_WARPS * GEMV_RPW - 1) / (GEMV_WARPS * GEMV_RPW);
+    int per_sm = (int)(di->smem_optin / (smem + 1024));
+    if (per_sm < 1)
+        per_sm = 1;
+    if (per_sm > 8)
+        per_sm = 8;
+    int64_t grid = nrb < (int64_t)di->n_sm * per_sm ? nrb : (int64_t)di->n_sm * per_sm;
+    size_t sbsz = w->sfmt == CS_F32 ? 8 : 4;
+    k_gemv_q<BITS, TT><<<(unsigned)grid, GEMV_WARPS * 32, smem, s>>>(
+        (const uint32_t *)w->q + (size_t)e * w->rows * w->words, (const char *)w->sb + (size_t)e * w->rows * w->groups * sbsz,
+        w->sfmt, w->bias, w->rows, w->cols, w->words, w->groups, w->group, x, T, y);
+    CU_CHECK_LAUNCH("matmul gemv");
+    return SN_OK;
+}
+
+template <int BITS>
+sn_status gemv_q_tokens(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t e, const float *x, int T,
+                        float *y)
+{
+    /* T tokens in passes of up to 4 (fewer when x would not fit in shared memory). */
+    int t0 = 0;
+    while (t0 < T) {
+        int tt = T - t0 < GEMV_TT ? T - t0 : GEMV_TT;
+        while (tt > 1 && gemv_smem(w, tt) > di->smem_optin)
+            tt--;
+        if (gemv_smem(w, 1) > di->smem_optin)
+            return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
+                           (long long)w->cols);
+        /* y is [T, rows]: a pass writes rows of its own tokens, so hand it y + t0*rows and
+         * let it store with stride rows (it indexes y[t*rows + r]). */
+        const float *xp = x + (size_t)t0 * w->cols;
+        float *yp = y + (size_t)t0 * w->rows;
+        sn_status st;
+        switch (tt) {
+        case 1: st = launch_gemv_q<BITS, 1>(di, s, w, e, xp, 1, yp); break;
+        case 2: st = launch_gemv_q<BITS, 2>(di, s, w, e, xp, 2, yp); break;
+        case 3: st = launch_gemv_q<BITS, 3>(di, s, w, e, xp, 3, yp); break;
+        default: st = launch_gemv_q<BITS, 4>(di, s, w, e, xp, 4, yp); break;
+        }
+        SN_TRY(st);
+        t0 += tt;
+    }
+    return SN_OK;
+}
+
+template <int FMT>
+sn_status launch_gemm(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t e, const __half *xh,
+                      const float *sig, int64_t Kp, int T, float *y)
+{
+    const void *q, *sb = w->sb;
+    if (FMT == CW_Q4 || FMT == CW_Q8) {
+        q = (const uint32_t *)w->q + (size_t)e * w->rows * w->words;
+        sb = (const char *)w->sb + (size_t)e * w->rows * w->groups * (w->sfmt == CS_F32 ? 8 : 4);
+    } else {
+        q = (const char *)w->q + (size_t)e * w->rows * w->cols * (FMT == CW_F32 ? 4 : 2);
+    }
+    dim3 grid((unsigned)((w->rows + BN - 1) / BN), (unsigned)((T + BM - 1) / BM));
+    k_gemm<FMT><<<grid, GEMM_THREADS, GEMM_SMEM, s>>>(*w, q, sb, xh, sig, Kp, T, y);
+    CU_CHECK_LAUNCH("matmul gemm");
+    return SN_OK;
+}
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+} // namespace
+
+sn_status cu_matmul_init(const cu_devinfo *di)
+{
+    SN_TRY(max_smem(k_gemv_q<4, 1>, di, "gemv init"));
+    SN_TRY(max_smem(k_gemv_q<4, 2>, di, "gemv init"));
+    SN_TRY(max_smem(k_gemv_q<4, 3>, di, "gemv init"));
+    SN_TRY(max_smem(k_gemv_q<4, 4>, di, "gemv init"));
+    SN_TRY(max_smem(k_gemv_q<8, 1>, di, "gemv init"));
+    SN_TRY(max_smem(k_gemv_q<8, 2>, di, "gemv init"));
+    SN_TRY(max_smem(k_gemv_q<8, 3>, di, "gemv init"));
+    SN_TRY(max_smem(k_gemv_q<8, 4>, di, "gemv init"));
+    SN_TRY(max_smem(k_gemm<CW_Q4>, di, "gemm init"));
+    SN_TRY(max_smem(k_gemm<CW_Q8>, di, "gemm init"));
+    SN_TRY(max_smem(k_gemm<CW_F32>, di, "gemm init"));
+    SN_TRY(max_smem(k_gemm<CW_F16>, di, "gemm init"));
+    SN_TRY(max_smem(k_gemm<CW_BF16>, di, "gemm init"));
+    SN_TRY(max_smem(k_moe_gate_up<4>, di, "moe init"));
+    SN_TRY(max_smem(k_moe_gate_up<8>, di, "moe init"));
+    SN_TRY(max_smem(k_moe_down<4>, di, "moe init"));
+    SN_TRY(max_smem(k_moe_down<8>, di, "moe init"));
+    if (GEMM_SMEM > di->smem_optin)
+        return SN_FAIL(SN_E_UNSUPPORTED, "cuda: GEMM needs %zu B of shared memory, device has %zu", GEMM_SMEM,
+                       di->smem_optin);
+    return SN_OK;
+}
+
+size_t cu_matmul_scratch_bytes(const cu_weight *w, int T)
+{
+    if (T < GEMM_MIN_T)
+        return 0;
+    int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK);
+    return (size_t)Tp * Kp * sizeof(__half) + (size_t)Tp * sizeof(float) + 256;
+}
+
+sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int expert, const float *x, int T,
+                    float *y, void *scratch)
+{
+    if (T <= 0)
+        return SN_OK;
+    int64_t e = expert;
+    if (T >= GEMM_MIN_T) {
+        int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK);
+        __half *xh = (__half *)scratch;
+        float *sig = (float *)((char *)scratch + round_up((int64_t)(Tp * Kp * sizeof(__half)), 256));
+        k_x_to_f16<<<(unsigned)Tp, 256, 0, s>>>(x, T, w->cols, Kp, xh, sig);
+        CU_CHECK_LAUNCH("matmul x->f16");
+        switch (w->fmt) {
+        case CW_Q4: return launch_gemm<CW_Q4>(di, s, w, e, xh, sig, Kp, T, y);
+        case CW_Q8: return launch_gemm<CW_Q8>(di, s, w, e, xh, sig, Kp, T, y);
+        case CW_F32: return launch_gemm<CW_F32>(di, s, w, e, xh, sig, Kp, T, y);
+        case CW_F16: return launch_gemm<CW_F16>(di, s, w, e, xh, sig, Kp, T, y);
+        default: return launch_gemm<CW_BF16>(di, s, w, e, xh, sig, Kp, T, y);
+        }
+    }
+    if (w->fmt == CW_Q4)
+        return gemv_q_tokens<4>(di, s, w, e, x, T, y);
+    if (w->fmt == CW_Q8)
+        return gemv_q_tokens<8>(di, s, w, e, x, T, y);
+    int64_t grid = (w->rows + 7) / 8;
+    const void *q = (const char *)w->q + (size_t)e * w->rows * w->cols * (w->fmt == CW_F32 ? 4 : 2);
+    switch (w->fmt) {
+    case CW_F32: k_gemv_dense<CW_F32><<<(unsigned)grid, 256, 0, s>>>(q, w->bias, w->rows, w->cols, x, T, y); break;
+    case CW_F16: k_gemv_dense<CW_F16><<<(unsigned)grid, 256, 0, s>>>(q, w->bias, w->rows, w->cols, x, T, y); break;
+    default: k_gemv_dense<CW_BF16><<<(unsigned)grid, 256, 0, s>>>(q, w->bias, w->rows, w->cols, x, T, y); break;
+    }
+    CU_CHECK_LAUNCH("matmul gemv dense");
+    return SN_OK;
+}
+
+sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int T, float *y)
+{
+    if (T <= 0)
+        return SN_OK;
+    int64_t per_thread = (w->fmt == CW_Q4 || w->fmt == CW_Q8) ? w->words : w->cols;
+    unsigned gx = (unsigned)((per_thread + 255) / 256);
+    if (gx > 64)
+        gx = 64;
+    k_embed<<<dim3(gx, (unsigned)T), 256, 0, s>>>(*w, d_ids, y);
+    CU_CHECK_LAUNCH("embed");
+    return SN_OK;
+}
+
+size_t cu_moe_scratch_bytes(const cu_weight *gate, int T, int top_k)
+{
+    return (size_t)T * top_k * (sizeof(int32_t) + sizeof(float)) + 512 +
+           (size_t)T * top_k * gate->rows * sizeof(float);
+}
+
+sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, const cu_weight *up,
+                 const cu_weight *down, const float *logits, int top_k, int norm_topk, const float *x, int T,
+                 float *out, void *scratch)
+{
+    if (T <= 0)
+        return SN_OK;
+    if (top_k > MOE_MAX_K)
+        return SN_FAIL(SN_E_UNSUPPORTED, "moe: top_k %d > %d", top_k, MOE_MAX_K);
+    int E = (int)gate->n_experts;
+    int32_t *idx = (int32_t *)scratch;
+    float *wts = (float *)((char *)scratch + round_up((int64_t)T * top_k * 4, 256));
+    float *h = (float *)((char *)wts + round_up((int64_t)T * top_k * 4, 256));
+    k_moe_route<<<(unsigned)((T + 3) / 4), 128, 0, s>>>(logits, T, E, top_k, norm_topk, idx, wts);
+    CU_CHECK_LAUNCH("moe route");
+    int64_t I = gate->rows, H = gate->cols;
+    int64_t nrb = (I + GEMV_WARPS * GEMV_RPW - 1) / (GEMV_WARPS * GEMV_RPW);
+    size_t smem1 = gemv_smem(gate, 1);
+    dim3 g1((unsigned)nrb, (unsigned)top_k, (unsigned)T);
+    if (gate->bits == 4) {
+        k_moe_gate_up<4><<<g1, GEMV_WARPS * 32, smem1, s>>>((const uint32_t *)gate->q, gate->sb,
+                                                             (const uint32_t *)up->q, up->sb, gate->sfmt, I, H,
+                                                             gate->words, gate->groups, gate->group, idx, top_k, x, h);
+    } else {
+        k_moe_gate_up<8><<<g1, GEMV_WARPS * 32, smem1, s>>>((const uint32_t *)gate->q, gate->sb,
+                                                             (const uint32_t *)up->q, up->sb, gate->sfmt, I, H,
+                                                             gate->words, gate->groups, gate->group, idx, top_k, x, h);
+    }
+    CU_CHECK_LAUNCH("moe gate/up");
+    int64_t nrb2 = (H + GEMV_WARPS * GEMV_RPW - 1) / (GEMV_WARPS * GEMV_RPW);
+    size_t smem2 = gemv_smem(down, top_k);
+    if (smem2 > di->smem_optin)
+        return SN_FAIL(SN_E_UNSUPPORTED, "moe: top_k %d x %lld hidden exceed shared memory", top_k, (long long)I);
+    dim3 g2((unsigned)nrb2, (unsigned)T);
+    if (down->bits == 4) {
+        k_moe_down<4><<<g2, GEMV_WARPS * 32, smem2, s>>>((const uint32_t *)down->q, down->sb, down->sfmt, H, I,
+                                                         down->words, down->groups, down->group, idx, wts, top_k, h,
+                                                         out);
+    } else {
+        k_moe_down<8><<<g2, GEMV_WARPS * 32, smem2, s>>>((const uint32_t *)down->q, down->sb, down->sfmt, H, I,
+                                                         down->words, down->groups, down->group, idx, wts, top_k, h,
+                                                         out);
+    }
+    CU_CHECK_LAUNCH("moe down");
+    return SN_OK;
+}

@@ -1,0 +1,745 @@
+/* Norms, elementwise ops, RoPE, the KV cache, attention (split-KV decode and
+ * a tiled flash-style causal prefill, both GQA by indexing the shared KV
+ * head, never by copying it), the GatedDeltaNet layer core, and argmax.
+ * Semantics follow the scalar CPU oracle (src/backend/cpu/ops_ref.c). */
+#include <math.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+namespace {
+
+__device__ __forceinline__ float silu(float x) { return x / (1.f + expf(-x)); }
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024). */
+__device__ float block_sum(float v, float *red)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* red may still be read from a previous call */
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.f;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0)
+            red[32] = v;
+    }
+    __syncthreads();
+    return red[32];
+}
+
+unsigned norm_threads(int n) { return n <= 128 ? 64u : n <= 512 ? 128u : n <= 2048 ? 256u : 512u; }
+
+__global__ void k_rmsnorm(const float *__restrict__ x, const float *__restrict__ w, int n, float eps,
+                          float *__restrict__ y)
+{
+    __shared__ float red[33];
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float *yr = y + (size_t)blockIdx.x * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float inv = 1.f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        yr[i] = xr[i] * inv * w[i];
+}
+
+__global__ void k_gated_rmsnorm(const float *__restrict__ o, const float *__restrict__ z, const float *__restrict__ w,
+                                int n, float eps, float *__restrict__ y)
+{
+    __shared__ float red[33];
+    size_t off = (size_t)blockIdx.x * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        ss += o[off + i] * o[off + i];
+    ss = block_sum(ss, red);
+    float inv = 1.f / sqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        y[off + i] = w[i] * (o[off + i] * inv) * silu(z[off + i]);
+}
+
+__global__ void k_add(float *__restrict__ y, const float *__restrict__ x, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += x[i];
+}
+
+__global__ void k_swiglu(const float *__restrict__ g, const float *__restrict__ u, size_t n, float *__restrict__ out)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = silu(g[i]) * u[i];
+}
+
+__global__ void k_mul_sigmoid(float *__restrict__ y, const float *__restrict__ g, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] *= sigmoidf_(g[i]);
+}
+
+unsigned ew_grid(size_t n)
+{
+    size_t g = (n + 255) / 256;
+    return (unsigned)(g > 4096 ? 4096 : g < 1 ? 1 : g);
+}
+
+/* One thread per (token, head, rotary pair). The angle is formed in fp32
+ * exactly as the CPU does (fp32 position times fp32 inv_freq). */
+__global__ void k_rope(float *__restrict__ x, int T, int n_heads, int head_dim, int half, int pos0,
+                       const int *__restrict__ d_delta, const float *__restrict__ inv_freq, float mscale)
+{
+    size_t n = (size_t)T * n_heads * half;
+    int p0 = pos0 + *d_delta;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(e % half);
+        size_t th = e / half;
+        int t = (int)(th / n_heads);
+        float ang = (float)(p0 + t) * inv_freq[i];
+        float c = cosf(ang) * mscale, s = sinf(ang) * mscale;
+        float *xh = x + th * head_dim;
+        float x1 = xh[i], x2 = xh[i + half];
+        xh[i] = x1 * c - x2 * s;
+        xh[i + half] = x2 * c + x1 * s;
+    }
+}
+
+__global__ void k_kv_write(float *__restrict__ kc, float *__restrict__ vc, const float *__restrict__ k,
+                           const float *__restrict__ v, size_t n, size_t row, int pos0, const int *__restrict__ d_delta)
+{
+    size_t off = (size_t)(pos0 + *d_delta) * row;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        kc[off + i] = k[i];
+        vc[off + i] = v[i];
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Attention, decode: split-KV. Grid (T*Hq, NSPLIT); each split keeps an     */
+/* online-softmax partial (m, l, o[D]) that k_attn_combine merges.           */
+/* ------------------------------------------------------------------------ */
+
+constexpr int NSPLIT = 32;
+constexpr int DEC_WARPS = 4;
+constexpr int DEC_KB = 4; /* keys per warp step, reduced together */
+
+template <int EPL>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+k_attn_decode(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc, int Hq, int Hkv,
+              int D, int pos0, const int *__restrict__ d_delta, float scale, float *__restrict__ part)
+{
+    const int th = blockIdx.x, split = blockIdx.y;
+    const int t = th / Hq, h = th % Hq, kvh = h / (Hq / Hkv);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int L = pos0 + *d_delta + t + 1; /* keys [0, L) */
+    const int per = (L + NSPLIT - 1) / NSPLIT;
+    const int j0 = split * per, j1 = min(L, j0 + per);
+    const size_t stride = (size_t)Hkv * D;
+    const float *qh = q + ((size_t)t * Hq + h) * D;
+    const float *kb = kc + (size_t)kvh * D, *vb = vc + (size_t)kvh * D;
+    float qv[EPL], o[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        int d = lane + 32 * e;
+        qv[e] = d < D ? qh[d] * scale : 0.f;
+        o[e] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    for (int jb = j0 + warp * DEC_KB; jb < j1; jb += DEC_WARPS * DEC_KB) {
+        float s[DEC_KB];
+#pragma unroll
+        for (int kk = 0; kk < DEC_KB; kk++) {
+            int j = jb + kk;
+            float acc = 0.f;
+            if (j < j1) {
+#pragma unroll
+                for (int e = 0; e < EPL; e++) {
+                    int d = lane + 32 * e;
+                    if (d < D)
+                        acc = fmaf(qv[e], kb[(size_t)j * stride + d], acc);
+                }
+            }
+            s[kk] = acc;
+        }
+#pragma unroll
+        for (int o2 = 16; o2 > 0; o2 >>= 1)
+#pragma unroll
+            for (int kk = 0; kk < DEC_KB; kk++)
+                s[kk] += __shfl_xor_sync(0xffffffffu, s[kk], o2);
+        float mx = m;
+#pragma unroll
+        for (int kk = 0; kk < DEC_KB; kk++)
+            if (jb + kk < j1)
+                mx = fmaxf(mx, s[kk]);
+        float corr = expf(m - mx); /* 0 when m was -inf */
+        l *= corr;
+#pragma unroll
+        for (int e = 0; e < EPL; e++)
+            o[e] *= corr;
+#pragma unroll
+        for (int kk = 0; kk < DEC_KB; kk++) {
+            int j = jb + kk;
+            if (j < j1) {
+                float p = expf(s[kk] - mx);
+                l += p;
+#pragma unroll
+                for (int e = 0; e < EPL; e++) {
+                    int d = lane + 32 * e;
+                    if (d < D)
+                        o[e] = fmaf(p, vb[(size_t)j * stride + d], o[e]);
+                }
+            }
+        }
+        m = mx;
+    }
+    /* merge the warps of the block */
+    __shared__ float sm[DEC_WARPS], sl[DEC_WARPS];
+    extern __shared__ float so[]; /* [DEC_WARPS][D] */
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        int d = lane + 32 * e;
+        if (d < D)
+            so[warp * D + d] = o[e];
+    }
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < DEC_WARPS; w++)
+        M = fmaxf(M, sm[w]);
+    float* out = part + ((size_t)th * NSPLIT + split) * (D + 2);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.f;
+        for (int w = 0; w < DEC_WARPS; w++)
+            if (sm[w] != -INFINITY)
+                acc += so[w * D + d] * expf(sm[w] - M);
+        out[2 + d] = acc;
+    }
+    if (threadIdx.x == 0) {
+        float Lsum = 0.f;
+        for (int w = 0; w < DEC_WARPS; w++)
+            if (sm[w] != -INFINITY)
+                Lsum += sl[w] * expf(sm[w] - M);
+        out[0] = M;
+        out[1] = Lsum;
+    }
+}
+
+__global__ void k_attn_combine(const float *__restrict__ part, int D, float *__restrict__ out)
+{
+    const int th = blockIdx.x;
+    const float *p = part + (size_t)th * NSPLIT * (D + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < NSPLIT; s++)
+        M = fmaxf(M, p[(size_t)s * (D + 2)]);
+    float L = 0.f;
+    for (int s = 0; s < NSPLIT; s++) {
+        float ms = p[(size_t)s * (D + 2)];
+        if (ms != -INFINITY)
+            L += p[(size_t)s * (D + 2) + 1] * expf(ms - M);
+    }
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < NSPLIT; s++) {
+            float ms = p[(size_t)s * (D + 2)];
+            if (ms != -INFINITY)
+                acc += p[(size_t)s * (D + 2) + 2 + d] * expf(ms - M);
+        }
+        out[(size_t)th * D + d] = acc / L;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Attention, prefill: one block per (32 queries, q head); key tiles of 32   */
+/* in shared memory; thread (qi = tid/8, lane8 = tid%8) owns 4 scores of its */
+/* query row and the output columns d = lane8 + 8*i.                          */
+/* ------------------------------------------------------------------------ */
+
+constexpr int PF_BQ = 32, PF_BK = 32, PF_THREADS = 256;
+
+size_t prefill_smem(int D)
+{
+    int ld = D + 1;
+    return sizeof(float) * ((size_t)PF_BQ * ld + (size_t)PF_BK * ld + (size_t)PF_BK * D + (size_t)PF_BQ * (PF_BK + 1));
+}
+
+template <int MAXI>
+__global__ void __launch_bounds__(PF_THREADS)
+k_attn_prefill(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc, int T, int Hq,
+               int Hkv, int D, int pos0, const int *__restrict__ d_delta, float scale, float *__restrict__ out)
+{
+    extern __shared__ float sh[];
+    const int ld = D + 1;
+    float *Qs = sh, *Ks = Qs + PF_BQ * ld, *Vs = Ks + PF_BK * ld, *Ps = Vs + PF_BK * D;
+    const int h = blockIdx.y, kvh = h / (Hq / Hkv);
+    const int t0 = blockIdx.x * PF_BQ;
+    const int p0 = pos0 + *d_delta;
+    const int qi = threadIdx.x >> 3, l8 = threadIdx.x & 7;
+    const size_t stride = (size_t)Hkv * D;
+    for (int e = threadIdx.x; e < PF_BQ * D; e += PF_THREADS) {
+        int r = e / D, d = e % D;
+        int t = t0 + r;
+        Qs[r * ld + d] = t < T ? q[((size_t)t * Hq + h) * D + d] * scale : 0.f;
+    }
+    const int my_t = t0 + qi;
+    const int my_pos = p0 + my_t; /* keys [0, my_pos] */
+    const int last_pos = p0 + min(T, t0 + PF_BQ) - 1;
+    float o[MAXI];
+#pragma unroll
+    for (int i = 0; i < MAXI; i++)
+        o[i] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    for (int k0 = 0; k0 <= last_pos; k0 += PF_BK) {
+        __syncthreads(); /* previous tile fully used */
+        for (int e = threadIdx.x; e < PF_BK * D; e += PF_THREADS) {
+            int r = e / D, d = e % D;
+            int j = k0 + r;
+            bool ok = j <= last_pos;
+            Ks[r * ld + d] = ok ? kc[(size_t)j * stride + (size_t)kvh * D + d] : 0.f;
+            Vs[r * D + d] = ok ? vc[(size_t)j * stride + (size_t)kvh * D + d] : 0.f;
+        }
+        __syncthreads();
+        float s[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            s[c] = 0.f;
+        const float *qr = Qs + qi * ld;
+        for (int d = 0; d < D; d++) {
+            float qd = qr[d];
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                s[c] = fmaf(qd, Ks[(l8 + 8 * c) * ld + d], s[c]);
+        }
+        float mx = m;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            int j = k0 + l8 + 8 * c;
+            if (j > my_pos || my_t >= T)
+                s[c] = -INFINITY;
+            mx = fmaxf(mx, s[c]);
+        }
+#pragma unroll
+        for (int o2 = 1; o2 < 8; o2 <<= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+        float corr = mx == -INFINITY ? 1.f : expf(m - mx);
+        float psum = 0.f;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            float p = s[c] == -INFINITY ? 0.f : expf(s[c] - mx);
+            Ps[qi * (PF_BK + 1) + l8 + 8 * c] = p;
+            psum += p;
+        }
+#pragma unroll
+        for (int o2 = 1; o2 < 8; o2 <<= 1)
+            psum += __shfl_xor_sync(0xffffffffu, psum, o2);
+        l = l * corr + psum;
+        m = mx;
+        __syncwarp();
+        const float *pr = Ps + qi * (PF_BK + 1);
+#pragma unroll
+        for (int i = 0; i < MAXI; i++) {
+            int d = l8 + 8 * i;
+            if (d < D) {
+                float acc = o[i] * corr;
+                for (int j = 0; j < PF_BK; j++)
+                    acc = fmaf(pr[j], Vs[j * D + d], acc);
+                o[i] = acc;
+            }
+        }
+    }
+    if (my_t < T) {
+        float inv = 1.f / l;
+#pragma unroll
+        for (int i = 0; i < MAXI; i++) {
+            int d = l8 + 8 * i;
+            if (d < D)
+                out[((size_t)my_t * Hq + h) * D + d] = o[i] * inv;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* GatedDeltaNet                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Block (head vector hv_idx, token t): channels of one q, k or v head of
+ * token t through the causal conv + SiLU; q/k heads l2-normalised (q also
+ * times Dk^-0.5). Head index: [0,Hk) q, [Hk,2Hk) k, [2Hk, 2Hk+Hv) v. Block 0
+ * of each token also forms beta and the decay for every value head. */
+__global__ void k_gdn_conv(const float *__restrict__ qkv, const float *__restrict__ conv_w,
+                           const float *__restrict__ state, int Hk, int Hv, int Dk, int Dv, int K, float l2eps,
+                           const float *__restrict__ a, const float *__restrict__ b, const float *__restrict__ A_log,
+                           const float *__restrict__ dt_bias, float *__restrict__ c, float *__restrict__ beta,
+                           float *__restrict__ decay)
+{
+    __shared__ float red[33];
+    const int hidx = blockIdx.x, t = blockIdx.y;
+    const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
+    int ch0, n;
+    bool is_qk = hidx < 2 * Hk;
+    if (is_qk) {
+        ch0 = hidx * Dk;
+        n = Dk;
+    } else {
+        ch0 = 2 * key_dim + (hidx - 2 * Hk) * Dv;
+        n = Dv;
+    }
+    float ss = 0.f;
+    float vals[4]; /* up to 4 channels per thread (head dims up to 4*blockDim) */
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        int i = threadIdx.x + r * blockDim.x;
+        vals[r] = 0.f;
+        if (i < n) {
+            int ch = ch0 + i;
+            const float *w = conv_w + (size_t)ch * K;
+            float acc = 0.f;
+            for (int k = 0; k < K; k++) {
+                int xi = t + k; /* index into concat(state, qkv) */
+                float xv = xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
+                acc += w[k] * xv;
+            }
+            float v = silu(acc);
+            vals[r] = v;
+            ss += v * v;
+        }
+    }
+    if (is_qk) {
+        ss = block_sum(ss, red);
+        float inv = 1.f / sqrtf(ss + l2eps);
+        if (hidx < Hk)
+            inv *= 1.f / sqrtf((float)Dk);
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            vals[r] *= inv;
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        int i = threadIdx.x + r * blockDim.x;
+        if (i < n)
+            c[(size_t)t * C + ch0 + i] = vals[r];
+    }
+    if (hidx == 0)
+        for (int hv = threadIdx.x; hv < Hv; hv += blockDim.x) {
+            float A = -expf(A_log[hv]);
+            float g = A * softplus(a[(size_t)t * Hv + hv] + dt_bias[hv]);
+            decay[(size_t)t * Hv + hv] = expf(g);
+            beta[(size_t)t * Hv + hv] = sigmoidf_(b[(size_t)t * Hv + hv]);
+        }
+}
+
+/* New conv state = rows T..T+K-2 of concat(state, qkv); one thread per
+ * channel, ascending rows, so the in-place update never reads a row it
+ * already replaced. Runs after k_gdn_conv has read the old state. */
+__global__ void k_gdn_state(float *__restrict__ state, const float *__restrict__ qkv, int C, int K, int T)
+{
+    for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < C; ch += gridDim.x * blockDim.x)
+        for (int i = 0; i < K - 1; i++) {
+            int xi = T + i;
+            float v = xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
+            state[(size_t)i * C + ch] = v;
+        }
+}
+
+/* The delta rule. Block (value head hv, 32 columns of Dv), 4 warps; lane =
+ * (column within the warp's 8, quarter of the Dk rows). Each thread keeps
+ * its RPT = Dk/4 rows of S for its column in registers across all T tokens;
+ * dot products over Dk are finished with two xor-shuffles. */
+template <int RPT>
+__global__ void __launch_bounds__(128)
+k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const float *__restrict__ decay,
+          float *__restrict__ S, int Hk, int Hv, int Dk, int Dv, int T, float *__restrict__ out)
+{
+    const int hv = blockIdx.x, hk = hv / (Hv / Hk);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int col = blockIdx.y * 32 + warp * 8 + (lane & 7);
+    const int part = lane >> 3;
+    const int rows_per = (Dk + 3) / 4;
+    const int i0 = part * rows_per;
+    const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
+    const bool active = col < Dv;
+    float *Sh = S + (size_t)hv * Dk * Dv;
+    float s[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; r++) {
+        int i = i0 + r;
+        s[r] = (active && r < rows_per && i < Dk) ? Sh[(size_t)i * Dv + col] : 0.f;
+    }
+    for (int t = 0; t < T; t++) {
+        const float *ct = c + (size_t)t * C;
+        const float *qv = ct + (size_t)hk * Dk, *kv = ct + key_dim + (size_t)hk * Dk;
+        float v = active ? ct[2 * key_dim + (size_t)hv * Dv + col] : 0.f;
+        float a = decay[(size_t)t * Hv + hv], bt = beta[(size_t)t * Hv + hv];
+        float kr[RPT];
+        float dot = 0.f;
+#pragma unroll
+        for (int r = 0; r < RPT; r++) {
+            int i = i0 + r;
+            kr[r] = (r < rows_per && i < Dk) ? __ldg(kv + i) : 0.f;
+            dot = fmaf(s[r], kr[r], dot);
+        }
+        dot += __shfl_xor_sync(0xffffffffu, dot, 8);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 16);
+        float delta = (v - a * dot) * bt;
+        float od = 0.f;
+#pragma unroll
+        for (int r = 0; r < RPT; r++) {
+            int i = i0 + r;
+            float qi = (r < rows_per && i < Dk) ? __ldg(qv + i) : 0.f;
+            s[r] = fmaf(kr[r], delta, a * s[r]);
+            od = fmaf(s[r], qi, od);
+        }
+        od += __shfl_xor_sync(0xffffffffu, od, 8);
+        od += __shfl_xor_sync(0xffffffffu, od, 16);
+        if (active && part == 0)
+            out[((size_t)t * Hv + hv) * Dv + col] = od;
+    }
+#pragma unroll
+    for (int r = 0; r < RPT; r++) {
+        int i = i0 + r;
+        if (active && r < rows_per && i < Dk)
+            Sh[(size_t)i * Dv + col] = s[r];
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+
+__global__ void k_argmax(const float *__restrict__ x, int n, int32_t *__restrict__ out)
+{
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i];
+        if (v > best || (v == best && i < bi)) { /* NaN never wins */
+            best = v;
+            bi = i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ob > best || (ob == best && oi < bi)) {
+            best = ob;
+            bi = oi;
+        }
+    }
+    __shared__ float sb[32];
+    __shared__ int si[32];
+    if ((threadIdx.x & 31) == 0) {
+        sb[threadIdx.x >> 5] = best;
+        si[threadIdx.x >> 5] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        best = sb[0];
+        bi = si[0];
+        for (int w = 1; w < (int)(blockDim.x / 32); w++)
+            if (sb[w] > best || (sb[w] == best && si[w] < bi)) {
+                best = sb[w];
+                bi = si[w];
+            }
+        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
+} // namespace
+
+sn_status cu_ops_init(const cu_devinfo *di)
+{
+    int v = (int)di->smem_optin;
+    CU_TRY(cudaFuncSetAttribute(k_attn_prefill<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
+    CU_TRY(cudaFuncSetAttribute(k_attn_prefill<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
+    CU_TRY(cudaFuncSetAttribute(k_attn_prefill<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
+    CU_TRY(cudaFuncSetAttribute(k_attn_prefill<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
+    return SN_OK;
+}
+
+sn_status cu_rmsnorm(cudaStream_t s, const float *x, const float *w, int rows, int n, float eps, float *y)
+{
+    if (rows <= 0)
+        return SN_OK;
+    k_rmsnorm<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, w, n, eps, y);
+    CU_CHECK_LAUNCH("rmsnorm");
+    return SN_OK;
+}
+
+sn_status cu_gated_rmsnorm(cudaStream_t s, const float *o, const float *z, const float *w, int rows, int n,
+                           float eps, float *y)
+{
+    if (rows <= 0)
+        return SN_OK;
+    k_gated_rmsnorm<<<(unsigned)rows, norm_threads(n), 0, s>>>(o, z, w, n, eps, y);
+    CU_CHECK_LAUNCH("gated_rmsnorm");
+    return SN_OK;
+}
+
+sn_status cu_add(cudaStream_t s, float *y, const float *x, size_t n)
+{
+    if (!n)
+        return SN_OK;
+    k_add<<<ew_grid(n), 256, 0, s>>>(y, x, n);
+    CU_CHECK_LAUNCH("add");
+    return SN_OK;
+}
+
+sn_status cu_swiglu(cudaStream_t s, const float *g, const float *u, size_t n, float *out)
+{
+    if (!n)
+        return SN_OK;
+    k_swiglu<<<ew_grid(n), 256, 0, s>>>(g, u, n, out);
+    CU_CHECK_LAUNCH("swiglu");
+    return SN_OK;
+}
+
+sn_status cu_mul_sigmoid(cudaStream_t s, float *y, const float *g, size_t n)
+{
+    if (!n)
+        return SN_OK;
+    k_mul_sigmoid<<<ew_grid(n), 256, 0, s>>>(y, g, n);
+    CU_CHECK_LAUNCH("mul_sigmoid");
+    return SN_OK;
+}
+
+sn_status cu_rope(cudaStream_t s, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
+                  const int *d_delta, const float *inv_freq, float mscale)
+{
+    size_t n = (size_t)T * n_heads * (rot_dim / 2);
+    if (!n)
+        return SN_OK;
+    k_rope<<<ew_grid(n), 256, 0, s>>>(x, T, n_heads, head_dim, rot_dim / 2, pos0, d_delta, inv_freq, mscale);
+    CU_CHECK_LAUNCH("rope");
+    return SN_OK;
+}
+
+sn_status cu_kv_write(cudaStream_t s, const sn_kv_view *kv, const float *k, const float *v, int T, int pos0,
+                      const int *d_delta)
+{
+    size_t row = (size_t)kv->n_kv_heads * kv->head_dim, n = row * T;
+    if (!n)
+        return SN_OK;
+    k_kv_write<<<ew_grid(n), 256, 0, s>>>(kv->k, kv->v, k, v, n, row, pos0, d_delta);
+    CU_CHECK_LAUNCH("kv_write");
+    return SN_OK;
+}
+
+/* Decode (split-KV) for up to this many new tokens; the tiled kernel above. */
+#define DECODE_MAX_T 4
+
+size_t cu_attention_scratch_bytes(const sn_kv_view *kv, int T, int n_q_heads)
+{
+    if (T > DECODE_MAX_T)
+        return 0;
+    return (size_t)T * n_q_heads * NSPLIT * (kv->head_dim + 2) * sizeof(float);
+}
+
+sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, const sn_kv_view *kv, int T,
+                       int pos0, const int *d_delta, int n_q_heads, float scale, float *out, void *scratch)
+{
+    if (T <= 0)
+        return SN_OK;
+    int D = kv->head_dim, Hkv = kv->n_kv_heads;
+    if (D > 256)
+        return SN_FAIL(SN_E_UNSUPPORTED, "attention: head_dim %d > 256", D);
+    if (T <= DECODE_MAX_T) {
+        float *part = (float *)scratch;
+        dim3 grid((unsigned)(T * n_q_heads), NSPLIT);
+        size_t smem = (size_t)DEC_WARPS * D * sizeof(float);
+        int epl = (D + 31) / 32;
+        if (epl <= 1)
+            k_attn_decode<1><<<grid, DEC_WARPS * 32, smem, s>>>(q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
+                                                                 scale, part);
+        else if (epl <= 2)
+            k_attn_decode<2><<<grid, DEC_WARPS * 32, smem, s>>>(q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
+                                                                 scale, part);
+        else if (epl <= 4)
+            k_attn_decode<4><<<grid, DEC_WARPS * 32, smem, s>>>(q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
+                                                                 scale, part);
+        else
+            k_attn_decode<8><<<grid, DEC_WARPS * 32, smem, s>>>(q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
+                                                                 scale, part);
+        CU_CHECK_LAUNCH("attention decode");
+        k_attn_combine<<<(unsigned)(T * n_q_heads), D < 128 ? 64 : 128, 0, s>>>(part, D, out);
+        CU_CHECK_LAUNCH("attention combine");
+        return SN_OK;
+    }
+    size_t smem = prefill_smem(D);
+    if (smem > di->smem_optin)
+        return SN_FAIL(SN_E_UNSUPPORTED, "attention: head_dim %d needs %zu B of shared memory", D, smem);
+    dim3 grid((unsigned)((T + PF_BQ - 1) / PF_BQ), (unsigned)n_q_heads);
+    int mi = (D + 7) / 8;
+#define PF_LAUNCH(MI)                                                                                             \
+    do {                                                                                                          \
+        k_attn_prefill<MI><<<grid, PF_THREADS, smem, s>>>(q, kv->k, kv->v, T, n_q_heads, Hkv, D, pos0, d_delta,  \
+                                                          scale, out);                                           \
+    } while (0)
+    if (mi <= 4)
+        PF_LAUNCH(4);
+    else if (mi <= 8)
+        PF_LAUNCH(8);
+    else if (mi <= 16)
+        PF_LAUNCH(16);
+    else
+        PF_LAUNCH(32);
+#undef PF_LAUNCH
+    CU_CHECK_LAUNCH("attention prefill");
+    return SN_OK;
+}
+
+size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T)
+{
+    size_t C = 2 * (size_t)d->n_k_heads * d->dk + (size_t)d->n_v_heads * d->dv;
+    return sizeof(float) * ((size_t)T * C + 2 * (size_t)T * d->n_v_heads) + 512;
+}
+
+sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
+                 const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
+                 int T, float *out, void *scratch)
+{
+    if (T <= 0)
+        return SN_OK;
+    int Hk = d->n_k_heads, Hv = d->n_v_heads, Dk = d->dk, Dv = d->dv, K = d->conv_k;
+    if (Dk > 256 || Dv > 512)
+        return SN_FAIL(SN_E_UNSUPPORTED, "gdn: dk %d (max 256) dv %d (max 512)", Dk, Dv);
+    size_t C = 2 * (size_t)Hk * Dk + (size_t)Hv * Dv;
+    float *c = (float *)scratch;
+    float *beta = c + (size_t)T * C, *decay = beta + (size_t)T * Hv;
+    float l2eps = d->norm_eps > 0.f ? d->norm_eps : 1e-6f;
+    unsigned th = 128; /* k_gdn_conv covers up to 4*128 channels per head */
+    k_gdn_conv<<<dim3((unsigned)(2 * Hk + Hv), (unsigned)T), th, 0, s>>>(qkv, conv_w, conv_state, Hk, Hv, Dk, Dv, K,
+                                                                          l2eps, a, b, A_log, dt_bias, c, beta, decay);
+    CU_CHECK_LAUNCH("gdn conv");
+    if (K > 1) {
+        k_gdn_state<<<(unsigned)((C + 255) / 256), 256, 0, s>>>(conv_state, qkv, (int)C, K, T);
+        CU_CHECK_LAUNCH("gdn conv state");
+    }
+    dim3 grid((unsigned)Hv, (unsigned)((Dv + 31) / 32));
+    int rpt = (Dk + 3) / 4;
+    if (rpt <= 8)
+        k_gdn_rec<8><<<grid, 128, 0, s>>>(c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+    else if (rpt <= 16)
+        k_gdn_rec<16><<<grid, 128, 0, s>>>(c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+    else if (rpt <= 32)
+        k_gdn_rec<32><<<grid, 128, 0, s>>>(c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+    else
+        k_gdn_rec<64><<<grid, 128, 0, s>>>(c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+    CU_CHECK_LAUNCH("gdn recurrence");
+    return SN_OK;
+}
+
+sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_out)
+{
+    if (rows <= 0)
+        return SN_OK;
+    k_argmax<<<(unsigned)rows, 256, 0, s>>>(x, n, d_out);
+    CU_CHECK_LAUNCH("argmax");
+    return SN_OK;
+}

@@ -1,0 +1,44 @@
+/* CUDA-only entry points beyond the backend table (C API, for tests and
+ * benchmarks). Every function takes a backend made by sn_backend_cuda_new;
+ * passing another backend is a programmer error (asserted). */
+#ifndef SANCTUM_SN_CUDA_H
+#define SANCTUM_SN_CUDA_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "sanctum/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* True when be is a CUDA backend. */
+int sn_cuda_is(const sn_backend *be);
+/* Device name and memory: used (free subtracted from total, whole device)
+ * and held by this backend (uploaded weights + its scratch; buffers
+ * from buf_alloc are counted only in dev_used). */
+sn_status sn_cuda_info(sn_backend *be, char *name, size_t name_len, size_t *dev_used, size_t *dev_total,
+                       size_t *held);
+/* Per-op timing of eagerly run ops with CUDA events (graphs are not timed).
+ * Turning it on resets the counters; the report synchronizes and prints one
+ * line per op kind: calls, total ms, share. */
+void sn_cuda_profile(sn_backend *be, int on);
+sn_status sn_cuda_profile_report(sn_backend *be, FILE *f);
+/* Graph statistics: steps replayed from a graph, steps (re)captured, steps
+ * that ran eagerly because something inside needed the host. */
+void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *eager);
+
+/* Until backend.h carries these ops in its table, they are reachable here;
+ * the table entries call the same functions. See cuda_backend.cu. */
+sn_status sn_cuda_argmax(sn_backend *be, const float *x, int rows, int n, int32_t *out_host);
+sn_status sn_cuda_moe(sn_backend *be, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
+                      const float *logits, int top_k, int norm_topk, const float *x, int T, float *out);
+sn_status sn_cuda_begin_step(sn_backend *be);
+sn_status sn_cuda_end_step(sn_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
