@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sanctum/cpu.h"
 #include "sanctum/tensor.h"
 
 typedef struct sn_backend sn_backend;
@@ -44,7 +45,7 @@ typedef struct {
 
 typedef struct {
     int n_k_heads, n_v_heads, dk, dv, conv_k; /* Hk, Hv, Dk, Dv, K */
-    float norm_eps;
+    float norm_eps; /* l2norm epsilon for q and k (HF: 1e-6); <= 0 means 1e-6. Not the gated-norm eps. */
 } sn_gdn_dims;
 
 typedef struct sn_backend_ops {
@@ -100,8 +101,12 @@ struct sn_backend {
 
 typedef enum { SN_BACKEND_CPU, SN_BACKEND_CUDA } sn_backend_kind;
 
-/* CPU: n_threads <= 0 means one per core. CUDA: gpu index. */
+/* CPU: n_threads <= 0 means one per core. Kernels: SANCTUM_CPU if set
+ * (scalar|avx2|avx512; an unknown or unsupported value is an error), else
+ * the best this CPU supports. ops->name says which: "cpu-avx512", ... */
 sn_status sn_backend_cpu_new(int n_threads, sn_backend **out);
+/* The same with an explicit kernel level (SN_E_UNSUPPORTED if the CPU lacks it). */
+sn_status sn_backend_cpu_new_isa(int n_threads, sn_isa isa, sn_backend **out);
 sn_status sn_backend_cuda_new(int gpu, sn_backend **out);   /* SN_E_UNSUPPORTED when built without CUDA */
 void sn_backend_free(sn_backend *be);
 

@@ -82,7 +82,9 @@ static void *worker_main(void *arg)
     sn_pool *p = me->pool;
     t_inside = p;
     t_tid = me->tid;
-    uint32_t seen = atomic_load(&p->gen);
+    /* Not a load of gen: a worker that starts late must still see the
+     * first job, which may already be published. gen starts at 0. */
+    uint32_t seen = 0;
     for (;;) {
         uint32_t g;
         int spins = 0;

@@ -1,0 +1,118 @@
+/* Internal contract between the CPU backend driver (cpu_backend.c) and its
+ * kernels: the scalar oracle (ops_ref.c) and the SIMD files, which are
+ * compiled with their own -m flags (kernels_avx2.c, kernels_avx512.c) and so
+ * must only be reached through the table that matches the running CPU. */
+#ifndef SANCTUM_CPU_INTERNAL_H
+#define SANCTUM_CPU_INTERNAL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "sanctum/backend.h"
+#include "sanctum/cpu.h"
+#include "sanctum/tensor.h"
+
+/* One matrix of a (possibly stacked) weight, resolved and validated. */
+typedef struct {
+    sn_dtype dtype;          /* F32/F16/BF16 dense, or Q4/Q8 */
+    int bits;                /* 4 or 8 when quantized, else 0 */
+    int64_t rows, cols;
+    int group;               /* quant group (0 when dense) */
+    int64_t n_groups;        /* cols / group per row */
+    const uint8_t *data;     /* row r starts at data + r*row_bytes */
+    size_t row_bytes;
+    const uint8_t *scales;   /* row r: scales + r*n_groups*s_size (quantized) */
+    const uint8_t *qbiases;
+    sn_dtype sdtype;         /* BF16/F16/F32 */
+    size_t s_size;           /* bytes per scale */
+} cpu_mat;
+
+/* Arguments of a matmul kernel: y[t, r] for all t < T and r in the range it
+ * is given. x is [T, cols]. For quantized weights the driver also provides
+ * xp (x rearranged by the table's prep_q4/ prep_q8, [T, cols]; NULL when the
+ * table has none) and gsum[t, g] = sum of x[t] over group g (NULL when the
+ * table does not ask for it), so a kernel can apply the affine bias once per
+ * group: sum_i (s*q_i + b)*x_i = s*sum_i q_i*x_i + b*gsum. */
+typedef struct {
+    const cpu_mat *m;
+    const float *x;
+    const float *xp;
+    const float *gsum;
+    int T;
+    float *y;                /* [T, rows] */
+} cpu_mm_args;
+
+typedef void (*cpu_mm_fn)(const cpu_mm_args *a, int64_t r0, int64_t r1);
+
+typedef struct {
+    sn_isa isa;
+    /* Rearrange one token row of x (cols floats) for the Q4/Q8 kernels;
+     * NULL means the kernel reads x as is. */
+    void (*prep_q4)(const float *x, int64_t cols, float *xp);
+    void (*prep_q8)(const float *x, int64_t cols, float *xp);
+    int wants_gsum;          /* quantized kernels need gsum */
+    int min_group;           /* SIMD quant kernels need group % min_group == 0; else ref is used */
+    cpu_mm_fn mm_q4, mm_q8, mm_dense;
+    /* Vector primitives for the ops built on them (attention, GDN, norms). */
+    float (*dot)(const float *a, const float *b, int64_t n);
+    void (*axpy)(float *y, float a, const float *x, int64_t n);   /* y += a*x */
+    void (*scale)(float *y, float a, int64_t n);                  /* y *= a */
+} cpu_kernels;
+
+extern const cpu_kernels cpu_kernels_ref;
+extern const cpu_kernels cpu_kernels_avx2;
+extern const cpu_kernels cpu_kernels_avx512;
+
+static inline float cpu_load_scale(const uint8_t *p, sn_dtype dt, int64_t i)
+{
+    uint16_t h;
+    float f;
+    switch (dt) {
+    case SN_DT_BF16: memcpy(&h, p + 2 * i, 2); return sn_bf16_to_f32(h);
+    case SN_DT_F16: memcpy(&h, p + 2 * i, 2); return sn_f16_to_f32(h);
+    default: memcpy(&f, p + 4 * i, 4); return f;
+    }
+}
+
+/* Scalar helpers shared with the SIMD files (for their tails). */
+void cpu_ref_dequant_row(const cpu_mat *m, int64_t r, float *out);   /* out[cols] */
+void cpu_ref_mm(const cpu_mm_args *a, int64_t r0, int64_t r1);       /* any dtype */
+
+#endif
+
+/* ---- Op bodies (ops_ref.c). Each handles a slice the driver hands it;
+ * vector work goes through k's primitives, so with cpu_kernels_ref they are
+ * the scalar oracle and with a SIMD table the same math, vectorised. ---- */
+
+void cpu_op_rmsnorm_rows(const cpu_kernels *k, const float *x, const float *w, int64_t r0, int64_t r1,
+                         int n, float eps, float *y);
+void cpu_op_gated_rmsnorm_rows(const cpu_kernels *k, const float *o, const float *z, const float *w,
+                               int64_t r0, int64_t r1, int n, float eps, float *y);
+void cpu_op_add(float *y, const float *x, int64_t i0, int64_t i1);
+void cpu_op_swiglu(const float *g, const float *u, int64_t i0, int64_t i1, float *out);
+void cpu_op_mul_sigmoid(float *y, const float *g, int64_t i0, int64_t i1);
+/* Tokens [t0, t1) of x[T, n_heads, head_dim]. */
+void cpu_op_rope_tokens(float *x, int64_t t0, int64_t t1, int n_heads, int head_dim, int rot_dim, int pos0,
+                        const float *inv_freq, float mscale);
+/* Query (t, h): out[t,h,:] over cache positions [0, pos0+t]. */
+void cpu_op_attention_one(const cpu_kernels *k, const float *q, const sn_kv_view *kv, int t, int h, int pos0,
+                          int n_q_heads, float scale, float *out);
+
+/* GatedDeltaNet pieces, run in this order by the driver. */
+typedef struct {
+    const sn_gdn_dims *d;
+    int conv_dim, key_dim, T;   /* conv_dim = 2*Hk*Dk + Hv*Dv, key_dim = Hk*Dk */
+    float l2_eps;
+    const float *qkv, *a, *b, *conv_w, *A_log, *dt_bias;
+    sn_gdn_view *st;
+    float *c;                   /* scratch [T, conv_dim]: conv+SiLU output, q/k normalised in place */
+    float *out;                 /* [T, Hv*Dv] */
+} cpu_gdn_job;
+/* Channels [c0, c1): causal conv + SiLU for all T, then the conv state. */
+void cpu_op_gdn_conv(const cpu_gdn_job *j, int64_t c0, int64_t c1);
+/* Vectors [v0, v1) of the 2*T*Hk q/k head vectors: l2norm (q also * Dk^-0.5). */
+void cpu_op_gdn_l2norm(const cpu_kernels *k, const cpu_gdn_job *j, int64_t v0, int64_t v1);
+/* Value head hv: the delta rule over the T tokens. */
+void cpu_op_gdn_head(const cpu_kernels *k, const cpu_gdn_job *j, int hv);
+#define CPU_GDN_MAX_DV 1024
+#define CPU_GDN_MAX_CONV_K 16
