@@ -1,0 +1,657 @@
+/* Every CUDA backend op against the scalar CPU backend (the oracle), on
+ * random inputs of odd and real sizes. Outputs are poisoned (NaN) before
+ * each run so an unwritten element fails.
+ *
+ * Error measure: rel = ||gpu - cpu||_2 / ||cpu||_2 over the whole output.
+ * Bounds (stated here, checked below):
+ *  - fp32 paths (GEMV T<8, norms, elementwise, RoPE, attention, GDN, MoE,
+ *    embed): rel <= 2e-5 (summation order only; GDN state and conv state
+ *    too). RoPE at positions ~1e5: 2e-5 as well (both sides use accurate
+ *    fp32 sin/cos of the same fp32 angle).
+ *  - GEMM T>=8 (fp16 operands, fp32 accumulation, activations scaled by a
+ *    power of two per row): rel <= 2e-3.
+ *  - argmax: exact (first index on ties).
+ *  - graph replay of a step: bitwise equal to the same ops run eagerly.
+ * On a machine without a GPU (or a build without CUDA) the test says SKIP
+ * and reports 0 passed, 0 failed. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "sanctum/backend.h"
+#include "sanctum/cpu.h"
+#include "sanctum/tensor.h"
+
+#ifdef SN_HAVE_CUDA
+#include "backend/cuda/sn_cuda.h"
+
+static sn_backend *G, *C;
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd_u32(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+static float rnd_f(float a) { return a * ((float)(rnd_u32() & 0xffffff) / 8388608.0f - 1.0f); }
+
+static float *hrand(size_t n, float a)
+{
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) p[i] = rnd_f(a);
+    return p;
+}
+
+/* Device copy of a host array. */
+static float *dcopy(const float *h, size_t n)
+{
+    void *d = NULL;
+    if (G->ops->buf_alloc(G, sizeof(float) * (n ? n : 1), &d) != SN_OK) return NULL;
+    if (n) G->ops->from_host(G, d, h, sizeof(float) * n);
+    return d;
+}
+
+/* Device buffer of n floats filled with NaN. */
+static float *dpoison(size_t n)
+{
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *d = dcopy(h, n);
+    free(h);
+    return d;
+}
+
+static float *tohost(const float *d, size_t n)
+{
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    if (G->ops->to_host(G, h, d, sizeof(float) * n) != SN_OK) {
+        for (size_t i = 0; i < n; i++) h[i] = NAN;
+    }
+    return h;
+}
+
+static double rel_err(const float *a, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(ref[i])) return INFINITY;
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void dfree(void *p) { G->ops->buf_free(G, p); }
+
+/* ---- weights ---- */
+
+typedef struct {
+    sn_weight w;       /* host view (CPU) */
+    sn_weight wg;      /* same, uploaded to the GPU */
+    void *data, *sc, *bi;
+    float *bias;
+} tw;
+
+static uint16_t to_sdt(float v, sn_dtype dt)
+{
+    return dt == SN_DT_BF16 ? sn_f32_to_bf16(v) : sn_f32_to_f16(v);
+}
+
+static void tw_make(tw *t, sn_dtype dt, int64_t rows, int64_t cols, int group, sn_dtype sdt, int64_t E, int bias)
+{
+    memset(t, 0, sizeof *t);
+    int64_t ne = E > 0 ? E : 1;
+    t->w.dtype = dt;
+    t->w.rows = rows;
+    t->w.cols = cols;
+    t->w.n_experts = E;
+    if (dt == SN_DT_Q4 || dt == SN_DT_Q8) {
+        int bits = dt == SN_DT_Q4 ? 4 : 8;
+        size_t words = (size_t)ne * rows * cols * bits / 32, ng = (size_t)ne * rows * (cols / group);
+        uint32_t *q = malloc(4 * words);
+        for (size_t i = 0; i < words; i++) q[i] = rnd_u32() ^ (rnd_u32() << 16);
+        size_t ss = sdt == SN_DT_F32 ? 4 : 2;
+        uint8_t *sc = malloc(ss * ng), *bi = malloc(ss * ng);
+        float smax = bits == 4 ? 0.02f : 0.002f;
+        for (size_t i = 0; i < ng; i++) {
+            float s = rnd_f(smax), b = rnd_f(0.1f);
+            if (sdt == SN_DT_F32) {
+                memcpy(sc + 4 * i, &s, 4);
+                memcpy(bi + 4 * i, &b, 4);
+            } else {
+                uint16_t hs = to_sdt(s, sdt), hb = to_sdt(b, sdt);
+                memcpy(sc + 2 * i, &hs, 2);
+                memcpy(bi + 2 * i, &hb, 2);
+            }
+        }
+        t->w.group = group;
+        t->w.data = t->data = q;
+        t->w.scales = t->sc = sc;
+        t->w.qbiases = t->bi = bi;
+        t->w.sdtype = sdt;
+    } else {
+        size_t n = (size_t)ne * rows * cols;
+        size_t es = sn_dtype_size(dt);
+        uint8_t *d = malloc(es * n);
+        for (size_t i = 0; i < n; i++) {
+            float v = rnd_f(0.1f);
+            if (dt == SN_DT_F32) memcpy(d + 4 * i, &v, 4);
+            else {
+                uint16_t h = to_sdt(v, dt);
+                memcpy(d + 2 * i, &h, 2);
+            }
+        }
+        t->w.data = t->data = d;
+    }
+    if (bias) t->w.bias = t->bias = hrand((size_t)rows, 0.5f);
+    t->wg = t->w;
+    CHECK_OK(G->ops->upload_weight(G, &t->wg));
+    CHECK(t->wg.dev != NULL);
+}
+
+static void tw_free(tw *t)
+{
+    free(t->data);
+    free(t->sc);
+    free(t->bi);
+    free(t->bias);
+}
+
+/* ---- matmul ---- */
+
+static void mm_case(sn_dtype dt, int64_t rows, int64_t cols, int group, sn_dtype sdt, int T, int64_t E, int bias)
+{
+    tw t;
+    tw_make(&t, dt, rows, cols, group, sdt, E, bias);
+    int e = E > 0 ? (int)(E - 1) : 0;
+    float *x = hrand((size_t)T * cols, 1.0f);
+    /* a few large activations: the GEMM's per-row scaling must keep them */
+    if (T >= 8) x[3] = 3000.0f;
+    float *ref = malloc(sizeof(float) * T * rows);
+    CHECK_OK(C->ops->matmul(C, &t.w, e, x, T, ref));
+    float *dx = dcopy(x, (size_t)T * cols), *dy = dpoison((size_t)T * rows);
+    CHECK_OK(G->ops->matmul(G, &t.wg, e, dx, T, dy));
+    float *y = tohost(dy, (size_t)T * rows);
+    double err = rel_err(y, ref, (size_t)T * rows);
+    double tol = T >= 8 ? 2e-3 : 2e-5;
+    CHECKF(err <= tol, "%s rows=%lld cols=%lld g=%d sdt=%s T=%d E=%lld bias=%d: rel %.3g > %.3g", sn_dtype_name(dt),
+           (long long)rows, (long long)cols, group, sn_dtype_name(sdt), T, (long long)E, bias, err, tol);
+    free(x); free(ref); free(y);
+    dfree(dx); dfree(dy);
+    tw_free(&t);
+}
+
+static void test_matmul_q4(void)
+{
+    int Ts[] = { 1, 2, 3, 4, 5, 7, 8, 19, 130 };
+    for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
+        mm_case(SN_DT_Q4, 37, 64, 64, SN_DT_BF16, Ts[i], 0, 0);
+        mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, Ts[i], 0, 1);
+        mm_case(SN_DT_Q4, 130, 96, 32, SN_DT_F16, Ts[i], 0, 0);
+        mm_case(SN_DT_Q4, 33, 384, 128, SN_DT_F32, Ts[i], 3, 0);
+    }
+    mm_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 1, 0, 0);
+    mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 3, 0, 0);
+    mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 200, 0, 0);
+}
+
+static void test_matmul_q8(void)
+{
+    int Ts[] = { 1, 2, 5, 8, 33 };
+    for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
+        mm_case(SN_DT_Q8, 41, 64, 64, SN_DT_BF16, Ts[i], 0, 1);
+        mm_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, Ts[i], 0, 0);
+        mm_case(SN_DT_Q8, 17, 96, 32, SN_DT_F16, Ts[i], 4, 0);
+        mm_case(SN_DT_Q8, 65, 256, 128, SN_DT_F32, Ts[i], 0, 0);
+    }
+}
+
+static void test_matmul_dense(void)
+{
+    int Ts[] = { 1, 3, 8, 21 };
+    for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
+        mm_case(SN_DT_F32, 45, 33, 0, SN_DT_F32, Ts[i], 0, 1);
+        mm_case(SN_DT_BF16, 130, 256, 0, SN_DT_F32, Ts[i], 0, 0);
+        mm_case(SN_DT_F16, 64, 100, 0, SN_DT_F32, Ts[i], 2, 0);
+    }
+}
+
+static void test_matmul_errors(void)
+{
+    tw t;
+    tw_make(&t, SN_DT_Q4, 8, 64, 64, SN_DT_BF16, 0, 0);
+    float *dx = dpoison(64), *dy = dpoison(8);
+    sn_weight notup = t.w;
+    CHECK(G->ops->matmul(G, &notup, 0, dx, 1, dy) == SN_E_INVALID);
+    CHECK(G->ops->matmul(G, &t.wg, 1, dx, 1, dy) == SN_E_RANGE);
+    sn_weight bad = t.w;
+    bad.group = 48;
+    CHECK(G->ops->upload_weight(G, &bad) == SN_E_UNSUPPORTED);
+    dfree(dx); dfree(dy);
+    tw_free(&t);
+}
+
+/* ---- embed ---- */
+
+static void test_embed(void)
+{
+    sn_dtype dts[] = { SN_DT_Q4, SN_DT_Q8, SN_DT_BF16, SN_DT_F32 };
+    for (int k = 0; k < 4; k++) {
+        tw t;
+        int64_t rows = 301, cols = dts[k] == SN_DT_F32 ? 70 : 192;
+        tw_make(&t, dts[k], rows, cols, 64, SN_DT_BF16, 0, 0);
+        int32_t ids[9] = { 0, 300, 5, 5, 17, 299, 1, 150, 42 };
+        float *ref = malloc(sizeof(float) * 9 * cols);
+        CHECK_OK(C->ops->embed(C, &t.w, ids, 9, ref));
+        float *dy = dpoison(9 * cols);
+        CHECK_OK(G->ops->embed(G, &t.wg, ids, 9, dy));
+        float *y = tohost(dy, 9 * cols);
+        CHECKF(rel_err(y, ref, 9 * cols) <= 1e-6, "embed %s", sn_dtype_name(dts[k]));
+        int32_t bad = 301;
+        CHECK(G->ops->embed(G, &t.wg, &bad, 1, dy) == SN_E_RANGE);
+        free(ref); free(y); dfree(dy);
+        tw_free(&t);
+    }
+}
+
+/* ---- norms and elementwise ---- */
+
+static void test_norms(void)
+{
+    int shapes[][2] = { { 1, 5120 }, { 7, 256 }, { 33, 100 }, { 3, 3 }, { 2, 17408 } };
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int rows = shapes[s][0], n = shapes[s][1];
+        size_t N = (size_t)rows * n;
+        float *x = hrand(N, 3.0f), *z = hrand(N, 4.0f), *w = hrand((size_t)n, 1.5f);
+        float *ref = malloc(sizeof(float) * N), *ref2 = malloc(sizeof(float) * N);
+        CHECK_OK(C->ops->rmsnorm(C, x, w, rows, n, 1e-6f, ref));
+        CHECK_OK(C->ops->gated_rmsnorm(C, x, z, w, rows, n, 1e-6f, ref2));
+        float *dx = dcopy(x, N), *dz = dcopy(z, N), *dw = dcopy(w, n), *dy = dpoison(N), *dy2 = dpoison(N);
+        CHECK_OK(G->ops->rmsnorm(G, dx, dw, rows, n, 1e-6f, dy));
+        CHECK_OK(G->ops->gated_rmsnorm(G, dx, dz, dw, rows, n, 1e-6f, dy2));
+        float *y = tohost(dy, N), *y2 = tohost(dy2, N);
+        CHECKF(rel_err(y, ref, N) <= 2e-5, "rmsnorm %dx%d: %.3g", rows, n, rel_err(y, ref, N));
+        CHECKF(rel_err(y2, ref2, N) <= 2e-5, "gated_rmsnorm %dx%d: %.3g", rows, n, rel_err(y2, ref2, N));
+        /* in place (y == x) is how the model uses it */
+        CHECK_OK(G->ops->rmsnorm(G, dx, dw, rows, n, 1e-6f, dx));
+        float *yi = tohost(dx, N);
+        CHECK(rel_err(yi, ref, N) <= 2e-5);
+        free(x); free(z); free(w); free(ref); free(ref2); free(y); free(y2); free(yi);
+        dfree(dx); dfree(dz); dfree(dw); dfree(dy); dfree(dy2);
+    }
+}
+
+static void test_elementwise(void)
+{
+    size_t sizes[] = { 1, 31, 1000, 1 << 20 | 7 };
+    for (size_t s = 0; s < 4; s++) {
+        size_t n = sizes[s];
+        float *a = hrand(n, 8.0f), *b = hrand(n, 8.0f);
+        float *r_add = malloc(sizeof(float) * n), *r_sw = malloc(sizeof(float) * n), *r_ms = malloc(sizeof(float) * n);
+        memcpy(r_add, a, sizeof(float) * n);
+        CHECK_OK(C->ops->add(C, r_add, b, n));
+        CHECK_OK(C->ops->swiglu(C, a, b, n, r_sw));
+        memcpy(r_ms, a, sizeof(float) * n);
+        CHECK_OK(C->ops->mul_sigmoid(C, r_ms, b, n));
+        float *da = dcopy(a, n), *db = dcopy(b, n), *dsw = dpoison(n), *dms = dcopy(a, n);
+        CHECK_OK(G->ops->add(G, da, db, n));
+        CHECK_OK(G->ops->swiglu(G, db, db, 0, dsw)); /* n = 0 is a no-op */
+        float *d_a = dcopy(a, n);
+        CHECK_OK(G->ops->swiglu(G, d_a, db, n, dsw));
+        CHECK_OK(G->ops->mul_sigmoid(G, dms, db, n));
+        float *y1 = tohost(da, n), *y2 = tohost(dsw, n), *y3 = tohost(dms, n);
+        CHECKF(rel_err(y1, r_add, n) <= 1e-7, "add n=%zu", n);
+        CHECKF(rel_err(y2, r_sw, n) <= 2e-5, "swiglu n=%zu", n);
+        CHECKF(rel_err(y3, r_ms, n) <= 2e-5, "mul_sigmoid n=%zu", n);
+        free(a); free(b); free(r_add); free(r_sw); free(r_ms); free(y1); free(y2); free(y3);
+        dfree(da); dfree(db); dfree(dsw); dfree(dms); dfree(d_a);
+    }
+}
+
+static void test_rope(void)
+{
+    struct { int T, H, D, R, pos0; float ms; } cs[] = {
+        { 1, 16, 256, 64, 0, 1.0f }, { 5, 3, 128, 128, 4095, 1.0f }, { 17, 2, 64, 32, 100000, 1.1f },
+        { 2, 7, 80, 80, 12, 0.9f },
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
+        size_t N = (size_t)cs[c].T * cs[c].H * cs[c].D;
+        float *x = hrand(N, 2.0f), *inv = malloc(sizeof(float) * cs[c].R / 2);
+        for (int i = 0; i < cs[c].R / 2; i++) inv[i] = powf(1e6f, -2.0f * i / cs[c].R);
+        float *ref = malloc(sizeof(float) * N);
+        memcpy(ref, x, sizeof(float) * N);
+        CHECK_OK(C->ops->rope(C, ref, cs[c].T, cs[c].H, cs[c].D, cs[c].R, cs[c].pos0, inv, cs[c].ms));
+        float *dx = dcopy(x, N), *dinv = dcopy(inv, cs[c].R / 2);
+        CHECK_OK(G->ops->rope(G, dx, cs[c].T, cs[c].H, cs[c].D, cs[c].R, cs[c].pos0, dinv, cs[c].ms));
+        float *y = tohost(dx, N);
+        CHECKF(rel_err(y, ref, N) <= 2e-5, "rope case %zu: %.3g", c, rel_err(y, ref, N));
+        free(x); free(inv); free(ref); free(y);
+        dfree(dx); dfree(dinv);
+    }
+}
+
+/* ---- attention ---- */
+
+/* Cache [ctx, Hkv, D] holding random keys for positions < pos0, then T new
+ * rows written with kv_write; attention of T queries. */
+static void attn_case(int T, int pos0, int Hq, int Hkv, int D, int ctx)
+{
+    size_t row = (size_t)Hkv * D;
+    float *kc = hrand((size_t)ctx * row, 1.0f), *vc = hrand((size_t)ctx * row, 1.0f);
+    float *kn = hrand((size_t)T * row, 1.0f), *vn = hrand((size_t)T * row, 1.0f);
+    float *q = hrand((size_t)T * Hq * D, 1.0f);
+    float scale = 1.0f / sqrtf((float)D);
+    sn_kv_view hv = { kc, vc, ctx, Hkv, D };
+    CHECK_OK(C->ops->kv_write(C, &hv, kn, vn, T, pos0));
+    float *ref = malloc(sizeof(float) * T * Hq * D);
+    CHECK_OK(C->ops->attention(C, q, &hv, T, pos0, Hq, scale, ref));
+    /* device cache starts from the same old rows (kv_write already put the new ones in kc/vc) */
+    float *dk = dcopy(kc, (size_t)ctx * row), *dv = dcopy(vc, (size_t)ctx * row);
+    /* overwrite the new rows with NaN on the device, then write them through kv_write */
+    float *nanrows = dpoison((size_t)T * row);
+    CHECK_OK(G->ops->copy(G, dk + (size_t)pos0 * row, nanrows, sizeof(float) * T * row));
+    CHECK_OK(G->ops->copy(G, dv + (size_t)pos0 * row, nanrows, sizeof(float) * T * row));
+    float *dkn = dcopy(kn, (size_t)T * row), *dvn = dcopy(vn, (size_t)T * row), *dq = dcopy(q, (size_t)T * Hq * D);
+    sn_kv_view gv = { dk, dv, ctx, Hkv, D };
+    CHECK_OK(G->ops->kv_write(G, &gv, dkn, dvn, T, pos0));
+    float *dout = dpoison((size_t)T * Hq * D);
+    CHECK_OK(G->ops->attention(G, dq, &gv, T, pos0, Hq, scale, dout));
+    float *out = tohost(dout, (size_t)T * Hq * D);
+    double err = rel_err(out, ref, (size_t)T * Hq * D);
+    CHECKF(err <= 2e-5, "attention T=%d pos0=%d Hq=%d Hkv=%d D=%d: rel %.3g", T, pos0, Hq, Hkv, D, err);
+    float *kback = tohost(dk, (size_t)ctx * row);
+    CHECK(rel_err(kback, kc, (size_t)ctx * row) == 0.0);
+    free(kc); free(vc); free(kn); free(vn); free(q); free(ref); free(out); free(kback);
+    dfree(dk); dfree(dv); dfree(nanrows); dfree(dkn); dfree(dvn); dfree(dq); dfree(dout);
+}
+
+static void test_attention(void)
+{
+    attn_case(1, 0, 4, 4, 64, 16);
+    attn_case(1, 77, 24, 4, 256, 128);
+    attn_case(1, 1000, 16, 2, 256, 1024);
+    attn_case(3, 40, 8, 2, 128, 64);
+    attn_case(4, 5, 6, 3, 80, 12);
+    attn_case(37, 0, 8, 2, 128, 64);
+    attn_case(70, 50, 12, 4, 256, 128);
+    attn_case(9, 3, 2, 1, 32, 16);
+    attn_case(33, 0, 4, 4, 96, 40);
+    CHECK(G->ops->attention(G, (float *)8, &(sn_kv_view){ (float *)8, (float *)8, 4, 2, 64 }, 2, 3, 4, 1.f,
+                            (float *)8) == SN_E_RANGE);
+}
+
+/* decode-after-prefill == full prefill at the op level: N tokens at once,
+ * then the same N one by one through the decode kernel. */
+static void test_attention_prefill_vs_decode(void)
+{
+    int N = 45, Hq = 8, Hkv = 2, D = 128, ctx = 64;
+    size_t row = (size_t)Hkv * D;
+    float *k = hrand((size_t)N * row, 1.f), *v = hrand((size_t)N * row, 1.f), *q = hrand((size_t)N * Hq * D, 1.f);
+    float *dk = dpoison((size_t)ctx * row), *dv = dpoison((size_t)ctx * row);
+    float *dkn = dcopy(k, (size_t)N * row), *dvn = dcopy(v, (size_t)N * row), *dq = dcopy(q, (size_t)N * Hq * D);
+    sn_kv_view gv = { dk, dv, ctx, Hkv, D };
+    float *full = dpoison((size_t)N * Hq * D), *step = dpoison((size_t)N * Hq * D);
+    CHECK_OK(G->ops->kv_write(G, &gv, dkn, dvn, N, 0));
+    CHECK_OK(G->ops->attention(G, dq, &gv, N, 0, Hq, 0.088f, full));
+    for (int t = 0; t < N; t++)
+        CHECK_OK(G->ops->attention(G, dq + (size_t)t * Hq * D, &gv, 1, t, Hq, 0.088f, step + (size_t)t * Hq * D));
+    float *a = tohost(full, (size_t)N * Hq * D), *b = tohost(step, (size_t)N * Hq * D);
+    CHECKF(rel_err(b, a, (size_t)N * Hq * D) <= 2e-5, "prefill vs decode: %.3g", rel_err(b, a, (size_t)N * Hq * D));
+    free(k); free(v); free(q); free(a); free(b);
+    dfree(dk); dfree(dv); dfree(dkn); dfree(dvn); dfree(dq); dfree(full); dfree(step);
+}
+
+/* ---- GatedDeltaNet ---- */
+
+static void gdn_case(int Hk, int Hv, int Dk, int Dv, int K, int T)
+{
+    sn_gdn_dims d = { Hk, Hv, Dk, Dv, K, 1e-6f };
+    size_t Cd = 2 * (size_t)Hk * Dk + (size_t)Hv * Dv;
+    float *qkv = hrand((size_t)T * Cd, 2.f), *a = hrand((size_t)T * Hv, 2.f), *b = hrand((size_t)T * Hv, 2.f);
+    float *cw = hrand(Cd * K, 0.7f), *Al = hrand((size_t)Hv, 1.f), *dtb = hrand((size_t)Hv, 1.f);
+    float *conv = hrand((size_t)(K - 1) * Cd, 1.f), *S = hrand((size_t)Hv * Dk * Dv, 0.3f);
+    float *conv_c = malloc(sizeof(float) * (K - 1) * Cd + 4), *S_c = malloc(sizeof(float) * Hv * Dk * Dv);
+    memcpy(conv_c, conv, sizeof(float) * (K - 1) * Cd);
+    memcpy(S_c, S, sizeof(float) * Hv * Dk * Dv);
+    float *ref = malloc(sizeof(float) * T * Hv * Dv);
+    sn_gdn_view hst = { conv_c, S_c };
+    CHECK_OK(C->ops->gdn(C, &d, qkv, a, b, cw, Al, dtb, &hst, T, ref));
+    float *dqkv = dcopy(qkv, (size_t)T * Cd), *da = dcopy(a, (size_t)T * Hv), *db = dcopy(b, (size_t)T * Hv);
+    float *dcw = dcopy(cw, Cd * K), *dAl = dcopy(Al, Hv), *ddt = dcopy(dtb, Hv);
+    float *dconv = dcopy(conv, (size_t)(K - 1) * Cd), *dS = dcopy(S, (size_t)Hv * Dk * Dv);
+    float *dout = dpoison((size_t)T * Hv * Dv);
+    sn_gdn_view gst = { dconv, dS };
+    CHECK_OK(G->ops->gdn(G, &d, dqkv, da, db, dcw, dAl, ddt, &gst, T, dout));
+    float *out = tohost(dout, (size_t)T * Hv * Dv), *Sg = tohost(dS, (size_t)Hv * Dk * Dv);
+    float *cg = tohost(dconv, (size_t)(K - 1) * Cd);
+    double e1 = rel_err(out, ref, (size_t)T * Hv * Dv), e2 = rel_err(Sg, S_c, (size_t)Hv * Dk * Dv);
+    double e3 = rel_err(cg, conv_c, (size_t)(K - 1) * Cd);
+    CHECKF(e1 <= 2e-5 && e2 <= 2e-5 && e3 == 0.0, "gdn Hk=%d Hv=%d Dk=%d Dv=%d K=%d T=%d: out %.3g S %.3g conv %.3g", Hk,
+           Hv, Dk, Dv, K, T, e1, e2, e3);
+    free(qkv); free(a); free(b); free(cw); free(Al); free(dtb); free(conv); free(S); free(conv_c); free(S_c);
+    free(ref); free(out); free(Sg); free(cg);
+    dfree(dqkv); dfree(da); dfree(db); dfree(dcw); dfree(dAl); dfree(ddt); dfree(dconv); dfree(dS); dfree(dout);
+}
+
+static void test_gdn(void)
+{
+    gdn_case(2, 4, 128, 128, 4, 1);
+    gdn_case(2, 4, 128, 128, 4, 2);
+    gdn_case(2, 6, 128, 128, 4, 70);
+    gdn_case(1, 3, 48, 40, 4, 5);
+    gdn_case(3, 3, 32, 64, 2, 9);
+    gdn_case(16, 48, 128, 128, 4, 1); /* the 27B layer */
+}
+
+/* ---- MoE (host reference from CPU matmuls) ---- */
+
+static void moe_case(int E, int k, int H, int I, int T, int norm)
+{
+    tw g, u, dn;
+    tw_make(&g, SN_DT_Q4, I, H, 64, SN_DT_BF16, E, 0);
+    tw_make(&u, SN_DT_Q4, I, H, 64, SN_DT_BF16, E, 0);
+    tw_make(&dn, SN_DT_Q4, H, I, 64, SN_DT_BF16, E, 0);
+    float *x = hrand((size_t)T * H, 1.f), *lg = hrand((size_t)T * E, 3.f);
+    float *ref = calloc((size_t)T * H, sizeof(float));
+    float *hg = malloc(sizeof(float) * I), *hu = malloc(sizeof(float) * I), *ho = malloc(sizeof(float) * H);
+    for (int t = 0; t < T; t++) {
+        const float *l = lg + (size_t)t * E;
+        float m = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) m = fmaxf(m, l[e]);
+        for (int e = 0; e < E; e++) sum += expf(l[e] - m);
+        int chosen[32];
+        float p[32], tot = 0;
+        for (int j = 0; j < k; j++) {
+            int bi = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int jj = 0; jj < j; jj++) taken |= chosen[jj] == e;
+                if (!taken && (bi < 0 || l[e] > l[bi])) bi = e;
+            }
+            chosen[j] = bi;
+            p[j] = expf(l[bi] - m) / sum;
+            tot += p[j];
+        }
+        for (int j = 0; j < k; j++) {
+            float wj = norm ? p[j] / tot : p[j];
+            C->ops->matmul(C, &g.w, chosen[j], x + (size_t)t * H, 1, hg);
+            C->ops->matmul(C, &u.w, chosen[j], x + (size_t)t * H, 1, hu);
+            for (int i = 0; i < I; i++) hg[i] = hg[i] / (1.f + expf(-hg[i])) * hu[i];
+            C->ops->matmul(C, &dn.w, chosen[j], hg, 1, ho);
+            for (int i = 0; i < H; i++) ref[(size_t)t * H + i] += wj * ho[i];
+        }
+    }
+    float *dx = dcopy(x, (size_t)T * H), *dl = dcopy(lg, (size_t)T * E), *dout = dpoison((size_t)T * H);
+    CHECK_OK(sn_cuda_moe(G, &g.wg, &u.wg, &dn.wg, dl, k, norm, dx, T, dout));
+    float *out = tohost(dout, (size_t)T * H);
+    double err = rel_err(out, ref, (size_t)T * H);
+    CHECKF(err <= 2e-5, "moe E=%d k=%d H=%d I=%d T=%d: rel %.3g", E, k, H, I, T, err);
+    free(x); free(lg); free(ref); free(hg); free(hu); free(ho); free(out);
+    dfree(dx); dfree(dl); dfree(dout);
+    tw_free(&g); tw_free(&u); tw_free(&dn);
+}
+
+static void test_moe(void)
+{
+    moe_case(8, 2, 128, 64, 1, 1);
+    moe_case(64, 8, 512, 128, 3, 1);
+    moe_case(16, 4, 256, 192, 5, 0);
+    moe_case(256, 8, 2048, 512, 1, 1); /* 35B-A3B shape */
+}
+
+static void test_argmax(void)
+{
+    int rows = 5, n = 248320;
+    float *x = hrand((size_t)rows * n, 10.f);
+    x[123] = 50.f;
+    x[n + 7] = 60.f;
+    x[n + 9] = 60.f; /* tie: the first wins */
+    x[2 * (size_t)n + n - 1] = 70.f;
+    x[3 * (size_t)n] = 70.f;
+    x[4 * (size_t)n + 4] = NAN;
+    x[4 * (size_t)n + 5] = 55.f;
+    float *dx = dcopy(x, (size_t)rows * n);
+    int32_t out[5] = { -1, -1, -1, -1, -1 };
+    CHECK_OK(sn_cuda_argmax(G, dx, rows, n, out));
+    CHECK(out[0] == 123);
+    CHECK(out[1] == 7);
+    CHECK(out[2] == n - 1);
+    CHECK(out[3] == 0);
+    CHECK(out[4] == 5);
+    free(x);
+    dfree(dx);
+}
+
+/* ---- decode-step graph: a small layer loop, eager vs recorded ---- */
+
+typedef struct {
+    tw emb, wq, wk, wv, wo;
+    float *norm_w, *inv_freq;
+    float *h, *xn, *q, *k, *v, *att, *o, *kc, *vc;
+    int H, Hq, Hkv, D, ctx;
+} mini;
+
+static void mini_step(mini *m, int32_t tok, int pos, int32_t *next)
+{
+    sn_backend *b = G;
+    sn_kv_view kv = { m->kc, m->vc, m->ctx, m->Hkv, m->D };
+    CHECK_OK(b->ops->embed(b, &m->emb.wg, &tok, 1, m->h));
+    for (int layer = 0; layer < 3; layer++) {
+        CHECK_OK(b->ops->rmsnorm(b, m->h, m->norm_w, 1, m->H, 1e-6f, m->xn));
+        CHECK_OK(b->ops->matmul(b, &m->wq.wg, 0, m->xn, 1, m->q));
+        CHECK_OK(b->ops->matmul(b, &m->wk.wg, 0, m->xn, 1, m->k));
+        CHECK_OK(b->ops->matmul(b, &m->wv.wg, 0, m->xn, 1, m->v));
+        CHECK_OK(b->ops->rope(b, m->q, 1, m->Hq, m->D, m->D / 2, pos, m->inv_freq, 1.f));
+        CHECK_OK(b->ops->rope(b, m->k, 1, m->Hkv, m->D, m->D / 2, pos, m->inv_freq, 1.f));
+        CHECK_OK(b->ops->kv_write(b, &kv, m->k, m->v, 1, pos));
+        CHECK_OK(b->ops->attention(b, m->q, &kv, 1, pos, m->Hq, 0.125f, m->att));
+        CHECK_OK(b->ops->matmul(b, &m->wo.wg, 0, m->att, 1, m->o));
+        CHECK_OK(b->ops->add(b, m->h, m->o, (size_t)m->H));
+    }
+    CHECK_OK(sn_cuda_argmax(b, m->h, 1, m->H, next));
+}
+
+static void test_graph_replay(void)
+{
+    mini m = { .H = 256, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 64 };
+    tw_make(&m.emb, SN_DT_Q4, 256, m.H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wq, SN_DT_Q4, m.Hq * m.D, m.H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wk, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wv, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wo, SN_DT_Q4, m.H, m.Hq * m.D, 64, SN_DT_BF16, 0, 0);
+    float *nw = hrand((size_t)m.H, 1.f), inv[32];
+    for (int i = 0; i < 32; i++) inv[i] = powf(10000.f, -2.f * i / 32);
+    m.norm_w = dcopy(nw, m.H);
+    m.inv_freq = dcopy(inv, 32);
+    m.h = dpoison(m.H); m.xn = dpoison(m.H); m.q = dpoison(m.Hq * m.D); m.k = dpoison(m.Hkv * m.D);
+    m.v = dpoison(m.Hkv * m.D); m.att = dpoison(m.Hq * m.D); m.o = dpoison(m.H);
+    m.kc = dpoison((size_t)m.ctx * m.Hkv * m.D); m.vc = dpoison((size_t)m.ctx * m.Hkv * m.D);
+    /* eager run: tokens and final hidden states per step */
+    enum { N = 12 };
+    int32_t toks_e[N + 1], toks_g[N + 1];
+    float *hs_e = malloc(sizeof(float) * N * m.H), *hs_g = malloc(sizeof(float) * N * m.H);
+    toks_e[0] = toks_g[0] = 7;
+    for (int s = 0; s < N; s++) {
+        mini_step(&m, toks_e[s] % 256, s, &toks_e[s + 1]);
+        CHECK_OK(G->ops->to_host(G, hs_e + (size_t)s * m.H, m.h, sizeof(float) * m.H));
+    }
+    long r0, c0, e0;
+    sn_cuda_graph_stats(G, &r0, &c0, &e0);
+    for (int s = 0; s < N; s++) {
+        CHECK_OK(sn_cuda_begin_step(G));
+        mini_step(&m, toks_g[s] % 256, s, &toks_g[s + 1]);
+        CHECK_OK(sn_cuda_end_step(G));
+        CHECK_OK(G->ops->to_host(G, hs_g + (size_t)s * m.H, m.h, sizeof(float) * m.H));
+    }
+    long r1, c1, e1;
+    sn_cuda_graph_stats(G, &r1, &c1, &e1);
+    CHECK(memcmp(toks_e, toks_g, sizeof toks_e) == 0);
+    CHECK(memcmp(hs_e, hs_g, sizeof(float) * N * m.H) == 0);
+    CHECKF(c1 - c0 == 1 && r1 - r0 == N - 1 && e1 == e0, "graphs: captured %ld replayed %ld eager %ld", c1 - c0,
+           r1 - r0, e1 - e0);
+    /* a host read inside a step runs it eagerly, with the same result */
+    CHECK_OK(sn_cuda_begin_step(G));
+    int32_t t_in = 3, t_out = -1;
+    mini_step(&m, t_in, 20, &t_out);
+    float tmp[4];
+    CHECK_OK(G->ops->to_host(G, tmp, m.h, sizeof tmp));
+    CHECK_OK(sn_cuda_end_step(G));
+    CHECK(t_out >= 0 && t_out < m.H);
+    free(nw); free(hs_e); free(hs_g);
+    tw_free(&m.emb); tw_free(&m.wq); tw_free(&m.wk); tw_free(&m.wv); tw_free(&m.wo);
+    dfree(m.norm_w); dfree(m.inv_freq); dfree(m.h); dfree(m.xn); dfree(m.q); dfree(m.k); dfree(m.v);
+    dfree(m.att); dfree(m.o); dfree(m.kc); dfree(m.vc);
+}
+
+int main(void)
+{
+    sn_status st = sn_backend_cuda_new(0, &G);
+    if (st != SN_OK) {
+        fprintf(stderr, "SKIP test_cuda_ops: %s\n", sn_errmsg());
+        return TEST_END();
+    }
+    if (sn_backend_cpu_new_isa(1, SN_ISA_SCALAR, &C) != SN_OK) {
+        fprintf(stderr, "cpu oracle: %s\n", sn_errmsg());
+        return 1;
+    }
+    char name[128];
+    size_t used = 0, total = 0;
+    sn_cuda_info(G, name, sizeof name, &used, &total, NULL);
+    fprintf(stderr, "device: %s, %.1f / %.1f GiB in use\n", name, used / 1073741824.0, total / 1073741824.0);
+    RUN(test_matmul_q4);
+    RUN(test_matmul_q8);
+    RUN(test_matmul_dense);
+    RUN(test_matmul_errors);
+    RUN(test_embed);
+    RUN(test_norms);
+    RUN(test_elementwise);
+    RUN(test_rope);
+    RUN(test_attention);
+    RUN(test_attention_prefill_vs_decode);
+    RUN(test_gdn);
+    RUN(test_moe);
+    RUN(test_argmax);
+    RUN(test_graph_replay);
+    if (G->ops->sync(G) != SN_OK) {
+        fprintf(stderr, "final sync: %s\n", sn_errmsg());
+        t_failed++;
+    }
+    sn_backend_free(G);
+    sn_backend_free(C);
+    return TEST_END();
+}
+
+#else
+
+int main(void)
+{
+    fprintf(stderr, "SKIP test_cuda_ops: built without CUDA (SN_CUDA=0 or no nvcc)\n");
+    return TEST_END();
+}
+
+#endif
