@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "sanctum/status.h"
+#include "sanctum/tokenizer.h"
 
 typedef enum { SN_CHAT_QWEN3_5, SN_CHAT_QWEN2, SN_CHAT_MISTRAL } sn_chat_format;
 
@@ -37,5 +38,15 @@ const char *sn_chat_format_name(sn_chat_format f);
  * (Qwen3.5: system not first, no user turn; Mistral: roles not alternating
  * user/assistant, tool messages) -> SN_E_INVALID naming the message index. */
 sn_status sn_chat_render(sn_chat_format f, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o, char **out);
+/* sn_chat_render that also returns where caller-supplied text (contents,
+ * reasoning, the date) landed in the prompt: *ranges is malloc'd (NULL when
+ * *n_ranges is 0). */
+sn_status sn_chat_render_ranges(sn_chat_format f, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o,
+                                char **out, sn_tok_range **ranges, size_t *n_ranges);
+/* Render + encode, the way a server should turn a request into prompt ids:
+ * the template's own special tokens are matched, special-token text inside
+ * message contents stays plain text (sn_tok_encode_guarded). Appends to out. */
+sn_status sn_chat_encode(const sn_tokenizer *t, sn_chat_format f, const sn_chat_msg *msgs, size_t n,
+                         const sn_chat_opts *o, sn_ids *out);
 
 #endif

@@ -38,6 +38,20 @@ void sn_tok_free(sn_tokenizer *t);
  * Invalid UTF-8 -> SN_E_INVALID. */
 sn_status sn_tok_encode(const sn_tokenizer *t, const char *text, size_t len, bool parse_special, sn_ids *out);
 
+/* A byte range of an input text. */
+typedef struct {
+    size_t off, len;
+} sn_tok_range;
+
+/* Like sn_tok_encode with parse_special = true, except that special tokens
+ * overlapping any of the plain ranges stay text there. For a rendered chat
+ * prompt whose message contents are the plain ranges (sn_chat_encode does
+ * this) the ids equal Hugging Face's encoding of the prompt whenever the
+ * contents hold no special-token text, and a user cannot forge
+ * <|im_end|> / [INST] otherwise. Ranges outside the text -> SN_E_INVALID. */
+sn_status sn_tok_encode_guarded(const sn_tokenizer *t, const char *text, size_t len, const sn_tok_range *plain,
+                                size_t n_plain, sn_ids *out);
+
 /* Decode ids to UTF-8 (malloc'd, NUL-terminated; invalid byte sequences
  * become U+FFFD as in Hugging Face decode). skip_special drops special and
  * control tokens. Out-of-range id -> SN_E_RANGE. */

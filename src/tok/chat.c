@@ -13,6 +13,8 @@ typedef struct {
     char *p;
     size_t n, cap;
     bool oom;
+    sn_tok_range *ranges;   /* where message contents landed (special tokens stay text there) */
+    size_t n_ranges, cap_ranges;
 } sbuf;
 
 static void sb_add(sbuf *b, const char *s, size_t n)
@@ -36,7 +38,21 @@ static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
 typedef struct { const char *p; size_t n; } span;
 
 static span sp_of(const char *s) { return (span){ s ? s : "", s ? strlen(s) : 0 }; }
-static void sb_span(sbuf *b, span s) { sb_add(b, s.p, s.n); }
+
+/* Caller-supplied text (message contents, the date): recorded as a plain range. */
+static void sb_content(sbuf *b, span s)
+{
+    if (b->oom || s.n == 0) return;
+    if (b->n_ranges == b->cap_ranges) {
+        size_t c = b->cap_ranges ? b->cap_ranges * 2 : 16;
+        sn_tok_range *r = realloc(b->ranges, c * sizeof *r);
+        if (!r) { b->oom = true; return; }
+        b->ranges = r;
+        b->cap_ranges = c;
+    }
+    b->ranges[b->n_ranges++] = (sn_tok_range){ b->n, s.n };
+    sb_add(b, s.p, s.n);
+}
 
 /* Python str.isspace() (what jinja's trim strips): Unicode White_Space plus
  * the separators U+001C..U+001F. */
@@ -125,7 +141,7 @@ static sn_status render_qwen3_5(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
     /* messages[0] system: rendered before the loop, trimmed */
     if (role_is(&msgs[0], "system")) {
         sb_str(b, "<|im_start|>system\n");
-        sb_span(b, trim(sp_of(msgs[0].content)));
+        sb_content(b, trim(sp_of(msgs[0].content)));
         sb_str(b, "<|im_end|>\n");
     }
     /* last_query_index: the last user turn that is not a wrapped tool response */
@@ -148,7 +164,7 @@ static sn_status render_qwen3_5(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
             if (i != 0) return SN_FAIL(SN_E_INVALID, "chat (qwen3_5): system message %zu must be at the beginning", i);
         } else if (role_is(m, "user")) {
             sb_str(b, "<|im_start|>user\n");
-            sb_span(b, content);
+            sb_content(b, content);
             sb_str(b, "<|im_end|>\n");
         } else if (role_is(m, "assistant")) {
             span reasoning = { "", 0 };
@@ -169,18 +185,18 @@ static sn_status render_qwen3_5(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
             /* the think block is kept after the last query, or when non-empty */
             if (i > last_query || reasoning.n) {
                 sb_str(b, "<|im_start|>assistant\n<think>\n");
-                sb_span(b, reasoning);
+                sb_content(b, reasoning);
                 sb_str(b, "\n</think>\n\n");
             } else {
                 sb_str(b, "<|im_start|>assistant\n");
             }
-            sb_span(b, content);
+            sb_content(b, content);
             sb_str(b, "<|im_end|>\n");
         } else { /* tool */
             /* loop.previtem is undefined for the first message: no opening then */
             if (i > 0 && !role_is(&msgs[i - 1], "tool")) sb_str(b, "<|im_start|>user");
             sb_str(b, "\n<tool_response>\n");
-            sb_span(b, content);
+            sb_content(b, content);
             sb_str(b, "\n</tool_response>");
             if (i + 1 == n || !role_is(&msgs[i + 1], "tool")) sb_str(b, "<|im_end|>\n");
         }
@@ -196,7 +212,7 @@ static sn_status render_qwen2(sbuf *b, const sn_chat_msg *msgs, size_t n, const 
     SN_TRY(check_roles(msgs, n, true, "qwen2"));
     if (role_is(&msgs[0], "system")) {
         sb_str(b, "<|im_start|>system\n");
-        sb_span(b, sp_of(msgs[0].content));
+        sb_content(b, sp_of(msgs[0].content));
         sb_str(b, "<|im_end|>\n");
     } else {
         sb_str(b, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n");
@@ -206,14 +222,14 @@ static sn_status render_qwen2(sbuf *b, const sn_chat_msg *msgs, size_t n, const 
         if (role_is(m, "tool")) {
             if (i == 0 || !role_is(&msgs[i - 1], "tool")) sb_str(b, "<|im_start|>user");
             sb_str(b, "\n<tool_response>\n");
-            sb_span(b, sp_of(m->content));
+            sb_content(b, sp_of(m->content));
             sb_str(b, "\n</tool_response>");
             if (i + 1 == n || !role_is(&msgs[i + 1], "tool")) sb_str(b, "<|im_end|>\n");
         } else if (!(i == 0 && role_is(m, "system"))) {
             sb_str(b, "<|im_start|>");
             sb_str(b, m->role);
             sb_str(b, "\n");
-            sb_span(b, sp_of(m->content));
+            sb_content(b, sp_of(m->content));
             sb_str(b, "<|im_end|>\n");
         }
     }
@@ -233,7 +249,7 @@ static sn_status render_mistral(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
     size_t first = 0;
     sb_str(b, "<s>[SYSTEM_PROMPT]");
     if (role_is(&msgs[0], "system")) {
-        sb_span(b, sp_of(msgs[0].content));
+        sb_content(b, sp_of(msgs[0].content));
         first = 1;
     } else {
         char today[16];
@@ -246,7 +262,7 @@ static sn_status render_mistral(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
             strftime(today, sizeof today, "%Y-%m-%d", &tm);
         }
         sb_str(b, MISTRAL_SYS_HEAD);
-        sb_str(b, today);
+        sb_content(b, sp_of(today));
         sb_str(b, MISTRAL_SYS_TAIL);
     }
     sb_str(b, "[/SYSTEM_PROMPT]");
@@ -259,14 +275,14 @@ static sn_status render_mistral(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
         span c = sp_of(m->content);
         if (role_is(m, "system")) {
             sb_str(b, "[SYSTEM_PROMPT]");
-            sb_span(b, c);
+            sb_content(b, c);
             sb_str(b, "[/SYSTEM_PROMPT]");
         } else if (role_is(m, "user")) {
             sb_str(b, "[INST]");
-            sb_span(b, c);
+            sb_content(b, c);
             sb_str(b, "[/INST]");
         } else {
-            sb_span(b, c);
+            sb_content(b, c);
             sb_str(b, "</s>");
         }
     }
@@ -296,10 +312,13 @@ const char *sn_chat_format_name(sn_chat_format f)
     return "unknown";
 }
 
-sn_status sn_chat_render(sn_chat_format f, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o, char **out)
+sn_status sn_chat_render_ranges(sn_chat_format f, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o,
+                                char **out, sn_tok_range **ranges, size_t *n_ranges)
 {
     if (!out) return SN_FAIL(SN_E_INVALID, "sn_chat_render: NULL output");
     *out = NULL;
+    if (ranges) *ranges = NULL;
+    if (n_ranges) *n_ranges = 0;
     static const sn_chat_opts defaults = { .add_generation_prompt = true };
     if (!o) o = &defaults;
     sbuf b = {0};
@@ -312,7 +331,35 @@ sn_status sn_chat_render(sn_chat_format f, const sn_chat_msg *msgs, size_t n, co
     default: st = SN_FAIL(SN_E_INVALID, "sn_chat_render: unknown format %d", (int)f);
     }
     if (st == SN_OK && b.oom) st = SN_FAIL(SN_E_NOMEM, "chat: out of memory rendering the prompt");
-    if (st != SN_OK) { free(b.p); return st; }
+    if (st != SN_OK) {
+        free(b.p);
+        free(b.ranges);
+        return st;
+    }
     *out = b.p;
+    if (ranges && n_ranges) {
+        *ranges = b.ranges;
+        *n_ranges = b.n_ranges;
+    } else {
+        free(b.ranges);
+    }
     return SN_OK;
+}
+
+sn_status sn_chat_render(sn_chat_format f, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o, char **out)
+{
+    return sn_chat_render_ranges(f, msgs, n, o, out, NULL, NULL);
+}
+
+sn_status sn_chat_encode(const sn_tokenizer *t, sn_chat_format f, const sn_chat_msg *msgs, size_t n,
+                         const sn_chat_opts *o, sn_ids *out)
+{
+    char *text = NULL;
+    sn_tok_range *ranges = NULL;
+    size_t n_ranges = 0;
+    SN_TRY(sn_chat_render_ranges(f, msgs, n, o, &text, &ranges, &n_ranges));
+    sn_status st = sn_tok_encode_guarded(t, text, strlen(text), ranges, n_ranges, out);
+    free(text);
+    free(ranges);
+    return st;
 }

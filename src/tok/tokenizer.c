@@ -359,9 +359,20 @@ const char *sn_tok_kind(const sn_tokenizer *t)
 typedef struct {
     const sn_tokenizer *t;
     bool parse_special;
+    const sn_tok_range *plain;   /* byte ranges of the input where special tokens stay text */
+    size_t n_plain;
     pcre2_match_data *md;
     sn_ids *out;
 } enc_ctx;
+
+/* May a special token occupying [a, b) of the original input match? */
+static bool special_ok(const enc_ctx *c, size_t a, size_t b)
+{
+    if (!c->parse_special) return false;
+    for (size_t i = 0; i < c->n_plain; i++)
+        if (a < c->plain[i].off + c->plain[i].len && c->plain[i].off < b) return false;
+    return true;
+}
 
 /* Unicode White_Space (Rust char::is_whitespace), for lstrip/rstrip. */
 static bool is_white_space(int32_t c)
@@ -402,9 +413,12 @@ static int32_t cp_at(const char *s, size_t pos, size_t n, size_t *next)
  * not) in s[from, n): leftmost, then longest, as an Aho-Corasick
  * leftmost-longest automaton reports them. A single_word token next to a
  * word character is skipped (and its text is not rescanned). lstrip/rstrip
- * widen the match over whitespace, never before floor. */
+ * widen the match over whitespace, never before floor. Class 0 runs on the
+ * original input (special tokens checked against the plain ranges by
+ * offset); class 1 on a normalized segment, where seg_special says whether
+ * special tokens may match at all. */
 static bool added_next(const enc_ctx *c, const char *s, size_t n, size_t from, size_t floor, int cls,
-                       size_t *ms, size_t *me, int32_t *id)
+                       bool seg_special, size_t *ms, size_t *me, int32_t *id)
 {
     const sn_tokenizer *t = c->t;
     for (size_t i = from; i < n; i++) {
@@ -412,8 +426,10 @@ static bool added_next(const enc_ctx *c, const char *s, size_t n, size_t from, s
         const tok_added *hit = NULL;
         for (size_t k = 0; k < t->n_added; k++) {
             const tok_added *a = &t->added[k];
-            if (a->normalized != cls || (a->special && !c->parse_special) || a->len > n - i) continue;
-            if (memcmp(s + i, a->text, a->len) == 0) { hit = a; break; }
+            if (a->normalized != cls || a->len > n - i || memcmp(s + i, a->text, a->len) != 0) continue;
+            if (a->special && !(cls ? seg_special : special_ok(c, i, i + a->len))) continue;
+            hit = a;
+            break;
         }
         if (!hit) continue;
         size_t start = i, end = i + hit->len, p;
@@ -525,7 +541,7 @@ static bool all_ascii(const char *s, size_t n)
 
 /* Text between raw-matched added tokens: normalize, match the "normalized"
  * added tokens on the result, pre-tokenize and BPE the rest. */
-static sn_status encode_segment(const enc_ctx *c, const char *s, size_t n)
+static sn_status encode_segment(const enc_ctx *c, const char *s, size_t n, bool seg_special)
 {
     const sn_tokenizer *t = c->t;
     char *norm = NULL;
@@ -557,7 +573,7 @@ static sn_status encode_segment(const enc_ctx *c, const char *s, size_t n)
     }
     size_t pos = 0, ms, me;
     int32_t id;
-    while (pos < n && added_next(c, s, n, pos, pos, 1, &ms, &me, &id)) {
+    while (pos < n && added_next(c, s, n, pos, pos, 1, seg_special, &ms, &me, &id)) {
         if ((st = encode_words(c, s + pos, ms - pos)) != SN_OK) goto out;
         if ((st = sn_ids_push(c->out, id)) != SN_OK) goto out;
         pos = me;
@@ -568,24 +584,39 @@ out:
     return st;
 }
 
-sn_status sn_tok_encode(const sn_tokenizer *t, const char *text, size_t len, bool parse_special, sn_ids *out)
+static sn_status encode(const sn_tokenizer *t, const char *text, size_t len, bool parse_special,
+                        const sn_tok_range *plain, size_t n_plain, sn_ids *out)
 {
-    if (!t || !out || (!text && len)) return SN_FAIL(SN_E_INVALID, "sn_tok_encode: NULL argument");
+    if (!t || !out || (!text && len) || (!plain && n_plain)) return SN_FAIL(SN_E_INVALID, "sn_tok_encode: NULL argument");
     size_t bad = tok_utf8_check(text, len);
     if (bad < len) return SN_FAIL(SN_E_INVALID, "tokenizer input: invalid UTF-8 at byte %zu of %zu", bad, len);
-    enc_ctx c = { .t = t, .parse_special = parse_special, .out = out };
+    enc_ctx c = { .t = t, .parse_special = parse_special, .plain = plain, .n_plain = n_plain, .out = out };
     c.md = pcre2_match_data_create(1, NULL);
     if (!c.md) return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory");
     sn_status st = SN_OK;
     size_t pos = 0, ms, me;
     int32_t id;
-    while (pos < len && added_next(&c, text, len, pos, pos, 0, &ms, &me, &id)) {
-        if ((st = encode_segment(&c, text + pos, ms - pos)) != SN_OK) goto out;
+    while (pos < len && added_next(&c, text, len, pos, pos, 0, false, &ms, &me, &id)) {
+        if ((st = encode_segment(&c, text + pos, ms - pos, special_ok(&c, pos, ms))) != SN_OK) goto out;
         if ((st = sn_ids_push(out, id)) != SN_OK) goto out;
         pos = me;
     }
-    st = encode_segment(&c, text + pos, len - pos);
+    st = encode_segment(&c, text + pos, len - pos, special_ok(&c, pos, len));
 out:
     pcre2_match_data_free(c.md);
     return st;
+}
+
+sn_status sn_tok_encode(const sn_tokenizer *t, const char *text, size_t len, bool parse_special, sn_ids *out)
+{
+    return encode(t, text, len, parse_special, NULL, 0, out);
+}
+
+sn_status sn_tok_encode_guarded(const sn_tokenizer *t, const char *text, size_t len, const sn_tok_range *plain,
+                                size_t n_plain, sn_ids *out)
+{
+    for (size_t i = 0; i < n_plain; i++)
+        if (!plain || plain[i].off > len || plain[i].len > len - plain[i].off)
+            return SN_FAIL(SN_E_INVALID, "sn_tok_encode_guarded: range %zu lies outside the %zu-byte text", i, len);
+    return encode(t, text, len, true, plain, n_plain, out);
 }
