@@ -168,6 +168,21 @@ static void test_qwen3_5_fallbacks(void)
     CHECK(c && c->rotary_dim == 128);
     sn_config_free(c);
     c = NULL;
+    /* the same dict serialised as rope_scaling (older transformers): theta and partial from it */
+    json_t *rr = json_loads(base, 0, NULL);
+    json_t *rtc = json_object_get(rr, "text_config");
+    json_t *rpar = json_incref(json_object_get(rtc, "rope_parameters"));
+    json_object_del(rtc, "rope_parameters");
+    json_object_set_new(rpar, "rope_theta", json_real(2e6));
+    json_object_set_new(rpar, "partial_rotary_factor", json_real(0.5));
+    json_object_set_new(rtc, "rope_scaling", rpar);
+    char *rs = json_dumps(rr, 0);
+    json_decref(rr);
+    CHECK_OK(sn_config_parse(rs, strlen(rs), "rs.json", NULL, 0, &c));
+    CHECK(c && c->rope_theta == 2e6 && c->rotary_dim == 128 && c->rope.kind == SN_ROPE_DEFAULT);
+    sn_config_free(c);
+    c = NULL;
+    free(rs);
     /* no text_config: the root is the text config */
     json_t *r = json_loads(base, 0, NULL);
     json_t *tc = json_incref(json_object_get(r, "text_config"));

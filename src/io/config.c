@@ -216,10 +216,14 @@ static sn_status parse_rope(sn_config *c, const fields *tf)
     json_t *rp = get(tf, "rope_parameters");
     if (rp && !json_is_object(rp))
         return SN_FAIL(SN_E_FORMAT, "%s: \"%srope_parameters\" must be an object", tf->label, tf->prefix);
+    /* Some transformers releases serialise the same dict as rope_scaling
+     * (with rope_theta inside); read theta/partial from it in that case. */
+    json_t *rs0 = get(tf, "rope_scaling");
+    const bool from_scaling = !rp && json_is_object(rs0);
     char rprefix[64];
-    snprintf(rprefix, sizeof rprefix, "%srope_parameters.", tf->prefix);
-    fields pf = {tf->label, rp, rprefix};
-    if (c->ministral3 && !rp)
+    snprintf(rprefix, sizeof rprefix, "%s%s.", tf->prefix, from_scaling ? "rope_scaling" : "rope_parameters");
+    fields pf = {tf->label, from_scaling ? rs0 : rp, rprefix};
+    if (c->ministral3 && !pf.obj)
         return SN_FAIL(SN_E_MISSING, "%s: ministral3 needs \"%srope_parameters\"", tf->label, tf->prefix);
 
     const fields *tsrc = get(tf, "rope_theta") ? tf : &pf;
