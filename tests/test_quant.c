@@ -177,6 +177,9 @@ static void test_dequant_matrix(void)
         CHECKF(maxerr <= (bits == 4 ? 0.55 : 1.6), "bits %d: max error %.3f steps", bits, maxerr);
         CHECK(sn_weight_to_f32(&W, 2, out) == SN_E_RANGE);
         CHECK(sn_weight_row_f32(&W, 0, rows, out) == SN_E_RANGE);
+        W.sdtype = SN_DT_U8;   /* a forged file's scales dtype must not reach sn_load_f32 */
+        CHECK(sn_weight_row_f32(&W, 0, 0, out) == SN_E_UNSUPPORTED);
+        W.sdtype = SN_DT_BF16;
         /* dense bf16 path */
         uint16_t dv[6] = {0x3f80, 0x4000, 0x4040, 0xbf80, 0, 0x3f00};
         sn_weight D = {.dtype = SN_DT_BF16, .rows = 2, .cols = 3, .data = dv};

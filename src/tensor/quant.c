@@ -92,6 +92,8 @@ sn_status sn_weight_row_f32(const sn_weight *w, int64_t e, int64_t row, float *o
     if (w->dtype == SN_DT_Q4 || w->dtype == SN_DT_Q8) {
         int bits = w->dtype == SN_DT_Q4 ? 4 : 8;
         SN_TRY(sn_q_check_shape(w->rows, w->cols, bits, w->group, "weight"));
+        if (w->sdtype != SN_DT_BF16 && w->sdtype != SN_DT_F16 && w->sdtype != SN_DT_F32)
+            return SN_FAIL(SN_E_UNSUPPORTED, "weight: scales dtype %s is not BF16/F16/F32", sn_dtype_name(w->sdtype));
         int64_t ng = w->cols / w->group;
         size_t ss = sn_dtype_size(w->sdtype);
         sn_q_dequant_row((const uint32_t *)w->data + r * sn_q_words(w->cols, bits),
