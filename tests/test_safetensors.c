@@ -294,6 +294,12 @@ static void test_sharded(void)
     CHECK(st && sn_st_count(st) == 2);
     sn_st_close(st);
     st = NULL;
+    mkpath(p, sizeof p, "sharded", "adapters.safetensors");   /* not a weight file: ignored */
+    write_one(p, "b", 4.0f);
+    CHECK_OK(sn_st_open(d, &st));
+    CHECK(st && sn_st_count(st) == 2 && ((const float *)sn_st_find(st, "b")->data)[0] == 2.0f);
+    sn_st_close(st);
+    st = NULL;
     mkpath(p, sizeof p, "sharded", "model-extra.safetensors");
     write_one(p, "b", 3.0f);
     CHECK(sn_st_open(d, &st) == SN_E_FORMAT && strstr(sn_errmsg(), "\"b\"") && strstr(sn_errmsg(), "twice"));

@@ -1,8 +1,8 @@
 /* Safetensors checkpoints: a bounds-checked mmap reader and a streaming writer.
  *
  * Reader: sn_st_open takes a directory (model.safetensors.index.json with a
- * weight_map, else model.safetensors, else the only *.safetensors file) or
- * one .safetensors file. Every file is mmapped read-only; tensors are views
+ * weight_map, else every model*.safetensors file, as mlx-lm globs) or one
+ * .safetensors file. Every file is mmapped read-only; tensors are views
  * into the maps and stay valid until sn_st_close. The header is untrusted:
  * header length, JSON, dtypes, ranks, dims, data_offsets, shape*dtype size
  * == byte length, offsets inside the file, overlaps and duplicate names are

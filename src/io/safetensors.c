@@ -393,7 +393,8 @@ static sn_status open_dir(sn_st *st, const char *dir)
         return rc;
     }
     free(p);
-    /* No index: every *.safetensors in the directory (mlx-lm globs the same way). */
+    /* No index: every model*.safetensors in the directory, the glob mlx-lm
+     * uses; other files (adapters.safetensors of a LoRA) are not weights. */
     DIR *d = opendir(dir);
     if (!d) return SN_FAIL(SN_E_IO, "%s: cannot open directory: %s", dir, strerror(errno));
     char **files = NULL;
@@ -402,7 +403,8 @@ static sn_status open_dir(sn_st *st, const char *dir)
     struct dirent *de;
     while ((de = readdir(d))) {
         size_t l = strlen(de->d_name);
-        if (l <= 12 || strcmp(de->d_name + l - 12, ".safetensors") != 0) continue;
+        if (l <= 12 || strncmp(de->d_name, "model", 5) != 0 || strcmp(de->d_name + l - 12, ".safetensors") != 0)
+            continue;
         if (nf == cap) {
             cap = cap ? cap * 2 : 8;
             char **nn = realloc(files, cap * sizeof *nn);
@@ -413,7 +415,7 @@ static sn_status open_dir(sn_st *st, const char *dir)
         nf++;
     }
     closedir(d);
-    if (rc == SN_OK && nf == 0) rc = SN_FAIL(SN_E_MISSING, "%s: no .safetensors files in the directory", dir);
+    if (rc == SN_OK && nf == 0) rc = SN_FAIL(SN_E_MISSING, "%s: no model*.safetensors files in the directory", dir);
     if (rc == SN_OK) {
         qsort(files, nf, sizeof *files, cmp_str);
         for (size_t i = 0; i < nf && rc == SN_OK; i++) {
