@@ -92,6 +92,31 @@ typedef struct sn_backend_ops {
                                int rows, int n, float eps, float *y);
     /* y *= sigmoid(gate) elementwise. */
     sn_status (*mul_sigmoid)(sn_backend *, float *y, const float *gate, size_t n);
+
+    /* ---- Optional ops: NULL where a backend lacks them (callers check). ---- */
+    /* out[r] = index of the largest x[r, 0..n) (the first on ties; NaN never
+     * wins) for r < rows, written to HOST memory: only token ids cross to the
+     * host. Inside a step (below) out is valid once end_step returns. */
+    sn_status (*argmax)(sn_backend *, const float *x, int rows, int n, int32_t *out);
+    /* The routed experts of one MoE layer for T tokens, routing on the
+     * backend: p = softmax(logits[t, 0..E)) in fp32; the top_k largest
+     * (ties: lower index); w_j = p_j, divided by their sum when norm_topk;
+     * out[t] = sum_j w_j * down_e(silu(gate_e x_t) * up_e x_t), overwritten.
+     * gate/up are [E, I, H] stacks, down [E, H, I]. The shared expert is not
+     * included (see add_gated). */
+    sn_status (*moe)(sn_backend *, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
+                     const float *logits, int top_k, bool norm_topk, const float *x, int T, float *out);
+    /* y[t, :] += sigmoid(g[t]) * x[t, :] for t < T, rows of n (the shared
+     * expert's per-token gate fused with the residual add). */
+    sn_status (*add_gated)(sn_backend *, float *y, const float *x, const float *g, int T, int n);
+    /* Decode-step graphs (CUDA): ops between begin_step and end_step may be
+     * recorded and replayed as one graph; every argument is still checked at
+     * the call, and results (argmax's host output too) are valid after
+     * end_step. to_host / from_host / sync inside a step are allowed: the
+     * step then runs eagerly. Replay needs the same op sequence with all
+     * positions moved by one common delta (a decode step at the next pos). */
+    sn_status (*begin_step)(sn_backend *);
+    sn_status (*end_step)(sn_backend *);
 } sn_backend_ops;
 
 struct sn_backend {

@@ -24,11 +24,11 @@ namespace {
 
 enum rec_kind {
     R_MATMUL, R_EMBED, R_RMSNORM, R_GRMSNORM, R_ADD, R_SWIGLU, R_MULSIG, R_ROPE, R_KVWRITE, R_ATTN, R_GDN,
-    R_COPY, R_MEMSET, R_ARGMAX, R_MOE, R_COUNT
+    R_COPY, R_MEMSET, R_ARGMAX, R_MOE, R_ADDGATED, R_COUNT
 };
 const char *const rec_names[R_COUNT] = { "matmul", "embed", "rmsnorm", "gated_rmsnorm", "add", "swiglu",
                                          "mul_sigmoid", "rope", "kv_write", "attention", "gdn", "copy",
-                                         "memset0", "argmax", "moe" };
+                                         "memset0", "argmax", "moe", "add_gated" };
 
 /* One op call. Zero-initialised before filling, so memcmp compares it. */
 struct rec {
@@ -194,6 +194,9 @@ sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
     case R_MOE:
         return cu_moe(&cb->di, s, cw_of(r.p[0]), cw_of(r.p[1]), cw_of(r.p[2]), (const float *)r.p[3], (int)r.i[0],
                       (int)r.i[1], (const float *)r.p[4], (int)r.i[2], (float *)r.p[5], cb->scratch);
+    case R_ADDGATED:
+        return cu_add_gated(s, (float *)r.p[0], (const float *)r.p[1], (const float *)r.p[2], (int)r.i[0],
+                            (int)r.i[1]);
     default:
         return SN_FAIL(SN_E_INVALID, "cuda: unknown record kind %d", r.kind);
     }
@@ -750,6 +753,20 @@ sn_status cuda_mul_sigmoid(sn_backend *b, float *y, const float *g, size_t n)
     return ew(b, R_MULSIG, "mul_sigmoid", y, g, NULL, n);
 }
 
+sn_status cuda_add_gated(sn_backend *b, float *y, const float *x, const float *g, int T, int n)
+{
+    if (T < 0 || n < 0)
+        return SN_FAIL(SN_E_INVALID, "add_gated: T=%d n=%d", T, n);
+    if (T == 0 || n == 0)
+        return SN_OK;
+    if (!y || !x || !g)
+        return SN_FAIL(SN_E_INVALID, "add_gated: NULL buffer");
+    rec r = rec_new(R_ADDGATED);
+    r.p[0] = y; r.p[1] = x; r.p[2] = g;
+    r.i[0] = T; r.i[1] = n;
+    return submit(cb_of(b), r, 0);
+}
+
 sn_status cuda_rope(sn_backend *b, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
                     const float *inv_freq, float mscale)
 {
@@ -910,8 +927,8 @@ extern "C" sn_status sn_cuda_moe(sn_backend *b, const sn_weight *gate, const sn_
     if ((g->fmt != CW_Q4 && g->fmt != CW_Q8) || u->fmt != g->fmt || u->group != g->group || u->sfmt != g->sfmt ||
         (dn->fmt != CW_Q4 && dn->fmt != CW_Q8))
         return SN_FAIL(SN_E_UNSUPPORTED, "moe: experts must be quantized (gate and up alike)");
-    if (top_k <= 0 || top_k > gate->n_experts || top_k > 32)
-        return SN_FAIL(SN_E_INVALID, "moe: top_k %d of %lld experts (max 32)", top_k, (long long)gate->n_experts);
+    if (top_k <= 0 || top_k > gate->n_experts || top_k > 64)
+        return SN_FAIL(SN_E_INVALID, "moe: top_k %d of %lld experts (max 64)", top_k, (long long)gate->n_experts);
     if (T < 0)
         return SN_FAIL(SN_E_INVALID, "moe: T=%d", T);
     if (T == 0)
@@ -988,6 +1005,12 @@ extern "C" sn_status sn_cuda_end_step(sn_backend *b)
 
 namespace {
 
+sn_status tbl_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
+                  const float *logits, int top_k, bool norm_topk, const float *x, int T, float *out)
+{
+    return sn_cuda_moe(b, gate, up, down, logits, top_k, norm_topk ? 1 : 0, x, T, out);
+}
+
 const sn_backend_ops g_cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -1010,6 +1033,11 @@ const sn_backend_ops g_cuda_ops = {
     .gdn = cuda_gdn,
     .gated_rmsnorm = cuda_gated_rmsnorm,
     .mul_sigmoid = cuda_mul_sigmoid,
+    .argmax = sn_cuda_argmax,
+    .moe = tbl_moe,
+    .add_gated = cuda_add_gated,
+    .begin_step = sn_cuda_begin_step,
+    .end_step = sn_cuda_end_step,
 };
 
 } // namespace

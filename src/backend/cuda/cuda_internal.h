@@ -92,6 +92,7 @@ sn_status cu_gated_rmsnorm(cudaStream_t s, const float *o, const float *z, const
 sn_status cu_add(cudaStream_t s, float *y, const float *x, size_t n);
 sn_status cu_swiglu(cudaStream_t s, const float *g, const float *u, size_t n, float *out);
 sn_status cu_mul_sigmoid(cudaStream_t s, float *y, const float *g, size_t n);
+sn_status cu_add_gated(cudaStream_t s, float *y, const float *x, const float *g, int T, int n);
 sn_status cu_rope(cudaStream_t s, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
                   const int *d_delta, const float *inv_freq, float mscale);
 sn_status cu_kv_write(cudaStream_t s, const sn_kv_view *kv, const float *k, const float *v, int T, int pos0,

@@ -561,7 +561,7 @@ __global__ void k_embed(cu_weight w, const int32_t *__restrict__ ids, float *__r
 /* MoE                                                                        */
 /* ------------------------------------------------------------------------ */
 
-constexpr int MOE_MAX_K = 32;
+constexpr int MOE_MAX_K = 64;
 
 /* One warp per token: softmax over E logits, top-k by k rounds of a warp
  * argmax (lowest index on ties), weights renormalised over the chosen. */

@@ -83,6 +83,15 @@ __global__ void k_mul_sigmoid(float *__restrict__ y, const float *__restrict__ g
         y[i] *= sigmoidf_(g[i]);
 }
 
+/* y[t, i] += sigmoid(g[t]) * x[t, i] */
+__global__ void k_add_gated(float *__restrict__ y, const float *__restrict__ x, const float *__restrict__ g, int T,
+                            int n)
+{
+    size_t N = (size_t)T * n;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x)
+        y[i] += sigmoidf_(g[i / n]) * x[i];
+}
+
 unsigned ew_grid(size_t n)
 {
     size_t g = (n + 255) / 256;
@@ -606,6 +615,16 @@ sn_status cu_mul_sigmoid(cudaStream_t s, float *y, const float *g, size_t n)
         return SN_OK;
     k_mul_sigmoid<<<ew_grid(n), 256, 0, s>>>(y, g, n);
     CU_CHECK_LAUNCH("mul_sigmoid");
+    return SN_OK;
+}
+
+sn_status cu_add_gated(cudaStream_t s, float *y, const float *x, const float *g, int T, int n)
+{
+    size_t N = (size_t)T * n;
+    if (!N)
+        return SN_OK;
+    k_add_gated<<<ew_grid(N), 256, 0, s>>>(y, x, g, T, n);
+    CU_CHECK_LAUNCH("add_gated");
     return SN_OK;
 }
 
