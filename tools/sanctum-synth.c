@@ -2,7 +2,7 @@
  * supported config, for benchmarks and loader tests.
  *
  *   sanctum-synth --config CONFIG.json --out DIR [--seed N] [--bits 4|8] [--group 64]
- *                 [--shard-size 5G]
+ *                 [--shard-size 5G] [--dry-run]
  *
  * Output: DIR/config.json (the input config plus a quantization block) and
  * DIR/model.safetensors, or model-0000i-of-0000n.safetensors plus
@@ -428,7 +428,8 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: sanctum-synth --config CONFIG.json --out DIR [--seed N] [--bits 4|8] [--group 32|64|128]\n"
-            "                     [--shard-size N[K|M|G] (default 5G; decimal units)]\n"
+            "                     [--shard-size N[K|M|G] (default 5G; decimal units)] [--dry-run]\n"
+            "--dry-run lists every tensor (name, dtype, shape) on stdout and writes nothing.\n"
             "Writes a random-weight MLX-layout checkpoint for a qwen3_5, qwen3_5_moe, qwen2 or mistral config.\n");
 }
 
@@ -462,6 +463,7 @@ int main(int argc, char **argv)
 {
     const char *cfg_path = NULL, *out = NULL;
     long long seed = 0, bits = 4, group = 64, shard = 5000000000LL;
+    int dry = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int ok = v != NULL;
@@ -471,6 +473,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--bits") && ok) ok = parse_num(v, 4, 8, &bits) && (bits == 4 || bits == 8);
         else if (!strcmp(a, "--group") && ok) ok = parse_num(v, 32, 128, &group) && (group == 32 || group == 64 || group == 128);
         else if (!strcmp(a, "--shard-size") && ok) ok = parse_size(v, &shard);
+        else if (!strcmp(a, "--dry-run")) { dry = 1; continue; }
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else ok = 0;
         if (!ok) {
@@ -485,7 +488,7 @@ int main(int argc, char **argv)
     sn_config *c = NULL;
     plan p = {.bits = (int)bits, .group = (int)group, .seed = (uint64_t)seed, .overrides = json_object()};
     sn_status rc = sn_config_load(cfg_path, &c);
-    if (rc == SN_OK && mkdir(out, 0755) != 0 && errno != EEXIST)
+    if (rc == SN_OK && !dry && mkdir(out, 0755) != 0 && errno != EEXIST)
         rc = SN_FAIL(SN_E_IO, "%s: cannot create: %s", out, strerror(errno));
     if (rc == SN_OK && !p.overrides) rc = SN_FAIL(SN_E_NOMEM, "out of memory");
     if (rc == SN_OK) rc = build_plan(&p, c);
@@ -495,10 +498,18 @@ int main(int argc, char **argv)
         char hb[32];
         fprintf(stderr, "sanctum-synth: %s, %d layers, %zu tensors, %s at %lld-bit g%lld -> %s\n",
                 sn_arch_name(c->arch), c->n_layers, p.n, human((double)total, hb, sizeof hb), bits, group, out);
-        rc = write_shards(&p, out, (size_t)shard, isatty(2));
+        if (dry) {
+            for (size_t i = 0; i < p.n; i++) {
+                printf("%s %s [", p.s[i].name, sn_dtype_name(p.s[i].dt));
+                for (int d = 0; d < p.s[i].ndim; d++) printf("%s%lld", d ? ", " : "", (long long)p.s[i].shape[d]);
+                printf("]\n");
+            }
+        } else {
+            rc = write_shards(&p, out, (size_t)shard, isatty(2));
+        }
     }
-    if (rc == SN_OK) rc = write_config(cfg_path, out, &p);
-    if (rc == SN_OK) {
+    if (rc == SN_OK && !dry) rc = write_config(cfg_path, out, &p);
+    if (rc == SN_OK && !dry) {
         /* read it back through the real reader: the header must validate */
         sn_st *st = NULL;
         rc = sn_st_open(out, &st);
@@ -506,7 +517,7 @@ int main(int argc, char **argv)
             rc = SN_FAIL(SN_E_FORMAT, "%s: read back %zu tensors, wrote %zu", out, sn_st_count(st), p.n);
         sn_st_close(st);
     }
-    if (rc == SN_OK) {
+    if (rc == SN_OK && !dry) {
         sn_config *back = NULL;
         rc = sn_config_load(out, &back);
         sn_config_free(back);
