@@ -53,7 +53,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     __atomic_add_fetch(&s->handled, 1, __ATOMIC_SEQ_CST);
     const char *cn = sn_tls_client_cn(req);
     struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "cn=%s\n", cn ? cn : "(none)");
+    evbuffer_add_printf(b, "cn=%s v=%d\n", cn ? cn : "(none)", sn_tls_request_verified(req));
     evhttp_send_reply(req, 200, "OK", b);
     evbuffer_free(b);
 }
@@ -213,9 +213,9 @@ static void test_valid_client(void)
     server_stop(&s);   /* joins the server thread: its lines are written */
     char *log = capture_end();
     CHECK(c13 == 200);
-    CHECKF(strcmp(body, "cn=alice\n") == 0, "body '%s'", body);
+    CHECKF(strcmp(body, "cn=alice v=1\n") == 0, "body '%s'", body);
     CHECK(c12 == 200);
-    CHECKF(strcmp(body12, "cn=alice\n") == 0, "body '%s'", body12);
+    CHECKF(strcmp(body12, "cn=alice v=1\n") == 0, "body '%s'", body12);
     CHECKF(strstr(log, "audit tls accept cn=alice peer=127.0.0.1:") != NULL, "log: %s", log);
     CHECKF(strstr(log, "proto=TLSv1.3") && strstr(log, "proto=TLSv1.2"), "log: %s", log);
     CHECK(s.handled == 2);
@@ -311,7 +311,7 @@ static void test_crl_is_what_rejects(void)
     int code = tls_get(s.port, &bob, body, sizeof body);
     capture_end();
     CHECK(code == 200);
-    CHECK(strcmp(body, "cn=bob\n") == 0);
+    CHECK(strcmp(body, "cn=bob v=1\n") == 0);
     server_stop(&s);
 }
 

@@ -305,7 +305,7 @@ int sn_auth_http(const sn_auth *a, struct evhttp_request *req)
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
     struct evhttp_connection *conn = evhttp_request_get_connection(req);
     const struct sockaddr *peer = conn ? evhttp_connection_get_addr(conn) : NULL;
-    int via_mtls = sn_tls_client_cn(req) != NULL;
+    int via_mtls = sn_tls_request_verified(req);
     /* A second Authorization header would let a proxy and us disagree on
      * which one counts: refuse the request outright. */
     const char *authz = NULL;

@@ -3,7 +3,7 @@
  * Policy (fail closed):
  *   - requests whose path is on the allow-list ("/health" exactly; the query
  *     string is ignored) always pass;
- *   - requests that arrived over mTLS (sn_tls_client_cn != NULL) pass: the
+ *   - requests that arrived over mTLS (sn_tls_request_verified) pass: the
  *     handshake already authenticated the client;
  *   - loopback peers (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104) pass;
  *   - SANCTUM_MLX_DISABLE_AUTH=1 in the environment at sn_auth_new time makes

@@ -341,13 +341,24 @@ void sn_tls_attach(sn_tls *t, struct evhttp *http)
     evhttp_set_bevcb(http, tls_bevcb, t);
 }
 
-const char *sn_tls_client_cn(struct evhttp_request *req)
+static SSL *request_ssl(struct evhttp_request *req)
 {
     if (!req)
         return NULL;
     struct evhttp_connection *conn = evhttp_request_get_connection(req);
     struct bufferevent *bev = conn ? evhttp_connection_get_bufferevent(conn) : NULL;
-    SSL *ssl = bev ? bufferevent_openssl_get_ssl(bev) : NULL;   /* NULL for plain bufferevents */
+    return bev ? bufferevent_openssl_get_ssl(bev) : NULL;   /* NULL for plain bufferevents */
+}
+
+int sn_tls_request_verified(struct evhttp_request *req)
+{
+    SSL *ssl = request_ssl(req);
+    return ssl && SSL_get0_peer_certificate(ssl) && SSL_get_verify_result(ssl) == X509_V_OK;
+}
+
+const char *sn_tls_client_cn(struct evhttp_request *req)
+{
+    SSL *ssl = request_ssl(req);
     if (!ssl)
         return NULL;
     conn_state *c = conn_get(ssl);

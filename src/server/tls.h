@@ -63,6 +63,10 @@ void sn_tls_attach(sn_tls *tls, struct evhttp *http);
  * lives as long as the connection; copy it to keep it. */
 const char *sn_tls_client_cn(struct evhttp_request *req);
 
+/* 1 when the request came over a TLS connection whose client certificate
+ * verified (whether or not it carries a CN); 0 for plain HTTP. */
+int sn_tls_request_verified(struct evhttp_request *req);
+
 /* Handshake counters since sn_tls_new (for /metrics). Either pointer may be NULL. */
 void sn_tls_stats(const sn_tls *tls, uint64_t *accepted, uint64_t *rejected);
 
