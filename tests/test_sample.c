@@ -189,6 +189,35 @@ static void test_seed_same_sequence(void)
     free(tmp);
 }
 
+static void test_logit_bias(void)
+{
+    /* Bias comes first: it can ban the argmax or promote a token, and the
+     * sampler keeps its own copy of the entries. */
+    sn_logit_bias b[2] = {{1, -100.0f}, {3, 5.0f}};
+    sn_sample_params p;
+    sn_sample_params_default(&p);
+    p.bias = b;
+    p.n_bias = 2;
+    p.has_seed = true;
+    sn_sampler *s = NULL;
+    CHECK_OK(sn_sampler_new(&p, 4, &s));
+    b[0].bias = 0.0f;   /* must not affect the sampler */
+    CHECK(s && !sn_sampler_is_greedy(s));
+    float l[4] = {1.0f, 9.0f, 2.0f, 0.0f};
+    int32_t id;
+    CHECK_OK(sn_sampler_sample(s, l, &id));
+    CHECK(l[1] == -91.0f && l[3] == 5.0f);
+    CHECK(id == 3);
+    sn_sampler_free(s);
+    sn_logit_bias far = {4, 1.0f};
+    p.bias = &far;
+    p.n_bias = 1;
+    CHECK(sn_sampler_new(&p, 4, &s) == SN_E_INVALID && strstr(sn_errmsg(), "outside the vocabulary"));
+    sn_logit_bias big = {0, 101.0f};
+    p.bias = &big;
+    CHECK(sn_sample_params_check(&p) == SN_E_INVALID);
+}
+
 static void test_params_check(void)
 {
     sn_sample_params p;
@@ -224,6 +253,7 @@ int main(void)
     RUN(test_temperature_distribution);
     RUN(test_top_p_before_temperature);
     RUN(test_seed_same_sequence);
+    RUN(test_logit_bias);
     RUN(test_params_check);
     return TEST_END();
 }

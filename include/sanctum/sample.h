@@ -1,6 +1,6 @@
 /* Token sampling: the logits processors and the draw, in mlx-lm's order.
  *
- *   repetition / presence / frequency penalty over a bounded window of recent
+ *   logit bias  ->  repetition / presence / frequency penalty over a bounded window of recent
  *   tokens  ->  top-p on the untempered distribution  ->  temperature  ->
  *   argmax (temperature 0) or a categorical draw from a seeded PRNG.
  *
@@ -24,6 +24,12 @@ uint64_t sn_rng_next(sn_rng *r);
 double sn_rng_uniform(sn_rng *r);                   /* [0, 1), 53 bits */
 
 #define SN_SAMPLE_MAX_WINDOW 4096
+#define SN_SAMPLE_MAX_BIAS 300      /* logit_bias entries (OpenAI's limit) */
+
+typedef struct {
+    int32_t id;
+    float bias;                 /* added to the logit, in [-100, 100] */
+} sn_logit_bias;
 
 typedef struct {
     float temperature;          /* 0: greedy (argmax) */
@@ -34,9 +40,11 @@ typedef struct {
     int repetition_window;      /* tokens of history the penalties see (1..SN_SAMPLE_MAX_WINDOW) */
     bool has_seed;              /* false: seeded from the OS */
     uint64_t seed;
+    const sn_logit_bias *bias;  /* applied first (as mlx-lm's logit_bias); copied by sn_sampler_new */
+    int n_bias;
 } sn_sample_params;
 
-/* mlx-lm's defaults: greedy, no penalties, window 20. */
+/* mlx-lm's defaults: greedy, no penalties, window 20, no bias. */
 void sn_sample_params_default(sn_sample_params *p);
 /* Checks ranges; SN_E_INVALID naming the field otherwise. */
 sn_status sn_sample_params_check(const sn_sample_params *p);

@@ -22,6 +22,8 @@ struct sn_sampler {
     float *probs;       /* [vocab] untempered probabilities */
     int32_t *cand;      /* [vocab] candidate ids for top-p */
     bool penalties;
+    sn_logit_bias bias[SN_SAMPLE_MAX_BIAS];
+    int n_bias;
 };
 
 /* ---- PRNG: splitmix64 to expand the seed, xoshiro256** to draw ---- */
@@ -97,6 +99,15 @@ sn_status sn_sample_params_check(const sn_sample_params *p)
     if (p->repetition_window < 1 || p->repetition_window > SN_SAMPLE_MAX_WINDOW)
         return SN_FAIL(SN_E_INVALID, "repetition window must be in [1, %d], got %d",
                        SN_SAMPLE_MAX_WINDOW, p->repetition_window);
+    if (p->n_bias < 0 || p->n_bias > SN_SAMPLE_MAX_BIAS || (p->n_bias > 0 && !p->bias))
+        return SN_FAIL(SN_E_INVALID, "logit_bias must have at most %d entries, got %d", SN_SAMPLE_MAX_BIAS, p->n_bias);
+    for (int i = 0; i < p->n_bias; i++) {
+        if (p->bias[i].id < 0)
+            return SN_FAIL(SN_E_INVALID, "logit_bias: token id %d is negative", (int)p->bias[i].id);
+        if (!(p->bias[i].bias >= -100.0f && p->bias[i].bias <= 100.0f))
+            return SN_FAIL(SN_E_INVALID, "logit_bias: bias of token %d must be in [-100, 100], got %g",
+                           (int)p->bias[i].id, p->bias[i].bias);
+    }
     return SN_OK;
 }
 
@@ -112,6 +123,16 @@ sn_status sn_sampler_new(const sn_sample_params *p, int vocab, sn_sampler **out)
     if (!s) return SN_FAIL(SN_E_NOMEM, "sampler: out of memory");
     s->p = *p;
     s->vocab = vocab;
+    for (int i = 0; i < p->n_bias; i++) {
+        if (p->bias[i].id >= vocab) {
+            free(s);
+            return SN_FAIL(SN_E_INVALID, "logit_bias: token id %d is outside the vocabulary (%d tokens)",
+                           (int)p->bias[i].id, vocab);
+        }
+        s->bias[i] = p->bias[i];
+    }
+    s->n_bias = p->n_bias;
+    s->p.bias = NULL;   /* the caller's array need not outlive us */
     s->penalties = (p->repetition_penalty != 0.0f && p->repetition_penalty != 1.0f) ||
                    p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
     s->counts = calloc((size_t)vocab, sizeof *s->counts);
@@ -139,7 +160,10 @@ void sn_sampler_free(sn_sampler *s)
     free(s);
 }
 
-bool sn_sampler_is_greedy(const sn_sampler *s) { return s->p.temperature == 0.0f && !s->penalties; }
+bool sn_sampler_is_greedy(const sn_sampler *s)
+{
+    return s->p.temperature == 0.0f && !s->penalties && s->n_bias == 0;
+}
 
 void sn_sampler_accept(sn_sampler *s, int32_t id)
 {
@@ -202,6 +226,7 @@ static int cmp_desc(const void *a, const void *b)
 
 sn_status sn_sampler_sample(sn_sampler *s, float *logits, int32_t *out_id)
 {
+    for (int i = 0; i < s->n_bias; i++) logits[s->bias[i].id] += s->bias[i].bias;
     if (s->penalties) apply_penalties(s, logits);
     if (s->p.temperature == 0.0f) {
         int id = argmax(logits, s->vocab);

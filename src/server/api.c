@@ -3,6 +3,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,6 +212,33 @@ static sn_status parse_stop(json_t *root, srv_chat_req *r, srv_err *err)
     return SN_OK;
 }
 
+/* logit_bias: {"token id": bias, ...}; ids are checked against the
+ * vocabulary by the sampler (a 400 from the worker). */
+static sn_status parse_logit_bias(json_t *root, srv_chat_req *r, srv_err *err)
+{
+    json_t *lb = opt(root, "logit_bias");
+    if (!lb) return SN_OK;
+    if (!json_is_object(lb)) return BAD("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    if (json_object_size(lb) > SN_SAMPLE_MAX_BIAS)
+        return BAD("logit_bias", "'logit_bias' has %zu entries, at most %d allowed", json_object_size(lb), SN_SAMPLE_MAX_BIAS);
+    const char *key;
+    json_t *v;
+    json_object_foreach(lb, key, v) {
+        char *end;
+        long id = strtol(key, &end, 10);
+        if (!key[0] || *end || id < 0 || id > INT32_MAX)
+            return BAD("logit_bias", "'logit_bias' key '%.40s' is not a token id", key);
+        if (!json_is_number(v)) return BAD("logit_bias", "'logit_bias[%ld]' must be a number", id);
+        double b = json_number_value(v);
+        if (!(b >= -100 && b <= 100)) return BAD("logit_bias", "'logit_bias[%ld]' must be in [-100, 100], got %g", id, b);
+        r->bias[r->sample.n_bias].id = (int32_t)id;
+        r->bias[r->sample.n_bias].bias = (float)b;
+        r->sample.n_bias++;
+    }
+    r->sample.bias = r->bias;
+    return SN_OK;
+}
+
 static sn_status parse_max_tokens(json_t *root, const char *key, srv_chat_req *r, srv_err *err)
 {
     json_t *v = opt(root, key);
@@ -267,6 +295,7 @@ sn_status srv_chat_parse(const char *body, size_t len, srv_chat_req *r, srv_err 
         r->sample.seed = (uint64_t)json_integer_value(v);
     }
     if ((st = parse_stop(root, r, err)) != SN_OK) goto out;
+    if ((st = parse_logit_bias(root, r, err)) != SN_OK) goto out;
     if ((v = opt(root, "stream"))) {
         if (!json_is_boolean(v)) { st = BAD("stream", "'stream' must be a boolean"); goto out; }
         r->stream = json_is_true(v);

@@ -26,7 +26,8 @@ typedef struct {
     size_t n_msgs;
     char *model;                 /* NULL when the request named none */
     int max_tokens;              /* 0: not given (server default applies) */
-    sn_sample_params sample;
+    sn_sample_params sample;     /* sample.bias points at bias[] below */
+    sn_logit_bias bias[SN_SAMPLE_MAX_BIAS];
     char *stops[SN_STOP_MAX];
     size_t n_stops;
     bool stream;

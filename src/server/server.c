@@ -303,8 +303,13 @@ static void job_complete(srv *s, srv_job *j)
                         if (c) evbuffer_add(b, c, strlen(c));
                         free(c);
                     }
-                } else if (!ok) {
-                    /* The status line is gone already: report in-band. */
+                } else {
+                    /* The status line is gone already: report in-band. A
+                     * cancel with the client still here means the shutdown
+                     * grace ran out. */
+                    if (ok || j->result == SN_E_CANCELLED)
+                        srv_err_set(&j->err, 503, "server_error", "shutting_down", NULL,
+                                    "generation cancelled: the server is shutting down");
                     char *e = srv_err_json(&j->err);
                     if (e) evbuffer_add_printf(b, "data: %s\n\n", e);
                     free(e);
