@@ -1,0 +1,474 @@
+/* bench_cuda: the Qwen3.5 forward pass of a real config (27B dense,
+ * 35B-A3B MoE) on the CUDA backend, with random MLX 4-bit weights
+ * generated in memory (same shapes and bytes as a sanctum-synth model),
+ * driven through the backend table exactly as a model file calls it:
+ * per layer RMSNorm, projections, GatedDeltaNet or gated attention (q/k
+ * norm, partial RoPE, KV cache), MLP or MoE (GPU routing + shared expert),
+ * final norm, lm_head, argmax on the GPU.
+ *
+ * Prints: decode tok/s at batch 1 (CUDA graph replay, and eager), the
+ * weight bytes one decode token reads and the achieved GB/s against the
+ * measured device copy bandwidth, prefill tok/s and time to first token
+ * for a P-token prompt, GPU memory, and the per-op time of one decode step.
+ * Appends one line per run to --log with the command that reproduces it.
+ *
+ * Build (here, with nvcc present):
+ *   make build/libsanctum.a && cc -std=c17 -D_GNU_SOURCE -O2 -Iinclude -Isrc -DSN_HAVE_CUDA=1 \
+ *     -o build/bench_cuda bench/bench_cuda.c build/libsanctum.a -lm -lpthread -ljansson \
+ *     -L/usr/local/cuda/lib64 -lcudart_static -lrt -lstdc++ -ldl
+ * Run:  build/bench_cuda --config bench/configs/qwen3_5_27b.json [--prefill 4096] [--decode 128]
+ *       [--layers N] [--log bench/results.log] */
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sanctum/backend.h"
+#include "sanctum/tensor.h"
+
+#ifdef SN_HAVE_CUDA
+#include "backend/cuda/sn_cuda.h"
+
+typedef struct {
+    int H, L, I, Hq, Hkv, D, Hk, Hv, Dk, Dv, K, V, interval, E, topk, Im, Is, rot;
+    float eps;
+} cfg_t;
+
+static sn_backend *B;
+static const sn_backend_ops *O;
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static double bytes_decode; /* weight bytes read per decode token */
+static double bytes_total;
+
+#define TRY(x) do { sn_status _s = (x); if (_s != SN_OK) { \
+    fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, sn_errmsg()); exit(1); } } while (0)
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static inline uint64_t xs64(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static int jint(json_t *o, const char *k, int def)
+{
+    json_t *v = json_object_get(o, k);
+    return json_is_integer(v) ? (int)json_integer_value(v) : def;
+}
+
+static void load_cfg(const char *path, cfg_t *c)
+{
+    json_error_t err;
+    json_t *root = json_load_file(path, 0, &err);
+    if (!root) {
+        fprintf(stderr, "%s: %s (line %d)\n", path, err.text, err.line);
+        exit(1);
+    }
+    json_t *t = json_object_get(root, "text_config");
+    if (!json_is_object(t)) t = root;
+    c->H = jint(t, "hidden_size", 0);
+    c->L = jint(t, "num_hidden_layers", 0);
+    c->I = jint(t, "intermediate_size", 0);
+    c->Hq = jint(t, "num_attention_heads", 0);
+    c->Hkv = jint(t, "num_key_value_heads", 0);
+    c->D = jint(t, "head_dim", c->Hq ? c->H / c->Hq : 0);
+    c->Hk = jint(t, "linear_num_key_heads", 16);
+    c->Hv = jint(t, "linear_num_value_heads", 32);
+    c->Dk = jint(t, "linear_key_head_dim", 128);
+    c->Dv = jint(t, "linear_value_head_dim", 128);
+    c->K = jint(t, "linear_conv_kernel_dim", 4);
+    c->V = jint(t, "vocab_size", 0);
+    c->interval = jint(t, "full_attention_interval", 4);
+    c->E = jint(t, "num_experts", 0);
+    c->topk = jint(t, "num_experts_per_tok", 0);
+    c->Im = jint(t, "moe_intermediate_size", 0);
+    c->Is = jint(t, "shared_expert_intermediate_size", 0);
+    double frac = 0.25;
+    json_t *rp = json_object_get(t, "rope_parameters");
+    if (json_is_object(rp) && json_is_number(json_object_get(rp, "partial_rotary_factor")))
+        frac = json_number_value(json_object_get(rp, "partial_rotary_factor"));
+    c->rot = (int)(c->D * frac);
+    c->eps = 1e-6f;
+    json_decref(root);
+    if (c->H <= 0 || c->L <= 0 || c->Hq <= 0 || c->Hkv <= 0 || c->V <= 0 || (c->E == 0 && c->I <= 0)) {
+        fprintf(stderr, "%s: missing dims\n", path);
+        exit(1);
+    }
+}
+
+/* A random MLX-affine weight [E, rows, cols], uploaded; host copy dropped. */
+static sn_weight *mkw(int64_t rows, int64_t cols, int64_t E, int bits, int in_decode, int topk)
+{
+    static uint8_t dummy[16];
+    sn_weight *w = calloc(1, sizeof *w);
+    int64_t ne = E > 0 ? E : 1;
+    size_t words = (size_t)ne * rows * cols * bits / 32, ng = (size_t)ne * rows * (cols / 64);
+    uint64_t *q = malloc(words * 4 + 8);
+    for (size_t i = 0; i < (words + 1) / 2; i++) q[i] = xs64();
+    uint16_t *sc = malloc(2 * ng), *bi = malloc(2 * ng);
+    float s0 = 1.0f / (4.0f * sqrtf((float)cols)) / (bits == 4 ? 7.5f : 127.5f);
+    for (size_t i = 0; i < ng; i++) {
+        float s = s0 * (0.5f + (float)(xs64() & 1023) / 1024.0f);
+        sc[i] = sn_f32_to_bf16(s);
+        bi[i] = sn_f32_to_bf16(-s * (bits == 4 ? 7.5f : 127.5f));
+    }
+    w->dtype = bits == 4 ? SN_DT_Q4 : SN_DT_Q8;
+    w->rows = rows;
+    w->cols = cols;
+    w->n_experts = E;
+    w->group = 64;
+    w->data = q;
+    w->scales = sc;
+    w->qbiases = bi;
+    w->sdtype = SN_DT_BF16;
+    TRY(O->upload_weight(B, w));
+    free(q);
+    free(sc);
+    free(bi);
+    w->data = w->scales = w->qbiases = dummy; /* the backend only reads w->dev from now on */
+    size_t one = sn_weight_bytes(w);
+    bytes_total += (double)one * ne;
+    if (in_decode) bytes_decode += (double)one * (E > 0 ? topk : 1);
+    return w;
+}
+
+static float *dbuf(size_t n)
+{
+    void *p;
+    TRY(O->buf_alloc(B, sizeof(float) * (n ? n : 1), &p));
+    return p;
+}
+
+static float *drand(size_t n, float lo, float hi)
+{
+    float *h = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) h[i] = lo + (hi - lo) * (float)(xs64() & 0xffffff) / 16777216.0f;
+    float *d = dbuf(n);
+    TRY(O->from_host(B, d, h, sizeof(float) * n));
+    free(h);
+    return d;
+}
+
+typedef struct {
+    int attn;
+    float *in_norm, *post_norm;
+    /* GDN */
+    sn_weight *qkv, *z, *wb, *wa, *out;
+    float *conv_w, *A_log, *dt_bias, *gnorm, *conv, *S;
+    /* attention */
+    sn_weight *wq, *wg, *wk, *wv, *wo;
+    float *qn, *kn, *kc, *vc;
+    /* MLP / MoE */
+    sn_weight *gate, *up, *down, *router, *eg, *eu, *ed, *sg, *su, *sd, *sgw;
+} layer_t;
+
+typedef struct {
+    cfg_t c;
+    int T, ctx, conv_dim;
+    sn_weight *emb, *lm;
+    float *fnorm, *inv_freq;
+    layer_t *ly;
+    float *h, *xn, *qkv, *z, *a, *b, *o, *o2, *r, *q, *g, *k, *v, *att, *mg, *mu, *ma, *lg, *mo, *sgl, *logits;
+} model_t;
+
+static void build(model_t *m, int layers, int T, int ctx)
+{
+    cfg_t *c = &m->c;
+    if (layers > 0 && layers < c->L) c->L = layers;
+    m->T = T;
+    m->ctx = ctx;
+    int H = c->H, Vd = c->Hv * c->Dv, Kd = c->Hk * c->Dk;
+    m->conv_dim = 2 * Kd + Vd;
+    m->emb = mkw(c->V, H, 0, 4, 0, 0);
+    m->lm = mkw(c->V, H, 0, 4, 1, 0);
+    m->fnorm = drand(H, 0.9f, 1.1f);
+    float *inv = malloc(sizeof(float) * c->rot / 2);
+    for (int i = 0; i < c->rot / 2; i++) inv[i] = powf(1e7f, -2.0f * i / c->rot);
+    m->inv_freq = dbuf(c->rot / 2);
+    TRY(O->from_host(B, m->inv_freq, inv, sizeof(float) * c->rot / 2));
+    free(inv);
+    m->ly = calloc(c->L, sizeof(layer_t));
+    for (int l = 0; l < c->L; l++) {
+        layer_t *y = &m->ly[l];
+        y->attn = (l + 1) % c->interval == 0;
+        y->in_norm = drand(H, 0.9f, 1.1f);
+        y->post_norm = drand(H, 0.9f, 1.1f);
+        if (y->attn) {
+            int qd = c->Hq * c->D, kd = c->Hkv * c->D;
+            /* q_proj's rows [q_h | gate_h] per head, split at load into two views */
+            y->wq = mkw(qd, H, 0, 4, 1, 0);
+            y->wg = mkw(qd, H, 0, 4, 1, 0);
+            y->wk = mkw(kd, H, 0, 4, 1, 0);
+            y->wv = mkw(kd, H, 0, 4, 1, 0);
+            y->wo = mkw(H, qd, 0, 4, 1, 0);
+            y->qn = drand(c->D, 0.9f, 1.1f);
+            y->kn = drand(c->D, 0.9f, 1.1f);
+            y->kc = dbuf((size_t)ctx * kd);
+            y->vc = dbuf((size_t)ctx * kd);
+        } else {
+            y->qkv = mkw(m->conv_dim, H, 0, 4, 1, 0);
+            y->z = mkw(Vd, H, 0, 4, 1, 0);
+            y->wb = mkw(c->Hv, H, 0, 4, 1, 0);
+            y->wa = mkw(c->Hv, H, 0, 4, 1, 0);
+            y->out = mkw(H, Vd, 0, 4, 1, 0);
+            y->conv_w = drand((size_t)m->conv_dim * c->K, -0.5f, 0.5f);
+            y->A_log = drand(c->Hv, -1.f, 1.f);
+            y->dt_bias = drand(c->Hv, -1.f, 1.f);
+            y->gnorm = drand(c->Dv, 0.9f, 1.1f);
+            y->conv = dbuf((size_t)(c->K - 1) * m->conv_dim);
+            y->S = dbuf((size_t)c->Hv * c->Dk * c->Dv);
+        }
+        if (c->E > 0) {
+            y->router = mkw(c->E, H, 0, 8, 1, 0);
+            y->eg = mkw(c->Im, H, c->E, 4, 1, c->topk);
+            y->eu = mkw(c->Im, H, c->E, 4, 1, c->topk);
+            y->ed = mkw(H, c->Im, c->E, 4, 1, c->topk);
+            y->sg = mkw(c->Is, H, 0, 4, 1, 0);
+            y->su = mkw(c->Is, H, 0, 4, 1, 0);
+            y->sd = mkw(H, c->Is, 0, 4, 1, 0);
+            y->sgw = mkw(1, H, 0, 8, 1, 0);
+        } else {
+            y->gate = mkw(c->I, H, 0, 4, 1, 0);
+            y->up = mkw(c->I, H, 0, 4, 1, 0);
+            y->down = mkw(H, c->I, 0, 4, 1, 0);
+        }
+        if ((l + 1) % 8 == 0 || l + 1 == c->L)
+            fprintf(stderr, "\r  weights: layer %d/%d, %.2f GB", l + 1, c->L, bytes_total / 1e9);
+    }
+    fprintf(stderr, "\n");
+    size_t TT = (size_t)T;
+    int I = c->E > 0 ? (c->Im > c->Is ? c->Im : c->Is) : c->I;
+    m->h = dbuf(TT * H); m->xn = dbuf(TT * H); m->r = dbuf(TT * H); m->mo = dbuf(TT * H);
+    m->qkv = dbuf(TT * m->conv_dim); m->z = dbuf(TT * Vd); m->o = dbuf(TT * Vd); m->o2 = dbuf(TT * Vd);
+    m->a = dbuf(TT * c->Hv); m->b = dbuf(TT * c->Hv);
+    m->q = dbuf(TT * c->Hq * c->D); m->g = dbuf(TT * c->Hq * c->D); m->att = dbuf(TT * c->Hq * c->D);
+    m->k = dbuf(TT * c->Hkv * c->D); m->v = dbuf(TT * c->Hkv * c->D);
+    m->mg = dbuf(TT * I); m->mu = dbuf(TT * I); m->ma = dbuf(TT * I);
+    m->lg = dbuf(TT * (c->E > 0 ? c->E : 1)); m->sgl = dbuf(TT);
+    m->logits = dbuf(c->V);
+}
+
+static void reset_state(model_t *m)
+{
+    cfg_t *c = &m->c;
+    for (int l = 0; l < c->L; l++)
+        if (!m->ly[l].attn) {
+            TRY(O->memset0(B, m->ly[l].conv, sizeof(float) * (c->K - 1) * m->conv_dim));
+            TRY(O->memset0(B, m->ly[l].S, sizeof(float) * c->Hv * c->Dk * c->Dv));
+        }
+}
+
+/* One forward of T tokens at pos0; next = argmax of the last token's logits. */
+static void forward(model_t *m, const int32_t *ids, int T, int pos0, int32_t *next)
+{
+    cfg_t *c = &m->c;
+    int H = c->H, Vd = c->Hv * c->Dv;
+    TRY(O->embed(B, m->emb, ids, T, m->h));
+    for (int l = 0; l < c->L; l++) {
+        layer_t *y = &m->ly[l];
+        TRY(O->rmsnorm(B, m->h, y->in_norm, T, H, c->eps, m->xn));
+        if (y->attn) {
+            sn_kv_view kv = { y->kc, y->vc, m->ctx, c->Hkv, c->D };
+            TRY(O->matmul(B, y->wq, 0, m->xn, T, m->q));
+            TRY(O->matmul(B, y->wg, 0, m->xn, T, m->g));
+            TRY(O->matmul(B, y->wk, 0, m->xn, T, m->k));
+            TRY(O->matmul(B, y->wv, 0, m->xn, T, m->v));
+            TRY(O->rmsnorm(B, m->q, y->qn, T * c->Hq, c->D, c->eps, m->q));
+            TRY(O->rmsnorm(B, m->k, y->kn, T * c->Hkv, c->D, c->eps, m->k));
+            TRY(O->rope(B, m->q, T, c->Hq, c->D, c->rot, pos0, m->inv_freq, 1.f));
+            TRY(O->rope(B, m->k, T, c->Hkv, c->D, c->rot, pos0, m->inv_freq, 1.f));
+            TRY(O->kv_write(B, &kv, m->k, m->v, T, pos0));
+            TRY(O->attention(B, m->q, &kv, T, pos0, c->Hq, 1.f / sqrtf((float)c->D), m->att));
+            TRY(O->mul_sigmoid(B, m->att, m->g, (size_t)T * c->Hq * c->D));
+            TRY(O->matmul(B, y->wo, 0, m->att, T, m->r));
+        } else {
+            sn_gdn_dims d = { c->Hk, c->Hv, c->Dk, c->Dv, c->K, 1e-6f };
+            sn_gdn_view st = { y->conv, y->S };
+            TRY(O->matmul(B, y->qkv, 0, m->xn, T, m->qkv));
+            TRY(O->matmul(B, y->z, 0, m->xn, T, m->z));
+            TRY(O->matmul(B, y->wb, 0, m->xn, T, m->b));
+            TRY(O->matmul(B, y->wa, 0, m->xn, T, m->a));
+            TRY(O->gdn(B, &d, m->qkv, m->a, m->b, y->conv_w, y->A_log, y->dt_bias, &st, T, m->o));
+            TRY(O->gated_rmsnorm(B, m->o, m->z, y->gnorm, T * c->Hv, c->Dv, c->eps, m->o2));
+            TRY(O->matmul(B, y->out, 0, m->o2, T, m->r));
+        }
+        (void)Vd;
+        TRY(O->add(B, m->h, m->r, (size_t)T * H));
+        TRY(O->rmsnorm(B, m->h, y->post_norm, T, H, c->eps, m->xn));
+        if (c->E > 0) {
+            TRY(O->matmul(B, y->router, 0, m->xn, T, m->lg));
+            TRY(O->moe(B, y->eg, y->eu, y->ed, m->lg, c->topk, true, m->xn, T, m->mo));
+            TRY(O->add(B, m->h, m->mo, (size_t)T * H));
+            TRY(O->matmul(B, y->sg, 0, m->xn, T, m->mg));
+            TRY(O->matmul(B, y->su, 0, m->xn, T, m->mu));
+            TRY(O->swiglu(B, m->mg, m->mu, (size_t)T * c->Is, m->ma));
+            TRY(O->matmul(B, y->sd, 0, m->ma, T, m->r));
+            TRY(O->matmul(B, y->sgw, 0, m->xn, T, m->sgl));
+            TRY(O->add_gated(B, m->h, m->r, m->sgl, T, H));
+        } else {
+            TRY(O->matmul(B, y->gate, 0, m->xn, T, m->mg));
+            TRY(O->matmul(B, y->up, 0, m->xn, T, m->mu));
+            TRY(O->swiglu(B, m->mg, m->mu, (size_t)T * c->I, m->ma));
+            TRY(O->matmul(B, y->down, 0, m->ma, T, m->r));
+            TRY(O->add(B, m->h, m->r, (size_t)T * H));
+        }
+    }
+    TRY(O->rmsnorm(B, m->h + (size_t)(T - 1) * H, m->fnorm, 1, H, c->eps, m->xn));
+    TRY(O->matmul(B, m->lm, 0, m->xn, 1, m->logits));
+    TRY(O->argmax(B, m->logits, 1, c->V, next));
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    const char *cfgp = NULL, *logp = NULL;
+    int prefill = 4096, ndec = 128, layers = 0, profile = 1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) cfgp = argv[++i];
+        else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--decode") && i + 1 < argc) ndec = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--log") && i + 1 < argc) logp = argv[++i];
+        else if (!strcmp(argv[i], "--no-profile")) profile = 0;
+        else {
+            fprintf(stderr, "usage: %s --config config.json [--prefill P] [--decode N] [--layers L] [--log F] "
+                            "[--no-profile]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (!cfgp || prefill < 1 || ndec < 2) {
+        fprintf(stderr, "bench_cuda: --config needed; prefill >= 1, decode >= 2\n");
+        return 2;
+    }
+    model_t m;
+    memset(&m, 0, sizeof m);
+    load_cfg(cfgp, &m.c);
+    TRY(sn_backend_cuda_new(0, &B));
+    O = B->ops;
+    char dev[128];
+    size_t used0, total;
+    TRY(sn_cuda_info(B, dev, sizeof dev, &used0, &total, NULL));
+
+    /* the copy ceiling: device-to-device, bytes read + written */
+    size_t cb = (size_t)2 << 30;
+    float *c0 = dbuf(cb / 4), *c1 = dbuf(cb / 4);
+    TRY(O->copy(B, c1, c0, cb));
+    TRY(O->sync(B));
+    double tc = now();
+    for (int i = 0; i < 10; i++) TRY(O->copy(B, c1, c0, cb));
+    TRY(O->sync(B));
+    double copy_gbs = 2.0 * cb * 10 / (now() - tc) / 1e9;
+    O->buf_free(B, c0);
+    O->buf_free(B, c1);
+
+    double tb = now();
+    build(&m, layers, prefill, prefill + ndec + 8);
+    double t_build = now() - tb;
+    cfg_t *c = &m.c;
+    size_t used, held;
+    TRY(sn_cuda_info(B, NULL, 0, &used, NULL, &held));
+
+    /* prefill: P random tokens at position 0 (one warm-up run first) */
+    int32_t *ids = malloc(sizeof(int32_t) * prefill), tok = 0;
+    for (int i = 0; i < prefill; i++) ids[i] = (int32_t)(xs64() % (uint64_t)c->V);
+    reset_state(&m);
+    forward(&m, ids, prefill, 0, &tok);
+    TRY(O->sync(B));
+    reset_state(&m);
+    TRY(O->sync(B));
+    double tp = now();
+    forward(&m, ids, prefill, 0, &tok);
+    double ttft = now() - tp; /* argmax returned the first token: the GPU is done */
+    float probe[8];
+    TRY(O->to_host(B, probe, m.logits, sizeof probe));
+    int finite = 1;
+    for (int i = 0; i < 8; i++) finite &= isfinite(probe[i]) != 0;
+
+    /* decode: graph replay, then eager, each ndec steps after the prompt */
+    double *lat = malloc(sizeof(double) * ndec);
+    int pos = prefill;
+    for (int i = 0; i < ndec; i++) {
+        double t0 = now();
+        TRY(O->begin_step(B));
+        forward(&m, &tok, 1, pos++, &tok);
+        TRY(O->end_step(B));
+        lat[i] = now() - t0;
+    }
+    double tot = 0;
+    for (int i = 1; i < ndec; i++) tot += lat[i]; /* step 0 captured the graph */
+    double dec_graph = (ndec - 1) / tot;
+    qsort(lat + 1, ndec - 1, sizeof(double), cmp_d);
+    double med = lat[1 + (ndec - 1) / 2];
+    long rep, cap, eag;
+    sn_cuda_graph_stats(B, &rep, &cap, &eag);
+    /* eager: fewer steps (same positions range) */
+    int neager = ndec / 4 < 8 ? 8 : ndec / 4;
+    pos = prefill;
+    double te = now();
+    for (int i = 0; i < neager; i++) forward(&m, &tok, 1, pos++, &tok);
+    double dec_eager = neager / (now() - te);
+    double gbs = bytes_decode * dec_graph / 1e9;
+
+    printf("bench_cuda %s on %s: %d layers (%s), H=%d, V=%d\n", cfgp, dev, c->L,
+           c->E > 0 ? "MoE" : "dense", c->H, c->V);
+    printf("  weights %.2f GB (Q4 g64, router/shared gate Q8), %.2f GB read per decode token; built in %.1f s\n",
+           bytes_total / 1e9, bytes_decode / 1e9, t_build);
+    printf("  GPU memory: %.2f GB in use (%.2f GB held by the backend) of %.1f GB\n", used / 1e9, held / 1e9,
+           total / 1e9);
+    printf("  copy bandwidth (d2d, read+write): %.0f GB/s\n", copy_gbs);
+    printf("  prefill %d tokens: %.3f s = %.0f tok/s (TTFT %.1f ms)%s\n", prefill, ttft, prefill / ttft, ttft * 1e3,
+           finite ? "" : "  [non-finite logits!]");
+    printf("  decode (graph): %.1f tok/s (median step %.3f ms), %.0f GB/s = %.0f%% of copy bandwidth\n", dec_graph,
+           med * 1e3, gbs, 100.0 * gbs / copy_gbs);
+    printf("  decode (eager): %.1f tok/s; graphs captured %ld, replayed %ld, eager steps %ld\n", dec_eager, cap, rep,
+           eag);
+    if (profile) {
+        sn_cuda_profile(B, 1);
+        forward(&m, &tok, 1, pos++, &tok);
+        printf("  one decode step, per op (eager, CUDA events):\n");
+        TRY(sn_cuda_profile_report(B, stdout));
+        sn_cuda_profile(B, 0);
+    }
+    if (logp) {
+        FILE *f = fopen(logp, "a");
+        if (f) {
+            time_t tt = time(NULL);
+            char ts[32];
+            strftime(ts, sizeof ts, "%Y-%m-%dT%H:%MZ", gmtime(&tt));
+            fprintf(f, "%s bench_cuda %s on %s: %d layers; decode %.1f tok/s (graph; eager %.1f), %.0f GB/s of "
+                       "%.0f GB/s copy (%.0f%%); prefill %d: %.0f tok/s, TTFT %.0f ms; GPU mem %.1f GB | cmd: "
+                       "build/bench_cuda --config %s --prefill %d --decode %d%s\n",
+                    ts, cfgp, dev, c->L, dec_graph, dec_eager, gbs, copy_gbs, 100.0 * gbs / copy_gbs, prefill,
+                    prefill / ttft, ttft * 1e3, used / 1e9, cfgp, prefill, ndec, layers ? " --layers N" : "");
+            fclose(f);
+        }
+    }
+    free(ids);
+    free(lat);
+    sn_backend_free(B);
+    return finite ? 0 : 1;
+}
+
+#else
+int main(void)
+{
+    fprintf(stderr, "bench_cuda: built without CUDA\n");
+    return 1;
+}
+#endif
