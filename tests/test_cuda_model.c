@@ -1,0 +1,250 @@
+/* The model fixtures (tests/fixtures/<arch>/, made by tools/python from
+ * Hugging Face transformers) run on the CUDA backend through the model
+ * helper's loader with backend = CUDA, for every architecture present.
+ *
+ * Tolerances (stated here, checked below):
+ *  - logits vs transformers (fp32) at every position of every prompt:
+ *    max |diff| <= 1e-2 * max(1, max |ref|). Wider than the CPU's 2e-3
+ *    because prompts of 8+ tokens go through the fp16 tensor-core GEMM
+ *    (operands rounded to 11 bits; fp32 accumulation).
+ *  - CUDA vs the CPU backend on the same prompt: the same bound.
+ *  - greedy continuations (16 tokens, decode steps on the GPU): identical
+ *    to the reference (the fixture generator keeps every margin >= 0.05).
+ *  - decode after prefill == full prefill: the last-token logits of
+ *    prefill(L) vs prefill(L-1) + decode(1): max |diff| <= 1e-2 * scale
+ *    (the GEMM vs GEMV paths differ in rounding, not in function).
+ * Missing fixtures or GPU: SKIP, visibly. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "sanctum/model.h"
+#include "sanctum/safetensors.h"
+
+#define TOL_CUDA 1e-2f
+#define NGREEDY 16
+#define MAXP 16
+
+typedef struct {
+    const char *arch;
+    sn_st *ref;
+    int n;
+    const int32_t *prompt[MAXP];
+    int len[MAXP];
+    const float *logits[MAXP];
+    const int32_t *greedy[MAXP];
+    sn_model *gpu, *cpu;
+    int V;
+} fx;
+
+static const char *ARCHS[] = { "qwen3_5", "qwen3_5_moe", "qwen2", "mistral" };
+static fx g_fx[4];
+static fx *cur;
+static int gpu_ok;
+
+static bool fx_present(const char *arch)
+{
+    char p[256];
+    snprintf(p, sizeof p, "tests/fixtures/%s/reference.safetensors", arch);
+    return access(p, R_OK) == 0;
+}
+
+static bool fx_open(fx *f, const char *arch)
+{
+    char p[256];
+    memset(f, 0, sizeof *f);
+    f->arch = arch;
+    snprintf(p, sizeof p, "tests/fixtures/%s/reference.safetensors", arch);
+    if (sn_st_open(p, &f->ref) != SN_OK) {
+        fprintf(stderr, "  %s: %s\n", p, sn_errmsg());
+        return false;
+    }
+    for (int i = 0; i < MAXP; i++) {
+        char n[64];
+        snprintf(n, sizeof n, "prompt_%d", i);
+        const sn_st_tensor *pt = sn_st_find(f->ref, n);
+        if (!pt) break;
+        snprintf(n, sizeof n, "logits_%d", i);
+        const sn_st_tensor *lt = sn_st_find(f->ref, n);
+        snprintf(n, sizeof n, "greedy_%d", i);
+        const sn_st_tensor *gt = sn_st_find(f->ref, n);
+        if (!lt || !gt || pt->dtype != SN_DT_I32 || lt->dtype != SN_DT_F32 || gt->dtype != SN_DT_I32 ||
+            lt->ndim != 2 || lt->shape[0] != pt->shape[0] || gt->shape[0] < NGREEDY) {
+            fprintf(stderr, "  %s: prompt %d malformed\n", p, i);
+            return false;
+        }
+        f->prompt[i] = pt->data;
+        f->len[i] = (int)pt->shape[0];
+        f->logits[i] = lt->data;
+        f->greedy[i] = gt->data;
+        f->V = (int)lt->shape[1];
+        f->n = i + 1;
+    }
+    if (!f->n) return false;
+    snprintf(p, sizeof p, "tests/fixtures/%s/mlx", arch);
+    sn_load_opts og = { .backend = SN_BACKEND_CUDA, .gpu = 0 };
+    sn_load_opts oc = { .backend = SN_BACKEND_CPU, .n_threads = 2 };
+    if (sn_model_load(p, &og, &f->gpu) != SN_OK) {
+        fprintf(stderr, "  %s on CUDA: %s\n", p, sn_errmsg());
+        return false;
+    }
+    if (sn_model_load(p, &oc, &f->cpu) != SN_OK) {
+        fprintf(stderr, "  %s on CPU: %s\n", p, sn_errmsg());
+        return false;
+    }
+    return sn_model_get_info(f->gpu)->vocab_size == f->V;
+}
+
+static float max_abs(const float *a, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i]));
+    return m;
+}
+
+static float max_diff(const float *a, const float *b, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* All logits of a prompt run from a fresh sequence; NULL on failure. */
+static float *run_all(sn_model *m, const int32_t *ids, int L)
+{
+    sn_seq *s = NULL;
+    float *lg = malloc(sizeof(float) * (size_t)L * cur->V);
+    if (sn_seq_new(m, L + 1, &s) != SN_OK || sn_forward(m, s, ids, L, lg, true) != SN_OK) {
+        fprintf(stderr, "  forward: %s\n", sn_errmsg());
+        free(lg);
+        lg = NULL;
+    }
+    sn_seq_free(s);
+    return lg;
+}
+
+#define NEED() do { if (!gpu_ok || !cur->gpu) SKIP("no CUDA device or fixture"); } while (0)
+
+static void test_logits_vs_ref(void)
+{
+    NEED();
+    for (int i = 0; i < cur->n; i++) {
+        int L = cur->len[i];
+        float *lg = run_all(cur->gpu, cur->prompt[i], L);
+        CHECK(lg != NULL);
+        if (!lg) continue;
+        size_t n = (size_t)L * cur->V;
+        float scale = fmaxf(1.0f, max_abs(cur->logits[i], n)), d = max_diff(lg, cur->logits[i], n);
+        fprintf(stderr, "  %s prompt %d (L=%d): max |logit diff| %.3g (rel %.3g)\n", cur->arch, i, L, d, d / scale);
+        CHECKF(d <= TOL_CUDA * scale, "%s prompt %d: %g > %g", cur->arch, i, d, TOL_CUDA * scale);
+        free(lg);
+    }
+}
+
+static void test_cuda_vs_cpu(void)
+{
+    NEED();
+    for (int i = 0; i < cur->n; i++) {
+        int L = cur->len[i];
+        float *a = run_all(cur->gpu, cur->prompt[i], L), *b = run_all(cur->cpu, cur->prompt[i], L);
+        CHECK(a && b);
+        if (a && b) {
+            size_t n = (size_t)L * cur->V;
+            float scale = fmaxf(1.0f, max_abs(b, n)), d = max_diff(a, b, n);
+            CHECKF(d <= TOL_CUDA * scale, "%s prompt %d: cuda vs cpu %g > %g", cur->arch, i, d, TOL_CUDA * scale);
+        }
+        free(a);
+        free(b);
+    }
+}
+
+static void test_greedy(void)
+{
+    NEED();
+    for (int i = 0; i < cur->n; i++) {
+        int L = cur->len[i];
+        sn_seq *s = NULL;
+        float *lg = malloc(sizeof(float) * cur->V);
+        int32_t out[NGREEDY];
+        CHECK_OK(sn_seq_new(cur->gpu, L + NGREEDY + 1, &s));
+        CHECK_OK(sn_forward(cur->gpu, s, cur->prompt[i], L, lg, false));
+        int bad = -1;
+        for (int t = 0; t < NGREEDY; t++) {
+            out[t] = argmax(lg, cur->V);
+            if (bad < 0 && out[t] != cur->greedy[i][t]) bad = t;
+            if (t + 1 < NGREEDY) CHECK_OK(sn_forward(cur->gpu, s, &out[t], 1, lg, false));
+        }
+        CHECKF(bad < 0, "%s prompt %d: greedy differs at step %d (got %d, want %d)", cur->arch, i, bad,
+               bad >= 0 ? out[bad] : 0, bad >= 0 ? cur->greedy[i][bad] : 0);
+        free(lg);
+        sn_seq_free(s);
+    }
+}
+
+static void test_decode_after_prefill(void)
+{
+    NEED();
+    for (int i = 0; i < cur->n; i++) {
+        int L = cur->len[i];
+        if (L < 2) continue;
+        sn_seq *a = NULL, *b = NULL;
+        float *la = malloc(sizeof(float) * cur->V), *lb = malloc(sizeof(float) * cur->V);
+        CHECK_OK(sn_seq_new(cur->gpu, L + 1, &a));
+        CHECK_OK(sn_seq_new(cur->gpu, L + 1, &b));
+        CHECK_OK(sn_forward(cur->gpu, a, cur->prompt[i], L, la, false));
+        CHECK_OK(sn_forward(cur->gpu, b, cur->prompt[i], L - 1, NULL, false));
+        CHECK_OK(sn_forward(cur->gpu, b, cur->prompt[i] + L - 1, 1, lb, false));
+        float scale = fmaxf(1.0f, max_abs(la, cur->V)), d = max_diff(la, lb, cur->V);
+        CHECKF(d <= TOL_CUDA * scale, "%s prompt %d: prefill(L) vs prefill(L-1)+decode %g > %g", cur->arch, i, d,
+               TOL_CUDA * scale);
+        free(la);
+        free(lb);
+        sn_seq_free(a);
+        sn_seq_free(b);
+    }
+}
+
+int main(void)
+{
+    sn_backend *probe = NULL;
+    gpu_ok = sn_backend_cuda_new(0, &probe) == SN_OK;
+    if (!gpu_ok) fprintf(stderr, "SKIP test_cuda_model: %s\n", sn_errmsg());
+    sn_backend_free(probe);
+    if (!gpu_ok) return TEST_END();
+    for (int a = 0; a < 4; a++) {
+        cur = &g_fx[a];
+        if (!fx_present(ARCHS[a])) {
+            fprintf(stderr, "SKIP %s: fixture tests/fixtures/%s not present\n", ARCHS[a], ARCHS[a]);
+            continue;
+        }
+        if (!fx_open(cur, ARCHS[a])) {
+            /* present but not loadable on the GPU: a failure, not a skip */
+            fprintf(stderr, "not ok %s: fixture present but not loadable\n", ARCHS[a]);
+            t_failed++;
+            continue;
+        }
+        fprintf(stderr, "== %s (%d prompts, V=%d)\n", ARCHS[a], cur->n, cur->V);
+        RUN(test_logits_vs_ref);
+        RUN(test_cuda_vs_cpu);
+        RUN(test_greedy);
+        RUN(test_decode_after_prefill);
+        sn_model_free(cur->gpu);
+        sn_model_free(cur->cpu);
+        sn_st_close(cur->ref);
+    }
+    return TEST_END();
+}
