@@ -69,6 +69,13 @@ test: all $(TESTS)
 test-cuda: all $(TESTS)
 	SANCTUM_TEST_CUDA=1 ./tests/run_all.sh $(BUILD) cuda
 
+# Benchmarks: bench/bench_X.c -> build/bench/bench_X; `make bench` builds them all.
+BENCHES    = $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/bench_*.c))
+bench: $(BENCHES)
+$(BUILD)/bench/%: bench/%.c $(SERVER_OBJ) $(BUILD)/libsanctum.a
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(SERVER_OBJ) $(BUILD)/libsanctum.a $(LDLIBS)
+
 clean:
 	rm -rf $(BUILD)
 

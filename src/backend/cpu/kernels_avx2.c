@@ -38,7 +38,7 @@ static inline float avx2_hsum(__m256 v)
         _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define F16_LOAD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define KNAME(x) avx2_##x
-#define TB_MAX 4
+#define TB_MAX 2
 #define RB_GEMV 2
 
 #include "backend/cpu/kernels_simd.h"

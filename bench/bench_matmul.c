@@ -1,0 +1,278 @@
+/* bench_matmul: Q4 matrix-vector (decode) throughput of the CPU backend, in
+ * GB/s of weight bytes streamed, per kernel level and thread count, against
+ * this machine's measured memory read bandwidth (the bound a GEMV cannot
+ * beat: every weight byte is read once per token). Goal: >= 60% of it.
+ *
+ *   build/bench/bench_matmul [--quick] [--no-log] [--threads N] [--T n] [--min-time s] [--isa scalar|avx2|avx512]
+ *
+ * Shapes are Qwen3.5-27B-like decode projections (MLX 4-bit, group 64,
+ * bf16 scales): 5120x17408 (up/gate), 17408x5120 (down), 248320x5120
+ * (lm_head). Results are appended to bench/results.log with the command. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sanctum/backend.h"
+#include "sanctum/cpu.h"
+#include "sanctum/threadpool.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x243F6A8885A308D3ull;
+static uint64_t next64(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* ---- memory bandwidth: parallel read of a buffer far larger than the LLC ---- */
+
+typedef struct {
+    const uint64_t *p;
+    uint64_t sums[1024];
+} rd_ctx;
+
+__attribute__((target("avx2"))) static uint64_t read_avx2(const uint64_t *p, int64_t n)
+{
+    /* four independent 256-bit xors: the loads, not the ALU, are the limit */
+    typedef long long v4 __attribute__((vector_size(32)));
+    v4 a = { 0 }, b = a, c = a, d = a;
+    const v4 *v = (const v4 *)p;
+    int64_t nv = n / 4, i = 0;
+    for (; i + 4 <= nv; i += 4) {
+        a ^= v[i];
+        b ^= v[i + 1];
+        c ^= v[i + 2];
+        d ^= v[i + 3];
+    }
+    v4 s = a ^ b ^ c ^ d;
+    return (uint64_t)(s[0] ^ s[1] ^ s[2] ^ s[3]);
+}
+
+static uint64_t read_scalar(const uint64_t *p, int64_t n)
+{
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (int64_t i = 0; i + 4 <= n; i += 4) {
+        a ^= p[i];
+        b ^= p[i + 1];
+        c ^= p[i + 2];
+        d ^= p[i + 3];
+    }
+    return a ^ b ^ c ^ d;
+}
+
+static void rd_body(void *ctx, int64_t b, int64_t e, int tid)
+{
+    rd_ctx *c = ctx;
+    /* items are 4 KiB pages (512 words), aligned for the vector loads */
+    const uint64_t *p = c->p + b * 512;
+    int64_t n = (e - b) * 512;
+    c->sums[tid & 1023] ^= sn_cpu_isa_supported(SN_ISA_AVX2) ? read_avx2(p, n) : read_scalar(p, n);
+}
+
+static double measure_read_bw(int threads, size_t bytes)
+{
+    sn_pool *pool = NULL;
+    if (sn_pool_new(threads, &pool) != SN_OK)
+        return 0;
+    uint64_t *buf = aligned_alloc(4096, bytes);
+    if (!buf) {
+        sn_pool_free(pool);
+        return 0;
+    }
+    memset(buf, 1, bytes); /* fault the pages in before timing */
+    rd_ctx c = { .p = buf };
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now();
+        sn_pool_for(pool, (int64_t)(bytes / 4096), 64, rd_body, &c);
+        double dt = now() - t0;
+        if (bytes / dt > best)
+            best = bytes / dt;
+    }
+    double memcpy_best = 0;
+    if (threads == 1) {
+        for (int rep = 0; rep < 3; rep++) {
+            double t0 = now();
+            memcpy(buf, buf + bytes / 16, bytes / 2);
+            double dt = now() - t0;
+            if (bytes / dt > memcpy_best)
+                memcpy_best = bytes / dt; /* read + write of bytes/2 each */
+        }
+        printf("  memcpy 1 thread: %.1f GB/s (read+write)\n", memcpy_best / 1e9);
+    }
+    free(buf);
+    sn_pool_free(pool);
+    return best;
+}
+
+/* ---- Q4 weights ---- */
+
+typedef struct {
+    sn_weight w;
+    void *data, *scales, *biases;
+    size_t bytes;
+} qweight;
+
+static int qweight_make(qweight *q, int64_t rows, int64_t cols, int group)
+{
+    memset(q, 0, sizeof *q);
+    size_t dbytes = (size_t)rows * cols / 2, ng = (size_t)rows * (cols / group);
+    q->data = aligned_alloc(64, (dbytes + 63) & ~(size_t)63);
+    q->scales = malloc(ng * 2);
+    q->biases = malloc(ng * 2);
+    if (!q->data || !q->scales || !q->biases)
+        return -1;
+    uint64_t *d = q->data;
+    for (size_t i = 0; i < dbytes / 8; i++)
+        d[i] = next64();
+    uint16_t *s = q->scales, *b = q->biases;
+    for (size_t i = 0; i < ng; i++) {
+        s[i] = 0x3C00 | (uint16_t)(next64() & 0xFF); /* bf16 ~ 0.0078.. */
+        b[i] = 0xBC00 | (uint16_t)(next64() & 0xFF);
+    }
+    q->w = (sn_weight){ .dtype = SN_DT_Q4, .rows = rows, .cols = cols, .group = group, .data = q->data,
+                        .scales = q->scales, .qbiases = q->biases, .sdtype = SN_DT_BF16 };
+    q->bytes = dbytes + 2 * ng * 2;
+    return 0;
+}
+
+static void qweight_free(qweight *q)
+{
+    free(q->data);
+    free(q->scales);
+    free(q->biases);
+}
+
+int main(int argc, char **argv)
+{
+    int quick = 0, max_threads = sn_cpu_features_get()->n_cores, T = 1;
+    double min_time = 0.5;
+    int only_isa = -1, no_log = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--no-log")) no_log = 1;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) max_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--T") && i + 1 < argc) T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--min-time") && i + 1 < argc) min_time = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            sn_isa isa;
+            if (sn_isa_parse(argv[++i], &isa) != SN_OK) {
+                fprintf(stderr, "bench_matmul: %s\n", sn_errmsg());
+                return 2;
+            }
+            only_isa = isa;
+        } else {
+            fprintf(stderr, "usage: %s [--quick] [--no-log] [--threads N] [--T n] [--min-time s] [--isa scalar|avx2|avx512]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (max_threads < 1 || T < 1 || T > 4096) {
+        fprintf(stderr, "bench_matmul: bad --threads or --T\n");
+        return 2;
+    }
+    char cmd[512] = "";
+    for (int i = 0; i < argc; i++) {
+        strncat(cmd, i ? " " : "", sizeof cmd - strlen(cmd) - 1);
+        strncat(cmd, argv[i], sizeof cmd - strlen(cmd) - 1);
+    }
+
+    int tlist[16], nt = 0;
+    for (int t = 1; t < max_threads && nt < 15; t *= 2)
+        tlist[nt++] = t;
+    tlist[nt++] = max_threads;
+
+    printf("bench_matmul: Q4 group 64 bf16 scales, T=%d, best ISA %s, %d cores\n", T,
+           sn_isa_name(sn_cpu_best_isa()), sn_cpu_features_get()->n_cores);
+    double bw1 = measure_read_bw(1, (size_t)1 << 30);
+    double bwN = max_threads > 1 ? measure_read_bw(max_threads, (size_t)1 << 30) : bw1;
+    printf("  memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (%d threads)  <- the bound\n", bw1 / 1e9,
+           bwN / 1e9, max_threads);
+
+    const int64_t shapes[][2] = { { 5120, 17408 }, { 17408, 5120 }, { 248320, 5120 } };
+    int nshapes = quick ? 2 : 3;
+    FILE *log = no_log ? NULL : fopen("bench/results.log", "a");
+    char stamp[64];
+    time_t tt = time(NULL);
+    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", gmtime(&tt));
+    if (log) {
+        fprintf(log, "%s bench_matmul %d cpus\n  cmd: %s\n", stamp, sn_cpu_features_get()->n_cores, cmd);
+        fprintf(log, "  memory read bandwidth %.1f GB/s (1 thread), %.1f GB/s (%d threads)\n", bw1 / 1e9, bwN / 1e9,
+                max_threads);
+    }
+    int pass = 1;
+    for (int s = 0; s < nshapes; s++) {
+        qweight q;
+        if (qweight_make(&q, shapes[s][0], shapes[s][1], 64) != 0) {
+            fprintf(stderr, "bench_matmul: out of memory for [%lld x %lld]\n", (long long)shapes[s][0],
+                    (long long)shapes[s][1]);
+            return 1;
+        }
+        float *x = malloc(sizeof(float) * T * q.w.cols), *y = malloc(sizeof(float) * T * q.w.rows);
+        for (int64_t i = 0; i < T * q.w.cols; i++)
+            x[i] = (float)(next64() % 2001) / 1000.0f - 1.0f;
+        for (int isa = 0; isa < SN_ISA_COUNT; isa++) {
+            if ((only_isa >= 0 && isa != only_isa) || !sn_cpu_isa_supported((sn_isa)isa))
+                continue;
+            for (int ti = 0; ti < nt; ti++) {
+                if (isa == SN_ISA_SCALAR && tlist[ti] != 1 && tlist[ti] != max_threads)
+                    continue; /* the oracle is slow: two points are enough */
+                sn_backend *be = NULL;
+                if (sn_backend_cpu_new_isa(tlist[ti], (sn_isa)isa, &be) != SN_OK) {
+                    fprintf(stderr, "bench_matmul: %s\n", sn_errmsg());
+                    return 1;
+                }
+                if (be->ops->matmul(be, &q.w, 0, x, T, y) != SN_OK) { /* warm-up */
+                    fprintf(stderr, "bench_matmul: %s\n", sn_errmsg());
+                    return 1;
+                }
+                int reps = 0;
+                double t0 = now(), dt;
+                do {
+                    be->ops->matmul(be, &q.w, 0, x, T, y);
+                    reps++;
+                    dt = now() - t0;
+                } while (dt < min_time || reps < 2);
+                double per = dt / reps, gbs = q.bytes / per / 1e9;
+                double bound = (tlist[ti] == 1 ? bw1 : tlist[ti] == max_threads ? bwN : 0) / 1e9;
+                char frac[64] = "";
+                if (bound > 0)
+                    snprintf(frac, sizeof frac, " = %3.0f%% of %.1f GB/s", 100 * gbs / bound, bound);
+                char line[256];
+                snprintf(line, sizeof line, "Q4 [%6lld x %5lld] %-6s %2d thr: %8.3f ms/call %6.1f GB/s%s%s",
+                         (long long)q.w.rows, (long long)q.w.cols, sn_isa_name((sn_isa)isa), tlist[ti], per * 1e3,
+                         gbs, frac, T > 1 ? "" : "");
+                if (T > 1)
+                    snprintf(line + strlen(line), sizeof line - strlen(line), ", %.1f GFLOP/s",
+                             2.0 * q.w.rows * q.w.cols * T / per / 1e9);
+                printf("  %s\n", line);
+                if (log)
+                    fprintf(log, "  %s\n", line);
+                if (T == 1 && isa == (int)sn_cpu_best_isa() && tlist[ti] == max_threads && gbs < 0.6 * bwN / 1e9)
+                    pass = 0;
+                sn_backend_free(be);
+            }
+        }
+        free(x);
+        free(y);
+        qweight_free(&q);
+    }
+    const char *verdict = T > 1 ? "(prefill shape: no bandwidth goal)"
+                          : pass ? "goal: best ISA at all threads >= 60% of read bandwidth -> PASS"
+                                 : "goal: best ISA at all threads >= 60% of read bandwidth -> MISS";
+    printf("  %s\n", verdict);
+    if (log) {
+        fprintf(log, "  %s\n", verdict);
+        fclose(log);
+    }
+    return 0;
+}
