@@ -253,7 +253,7 @@ sn_status tok_finish(sn_tokenizer *t, const char *what)
         if (t->byte_id[b] < 0)
             return SN_FAIL(SN_E_FORMAT, "%s: vocabulary has no token for byte 0x%02x (byte-level BPE needs all 256)", what, b);
     }
-    qsort(t->added, t->n_added, sizeof *t->added, added_cmp);
+    if (t->n_added) qsort(t->added, t->n_added, sizeof *t->added, added_cmp);
     for (size_t i = 0; i < t->n_added; i++)
         if (t->added[i].len) t->first_byte[t->added[i].normalized][(unsigned char)t->added[i].text[0]] = true;
     return tok_cache_init(&t->cache);
