@@ -55,6 +55,25 @@ static char *nfc(const char *s)
     return (char *)r;
 }
 
+static void b64(const unsigned char *b, size_t n, char *enc)
+{
+    static const char *A = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)b[i] << 16 | (i + 1 < n ? b[i + 1] << 8 : 0) | (i + 2 < n ? b[i + 2] : 0);
+        enc[o++] = A[v >> 18 & 63];
+        enc[o++] = A[v >> 12 & 63];
+        enc[o++] = i + 1 < n ? A[v >> 6 & 63] : '=';
+        enc[o++] = i + 2 < n ? A[v & 63] : '=';
+    }
+    enc[o] = 0;
+}
+
+#define TEKKEN_PATTERN \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?" \
+    "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|" \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
 static json_t *load_json(const char *path)
 {
     json_error_t e;
@@ -389,17 +408,8 @@ static void test_tekken(void)
         size_t n;
         if (r < 256) { b[0] = (unsigned char)r; n = 1; }
         else { n = strlen(extra[r - 256]); memcpy(b, extra[r - 256], n); }
-        static const char *A = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
         char enc[16];
-        size_t o = 0;
-        for (size_t i = 0; i < n; i += 3) {
-            uint32_t v = (uint32_t)b[i] << 16 | (i + 1 < n ? b[i + 1] << 8 : 0) | (i + 2 < n ? b[i + 2] : 0);
-            enc[o++] = A[v >> 18 & 63];
-            enc[o++] = A[v >> 12 & 63];
-            enc[o++] = i + 1 < n ? A[v >> 6 & 63] : '=';
-            enc[o++] = i + 2 < n ? A[v & 63] : '=';
-        }
-        enc[o] = 0;
+        b64(b, n, enc);
         json_array_append_new(vocab, json_pack("{s:i,s:s,s:n}", "rank", r, "token_bytes", enc, "token_str"));
     }
     json_t *specials = json_array();
@@ -407,10 +417,7 @@ static void test_tekken(void)
     for (int i = 0; i < 5; i++)
         json_array_append_new(specials, json_pack("{s:i,s:s,s:b}", "rank", i, "token_str", names[i], "is_control", 1));
     json_t *root = json_pack(
-        "{s:{s:s,s:i,s:i,s:i,s:s},s:o,s:o}", "config", "pattern",
-        "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?"
-        "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|"
-        "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+        "{s:{s:s,s:i,s:i,s:i,s:s},s:o,s:o}", "config", "pattern", TEKKEN_PATTERN,
         "num_vocab_tokens", 256 + 11, "default_vocab_size", 274, "default_num_special_tokens", 8, "version", "v7",
         "vocab", vocab, "special_tokens", specials);
     char dir[128], path[160];
@@ -602,6 +609,90 @@ static void test_mistral_regex_fix(void)
     sn_tok_free(fixed);
 }
 
+/* The Qwen3 vocabulary recast as a tekken.json (rank = id, 1000 control
+ * tokens, the tekken pattern), built as make_tok_refs.py builds it, against
+ * ids from mistral_common / tiktoken: the tekken path on a real-size vocabulary. */
+static void test_tekken_big_refs(void)
+{
+    json_t *refs = load_json(FX "/tekken_refs.json");
+    if (!refs) SKIP(FX "/tekken_refs.json not there (needs mistral_common or tiktoken on the GPU box)");
+    char path[128];
+    snprintf(path, sizeof path, "%s/tokenizer.json", g_tmp);
+    json_t *spec = load_json(path);
+    json_t *vocab = json_object_get(json_object_get(spec, "model"), "vocab");
+    size_t n = json_object_size(vocab);
+    CHECK(n == 151643);
+    int inv[324];
+    for (int i = 0; i < 324; i++) inv[i] = -1;
+    for (int b = 0, extra = 0; b < 256; b++) {
+        bool self = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+        inv[self ? b : 256 + extra++] = b;
+    }
+    json_t **by_rank = calloc(n, sizeof *by_rank);
+    const char *k;
+    json_t *v;
+    json_object_foreach(vocab, k, v) {
+        json_int_t r = json_integer_value(v);
+        unsigned char bytes[512];
+        size_t bn = 0;
+        for (utf8proc_ssize_t i = 0, step; k[i]; i += step) {
+            utf8proc_int32_t c;
+            step = utf8proc_iterate((const utf8proc_uint8_t *)k + i, -1, &c);
+            if (step <= 0 || c < 0 || c >= 324 || inv[c] < 0 || bn == sizeof bytes) { bn = 0; break; }
+            bytes[bn++] = (unsigned char)inv[c];
+        }
+        CHECK(bn > 0 && r >= 0 && (size_t)r < n);
+        if (bn == 0 || r < 0 || (size_t)r >= n) continue;
+        char enc[1024];
+        b64(bytes, bn, enc);
+        by_rank[r] = json_pack("{s:I,s:s,s:n}", "rank", (json_int_t)r, "token_bytes", enc, "token_str");
+    }
+    json_t *arr = json_array();
+    for (size_t r = 0; r < n; r++)
+        if (by_rank[r]) json_array_append_new(arr, by_rank[r]);
+    free(by_rank);
+    json_t *specials = json_array();
+    const char *names[] = { "<unk>", "<s>", "</s>", "[INST]", "[/INST]" };
+    for (int i = 0; i < 5; i++)
+        json_array_append_new(specials, json_pack("{s:i,s:s,s:b}", "rank", i, "token_str", names[i], "is_control", 1));
+    json_t *root = json_pack("{s:{s:s,s:I,s:I,s:i,s:s},s:o,s:o}", "config", "pattern", TEKKEN_PATTERN,
+                             "num_vocab_tokens", (json_int_t)n, "default_vocab_size", (json_int_t)n + 1000,
+                             "default_num_special_tokens", 1000, "version", "v7", "vocab", arr, "special_tokens", specials);
+    snprintf(path, sizeof path, "%s/big_tekken.json", g_tmp);
+    CHECK(json_dump_file(root, path, JSON_COMPACT) == 0);
+    json_decref(root);
+    json_decref(spec);
+    sn_tokenizer *t = NULL;
+    double t0 = now_s();
+    CHECK_OK(sn_tok_load(path, NULL, &t));
+    fprintf(stderr, "  loaded the %zu-rank tekken.json in %.2f s\n", n, now_s() - t0);
+    if (t) {
+        /* tekken text is never parsed for control tokens by mistral-common */
+        size_t i;
+        json_t *r;
+        int bad = 0, cnt = 0;
+        json_array_foreach(refs, i, r) {
+            json_t *jt = json_object_get(r, "text"), *ji = json_object_get(r, "ids");
+            sn_ids ids = {0};
+            CHECK_OK(sn_tok_encode(t, json_string_value(jt), json_string_length(jt), false, &ids));
+            bool same = ids.n == json_array_size(ji);
+            for (size_t q = 0; same && q < ids.n; q++) same = ids.ids[q] == json_integer_value(json_array_get(ji, q));
+            if (!same && bad++ < 5) fprintf(stderr, "  tekken mismatch on %s\n", json_dumps(jt, JSON_ENCODE_ANY));
+            CHECKF(same, "tekken string %zu", i);
+            char *dec = NULL;
+            CHECK_OK(sn_tok_decode(t, ids.ids, ids.n, false, &dec, NULL));
+            CHECK(dec && strcmp(dec, json_string_value(jt)) == 0);   /* no normalizer: exact */
+            free(dec);
+            sn_ids_free(&ids);
+            cnt++;
+        }
+        fprintf(stderr, "  %d strings compared with the tekken reference\n", cnt);
+        CHECK(cnt >= 60);
+    }
+    sn_tok_free(t);
+    json_decref(refs);
+}
+
 static void expect_load_error(const char *name, const char *content, sn_status want, const char *needle)
 {
     char path[160];
@@ -671,6 +762,7 @@ int main(void)
     RUN(test_detok_partial_chars);
     RUN(test_hf_small_features);
     RUN(test_tekken);
+    RUN(test_tekken_big_refs);
     RUN(test_load_errors);
     RUN(test_chat_encode_guarded);
     RUN(test_threads);

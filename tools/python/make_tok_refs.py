@@ -10,6 +10,11 @@ and writes, next to them:
   qwen3_pm_refs.json  [{"text", "ids"}]  the same vocabulary with the Qwen3.5
                       pre-tokenizer regex (\\p{M} joins letters), made by
                       editing the Split pattern exactly as test_tok.c does
+  tekken_refs.json    [{"text", "ids"}]  a tekken.json built from the Qwen3
+                      vocabulary (rank = id, 1000 control tokens, the tekken
+                      pattern; test_tok.c builds the same file), encoded by
+                      mistral_common's Tekkenizer, else by tiktoken (the same
+                      algorithm); skipped when neither is installed
 
 Both use encode(text, add_special_tokens=False), i.e. special tokens written
 in the text are matched (sanctum's parse_special = true).
@@ -27,6 +32,65 @@ QWEN3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN35_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
                   r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+TEKKEN_PATTERN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+                  r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+                  r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+TEKKEN_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"]
+N_SPECIAL = 1000
+
+
+def byte_level_inverse():
+    inv, extra = {}, 0
+    for b in range(256):
+        if 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF:
+            inv[chr(b)] = b
+        else:
+            inv[chr(256 + extra)] = b
+            extra += 1
+    return inv
+
+
+def tekken_refs(spec, strings, fx):
+    """Qwen3's model vocabulary as a tekken.json; reference ids from
+    mistral_common (or tiktoken, which implements the same rank BPE)."""
+    import base64
+    import tempfile
+    inv = byte_level_inverse()
+    vocab = spec["model"]["vocab"]
+    ranks = {}
+    for tok, i in vocab.items():
+        ranks[bytes(inv[c] for c in tok)] = i
+    n = len(vocab)
+    assert sorted(ranks.values()) == list(range(n))
+    tk = {
+        "config": {"pattern": TEKKEN_PATTERN, "num_vocab_tokens": n, "default_vocab_size": n + N_SPECIAL,
+                   "default_num_special_tokens": N_SPECIAL, "version": "v7"},
+        "vocab": [{"rank": r, "token_bytes": base64.b64encode(b).decode(), "token_str": None}
+                  for b, r in sorted(ranks.items(), key=lambda x: x[1])],
+        "special_tokens": [{"rank": i, "token_str": s, "is_control": True} for i, s in enumerate(TEKKEN_SPECIALS)],
+    }
+    try:
+        from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(tk, f)
+        t = Tekkenizer.from_file(f.name)
+        enc, how = (lambda s: t.encode(s, bos=False, eos=False)), "mistral_common"
+    except ImportError:
+        try:
+            import tiktoken
+        except ImportError:
+            print("tekken_refs.json skipped: neither mistral_common nor tiktoken is installed")
+            return
+        e = tiktoken.Encoding(name="qwen3-vocab-tekken", pat_str=TEKKEN_PATTERN, mergeable_ranks=ranks,
+                              special_tokens={})
+        enc, how = (lambda s: [r + N_SPECIAL for r in e.encode_ordinary(s)]), "tiktoken " + tiktoken.__version__
+    out = [{"text": s, "ids": enc(s)} for s in strings]
+    with open(os.path.join(fx, "tekken_refs.json"), "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    print("wrote tekken_refs.json (%d strings, %s)" % (len(out), how))
 
 
 def refs(tok, strings):
@@ -65,6 +129,8 @@ def main():
         print("wrote %s (%d strings, tokenizers %s)" % (name, len(data), tokenizers.__version__))
     diff = sum(1 for x, y in zip(r3, rpm) if x["ids"] != y["ids"])
     print("strings whose ids differ between the two patterns: %d" % diff)
+    split["pattern"]["Regex"] = QWEN3_PATTERN
+    tekken_refs(spec, strings, fx)
 
 
 if __name__ == "__main__":
