@@ -331,6 +331,22 @@ def disconnect_frees_worker():
             break
         time.sleep(0.1)
     assert metric(A, 'sanctum_mlx_inference_requests_total{stop_reason="cancelled"}') > before
+    # Non-streaming: nothing is written until the end, so only the server's
+    # own probe of the socket can notice the client left.
+    before = metric(A, 'sanctum_mlx_inference_requests_total{stop_reason="cancelled"}')
+    s = socket.create_connection(("127.0.0.1", A.port))
+    body = json.dumps({"messages": msg("Tell me a long story."), "max_tokens": 30000, "temperature": 0, **NOEOS}).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    time.sleep(0.5)
+    s.close()
+    t0 = time.time()
+    st, b, _ = A.post({"messages": msg("Hi"), "max_tokens": 4, "temperature": 0})
+    assert st == 200 and time.time() - t0 < 5.0, f"worker busy {time.time() - t0:.1f}s after a non-stream disconnect"
+    for _ in range(50):
+        if metric(A, 'sanctum_mlx_inference_requests_total{stop_reason="cancelled"}') > before:
+            break
+        time.sleep(0.1)
+    assert metric(A, 'sanctum_mlx_inference_requests_total{stop_reason="cancelled"}') > before
 
 @test
 def models_p99_while_8_streams():
@@ -608,6 +624,35 @@ def grace_expiry_cancels_and_exits_0():
     assert time.time() - t0 < 10, "grace not enforced"
     assert b'"code":"shutting_down"' in got and b"data: [DONE]" in got, got[-300:]
 
+@test
+def startup_refusals_and_binding():
+    exe = os.path.join(BUILD, "sanctum-mlx")
+    # A model + KV cache over --memory-limit-mb is refused with a message naming the sizes.
+    r = subprocess.run([exe, "--model", MODEL, "--port", str(free_port()), "--memory-limit-mb", "10"],
+                       capture_output=True, timeout=60)
+    assert r.returncode != 0 and b"memory-limit-mb" in r.stderr, r.stderr[-300:]
+    # A loopback address that cannot be bound is fatal.
+    hold = socket.socket(); hold.bind(("127.0.0.1", 0)); hold.listen(1)
+    r = subprocess.run([exe, "--model", MODEL, "--port", str(hold.getsockname()[1])], capture_output=True, timeout=60)
+    hold.close()
+    assert r.returncode != 0 and b"cannot bind loopback" in r.stderr, r.stderr[-300:]
+    # A non-loopback address that fails (not configured here) is logged and skipped.
+    tokf = os.path.join(TMP, "token")
+    with open(tokf, "w") as f:
+        f.write("suite-token-0123456789\n")
+    os.chmod(tokf, 0o600)
+    D = Server("--host", "192.0.2.1", "--host", "127.0.0.1", "--auth-token-file", tokf, name="D")
+    assert "cannot bind 192.0.2.1" in D.tail() and "listening on 127.0.0.1" in D.tail()
+    assert D.stop() == 0
+    # Bad flags exit with a usage error, not a crash.
+    r = subprocess.run([exe, "--port", "99999"], capture_output=True, timeout=10)
+    assert r.returncode == 2 and b"--port" in r.stderr
+
+if failed:
+    for f in sorted(os.listdir(TMP)):
+        if f.endswith(".log") and f[0] in "ABCD":
+            print(f"--- {f} (tail)")
+            print("".join(open(os.path.join(TMP, f), errors="replace").readlines()[-15:]))
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
 EOF

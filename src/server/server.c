@@ -36,6 +36,9 @@
 #define SRV_MAX_HTTP 8
 #define SRV_MAX_BOUND 32
 #define NONSTREAM_FLUSH_TOKENS 32
+/* A stream whose client stopped reading is dropped once this much is queued
+ * for it: generation is cancelled rather than buffered without bound. */
+#define STREAM_MAX_BACKLOG (8u << 20)
 
 typedef enum { R_CHAT, R_MODELS, R_HEALTH, R_METRICS, R_OTHER } route_id;
 static const char *const k_route_names[] = {"/v1/chat/completions", "/v1/models", "/health", "/metrics", "other"};
@@ -427,6 +430,12 @@ static void job_progress(srv *s, srv_job *j)
             if (b && evbuffer_get_length(b) > 0) evhttp_send_reply_chunk(j->req, b);
             if (b) evbuffer_free(b);
             if (j->headers_sent && peer_closed(j)) mark_gone(j);
+            struct bufferevent *bev = j->evcon ? evhttp_connection_get_bufferevent(j->evcon) : NULL;
+            if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > STREAM_MAX_BACKLOG) {
+                fprintf(stderr, "sanctum-mlx: %s: client stopped reading (%zu bytes queued); cancelling\n", j->id,
+                        evbuffer_get_length(bufferevent_get_output(bev)));
+                mark_gone(j);
+            }
         } else if (text_len > 0) {
             if (buf_append(&j->full, &j->full_len, &j->full_cap, text, text_len) != SN_OK) {
                 atomic_store(&j->cancel, 1);
