@@ -329,6 +329,65 @@ static void forward(model_t *m, const int32_t *ids, int T, int pos0, int32_t *ne
     TRY(O->argmax(B, m->logits, 1, c->V, next));
 }
 
+/* Decode GEMV alone, per weight shape, both row-per-warp variants: the
+ * kernel's own bandwidth, without the step around it. */
+static void gemv_one(const char *name, const sn_weight *w, float *x, float *y)
+{
+    int reps = 100;
+    double bytes = (double)sn_weight_bytes(w);
+    printf("  gemv %-10s [%6lld x %6lld] %5.1f MB:", name, (long long)w->rows, (long long)w->cols, bytes / 1e6);
+    for (int rpw = 2; rpw <= 4; rpw += 2) {
+        TRY(sn_cuda_tune(B, "gemv_rpw", rpw));
+        for (int i = 0; i < 3; i++) TRY(O->matmul(B, w, 0, x, 1, y));
+        TRY(O->sync(B));
+        double t0 = now();
+        for (int i = 0; i < reps; i++) TRY(O->matmul(B, w, 0, x, 1, y));
+        TRY(O->sync(B));
+        double dt = (now() - t0) / reps;
+        printf("  rpw%d %7.1f us %6.0f GB/s", rpw, dt * 1e6, bytes / dt / 1e9);
+    }
+    printf("\n");
+    TRY(sn_cuda_tune(B, "gemv_rpw", 0));
+}
+
+static void gemv_micro(model_t *m)
+{
+    cfg_t *c = &m->c;
+    for (int l = 0; l < c->L && l < c->interval; l++) {
+        layer_t *y = &m->ly[l];
+        if (y->attn) {
+            gemv_one("q", y->wq, m->mg, m->ma);
+            gemv_one("k", y->wk, m->mg, m->ma);
+            gemv_one("o", y->wo, m->mg, m->ma);
+        } else if (l == 0) {
+            gemv_one("qkv", y->qkv, m->mg, m->ma);
+            gemv_one("z", y->z, m->mg, m->ma);
+            gemv_one("b", y->wb, m->mg, m->ma);
+            gemv_one("out", y->out, m->mg, m->ma);
+            if (c->E > 0) {
+                gemv_one("router", y->router, m->mg, m->ma);
+                gemv_one("shared_up", y->su, m->mg, m->ma);
+                gemv_one("shared_dn", y->sd, m->mg, m->ma);
+            } else {
+                gemv_one("gate", y->gate, m->mg, m->ma);
+                gemv_one("down", y->down, m->mg, m->ma);
+            }
+        }
+    }
+    gemv_one("lm_head", m->lm, m->mg, m->ma);
+    if (c->E > 0) {
+        layer_t *y = &m->ly[0];
+        int reps = 100;
+        for (int i = 0; i < 3; i++) TRY(O->moe(B, y->eg, y->eu, y->ed, m->lg, c->topk, true, m->xn, 1, m->mo));
+        TRY(O->sync(B));
+        double t0 = now();
+        for (int i = 0; i < reps; i++) TRY(O->moe(B, y->eg, y->eu, y->ed, m->lg, c->topk, true, m->xn, 1, m->mo));
+        TRY(O->sync(B));
+        double dt = (now() - t0) / reps, bytes = 3.0 * c->topk * sn_weight_bytes(y->eg);
+        printf("  moe (route + %d experts x 3) %.1f us, %.0f GB/s\n", c->topk, dt * 1e6, bytes / dt / 1e9);
+    }
+}
+
 static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -438,6 +497,7 @@ int main(int argc, char **argv)
            med * 1e3, gbs, 100.0 * gbs / copy_gbs);
     printf("  decode (eager): %.1f tok/s; graphs captured %ld, replayed %ld, eager steps %ld\n", dec_eager, cap, rep,
            eag);
+    gemv_micro(&m);
     if (profile) {
         sn_cuda_profile(B, 1);
         forward(&m, &tok, 1, pos++, &tok);

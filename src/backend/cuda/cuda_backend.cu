@@ -1155,6 +1155,21 @@ extern "C" sn_status sn_cuda_profile_report(sn_backend *b, FILE *f)
     return SN_OK;
 }
 
+extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (!strcmp(key, "gemv_rpw")) {
+        if (value != 0 && value != 2 && value != 4)
+            return SN_FAIL(SN_E_INVALID, "cuda tune gemv_rpw=%d (0, 2 or 4)", value);
+        SN_TRY(host_barrier(cb));
+        cb->di.gemv_rpw = value;
+        cb->g_valid = false; /* the graph was captured with the old choice */
+        return SN_OK;
+    }
+    return SN_FAIL(SN_E_INVALID, "cuda tune: unknown key '%s'", key);
+}
+
 extern "C" void sn_cuda_graph_stats(sn_backend *b, long *replayed, long *captured, long *eager)
 {
     SN_ASSERT(sn_cuda_is(b));

@@ -62,6 +62,7 @@ typedef struct cu_weight {
 typedef struct {
     int n_sm;
     size_t smem_optin;    /* max dynamic shared memory per block */
+    int gemv_rpw;         /* rows per warp of the quantized GEMV: 0 = by shape, else 2 or 4 */
 } cu_devinfo;
 
 /* Raise the dynamic shared memory limit of every kernel that needs more

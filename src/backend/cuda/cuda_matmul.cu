@@ -79,39 +79,57 @@ __device__ void stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t
 {
     constexpr int NF4 = (128 / BITS) / 4;
     int64_t n4 = cols / 4;
+    bool aligned = ((uintptr_t)x & 15) == 0; /* cols % 4 == 0 always (cols % 32 == 0) */
     for (int t = 0; t < T; t++) {
-        const float4 *xt = (const float4 *)(x + (size_t)t * cols);
+        const float *xr = x + (size_t)t * cols;
         for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) {
             int64_t c = q / NF4;
-            xs[t * stride4 + xperm<BITS>(c, (int)(q % NF4))] = __ldg(xt + q);
+            float4 v = aligned ? __ldg((const float4 *)xr + q)
+                               : make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
+            xs[t * stride4 + xperm<BITS>(c, (int)(q % NF4))] = v;
         }
     }
 }
 
-/* acc[r][t] += row (r0+r) . x_t over all chunks handled by this lane. */
-template <int BITS, int TT>
+/* acc[r][t] += row (r0+r) . x_t over all chunks handled by this lane. The
+ * next chunk's words are loaded before this one is used, so each lane keeps
+ * 2*RPW 16-byte loads in flight. */
+template <int BITS, int RPW>
+__device__ __forceinline__ void qload(const uint32_t *W, const void *sb, int sf, int64_t words, int64_t groups,
+                                      int group, int nrows, int64_t c, uint4 wv[RPW], float2 sbv[RPW])
+{
+    constexpr int VPC = 128 / BITS;
+    int64_t g = c * VPC / group;
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        if (r < nrows) {
+            wv[r] = __ldg((const uint4 *)(W + r * words) + c);
+            sbv[r] = load_sb(sb, sf, r * groups + g);
+        } else {
+            wv[r] = make_uint4(0, 0, 0, 0);
+            sbv[r] = make_float2(0.f, 0.f);
+        }
+    }
+}
+
+template <int BITS, int TT, int RPW>
 __device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int sf, int64_t words, int64_t groups,
                                           int group, int nrows, const float4 *xs, int64_t stride4,
-                                          float acc[GEMV_RPW][TT])
+                                          float acc[RPW][TT])
 {
     constexpr int VPC = 128 / BITS;
     constexpr int NF4 = VPC / 4;
     const int lane = threadIdx.x & 31;
     int64_t nch = words / 4;
+    uint4 wv[RPW];
+    float2 sbv[RPW];
+    if (lane < nch)
+        qload<BITS, RPW>(W, sb, sf, words, groups, group, nrows, lane, wv, sbv);
     for (int64_t c = lane; c < nch; c += 32) {
-        uint4 wv[GEMV_RPW];
-        float2 sbv[GEMV_RPW];
-        int64_t g = c * VPC / group;
-#pragma unroll
-        for (int r = 0; r < GEMV_RPW; r++) {
-            if (r < nrows) {
-                wv[r] = __ldg((const uint4 *)(W + r * words) + c);
-                sbv[r] = load_sb(sb, sf, r * groups + g);
-            } else {
-                wv[r] = make_uint4(0, 0, 0, 0);
-                sbv[r] = make_float2(0.f, 0.f);
-            }
-        }
+        uint4 wn[RPW];
+        float2 sn[RPW];
+        if (c + 32 < nch)
+            qload<BITS, RPW>(W, sb, sf, words, groups, group, nrows, c + 32, wn, sn);
 #pragma unroll
         for (int t = 0; t < TT; t++) {
             float xv[VPC];
@@ -125,7 +143,7 @@ __device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int
             for (int i = 0; i < VPC; i++)
                 xsum += xv[i];
 #pragma unroll
-            for (int r = 0; r < GEMV_RPW; r++) {
+            for (int r = 0; r < RPW; r++) {
                 float d = 0.f;
                 uint32_t ws[4] = { wv[r].x, wv[r].y, wv[r].z, wv[r].w };
 #pragma unroll
@@ -150,10 +168,17 @@ __device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int
                 acc[r][t] += sbv[r].x * (QS * (d - xsum)) + sbv[r].y * xsum;
             }
         }
+        if (c + 32 < nch) {
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                wv[r] = wn[r];
+                sbv[r] = sn[r];
+            }
+        }
     }
 }
 
-template <int BITS, int TT>
+template <int BITS, int TT, int RPW>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 k_gemv_q(const uint32_t *__restrict__ W, const void *__restrict__ sb, int sf, const float *__restrict__ bias,
          int64_t rows, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x,
@@ -166,22 +191,22 @@ k_gemv_q(const uint32_t *__restrict__ W, const void *__restrict__ sb, int sf, co
     stage_x<BITS>(xs, x, T, cols, stride4);
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t rows_per_block = GEMV_WARPS * GEMV_RPW;
+    const int64_t rows_per_block = GEMV_WARPS * RPW;
     for (int64_t rb = blockIdx.x; rb * rows_per_block < rows; rb += gridDim.x) {
-        int64_t r0 = rb * rows_per_block + (int64_t)warp * GEMV_RPW;
+        int64_t r0 = rb * rows_per_block + (int64_t)warp * RPW;
         if (r0 >= rows)
             continue;
-        int nrows = (int)min((int64_t)GEMV_RPW, rows - r0);
-        float acc[GEMV_RPW][TT];
+        int nrows = (int)min((int64_t)RPW, rows - r0);
+        float acc[RPW][TT];
 #pragma unroll
-        for (int r = 0; r < GEMV_RPW; r++)
+        for (int r = 0; r < RPW; r++)
 #pragma unroll
             for (int t = 0; t < TT; t++)
                 acc[r][t] = 0.f;
-        qdot_rows<BITS, TT>(W + r0 * words, (const char *)sb + (size_t)r0 * groups * (sf == CS_F32 ? 8 : 4), sf,
+        qdot_rows<BITS, TT, RPW>(W + r0 * words, (const char *)sb + (size_t)r0 * groups * (sf == CS_F32 ? 8 : 4), sf,
                             words, groups, group, nrows, xs, stride4, acc);
 #pragma unroll
-        for (int r = 0; r < GEMV_RPW; r++)
+        for (int r = 0; r < RPW; r++)
 #pragma unroll
             for (int t = 0; t < TT; t++) {
                 float v = acc[r][t];
@@ -195,7 +220,7 @@ k_gemv_q(const uint32_t *__restrict__ W, const void *__restrict__ sb, int sf, co
             int r = lane / TT, t = lane % TT;
             float v = 0.f;
 #pragma unroll
-            for (int rr = 0; rr < GEMV_RPW; rr++)
+            for (int rr = 0; rr < RPW; rr++)
 #pragma unroll
                 for (int tt = 0; tt < TT; tt++)
                     if (rr == r && tt == t)
@@ -255,7 +280,7 @@ __global__ void k_gemv_dense(const void *__restrict__ W, const float *__restrict
     if (row >= rows)
         return;
     const char *Wr = (const char *)W + (size_t)row * cols * (FMT == CW_F32 ? 4 : 2);
-    bool vec = (cols % 8) == 0;
+    bool vec = (cols % 8) == 0 && ((uintptr_t)x & 15) == 0;
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * cols;
         float acc = 0.f;
@@ -645,9 +670,9 @@ k_moe_gate_up(const uint32_t *__restrict__ Wg, const void *__restrict__ sbg, con
         int nrows = (int)min((int64_t)GEMV_RPW, rows - r0);
         float ag[GEMV_RPW][1] = {}, au[GEMV_RPW][1] = {};
         int64_t base = e * rows + r0;
-        qdot_rows<BITS, 1>(Wg + base * words, (const char *)sbg + base * groups * sbsz, sf, words, groups, group,
+        qdot_rows<BITS, 1, GEMV_RPW>(Wg + base * words, (const char *)sbg + base * groups * sbsz, sf, words, groups, group,
                            nrows, xs, stride4, ag);
-        qdot_rows<BITS, 1>(Wu + base * words, (const char *)sbu + base * groups * sbsz, sf, words, groups, group,
+        qdot_rows<BITS, 1, GEMV_RPW>(Wu + base * words, (const char *)sbu + base * groups * sbsz, sf, words, groups, group,
                            nrows, xs, stride4, au);
 #pragma unroll
         for (int r = 0; r < GEMV_RPW; r++)
@@ -696,7 +721,7 @@ k_moe_down(const uint32_t *__restrict__ Wd, const void *__restrict__ sbd, int sf
             float wj = wts[(size_t)t * k + j];
             float a[GEMV_RPW][1] = {};
             int64_t base = e * rows + r0;
-            qdot_rows<BITS, 1>(Wd + base * words, (const char *)sbd + base * groups * sbsz, sf, words, groups, group,
+            qdot_rows<BITS, 1, GEMV_RPW>(Wd + base * words, (const char *)sbd + base * groups * sbsz, sf, words, groups, group,
                                nrows, xs + (size_t)j * stride4, stride4, a);
 #pragma unroll
             for (int r = 0; r < GEMV_RPW; r++) {
@@ -732,12 +757,12 @@ sn_status max_smem(K kern, const cu_devinfo *di, const char *what)
     return SN_OK;
 }
 
-template <int BITS, int TT>
+template <int BITS, int TT, int RPW>
 sn_status launch_gemv_q(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t e, const float *x, int T,
                         float *y)
 {
     size_t smem = gemv_smem(w, TT);
-    int64_t nrb = (w->rows + GEMV_WARPS * GEMV_RPW - 1) / (GEMV_WARPS * GEMV_RPW);
+    int64_t nrb = (w->rows + GEMV_WARPS * RPW - 1) / (GEMV_WARPS * RPW);
     int per_sm = (int)(di->smem_optin / (smem + 1024));
     if (per_sm < 1)
         per_sm = 1;
@@ -745,7 +770,7 @@ sn_status launch_gemv_q(const cu_devinfo *di, cudaStream_t s, const cu_weight *w
         per_sm = 8;
     int64_t grid = nrb < (int64_t)di->n_sm * per_sm ? nrb : (int64_t)di->n_sm * per_sm;
     size_t sbsz = w->sfmt == CS_F32 ? 8 : 4;
-    k_gemv_q<BITS, TT><<<(unsigned)grid, GEMV_WARPS * 32, smem, s>>>(
+    k_gemv_q<BITS, TT, RPW><<<(unsigned)grid, GEMV_WARPS * 32, smem, s>>>(
         (const uint32_t *)w->q + (size_t)e * w->rows * w->words, (const char *)w->sb + (size_t)e * w->rows * w->groups * sbsz,
         w->sfmt, w->bias, w->rows, w->cols, w->words, w->groups, w->group, x, T, y);
     CU_CHECK_LAUNCH("matmul gemv");
@@ -770,11 +795,23 @@ sn_status gemv_q_tokens(const cu_devinfo *di, cudaStream_t s, const cu_weight *w
         const float *xp = x + (size_t)t0 * w->cols;
         float *yp = y + (size_t)t0 * w->rows;
         sn_status st;
-        switch (tt) {
-        case 1: st = launch_gemv_q<BITS, 1>(di, s, w, e, xp, 1, yp); break;
-        case 2: st = launch_gemv_q<BITS, 2>(di, s, w, e, xp, 2, yp); break;
-        case 3: st = launch_gemv_q<BITS, 3>(di, s, w, e, xp, 3, yp); break;
-        default: st = launch_gemv_q<BITS, 4>(di, s, w, e, xp, 4, yp); break;
+        /* 2 rows per warp when 4 would leave the SMs short of warps */
+        int rpw = di->gemv_rpw ? di->gemv_rpw
+                               : ((w->rows + GEMV_WARPS * 4 - 1) / (GEMV_WARPS * 4) < 2 * (int64_t)di->n_sm ? 2 : 4);
+        if (rpw == 2) {
+            switch (tt) {
+            case 1: st = launch_gemv_q<BITS, 1, 2>(di, s, w, e, xp, 1, yp); break;
+            case 2: st = launch_gemv_q<BITS, 2, 2>(di, s, w, e, xp, 2, yp); break;
+            case 3: st = launch_gemv_q<BITS, 3, 2>(di, s, w, e, xp, 3, yp); break;
+            default: st = launch_gemv_q<BITS, 4, 2>(di, s, w, e, xp, 4, yp); break;
+            }
+        } else {
+            switch (tt) {
+            case 1: st = launch_gemv_q<BITS, 1, 4>(di, s, w, e, xp, 1, yp); break;
+            case 2: st = launch_gemv_q<BITS, 2, 4>(di, s, w, e, xp, 2, yp); break;
+            case 3: st = launch_gemv_q<BITS, 3, 4>(di, s, w, e, xp, 3, yp); break;
+            default: st = launch_gemv_q<BITS, 4, 4>(di, s, w, e, xp, 4, yp); break;
+            }
         }
         SN_TRY(st);
         t0 += tt;
@@ -805,14 +842,16 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 sn_status cu_matmul_init(const cu_devinfo *di)
 {
-    SN_TRY(max_smem(k_gemv_q<4, 1>, di, "gemv init"));
-    SN_TRY(max_smem(k_gemv_q<4, 2>, di, "gemv init"));
-    SN_TRY(max_smem(k_gemv_q<4, 3>, di, "gemv init"));
-    SN_TRY(max_smem(k_gemv_q<4, 4>, di, "gemv init"));
-    SN_TRY(max_smem(k_gemv_q<8, 1>, di, "gemv init"));
-    SN_TRY(max_smem(k_gemv_q<8, 2>, di, "gemv init"));
-    SN_TRY(max_smem(k_gemv_q<8, 3>, di, "gemv init"));
-    SN_TRY(max_smem(k_gemv_q<8, 4>, di, "gemv init"));
+#define GEMV_INIT(B, R)                                                                                           \
+    SN_TRY(max_smem(k_gemv_q<B, 1, R>, di, "gemv init"));                                                          \
+    SN_TRY(max_smem(k_gemv_q<B, 2, R>, di, "gemv init"));                                                          \
+    SN_TRY(max_smem(k_gemv_q<B, 3, R>, di, "gemv init"));                                                          \
+    SN_TRY(max_smem(k_gemv_q<B, 4, R>, di, "gemv init"));
+    GEMV_INIT(4, 2)
+    GEMV_INIT(4, 4)
+    GEMV_INIT(8, 2)
+    GEMV_INIT(8, 4)
+#undef GEMV_INIT
     SN_TRY(max_smem(k_gemm<CW_Q4>, di, "gemm init"));
     SN_TRY(max_smem(k_gemm<CW_Q8>, di, "gemm init"));
     SN_TRY(max_smem(k_gemm<CW_F32>, di, "gemm init"));

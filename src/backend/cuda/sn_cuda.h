@@ -29,6 +29,10 @@ sn_status sn_cuda_profile_report(sn_backend *be, FILE *f);
  * that ran eagerly because something inside needed the host. */
 void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *eager);
 
+/* Kernel choices for benchmarks: "gemv_rpw" = rows per warp of the
+ * quantized GEMV (0: by shape, 2 or 4). */
+sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
+
 /* Until backend.h carries these ops in its table, they are reachable here;
  * the table entries call the same functions. See cuda_backend.cu. */
 sn_status sn_cuda_argmax(sn_backend *be, const float *x, int rows, int n, int32_t *out_host);
