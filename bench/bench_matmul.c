@@ -114,6 +114,29 @@ static double measure_read_bw(int threads, size_t bytes)
     return best;
 }
 
+/* ---- thread pool: cost of one small parallel-for (decode makes hundreds per token) ---- */
+
+static void nop_body(void *ctx, int64_t b, int64_t e, int tid)
+{
+    __atomic_fetch_add((int64_t *)ctx, e - b, __ATOMIC_RELAXED);
+}
+
+static double pool_overhead_us(int threads)
+{
+    sn_pool *pool = NULL;
+    if (sn_pool_new(threads, &pool) != SN_OK)
+        return -1;
+    int64_t sink = 0;
+    const int iters = 20000;
+    sn_pool_for(pool, threads, 1, nop_body, &sink);
+    double t0 = now();
+    for (int i = 0; i < iters; i++)
+        sn_pool_for(pool, threads, 1, nop_body, &sink);
+    double dt = now() - t0;
+    sn_pool_free(pool);
+    return dt / iters * 1e6;
+}
+
 /* ---- Q4 weights ---- */
 
 typedef struct {
@@ -198,6 +221,9 @@ int main(int argc, char **argv)
     printf("  memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (%d threads)  <- the bound\n", bw1 / 1e9,
            bwN / 1e9, max_threads);
 
+    double ovh = pool_overhead_us(max_threads);
+    printf("  thread pool: %.2f us per back-to-back parallel-for on %d threads\n", ovh, max_threads);
+
     const int64_t shapes[][2] = { { 5120, 17408 }, { 17408, 5120 }, { 248320, 5120 } };
     int nshapes = quick ? 2 : 3;
     FILE *log = no_log ? NULL : fopen("bench/results.log", "a");
@@ -208,6 +234,7 @@ int main(int argc, char **argv)
         fprintf(log, "%s bench_matmul %d cpus\n  cmd: %s\n", stamp, sn_cpu_features_get()->n_cores, cmd);
         fprintf(log, "  memory read bandwidth %.1f GB/s (1 thread), %.1f GB/s (%d threads)\n", bw1 / 1e9, bwN / 1e9,
                 max_threads);
+        fprintf(log, "  thread pool: %.2f us per back-to-back parallel-for on %d threads\n", ovh, max_threads);
     }
     int pass = 1;
     for (int s = 0; s < nshapes; s++) {

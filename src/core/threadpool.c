@@ -1,17 +1,25 @@
-/* Thread pool: spin-then-futex workers, dynamic chunking via one atomic.
+/* Thread pool: spin-then-futex workers, dynamic chunking, completion by
+ * chunk count.
  *
- * Protocol. The caller publishes a job (fn, ctx, chunking), sets `pending`
- * to the number of workers, then bumps `gen`. Workers wait for `gen` to
- * change (spinning, then FUTEX_WAIT on it), grab chunks from `next` until
- * none are left, and decrement `pending`; the caller grabs chunks too, then
- * waits for `pending` to reach 0 (spinning, then FUTEX_WAIT on it). futex
- * wakes are only issued when somebody announced it is about to sleep, so a
- * busy decode loop makes no system calls at all. All shared fields are
- * seq_cst atomics: the sleeper-count handshake relies on that ordering. */
+ * Protocol. A job's claim word `next` packs [seq:24 | n_chunks:20 | idx:20].
+ * The caller writes the job fields (fn, ctx, chunking), resets `done`,
+ * stores the claim word with the new seq and idx 0, then bumps `gen` (the
+ * futex word workers sleep on). Anyone (workers and the caller) claims a
+ * chunk by CAS on `next`, which only succeeds while the word still carries
+ * the seq it read and idx < n_chunks; after a successful claim the job
+ * fields are stable until that chunk is counted in `done`. The caller
+ * returns when `done` reaches n_chunks. So the caller never waits for a
+ * worker that has not woken up yet (on an oversubscribed machine that
+ * wait is a scheduler quantum), and a worker that wakes late for a finished
+ * job fails its CAS without ever reading the fields being rewritten.
+ *
+ * Workers spin briefly before they sleep; futex wakes are only issued when
+ * somebody announced it is about to sleep, so a busy decode loop makes no
+ * system calls. All shared fields are seq_cst atomics: the sleeper-count
+ * handshakes rely on that ordering. */
 #include "sanctum/threadpool.h"
 #include "sanctum/cpu.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -32,6 +40,11 @@
  * a decode step, short enough not to burn a shared core while idle. */
 #define SPIN_ITERS 4096
 
+#define SEQ_BITS 24
+#define CNT_BITS 20
+#define MAX_CHUNKS ((1 << CNT_BITS) - 1)
+#define SEQ_MASK ((1u << SEQ_BITS) - 1)
+
 typedef struct {
     sn_pool *pool;
     int tid;
@@ -43,15 +56,15 @@ struct sn_pool {
     worker *w;                /* n-1 workers */
     pthread_mutex_t call_lock;
 
-    /* current job */
+    /* current job: written before its claim word is published */
     sn_pool_fn fn;
     void *ctx;
-    int64_t total, chunk, n_chunks;
+    int64_t total, chunk;
 
-    _Atomic uint32_t gen;     /* futex word: job generation */
+    _Atomic uint64_t next;    /* claim word [seq | n_chunks | idx] */
+    _Atomic uint32_t done;    /* futex word: chunks finished in this job */
+    _Atomic uint32_t gen;     /* futex word: bumped once per job */
     _Atomic int32_t sleepers; /* workers inside FUTEX_WAIT on gen (or about to be) */
-    _Atomic int64_t next;     /* next chunk index */
-    _Atomic int32_t pending;  /* futex word: workers not done with this job */
     _Atomic int32_t caller_sleeping;
     _Atomic int32_t stop;
 };
@@ -64,15 +77,29 @@ static long futex(_Atomic uint32_t *addr, int op, uint32_t val)
     return syscall(SYS_futex, (uint32_t *)addr, op, val, NULL, NULL, 0);
 }
 
-static void run_chunks(sn_pool *p, int tid)
+static inline uint64_t claim_word(uint32_t seq, uint32_t n_chunks, uint32_t idx)
 {
+    return ((uint64_t)(seq & SEQ_MASK) << (2 * CNT_BITS)) | ((uint64_t)n_chunks << CNT_BITS) | idx;
+}
+
+/* Claim and run chunks of job `seq` until none are left. */
+static void run_chunks(sn_pool *p, uint32_t seq, int tid)
+{
+    uint64_t cur = atomic_load(&p->next);
     for (;;) {
-        int64_t c = atomic_fetch_add(&p->next, 1);
-        if (c >= p->n_chunks)
-            break;
-        int64_t b = c * p->chunk;
+        if ((uint32_t)(cur >> (2 * CNT_BITS)) != (seq & SEQ_MASK))
+            return; /* a later (or earlier) job: not ours */
+        uint32_t n_chunks = (uint32_t)(cur >> CNT_BITS) & MAX_CHUNKS, idx = (uint32_t)cur & MAX_CHUNKS;
+        if (idx >= n_chunks)
+            return;
+        if (!atomic_compare_exchange_weak(&p->next, &cur, cur + 1))
+            continue; /* cur was reloaded */
+        int64_t b = (int64_t)idx * p->chunk;
         int64_t e = b + p->chunk < p->total ? b + p->chunk : p->total;
         p->fn(p->ctx, b, e, tid);
+        if (atomic_fetch_add(&p->done, 1) + 1 == n_chunks && atomic_load(&p->caller_sleeping))
+            futex(&p->done, FUTEX_WAKE_PRIVATE, 1);
+        cur = atomic_load(&p->next);
     }
 }
 
@@ -101,14 +128,12 @@ static void *worker_main(void *arg)
         seen = g;
         if (atomic_load(&p->stop))
             break;
-        run_chunks(p, me->tid);
-        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_sleeping))
-            futex((_Atomic uint32_t *)&p->pending, FUTEX_WAKE_PRIVATE, 1);
+        run_chunks(p, g, me->tid); /* gen == seq of the newest job */
     }
     return NULL;
 }
 
-static void publish(sn_pool *p)
+static void wake_workers(sn_pool *p)
 {
     atomic_fetch_add(&p->gen, 1);
     if (atomic_load(&p->sleepers) > 0)
@@ -127,6 +152,7 @@ sn_status sn_pool_new(int n_threads, sn_pool **out)
         return SN_FAIL(SN_E_NOMEM, "thread pool");
     p->n = n_threads;
     pthread_mutex_init(&p->call_lock, NULL);
+    atomic_store(&p->next, claim_word(0, 0, 0));
     if (n_threads > 1) {
         p->w = calloc((size_t)n_threads - 1, sizeof *p->w);
         if (!p->w) {
@@ -155,7 +181,7 @@ void sn_pool_free(sn_pool *p)
         return;
     if (p->w) {
         atomic_store(&p->stop, 1);
-        publish(p);
+        wake_workers(p);
         for (int i = 0; i < p->n - 1; i++)
             pthread_join(p->w[i].th, NULL);
         free(p->w);
@@ -173,10 +199,12 @@ void sn_pool_for(sn_pool *p, int64_t n, int64_t grain, sn_pool_fn fn, void *ctx)
     if (grain <= 0)
         grain = 1;
     /* About 4 chunks per thread balances uneven cores without making the
-     * atomic counter a hot spot. */
+     * claim word a hot spot; never more chunks than the word can count. */
     int64_t chunk = p ? (n + (int64_t)p->n * 4 - 1) / ((int64_t)p->n * 4) : n;
     if (chunk < grain)
         chunk = grain;
+    if ((n + chunk - 1) / chunk > MAX_CHUNKS)
+        chunk = (n + MAX_CHUNKS - 1) / MAX_CHUNKS;
     int64_t n_chunks = (n + chunk - 1) / chunk;
     if (!p || p->n == 1 || n_chunks == 1 || t_inside == p) {
         fn(ctx, 0, n, p && t_inside == p ? t_tid : 0);
@@ -187,25 +215,27 @@ void sn_pool_for(sn_pool *p, int64_t n, int64_t grain, sn_pool_fn fn, void *ctx)
     p->ctx = ctx;
     p->total = n;
     p->chunk = chunk;
-    p->n_chunks = n_chunks;
-    atomic_store(&p->next, 0);
-    atomic_store(&p->pending, p->n - 1);
-    publish(p);
+    atomic_store(&p->done, 0);
+    /* gen is bumped exactly once per job, so the job's seq is gen's next
+     * value: a woken worker runs seq == the gen it saw. */
+    uint32_t seq = atomic_load(&p->gen) + 1;
+    atomic_store(&p->next, claim_word(seq, (uint32_t)n_chunks, 0));
+    wake_workers(p);
 
     t_inside = p;
     t_tid = 0;
-    run_chunks(p, 0);
+    run_chunks(p, seq, 0);
     t_inside = NULL;
 
-    int32_t left;
+    uint32_t d;
     int spins = 0;
-    while ((left = atomic_load(&p->pending)) != 0) {
+    while ((d = atomic_load(&p->done)) != (uint32_t)n_chunks) {
         if (++spins < SPIN_ITERS) {
             cpu_relax();
             continue;
         }
         atomic_store(&p->caller_sleeping, 1);
-        futex((_Atomic uint32_t *)&p->pending, FUTEX_WAIT_PRIVATE, (uint32_t)left);
+        futex(&p->done, FUTEX_WAIT_PRIVATE, d);
         atomic_store(&p->caller_sleeping, 0);
         spins = 0;
     }

@@ -29,6 +29,14 @@ static void dequant_span(const cpu_mat *m, int64_t r, int64_t c0, int64_t n, flo
         float s = cpu_load_scale(sp, m->sdtype, g), b = cpu_load_scale(bp, m->sdtype, g);
         int per = 32 / m->bits;
         uint32_t mask = (1u << m->bits) - 1;
+        if (c0 % per == 0 && n % per == 0) { /* whole words: the usual case */
+            for (int64_t i = 0; i < n; i += per) {
+                uint32_t word = load_word(row, (c0 + i) / per);
+                for (int k = 0; k < per; k++, word >>= m->bits)
+                    out[i + k] = s * (float)(word & mask) + b;
+            }
+            return;
+        }
         for (int64_t i = 0; i < n; i++) {
             int64_t c = c0 + i;
             uint32_t q = (load_word(row, c / per) >> (m->bits * (c % per))) & mask;
