@@ -79,9 +79,14 @@ struct sn_tokenizer {
     int32_t byte_id[256];     /* id of each single byte */
     bool ignore_merges;       /* a word that is a whole token is emitted as is */
 
-    tok_added *added;         /* sorted by text length, longest first */
+    tok_added *added;         /* sorted by id */
     size_t n_added;
     bool first_byte[2][256];  /* [normalized] a token of that class starts with this byte */
+    /* Byte trie over the added tokens, roots 0 (raw) and 1 (normalized), so
+     * that finding the longest token at a position costs its length, not
+     * the number of tokens (tekken has 1000 control tokens). */
+    struct tok_trie { int32_t child, sibling, added; uint8_t byte; } *trie;
+    size_t n_trie, cap_trie;
 
     int norm[TOK_MAX_NORM];
     int n_norm;

@@ -241,8 +241,41 @@ sn_status tok_compile_regex(const char *pattern, size_t len, const char *what, p
 static int added_cmp(const void *a, const void *b)
 {
     const tok_added *x = a, *y = b;
-    if (x->len != y->len) return x->len > y->len ? -1 : 1;
     return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int32_t trie_node(sn_tokenizer *t)
+{
+    if (t->n_trie == t->cap_trie) {
+        size_t c = t->cap_trie ? t->cap_trie * 2 : 256;
+        struct tok_trie *p = realloc(t->trie, c * sizeof *p);
+        if (!p) return -1;
+        t->trie = p;
+        t->cap_trie = c;
+    }
+    t->trie[t->n_trie] = (struct tok_trie){ -1, -1, -1, 0 };
+    return (int32_t)t->n_trie++;
+}
+
+/* Adds added[k] under root cls; a duplicate text keeps the lower id. */
+static sn_status trie_insert(sn_tokenizer *t, int cls, size_t k)
+{
+    const tok_added *a = &t->added[k];
+    int32_t node = cls;
+    for (size_t i = 0; i < a->len; i++) {
+        uint8_t c = (uint8_t)a->text[i];
+        int32_t ch = t->trie[node].child;
+        while (ch >= 0 && t->trie[ch].byte != c) ch = t->trie[ch].sibling;
+        if (ch < 0) {
+            if ((ch = trie_node(t)) < 0) return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory for added tokens");
+            t->trie[ch].byte = c;
+            t->trie[ch].sibling = t->trie[node].child;
+            t->trie[node].child = ch;
+        }
+        node = ch;
+    }
+    if (t->trie[node].added < 0) t->trie[node].added = (int32_t)k;
+    return SN_OK;
 }
 
 sn_status tok_finish(sn_tokenizer *t, const char *what)
@@ -254,8 +287,12 @@ sn_status tok_finish(sn_tokenizer *t, const char *what)
             return SN_FAIL(SN_E_FORMAT, "%s: vocabulary has no token for byte 0x%02x (byte-level BPE needs all 256)", what, b);
     }
     if (t->n_added) qsort(t->added, t->n_added, sizeof *t->added, added_cmp);
-    for (size_t i = 0; i < t->n_added; i++)
-        if (t->added[i].len) t->first_byte[t->added[i].normalized][(unsigned char)t->added[i].text[0]] = true;
+    if (trie_node(t) != 0 || trie_node(t) != 1) return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory");
+    for (size_t i = 0; i < t->n_added; i++) {
+        if (!t->added[i].len) continue;
+        t->first_byte[t->added[i].normalized][(unsigned char)t->added[i].text[0]] = true;
+        SN_TRY(trie_insert(t, t->added[i].normalized, i));
+    }
     return tok_cache_init(&t->cache);
 }
 
@@ -270,6 +307,7 @@ void sn_tok_free(sn_tokenizer *t)
     free(t->merges.slots);
     for (size_t i = 0; i < t->n_added; i++) free(t->added[i].text);
     free(t->added);
+    free(t->trie);
     for (int i = 0; i < t->n_split; i++) pcre2_code_free(t->split_re[i]);
     tok_cache_free(&t->cache);
     free(t);
@@ -423,15 +461,24 @@ static bool added_next(const enc_ctx *c, const char *s, size_t n, size_t from, s
     const sn_tokenizer *t = c->t;
     for (size_t i = from; i < n; i++) {
         if (!t->first_byte[cls][(unsigned char)s[i]]) continue;
+        /* longest token of this class starting at i */
         const tok_added *hit = NULL;
-        for (size_t k = 0; k < t->n_added; k++) {
-            const tok_added *a = &t->added[k];
-            if (a->normalized != cls || a->len > n - i || memcmp(s + i, a->text, a->len) != 0) continue;
-            if (a->special && !(cls ? seg_special : special_ok(c, i, i + a->len))) continue;
-            hit = a;
-            break;
+        int32_t node = cls;
+        for (size_t j = i; j < n; j++) {
+            int32_t ch = t->trie[node].child;
+            while (ch >= 0 && t->trie[ch].byte != (uint8_t)s[j]) ch = t->trie[ch].sibling;
+            if (ch < 0) break;
+            if (t->trie[ch].added >= 0) hit = &t->added[t->trie[ch].added];
+            node = ch;
         }
         if (!hit) continue;
+        /* A special token that may not match here is skipped whole, as
+         * tokenizers skips it with encode_special_tokens: its text is not
+         * rescanned for shorter tokens. */
+        if (hit->special && !(cls ? seg_special : special_ok(c, i, i + hit->len))) {
+            i += hit->len - 1;
+            continue;
+        }
         size_t start = i, end = i + hit->len, p;
         if (hit->single_word) {
             bool ok = true;
