@@ -1,0 +1,576 @@
+/* Prompt-cache pool and recurrent-state rewind (prompt_cache.h).
+ *
+ * This file reads the sequence state directly (models/model_impl.h) rather
+ * than through sn_seq_snapshot: a snapshot copies every KV row below the
+ * position, so one per checkpoint would cost O(checkpoints x length). Here
+ * an entry keeps its KV rows once and only the small recurrent state per
+ * checkpoint, and a restore copies the KV prefix up to the chosen
+ * checkpoint plus that checkpoint's recurrent state. */
+#include "sanctum/prompt_cache.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/model_impl.h"
+
+#define PC_DEFAULT_BUDGET ((size_t)512 << 20)
+#define PC_DEFAULT_EVERY 256
+
+/* ---- recurrent state helpers ------------------------------------------- */
+
+static int n_gdn_layers(const sn_seq *s)
+{
+    int n = 0;
+    for (int l = 0; l < s->m->n_layers; l++)
+        if (s->gdn[l].S) n++;
+    return n;
+}
+
+static size_t gdn_layer_bytes(const sn_seq *s) { return (s->conv_floats + s->S_floats) * sizeof(float); }
+
+static size_t gdn_state_bytes(const sn_seq *s) { return (size_t)n_gdn_layers(s) * gdn_layer_bytes(s); }
+
+/* Recurrent state of every GDN layer -> host dst (gdn_state_bytes). */
+static sn_status gdn_to_host(const sn_seq *s, unsigned char *dst)
+{
+    sn_backend *be = s->m->be;
+    size_t cb = s->conv_floats * sizeof(float), sb = s->S_floats * sizeof(float);
+    for (int l = 0; l < s->m->n_layers; l++) {
+        if (!s->gdn[l].S) continue;
+        if (cb) SN_TRY(be->ops->to_host(be, dst, s->gdn[l].conv, cb));
+        dst += cb;
+        SN_TRY(be->ops->to_host(be, dst, s->gdn[l].S, sb));
+        dst += sb;
+    }
+    return SN_OK;
+}
+
+static sn_status gdn_from_host(sn_seq *s, const unsigned char *src)
+{
+    sn_backend *be = s->m->be;
+    size_t cb = s->conv_floats * sizeof(float), sb = s->S_floats * sizeof(float);
+    for (int l = 0; l < s->m->n_layers; l++) {
+        if (!s->gdn[l].S) continue;
+        if (cb) SN_TRY(be->ops->from_host(be, s->gdn[l].conv, src, cb));
+        src += cb;
+        SN_TRY(be->ops->from_host(be, s->gdn[l].S, src, sb));
+        src += sb;
+    }
+    return SN_OK;
+}
+
+static int n_attn_layers(const sn_seq *s)
+{
+    int n = 0;
+    for (int l = 0; l < s->m->n_layers; l++)
+        if (s->kv[l].k) n++;
+    return n;
+}
+
+/* ---- pool --------------------------------------------------------------- */
+
+typedef struct pc_entry {
+    int32_t *tokens;          /* [n] the tokens whose state this entry holds */
+    int n;
+    unsigned char *kv;        /* per attention layer: K rows [n, row] then V rows [n, row] */
+    int n_ck;
+    int *ck_pos;              /* [n_ck] ascending checkpoint positions (GDN models only) */
+    unsigned char *ck;        /* [n_ck][gdn_bytes] */
+    size_t bytes;
+    struct pc_entry *prev, *next;  /* LRU list: head = most recently used */
+} pc_entry;
+
+struct sn_pcache {
+    sn_model *m;
+    sn_pcache_opts o;
+    pthread_mutex_t lock;
+    pc_entry *head, *tail;
+    size_t bytes;
+    uint64_t n_entries, hits, misses, cached_tokens, evictions;
+};
+
+/* Planned and captured checkpoints of one request. */
+struct sn_pcache_req {
+    sn_pcache *pc;
+    size_t gdn_bytes;         /* 0: model without recurrent layers */
+    int *plan;                /* ascending positions to capture during prefill */
+    int n_plan;
+    int *ck_pos;              /* captured (and inherited) checkpoints, ascending */
+    unsigned char *ck;        /* [n_ck][gdn_bytes] */
+    int n_ck, cap_ck;
+};
+
+void sn_pcache_opts_default(sn_pcache_opts *o)
+{
+    o->budget_bytes = PC_DEFAULT_BUDGET;
+    o->ckpt_every = PC_DEFAULT_EVERY;
+    o->min_fresh = 1;
+    const char *e = getenv("SANCTUM_PCACHE_MIN_FRESH");
+    if (e && (!strcmp(e, "1") || !strcmp(e, "2"))) o->min_fresh = e[0] - '0';
+}
+
+sn_status sn_pcache_new(sn_model *m, const sn_pcache_opts *o, sn_pcache **out)
+{
+    *out = NULL;
+    if (!m) return SN_FAIL(SN_E_INVALID, "prompt cache: NULL model");
+    sn_pcache_opts d;
+    sn_pcache_opts_default(&d);
+    if (!o) o = &d;
+    if (o->ckpt_every < 16 || o->ckpt_every > (1 << 20))
+        return SN_FAIL(SN_E_INVALID, "prompt cache: ckpt_every must be in [16, 1048576], got %d", o->ckpt_every);
+    if (o->min_fresh < 1 || o->min_fresh > 2)
+        return SN_FAIL(SN_E_INVALID, "prompt cache: min_fresh must be 1 or 2, got %d", o->min_fresh);
+    sn_pcache *pc = calloc(1, sizeof *pc);
+    if (!pc) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory");
+    pc->m = m;
+    pc->o = *o;
+    pthread_mutex_init(&pc->lock, NULL);
+    *out = pc;
+    return SN_OK;
+}
+
+static void entry_free(pc_entry *e)
+{
+    if (!e) return;
+    free(e->tokens);
+    free(e->kv);
+    free(e->ck_pos);
+    free(e->ck);
+    free(e);
+}
+
+static void lru_unlink(sn_pcache *pc, pc_entry *e)
+{
+    if (e->prev) e->prev->next = e->next;
+    else pc->head = e->next;
+    if (e->next) e->next->prev = e->prev;
+    else pc->tail = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void lru_push_front(sn_pcache *pc, pc_entry *e)
+{
+    e->prev = NULL;
+    e->next = pc->head;
+    if (pc->head) pc->head->prev = e;
+    pc->head = e;
+    if (!pc->tail) pc->tail = e;
+}
+
+static void entry_drop(sn_pcache *pc, pc_entry *e)
+{
+    lru_unlink(pc, e);
+    pc->bytes -= e->bytes;
+    pc->n_entries--;
+    entry_free(e);
+}
+
+void sn_pcache_clear(sn_pcache *pc)
+{
+    if (!pc) return;
+    pthread_mutex_lock(&pc->lock);
+    while (pc->head) entry_drop(pc, pc->head);
+    pthread_mutex_unlock(&pc->lock);
+}
+
+void sn_pcache_free(sn_pcache *pc)
+{
+    if (!pc) return;
+    sn_pcache_clear(pc);
+    pthread_mutex_destroy(&pc->lock);
+    free(pc);
+}
+
+void sn_pcache_get_stats(sn_pcache *pc, sn_pcache_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!pc) return;
+    pthread_mutex_lock(&pc->lock);
+    out->hits = pc->hits;
+    out->misses = pc->misses;
+    out->cached_tokens = pc->cached_tokens;
+    out->evictions = pc->evictions;
+    out->entries = pc->n_entries;
+    out->bytes = pc->bytes;
+    pthread_mutex_unlock(&pc->lock);
+}
+
+static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
+{
+    int n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* Where seq could resume from e for a prompt whose common prefix with e is
+ * L and which must leave limit tokens or fewer cached; ck_index gets the
+ * checkpoint used (-1: none needed). Returns the position, 0 when unusable. */
+static int resume_pos(const pc_entry *e, bool recurrent, int L, int limit, int *ck_index)
+{
+    int cap = L < limit ? L : limit;
+    if (cap > e->n) cap = e->n;
+    *ck_index = -1;
+    if (cap <= 0) return 0;
+    if (!recurrent) return cap;
+    for (int i = e->n_ck - 1; i >= 0; i--)
+        if (e->ck_pos[i] <= cap && e->ck_pos[i] > 0) {
+            *ck_index = i;
+            return e->ck_pos[i];
+        }
+    return 0;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+static sn_status req_add_ck(sn_pcache_req *r, int pos, const unsigned char *data)
+{
+    if (r->n_ck == r->cap_ck) {
+        int nc = r->cap_ck ? r->cap_ck * 2 : 8;
+        int *np = realloc(r->ck_pos, (size_t)nc * sizeof *np);
+        if (!np) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for checkpoints");
+        r->ck_pos = np;
+        unsigned char *nd = realloc(r->ck, (size_t)nc * r->gdn_bytes);
+        if (!nd) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for %d checkpoints", nc);
+        r->ck = nd;
+        r->cap_ck = nc;
+    }
+    /* positions arrive ascending (inherited first, then prefill order);
+     * a repeated position replaces nothing, it is simply skipped */
+    if (r->n_ck && r->ck_pos[r->n_ck - 1] >= pos) return SN_OK;
+    r->ck_pos[r->n_ck] = pos;
+    memcpy(r->ck + (size_t)r->n_ck * r->gdn_bytes, data, r->gdn_bytes);
+    r->n_ck++;
+    return SN_OK;
+}
+
+sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int n_prompt, const int *bounds,
+                          int n_bounds, sn_pcache_req **out, int *cached)
+{
+    *out = NULL;
+    *cached = 0;
+    if (!pc || !seq || !prompt) return SN_FAIL(SN_E_INVALID, "prompt cache: NULL argument");
+    if (seq->m != pc->m) return SN_FAIL(SN_E_INVALID, "prompt cache: the sequence belongs to another model");
+    if (seq->pos != 0) return SN_FAIL(SN_E_INVALID, "prompt cache: the sequence is at position %d, not 0", seq->pos);
+    if (n_prompt < 1) return SN_FAIL(SN_E_INVALID, "prompt cache: empty prompt");
+    if (n_bounds < 0 || (n_bounds && !bounds))
+        return SN_FAIL(SN_E_INVALID, "prompt cache: %d message bounds without a list", n_bounds);
+    sn_status st = SN_OK;
+    sn_pcache_req *r = calloc(1, sizeof *r);
+    if (!r) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory");
+    r->pc = pc;
+    r->gdn_bytes = gdn_state_bytes(seq);
+    bool recurrent = r->gdn_bytes > 0;
+    int limit = n_prompt - pc->o.min_fresh;
+
+    /* The plan: every ckpt_every tokens, the caller's message bounds, the
+     * last position a repeat of this prompt may resume from, the end. */
+    if (recurrent) {
+        int cap = n_prompt / pc->o.ckpt_every + n_bounds + 2;
+        r->plan = malloc((size_t)cap * sizeof *r->plan);
+        if (!r->plan) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory"); goto out; }
+        for (int p = pc->o.ckpt_every; p <= n_prompt; p += pc->o.ckpt_every) r->plan[r->n_plan++] = p;
+        for (int i = 0; i < n_bounds; i++)
+            if (bounds[i] > 0 && bounds[i] <= n_prompt) r->plan[r->n_plan++] = bounds[i];
+        if (limit > 0) r->plan[r->n_plan++] = limit;
+        r->plan[r->n_plan++] = n_prompt;
+        qsort(r->plan, (size_t)r->n_plan, sizeof *r->plan, cmp_int);
+        int k = 0;
+        for (int i = 0; i < r->n_plan; i++)
+            if (!k || r->plan[k - 1] != r->plan[i]) r->plan[k++] = r->plan[i];
+        r->n_plan = k;
+    }
+
+    pthread_mutex_lock(&pc->lock);
+    pc_entry *best = NULL;
+    int best_pos = 0, best_ck = -1;
+    for (pc_entry *e = pc->head; e; e = e->next) {
+        int ck, pos = resume_pos(e, recurrent, lcp(e->tokens, e->n, prompt, n_prompt), limit, &ck);
+        if (pos > best_pos) {  /* ties go to the more recently used (earlier in the list) */
+            best = e;
+            best_pos = pos;
+            best_ck = ck;
+        }
+    }
+    if (best) {
+        int na = n_attn_layers(seq);
+        size_t row = seq->kv_row_floats * sizeof(float), kb = (size_t)best_pos * row, eb = (size_t)best->n * row;
+        sn_backend *be = seq->m->be;
+        const unsigned char *src = best->kv;
+        for (int l = 0, a = 0; l < seq->m->n_layers && st == SN_OK && a < na; l++) {
+            if (!seq->kv[l].k) continue;
+            if ((st = be->ops->from_host(be, seq->kv[l].k, src, kb)) != SN_OK) break;
+            if ((st = be->ops->from_host(be, seq->kv[l].v, src + eb, kb)) != SN_OK) break;
+            src += 2 * eb;
+            a++;
+        }
+        if (st == SN_OK && recurrent) st = gdn_from_host(seq, best->ck + (size_t)best_ck * r->gdn_bytes);
+        /* The request inherits the checkpoints it resumed through, so its
+         * own entry can stand in for the one it extends. */
+        for (int i = 0; st == SN_OK && recurrent && i <= best_ck; i++)
+            st = req_add_ck(r, best->ck_pos[i], best->ck + (size_t)i * r->gdn_bytes);
+        if (st == SN_OK) {
+            seq->pos = best_pos;
+            lru_unlink(pc, best);
+            lru_push_front(pc, best);
+            pc->hits++;
+            pc->cached_tokens += (uint64_t)best_pos;
+        }
+    } else {
+        pc->misses++;
+    }
+    pthread_mutex_unlock(&pc->lock);
+    if (st != SN_OK) {
+        /* a partial restore leaves the sequence unusable: start it afresh */
+        sn_seq_reset(seq);
+        goto out;
+    }
+    *cached = seq->pos;
+    *out = r;
+    r = NULL;
+out:
+    sn_pcache_req_free(r);
+    return st;
+}
+
+int sn_pcache_next_stop(const sn_pcache_req *r, int pos, int end)
+{
+    if (!r) return end;
+    for (int i = 0; i < r->n_plan; i++)
+        if (r->plan[i] > pos) return r->plan[i] < end ? r->plan[i] : end;
+    return end;
+}
+
+static sn_status capture_now(sn_pcache_req *r, const sn_seq *seq)
+{
+    if (r->n_ck && r->ck_pos[r->n_ck - 1] >= seq->pos) return SN_OK;
+    /* grow first so the state can be copied straight into place */
+    if (r->n_ck == r->cap_ck) {
+        unsigned char *tmp = malloc(r->gdn_bytes);
+        if (!tmp) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for a checkpoint");
+        sn_status st = gdn_to_host(seq, tmp);
+        if (st == SN_OK) st = req_add_ck(r, seq->pos, tmp);
+        free(tmp);
+        return st;
+    }
+    SN_TRY(gdn_to_host(seq, r->ck + (size_t)r->n_ck * r->gdn_bytes));
+    r->ck_pos[r->n_ck++] = seq->pos;
+    return SN_OK;
+}
+
+sn_status sn_pcache_capture(sn_pcache_req *r, const sn_seq *seq)
+{
+    if (!r || !r->gdn_bytes) return SN_OK;
+    for (int i = 0; i < r->n_plan; i++)
+        if (r->plan[i] == seq->pos) return capture_now(r, seq);
+    return SN_OK;
+}
+
+/* True when e adds nothing once the new entry (tokens, checkpoints) is in. */
+static bool covered_by(const pc_entry *e, const int32_t *tokens, int n, const int *ck_pos, int n_ck, bool recurrent)
+{
+    if (e->n > n || lcp(e->tokens, e->n, tokens, n) != e->n) return false;
+    if (!recurrent) return true;
+    for (int i = 0, j = 0; i < e->n_ck; i++) {
+        while (j < n_ck && ck_pos[j] < e->ck_pos[i]) j++;
+        if (j == n_ck || ck_pos[j] != e->ck_pos[i]) return false;
+    }
+    return true;
+}
+
+sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *tokens, int n_tokens)
+{
+    if (!r) return SN_OK;
+    sn_pcache *pc = r->pc;
+    int n = seq->pos;
+    if (n < 1 || pc->o.budget_bytes == 0) return SN_OK;
+    if (n > n_tokens) return SN_FAIL(SN_E_INVALID, "prompt cache: the sequence is at %d but only %d tokens were given",
+                                     n, n_tokens);
+    bool recurrent = r->gdn_bytes > 0;
+    if (recurrent) SN_TRY(capture_now(r, seq));
+    int na = n_attn_layers(seq);
+    size_t row = seq->kv_row_floats * sizeof(float), eb = (size_t)n * row;
+    size_t kv_bytes = (size_t)na * 2 * eb;
+    size_t bytes = sizeof(pc_entry) + (size_t)n * sizeof(int32_t) + kv_bytes +
+                   (size_t)r->n_ck * (r->gdn_bytes + sizeof(int));
+    if (bytes > pc->o.budget_bytes) return SN_OK;  /* would evict everything and still not fit */
+
+    sn_status st = SN_OK;
+    pc_entry *e = calloc(1, sizeof *e);
+    if (!e) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory");
+    e->n = n;
+    e->bytes = bytes;
+    e->tokens = malloc((size_t)n * sizeof(int32_t));
+    e->kv = malloc(kv_bytes ? kv_bytes : 1);
+    if (!e->tokens || !e->kv) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for %zu bytes", bytes); goto out; }
+    memcpy(e->tokens, tokens, (size_t)n * sizeof(int32_t));
+    sn_backend *be = seq->m->be;
+    unsigned char *dst = e->kv;
+    for (int l = 0; l < seq->m->n_layers; l++) {
+        if (!seq->kv[l].k) continue;
+        if ((st = be->ops->to_host(be, dst, seq->kv[l].k, eb)) != SN_OK) goto out;
+        if ((st = be->ops->to_host(be, dst + eb, seq->kv[l].v, eb)) != SN_OK) goto out;
+        dst += 2 * eb;
+    }
+    if (recurrent) {
+        /* hand the request's checkpoints over (only those inside the entry) */
+        int k = 0;
+        while (k < r->n_ck && r->ck_pos[k] <= n) k++;
+        e->n_ck = k;
+        e->ck_pos = r->ck_pos;
+        e->ck = r->ck;
+        r->ck_pos = NULL;
+        r->ck = NULL;
+        r->n_ck = r->cap_ck = 0;
+    }
+
+    pthread_mutex_lock(&pc->lock);
+    for (pc_entry *o = pc->head, *nx; o; o = nx) {
+        nx = o->next;
+        if (covered_by(o, e->tokens, e->n, e->ck_pos, e->n_ck, recurrent)) entry_drop(pc, o);
+    }
+    while (pc->tail && pc->bytes + e->bytes > pc->o.budget_bytes) {
+        entry_drop(pc, pc->tail);
+        pc->evictions++;
+    }
+    lru_push_front(pc, e);
+    pc->bytes += e->bytes;
+    pc->n_entries++;
+    pthread_mutex_unlock(&pc->lock);
+    e = NULL;
+out:
+    entry_free(e);
+    return st;
+}
+
+void sn_pcache_req_free(sn_pcache_req *r)
+{
+    if (!r) return;
+    free(r->plan);
+    free(r->ck_pos);
+    free(r->ck);
+    free(r);
+}
+
+sn_status sn_pcache_prewarm(sn_pcache *pc, sn_model *m, sn_seq *seq, const int32_t *tokens, int n,
+                            const int *bounds, int n_bounds)
+{
+    if (!pc || !m || !seq || !tokens || n < 1) return SN_FAIL(SN_E_INVALID, "prewarm: nothing to prefill");
+    if (n >= sn_seq_max_ctx(seq))
+        return SN_FAIL(SN_E_RANGE, "prewarm: %d tokens do not fit the context of %d", n, sn_seq_max_ctx(seq));
+    sn_seq_reset(seq);
+    sn_pcache_req *r = NULL;
+    int cached = 0;
+    SN_TRY(sn_pcache_begin(pc, seq, tokens, n, bounds, n_bounds, &r, &cached));
+    sn_status st = SN_OK;
+    int chunk = sn_model_step_tokens(m);
+    for (int i = cached; i < n;) {
+        int end = sn_pcache_next_stop(r, i, i + chunk < n ? i + chunk : n);
+        if ((st = sn_forward(m, seq, tokens + i, end - i, NULL, false)) != SN_OK) goto out;
+        if ((st = sn_pcache_capture(r, seq)) != SN_OK) goto out;
+        i = end;
+    }
+    st = sn_pcache_commit(r, seq, tokens, n);
+out:
+    sn_pcache_req_free(r);
+    return st;
+}
+
+/* ---- rewind ------------------------------------------------------------- */
+
+struct sn_rewind {
+    sn_model *m;
+    int pos;
+    int n_layers;
+    void **conv, **S;   /* [n_layers] backend buffers, NULL for layers without recurrent state */
+    size_t cb, sb;
+};
+
+sn_status sn_rewind_new(const sn_seq *seq, sn_rewind **out)
+{
+    *out = NULL;
+    sn_rewind *r = calloc(1, sizeof *r);
+    if (!r) return SN_FAIL(SN_E_NOMEM, "rewind: out of memory");
+    r->m = seq->m;
+    r->pos = -1;
+    r->n_layers = seq->m->n_layers;
+    r->cb = seq->conv_floats * sizeof(float);
+    r->sb = seq->S_floats * sizeof(float);
+    r->conv = calloc((size_t)r->n_layers, sizeof *r->conv);
+    r->S = calloc((size_t)r->n_layers, sizeof *r->S);
+    sn_status st = SN_OK;
+    if (!r->conv || !r->S) { st = SN_FAIL(SN_E_NOMEM, "rewind: out of memory"); goto out; }
+    sn_backend *be = seq->m->be;
+    for (int l = 0; l < r->n_layers; l++) {
+        if (!seq->gdn[l].S) continue;
+        if ((st = be->ops->buf_alloc(be, r->cb ? r->cb : 4, &r->conv[l])) != SN_OK) goto out;
+        if ((st = be->ops->buf_alloc(be, r->sb, &r->S[l])) != SN_OK) goto out;
+    }
+    *out = r;
+    r = NULL;
+out:
+    sn_rewind_free(r);
+    return st;
+}
+
+void sn_rewind_free(sn_rewind *r)
+{
+    if (!r) return;
+    sn_backend *be = r->m->be;
+    for (int l = 0; l < r->n_layers; l++) {
+        if (r->conv && r->conv[l]) be->ops->buf_free(be, r->conv[l]);
+        if (r->S && r->S[l]) be->ops->buf_free(be, r->S[l]);
+    }
+    free(r->conv);
+    free(r->S);
+    free(r);
+}
+
+sn_status sn_rewind_save(sn_rewind *r, const sn_seq *seq)
+{
+    if (seq->m != r->m) return SN_FAIL(SN_E_INVALID, "rewind: the sequence belongs to another model");
+    sn_backend *be = r->m->be;
+    for (int l = 0; l < r->n_layers; l++) {
+        if (!r->S[l]) continue;
+        if (r->cb) SN_TRY(be->ops->copy(be, r->conv[l], seq->gdn[l].conv, r->cb));
+        SN_TRY(be->ops->copy(be, r->S[l], seq->gdn[l].S, r->sb));
+    }
+    r->pos = seq->pos;
+    return SN_OK;
+}
+
+sn_status sn_rewind_restore(const sn_rewind *r, sn_seq *seq, int pos)
+{
+    if (seq->m != r->m) return SN_FAIL(SN_E_INVALID, "rewind: the sequence belongs to another model");
+    if (r->pos < 0) return SN_FAIL(SN_E_INVALID, "rewind: nothing saved");
+    if (pos < r->pos || pos > seq->pos)
+        return SN_FAIL(SN_E_INVALID, "rewind: position %d is outside [saved %d, current %d]", pos, r->pos, seq->pos);
+    bool recurrent = sn_rewind_has_state(r);
+    if (recurrent && pos != r->pos)
+        return SN_FAIL(SN_E_INVALID, "rewind: recurrent state exists only at the saved position %d, not %d", r->pos, pos);
+    if (!recurrent) {
+        seq->pos = pos;
+        return SN_OK;
+    }
+    sn_backend *be = r->m->be;
+    for (int l = 0; l < r->n_layers; l++) {
+        if (!r->S[l]) continue;
+        if (r->cb) SN_TRY(be->ops->copy(be, seq->gdn[l].conv, r->conv[l], r->cb));
+        SN_TRY(be->ops->copy(be, seq->gdn[l].S, r->S[l], r->sb));
+    }
+    seq->pos = r->pos;
+    return SN_OK;
+}
+
+int sn_rewind_pos(const sn_rewind *r) { return r->pos; }
+
+int sn_rewind_has_state(const sn_rewind *r)
+{
+    for (int l = 0; l < r->n_layers; l++)
+        if (r->S[l]) return 1;
+    return 0;
+}
