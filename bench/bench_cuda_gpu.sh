@@ -42,16 +42,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,cl
     tee "$out/env.log"
 
 t0=$(date +%s)
-$BIN/test_cuda_ops >"$out/test_cuda_ops.log" 2>&1
+timeout 90 $BIN/test_cuda_ops >"$out/test_cuda_ops.log" 2>&1
 add "test_cuda_ops: $(tail -n 1 "$out/test_cuda_ops.log") ($(($(date +%s) - t0)) s)"
 t0=$(date +%s)
-$BIN/test_cuda_model >"$out/test_cuda_model.log" 2>&1
+timeout 90 $BIN/test_cuda_model >"$out/test_cuda_model.log" 2>&1
 add "test_cuda_model: $(tail -n 1 "$out/test_cuda_model.log") ($(($(date +%s) - t0)) s)"
 
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if [ -n "$san" ] && [ "$quick" != quick ]; then
     t0=$(date +%s)
-    timeout 150 "$san" --tool memcheck --leak-check no --error-exitcode 9 $BIN/test_cuda_ops >"$out/memcheck.log" 2>&1
+    timeout 90 "$san" --tool memcheck --leak-check no --error-exitcode 9 $BIN/test_cuda_ops >"$out/memcheck.log" 2>&1
     rc=$?
     add "memcheck test_cuda_ops: rc=$rc, $(grep -c 'Invalid\|ERROR SUMMARY: [1-9]' "$out/memcheck.log") error lines, $(grep 'ERROR SUMMARY' "$out/memcheck.log" | tail -n 1) ($(($(date +%s) - t0)) s)"
 fi
@@ -60,7 +60,7 @@ for cfg in qwen3_5_35b_a3b qwen3_5_27b; do
     t0=$(date +%s)
     args=(--config "bench/configs/$cfg.json" --prefill 4096 --decode 128 --log "$out/results.log")
     [ "$quick" = quick ] && args=(--config "bench/configs/$cfg.json" --prefill 512 --decode 32 --layers 8 --log "$out/results.log")
-    timeout 240 $BIN/bench_cuda "${args[@]}" >"$out/bench_$cfg.log" 2>&1
+    timeout 150 $BIN/bench_cuda "${args[@]}" >"$out/bench_$cfg.log" 2>&1
     add "bench $cfg rc=$? ($(($(date +%s) - t0)) s): $(grep -E 'decode \(graph\)|prefill [0-9]+ tokens' "$out/bench_$cfg.log" | tr -s ' ' | tr '\n' ';')"
 done
 

@@ -198,6 +198,15 @@ static void test_matmul_q4(void)
     mm_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 1, 0, 0);
     mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 3, 0, 0);
     mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 200, 0, 0);
+    /* the long-T path both ways: cuBLAS (when it loaded) and our own GEMM */
+    char name[128];
+    sn_cuda_info(G, name, sizeof name, NULL, NULL, NULL);
+    fprintf(stderr, "  gemm for T>=64: %s\n", strstr(name, "cuBLAS") ? "cuBLAS (own GEMM also tested)" : "own");
+    CHECK_OK(sn_cuda_tune(G, "cublas_min_t", 0));
+    mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 130, 0, 1);
+    mm_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 100, 2, 0);
+    if (strstr(name, "cuBLAS")) CHECK_OK(sn_cuda_tune(G, "cublas_min_t", 64));
+    mm_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 100, 2, 0);
 }
 
 static void test_matmul_q8(void)

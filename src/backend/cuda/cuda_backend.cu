@@ -400,6 +400,7 @@ void cuda_destroy(sn_backend *b)
     }
     if (cb->exec)
         cudaGraphExecDestroy(cb->exec);
+    cu_blas_close(cb->di.blas);
     for (int k = 0; k < cb->n_evs; k++) {
         cudaEventDestroy(cb->evs[k].a);
         cudaEventDestroy(cb->evs[k].b);
@@ -655,7 +656,7 @@ sn_status cuda_matmul(sn_backend *b, const sn_weight *w, int expert, const float
     r.p[2] = y;
     r.i[0] = expert;
     r.i[1] = T;
-    return submit(cb_of(b), r, cu_matmul_scratch_bytes((const cu_weight *)w->dev, T));
+    return submit(cb_of(b), r, cu_matmul_scratch_bytes(&cb_of(b)->di, (const cu_weight *)w->dev, T));
 }
 
 sn_status cuda_embed(sn_backend *b, const sn_weight *w, const int32_t *ids, int T, float *y)
@@ -1090,6 +1091,14 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     }
     if (st == SN_OK)
         st = cu_matmul_init(&cb->di);
+    if (st == SN_OK) {
+        /* cuBLAS for long prefill GEMMs when it can be loaded; SANCTUM_CUDA_CUBLAS=0 turns it off */
+        const char *env = getenv("SANCTUM_CUDA_CUBLAS");
+        if (!(env && !strcmp(env, "0")) && cu_blas_open(cb->st, &cb->di.blas) == SN_OK)
+            cb->di.blas_min_t = 64;
+        else
+            sn_clear_error();
+    }
     if (st == SN_OK)
         st = cu_ops_init(&cb->di);
     if (st != SN_OK) {
@@ -1109,7 +1118,7 @@ extern "C" sn_status sn_cuda_info(sn_backend *b, char *name, size_t name_len, si
     size_t fr = 0, tot = 0;
     CU_TRY(cudaMemGetInfo(&fr, &tot), "memory info");
     if (name && name_len)
-        snprintf(name, name_len, "%s", cb->name);
+        snprintf(name, name_len, "%s%s", cb->name, cb->di.blas ? " (+cuBLAS prefill)" : "");
     if (dev_used)
         *dev_used = tot - fr;
     if (dev_total)
@@ -1165,6 +1174,15 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
         SN_TRY(host_barrier(cb));
         cb->di.gemv_rpw = value;
         cb->g_valid = false; /* the graph was captured with the old choice */
+        return SN_OK;
+    }
+    if (!strcmp(key, "cublas_min_t")) {
+        if (value < 0)
+            return SN_FAIL(SN_E_INVALID, "cuda tune cublas_min_t=%d", value);
+        if (value > 0 && !cb->di.blas)
+            return SN_FAIL(SN_E_UNSUPPORTED, "cuda tune: cuBLAS is not loaded");
+        SN_TRY(host_barrier(cb));
+        cb->di.blas_min_t = value;
         return SN_OK;
     }
     return SN_FAIL(SN_E_INVALID, "cuda tune: unknown key '%s'", key);

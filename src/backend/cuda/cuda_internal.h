@@ -12,6 +12,7 @@
 #ifndef SANCTUM_CUDA_INTERNAL_H
 #define SANCTUM_CUDA_INTERNAL_H
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -63,7 +64,17 @@ typedef struct {
     int n_sm;
     size_t smem_optin;    /* max dynamic shared memory per block */
     int gemv_rpw;         /* rows per warp of the quantized GEMV: 0 = by shape, else 2 or 4 */
+    void *blas;           /* cuBLAS context (cuda_blas.cu) or NULL when not loaded */
+    int blas_min_t;       /* quantized GEMMs of at least this many tokens use cuBLAS; 0 = never */
 } cu_devinfo;
+
+/* ---- optional cuBLAS (cuda_blas.cu), loaded with dlopen ---- */
+sn_status cu_blas_open(cudaStream_t s, void **out); /* SN_E_UNSUPPORTED when not installed */
+void cu_blas_close(void *h);
+size_t cu_blas_scratch_bytes(const cu_weight *w);
+/* y[T, rows] = sig[t] * (xh[T, :cols] @ W_e^T) + bias, xh fp16 with row stride Kp */
+sn_status cu_blas_matmul(void *h, cudaStream_t s, const cu_weight *w, int64_t e, const __half *xh, int64_t Kp,
+                         const float *sig, int T, float *y, void *wscratch);
 
 /* Raise the dynamic shared memory limit of every kernel that needs more
  * than 48 KB, once per process and device (not legal inside a capture). */
@@ -72,7 +83,7 @@ sn_status cu_ops_init(const cu_devinfo *di);
 
 /* y[T, rows] = x[T, cols] @ W_e^T (+ bias). scratch: device buffer of at
  * least cu_matmul_scratch_bytes(w, T) bytes (the GEMM's fp16 copy of x). */
-size_t cu_matmul_scratch_bytes(const cu_weight *w, int T);
+size_t cu_matmul_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T);
 sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int expert, const float *x, int T,
                     float *y, void *scratch);
 /* y[T, cols] = dequantized rows d_ids[t] of W (ids validated by the caller). */

@@ -867,12 +867,19 @@ sn_status cu_matmul_init(const cu_devinfo *di)
     return SN_OK;
 }
 
-size_t cu_matmul_scratch_bytes(const cu_weight *w, int T)
+static bool use_blas(const cu_devinfo *di, const cu_weight *w, int T)
+{
+    return di->blas && di->blas_min_t > 0 && T >= di->blas_min_t && (w->fmt == CW_Q4 || w->fmt == CW_Q8) &&
+           w->rows <= INT32_MAX && w->cols <= INT32_MAX;
+}
+
+size_t cu_matmul_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T)
 {
     if (T < GEMM_MIN_T)
         return 0;
     int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK);
-    return (size_t)Tp * Kp * sizeof(__half) + (size_t)Tp * sizeof(float) + 256;
+    size_t a = (size_t)round_up((int64_t)(Tp * Kp * sizeof(__half)), 256) + (size_t)round_up(Tp * 4, 256);
+    return a + (use_blas(di, w, T) ? cu_blas_scratch_bytes(w) : 0) + 256;
 }
 
 sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int expert, const float *x, int T,
@@ -887,6 +894,10 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
         float *sig = (float *)((char *)scratch + round_up((int64_t)(Tp * Kp * sizeof(__half)), 256));
         k_x_to_f16<<<(unsigned)Tp, 256, 0, s>>>(x, T, w->cols, Kp, xh, sig);
         CU_CHECK_LAUNCH("matmul x->f16");
+        if (use_blas(di, w, T)) {
+            void *ws = (char *)sig + round_up(Tp * 4, 256);
+            return cu_blas_matmul(di->blas, s, w, e, xh, Kp, sig, T, y, ws);
+        }
         switch (w->fmt) {
         case CW_Q4: return launch_gemm<CW_Q4>(di, s, w, e, xh, sig, Kp, T, y);
         case CW_Q8: return launch_gemm<CW_Q8>(di, s, w, e, xh, sig, Kp, T, y);
