@@ -2,7 +2,7 @@
 # The GPU-box job: fixtures, chat references, tokenizer references, and the
 # default model. Run from the repository root on the device machine with
 # OUT set to a folder that comes back (the device tool's $OUT):
-#   bash tools/python/gpu_run.sh [fixtures] [chat] [tok] [train] [MINUTES]
+#   bash tools/python/gpu_run.sh [fixtures] [chat] [tok] [train] [parity] [MINUTES]
 # With no stage names every stage runs. Everything is logged to $OUT/run.log;
 # results come back as $OUT/{fixtures,misc,model}.tgz.
 set -u
@@ -43,5 +43,11 @@ if has train; then
   else
     echo "train smoke FAILED: full training skipped"
   fi
+fi
+if has parity; then
+  # re-check the committed models/default and rewrite tests/parity-smoke.json
+  timeout 200 python3 tools/python/train_default.py --parity-only
+  echo "parity rc=$?"
+  tar czf "$OUT/model.tgz" models/default tests/parity-smoke.json
 fi
 ls -la "$OUT"

@@ -124,9 +124,14 @@ def make_env(today):
     return env
 
 
+_COMPILED = {}
+
+
 def render(fmt, messages, add_generation_prompt, enable_thinking, today=FIXED_TODAY):
-    env = make_env(today)
-    tpl = env.from_string(load_template(fmt))
+    key = (fmt, today)
+    if key not in _COMPILED:  # compiling the template costs ~30 ms; rendering is cheap
+        _COMPILED[key] = make_env(today).from_string(load_template(fmt))
+    tpl = _COMPILED[key]
     kw = dict(SPECIAL[fmt])
     return tpl.render(messages=messages, tools=None, documents=None,
                       add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking, **kw)
