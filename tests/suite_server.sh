@@ -4,6 +4,7 @@
 # byte-level BPE tokenizer.json, so it runs without the default model.
 #
 #   tests/suite_server.sh BUILD_DIR      (run_all.sh passes the build dir)
+#   tests/suite_server.sh BUILD_DIR --make-model DIR   only write the test model (bench/load.sh --synthetic)
 #
 # Checks: SSE framing parsed by curl (and by the Node OpenAI client when
 # BUILD/node/node_modules/openai exists: `npm install --prefix build/node openai`);
@@ -23,9 +24,14 @@ done
 command -v curl >/dev/null && command -v python3 >/dev/null || { echo "suite_server: needs curl and python3"; echo "0 passed, 1 failed"; exit 1; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+model_dir=$tmp/model
+if [ "${2:-}" = --make-model ]; then
+    [ -n "${3:-}" ] || { echo "usage: $0 BUILD --make-model DIR" >&2; exit 2; }
+    model_dir=$3
+fi
 
 # ---- the test model: tokenizer (512 ids, dense) + config + random weights ----
-python3 - "$tmp/model" <<'EOF' || { echo "suite_server: cannot write the test tokenizer"; echo "0 passed, 1 failed"; exit 1; }
+python3 - "$model_dir" <<'EOF' || { echo "suite_server: cannot write the test tokenizer"; echo "0 passed, 1 failed"; exit 1; }
 import json, os, re, sys
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)
@@ -102,15 +108,18 @@ text = {"model_type": "qwen3_5_text", "vocab_size": V, "hidden_size": 64, "inter
                             "mrope_section": [2, 1, 1], "mrope_interleaved": True}}
 json.dump({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
            "tie_word_embeddings": False, "eos_token_id": eos, "text_config": text},
-          open(out + "/../config.json", "w"))
+          open(out + "/config.json", "w"))
 EOF
-if ! "$build/sanctum-synth" --config "$tmp/config.json" --out "$tmp/model" --seed 7 >"$tmp/synth.log" 2>&1; then
+cp "$model_dir/config.json" "$tmp/config.json"
+if ! "$build/sanctum-synth" --config "$tmp/config.json" --out "$model_dir" --seed 7 >"$tmp/synth.log" 2>&1; then
     cat "$tmp/synth.log"; echo "suite_server: sanctum-synth failed"; echo "0 passed, 1 failed"; exit 1
 fi
-# sanctum-synth writes its own config.json; keep our generation_config.json / tokenizer.json next to it.
+# sanctum-synth rewrites config.json (plus a quantization block); our
+# generation_config.json and tokenizer.json stay next to it.
+[ "${2:-}" = --make-model ] && { echo "suite_server: test model written to $model_dir"; exit 0; }
 
 # ---- the checks ----
-SUITE_BUILD="$build" SUITE_MODEL="$tmp/model" SUITE_TMP="$tmp" python3 - >"$tmp/suite.out" 2>&1 <<'EOF'
+SUITE_BUILD="$build" SUITE_MODEL="$model_dir" SUITE_TMP="$tmp" python3 - >"$tmp/suite.out" 2>&1 <<'EOF'
 import http.client, json, os, signal, socket, subprocess, sys, threading, time, traceback
 
 BUILD, MODEL, TMP = os.environ["SUITE_BUILD"], os.environ["SUITE_MODEL"], os.environ["SUITE_TMP"]
@@ -658,7 +667,7 @@ sys.exit(1 if failed else 0)
 EOF
 cat "$tmp/suite.out"
 # The ten e2e phases on the same model (no rebuild).
-bash tests/e2e.sh --skip-build --build "$build" --model "$tmp/model" >"$tmp/e2e.out" 2>&1
+bash tests/e2e.sh --skip-build --build "$build" --model "$model_dir" >"$tmp/e2e.out" 2>&1
 sed 's/^/e2e: /' "$tmp/e2e.out"
 total_p=0; total_f=0
 for f in "$tmp/suite.out" "$tmp/e2e.out"; do
