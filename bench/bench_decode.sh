@@ -64,10 +64,10 @@ for cfg in "${configs[@]}"; do
         echo "== writing $name with sanctum-synth"
         "$build/sanctum-synth" --config "$cfg" --out "$out" >/dev/null
     fi
-    size=$(du -cb "$out"/*.safetensors | tail -1 | cut -f1)
-    avail=$(awk '/MemAvailable/ {print $2 * 1024}' /proc/meminfo)
-    if [ "$size" -gt $((avail - 2 * 1024 * 1024 * 1024)) ]; then
-        line="$(date -u +%FT%TZ) bench_decode $name: SKIPPED, weights $((size >> 20)) MB do not fit in MemAvailable $((avail >> 20)) MB | cmd: $cmdline"
+    size_mb=$(( $(du -cb "$out"/*.safetensors | tail -1 | cut -f1) >> 20 ))
+    avail_mb=$(( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) >> 10 ))
+    if [ "$size_mb" -gt $((avail_mb - 2048)) ]; then
+        line="$(date -u +%FT%TZ) bench_decode $name: SKIPPED, weights $size_mb MB do not fit in MemAvailable $avail_mb MB | cmd: $cmdline"
         echo "$line"; echo "$line" >> bench/results.log
         continue
     fi
