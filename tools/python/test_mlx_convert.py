@@ -129,5 +129,24 @@ check("lm_head.weight" not in m2, "tied lm_head dropped")
 check({"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.scales",
        "model.layers.0.self_attn.q_proj.biases", "model.layers.0.self_attn.q_proj.bias"} <= set(m2), "qwen2 bias trap")
 
+# committed fixtures: the MLX file dequantizes bit-exactly to the HF file
+root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "fixtures")
+import json  # noqa: E402
+for arch in mc.ARCHS:
+    d = os.path.join(root, arch)
+    if not os.path.isdir(d):
+        continue
+    m, meta = mc.load_safetensors(os.path.join(d, "mlx", "model.safetensors"))
+    h, _ = mc.load_safetensors(os.path.join(d, "hf", "model.safetensors"))
+    with open(os.path.join(d, "mlx", "config.json")) as f:
+        q = json.load(f)["quantization"]
+    back = mc.mlx_to_hf(arch, m, q)
+    check(meta.get("format") == "mlx", f"{arch}: mlx metadata")
+    check(set(back) == set(h) and all(np.array_equal(back[k], h[k]) for k in h), f"{arch}: MLX == HF weights")
+    ref, _ = mc.load_safetensors(os.path.join(d, "reference.safetensors"))
+    for i in range(4):
+        check((ref[f"cont_logits_{i}"].argmax(-1) == ref[f"greedy_{i}"]).all() and ref[f"margin_{i}"].min() >= 0.05,
+              f"{arch}: greedy/margins {i}")
+
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
