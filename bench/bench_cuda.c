@@ -490,6 +490,20 @@ int main(int argc, char **argv)
     double med = lat[1 + (ndec - 1) / 2];
     long rep, cap, eag;
     sn_cuda_graph_stats(B, &rep, &cap, &eag);
+    /* graph without the GEMV grouping / add folding */
+    TRY(sn_cuda_tune(B, "fuse", 0));
+    int nnf = ndec / 2 < 8 ? 8 : ndec / 2;
+    pos = prefill;
+    double tn = 0;
+    for (int i = 0; i < nnf; i++) {
+        double t0 = now();
+        TRY(O->begin_step(B));
+        forward(&m, &tok, 1, pos++, &tok);
+        TRY(O->end_step(B));
+        if (i) tn += now() - t0;
+    }
+    double dec_nofuse = (nnf - 1) / tn;
+    TRY(sn_cuda_tune(B, "fuse", 1));
     /* eager: fewer steps (same positions range) */
     int neager = ndec / 4 < 8 ? 8 : ndec / 4;
     pos = prefill;
@@ -512,8 +526,8 @@ int main(int argc, char **argv)
                prefill / ttft_own);
     printf("  decode (graph): %.1f tok/s (median step %.3f ms), %.0f GB/s = %.0f%% of copy bandwidth\n", dec_graph,
            med * 1e3, gbs, 100.0 * gbs / copy_gbs);
-    printf("  decode (eager): %.1f tok/s; graphs captured %ld, replayed %ld, eager steps %ld\n", dec_eager, cap, rep,
-           eag);
+    printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
+           "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
     gemv_micro(&m);
     if (profile) {
         sn_cuda_profile(B, 1);

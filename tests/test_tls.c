@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -78,7 +79,7 @@ static int server_start(server *s, const char *crl)
         return -1;
     sn_tls_attach(s->tls, s->http);
     evhttp_set_gencb(s->http, on_request, s);
-    evhttp_set_timeout(s->http, 5);
+    evhttp_set_timeout(s->http, 2);   /* short, so the idle-handshake test is quick */
     struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(s->http, "127.0.0.1", 0);
     if (!bs)
         return -1;
@@ -295,6 +296,34 @@ static void test_plain_to_tls_port(void)
     server_stop(&s);
 }
 
+/* A client that connects and never starts the handshake is dropped by the
+ * evhttp timeout: a TLS port must not be a slot-holding target. */
+static void test_idle_handshake_dropped(void)
+{
+    server s;
+    if (server_start(&s, NULL) != 0) {
+        CHECK(!"server start");
+        server_stop(&s);
+        return;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s.port) };
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    struct timeval tv = { 10, 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    char c;
+    ssize_t r = read(fd, &c, 1);   /* EOF when the server gives up on us */
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double dt = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    CHECKF(r <= 0 && dt < 8.0, "read %zd after %.1f s", r, dt);
+    fprintf(stderr, "  idle connection dropped after %.1f s\n", dt);
+    close(fd);
+    server_stop(&s);
+}
+
 /* Without --tls-crl the revoked certificate is accepted: proves the CRL is
  * what rejects bob above, not something accidental. */
 static void test_crl_is_what_rejects(void)
@@ -368,6 +397,7 @@ int main(void)
         RUN(test_rejected_clients);
         RUN(test_plain_to_tls_port);
         RUN(test_crl_is_what_rejects);
+        RUN(test_idle_handshake_dropped);
     }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0)

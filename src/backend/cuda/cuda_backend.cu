@@ -89,6 +89,8 @@ struct cuda_be {
     cudaGraphExec_t exec;
     long n_replayed, n_captured, n_eager;
 
+    bool fuse;              /* group decode GEMVs and fold residual adds inside graphs */
+
     /* profiling */
     bool prof;
     prof_ev *evs;
@@ -320,6 +322,62 @@ bool records_match(const cuda_be *cb, int *delta)
     return true;
 }
 
+/* Inside a capture: consecutive decode matmuls (T = 1, quantized, same x)
+ * become one grouped launch, and a residual add right after them that
+ * reads one of their outputs is folded into it (the output is still
+ * written). The arithmetic per row is unchanged, so a fused graph gives
+ * the same bits as the ops run one by one. Returns the records consumed
+ * (0: no fusion here). */
+int try_fuse(cuda_be *cb, int k, sn_status *st)
+{
+    const rec &r0 = cb->recs[k];
+    if (!cb->fuse || r0.kind != R_MATMUL || r0.i[1] != 1)
+        return 0;
+    const cu_weight *w0 = cw_of(r0.p[0]);
+    if (w0->fmt != CW_Q4 && w0->fmt != CW_Q8)
+        return 0;
+    const cu_weight *ws[CU_GROUP_MAX];
+    int64_t es[CU_GROUP_MAX];
+    float *ys[CU_GROUP_MAX], *adds[CU_GROUP_MAX] = { 0 };
+    const void *x = r0.p[1];
+    int n = 0, j = k;
+    while (j < cb->n_recs && n < CU_GROUP_MAX) {
+        const rec &r = cb->recs[j];
+        if (r.kind != R_MATMUL || r.i[1] != 1 || r.p[1] != x)
+            break;
+        const cu_weight *w = cw_of(r.p[0]);
+        float *y = (float *)r.p[2];
+        bool clash = !cu_matmul_groupable(w0, w) || y == x;
+        for (int i = 0; i < n; i++)
+            clash = clash || ys[i] == y;
+        if (clash)
+            break;
+        ws[n] = w;
+        es[n] = r.i[0];
+        ys[n] = y;
+        n++;
+        j++;
+    }
+    int used = n;
+    if (j < cb->n_recs && cb->recs[j].kind == R_ADD) {
+        const rec &a = cb->recs[j];
+        float *tgt = (float *)a.p[0];
+        bool ok = tgt != x;
+        for (int i = 0; i < n; i++)
+            ok = ok && tgt != ys[i];
+        for (int i = 0; i < n && ok; i++)
+            if (a.p[1] == ys[i] && a.i[0] == ws[i]->rows) {
+                adds[i] = tgt;
+                used++;
+                break;
+            }
+    }
+    if (n < 2 && used == n)
+        return 0;
+    *st = cu_matmul_group(&cb->di, cb->st, n, ws, es, ys, adds, (const float *)x);
+    return used;
+}
+
 sn_status capture_and_run(cuda_be *cb)
 {
     cudaStream_t s = cb->st;
@@ -330,8 +388,15 @@ sn_status capture_and_run(cuda_be *cb)
     cudaError_t e = cudaMemcpyAsync(cb->d_sp, cb->h_sp, sizeof(step_params), cudaMemcpyHostToDevice, s);
     if (e != cudaSuccess)
         st = cu_err(e, "graph params");
-    for (int k = 0; k < cb->n_recs && st == SN_OK; k++)
+    for (int k = 0; k < cb->n_recs && st == SN_OK;) {
+        int used = try_fuse(cb, k, &st);
+        if (used) {
+            k += used;
+            continue;
+        }
         st = dispatch(cb, cb->recs[k], true);
+        k++;
+    }
     if (st == SN_OK && cb->n_outs) {
         e = cudaMemcpyAsync(cb->h_outs, cb->d_outs, sizeof(int32_t) * cb->n_outs, cudaMemcpyDeviceToHost, s);
         if (e != cudaSuccess)
@@ -1071,6 +1136,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->base.ops = &g_cuda_ops;
     cb->base.n_threads = 1;
     cb->dev = gpu;
+    cb->fuse = true;
     cb->di.n_sm = prop.multiProcessorCount;
     cb->di.smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(cb->name, sizeof cb->name, "%s", prop.name);
@@ -1174,6 +1240,12 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
         SN_TRY(host_barrier(cb));
         cb->di.gemv_rpw = value;
         cb->g_valid = false; /* the graph was captured with the old choice */
+        return SN_OK;
+    }
+    if (!strcmp(key, "fuse")) {
+        SN_TRY(host_barrier(cb));
+        cb->fuse = value != 0;
+        cb->g_valid = false;
         return SN_OK;
     }
     if (!strcmp(key, "cublas_min_t")) {

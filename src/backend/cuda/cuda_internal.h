@@ -86,6 +86,13 @@ sn_status cu_ops_init(const cu_devinfo *di);
 size_t cu_matmul_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T);
 sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int expert, const float *x, int T,
                     float *y, void *scratch);
+/* Decode (T = 1) GEMVs of n weights that share x, in one launch; add_to
+ * (may be NULL, or hold NULLs) receives a fused y[i] residual add. The
+ * weights must be groupable (same quant format, group, columns). */
+#define CU_GROUP_MAX 8
+bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b);
+sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
+                          float *const *y, float *const *add_to, const float *x);
 /* y[T, cols] = dequantized rows d_ids[t] of W (ids validated by the caller). */
 sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int T, float *y);
 /* MoE FFN over the experts of one layer for T tokens, routing on the GPU:

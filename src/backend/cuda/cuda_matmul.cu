@@ -11,6 +11,8 @@
  * two at a time with one LOP3: (w >> s) & 0x03C003C0 | 0x3C003C00 is a half2
  * holding 1 + q/16 for two nibbles, so sum(q*x) = 16*(sum(v*x) - sum(x)),
  * where v in [1, 2) keeps the fp32 sums free of cancellation. */
+#include <string.h>
+
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
 #include <mma.h>
@@ -230,6 +232,71 @@ k_gemv_q(const uint32_t *__restrict__ W, const void *__restrict__ sb, int sf, co
                     v += bias[r0 + r];
                 y[(size_t)t * rows + r0 + r] = v;
             }
+        }
+    }
+}
+
+/* Several decode GEMVs that read the same x (q/k/v, gate/up, ...) in one
+ * launch: x is staged once per block, and the row blocks of all weights
+ * form one grid. Per-row arithmetic is exactly k_gemv_q's (bitwise equal
+ * results). add_to[i], when set, also receives y[i] (a fused residual add). */
+struct gemv_group {
+    const uint32_t *W[CU_GROUP_MAX];
+    const void *sb[CU_GROUP_MAX];
+    const float *bias[CU_GROUP_MAX];
+    float *y[CU_GROUP_MAX];
+    float *add_to[CU_GROUP_MAX];
+    int64_t rows[CU_GROUP_MAX];
+    int rb0[CU_GROUP_MAX + 1];
+    int n;
+};
+
+template <int BITS, int RPW>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+k_gemv_group(gemv_group g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x)
+{
+    extern __shared__ float4 xs[];
+    constexpr int NF4 = (128 / BITS) / 4;
+    int64_t nch = words / 4;
+    int64_t stride4 = ((nch + 31) / 32) * NF4 * 32;
+    stage_x<BITS>(xs, x, 1, cols, stride4);
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t sbsz = sf == CS_F32 ? 8 : 4;
+    for (int rbg = blockIdx.x; rbg < g.rb0[g.n]; rbg += gridDim.x) {
+        int i = 0;
+        while (rbg >= g.rb0[i + 1])
+            i++;
+        int64_t rows = g.rows[i];
+        int64_t r0 = (int64_t)(rbg - g.rb0[i]) * GEMV_WARPS * RPW + (int64_t)warp * RPW;
+        if (r0 >= rows)
+            continue;
+        int nrows = (int)min((int64_t)RPW, rows - r0);
+        float acc[RPW][1];
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+            acc[r][0] = 0.f;
+        qdot_rows<BITS, 1, RPW>(g.W[i] + r0 * words, (const char *)g.sb[i] + (size_t)r0 * groups * sbsz, sf, words,
+                                groups, group, nrows, xs, stride4, acc);
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            float v = acc[r][0];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            acc[r][0] = v;
+        }
+        if (lane < nrows) {
+            float v = 0.f;
+#pragma unroll
+            for (int r = 0; r < RPW; r++)
+                if (r == lane)
+                    v = acc[r][0];
+            if (g.bias[i])
+                v += g.bias[i][r0 + lane];
+            g.y[i][r0 + lane] = v;
+            if (g.add_to[i])
+                g.add_to[i][r0 + lane] += v;
         }
     }
 }
@@ -838,6 +905,20 @@ sn_status launch_gemm(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, 
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+template <int BITS, int RPW>
+sn_status launch_group(const cu_devinfo *di, cudaStream_t s, const gemv_group &g, const cu_weight *w0,
+                       const float *x)
+{
+    size_t smem = gemv_smem(w0, 1);
+    int per_sm = (int)(di->smem_optin / (smem + 1024));
+    per_sm = per_sm < 1 ? 1 : per_sm > 8 ? 8 : per_sm;
+    int grid = g.rb0[g.n] < di->n_sm * per_sm ? g.rb0[g.n] : di->n_sm * per_sm;
+    k_gemv_group<BITS, RPW><<<grid, GEMV_WARPS * 32, smem, s>>>(g, w0->sfmt, w0->cols, w0->words, w0->groups,
+                                                                w0->group, x);
+    CU_CHECK_LAUNCH("matmul group");
+    return SN_OK;
+}
+
 } // namespace
 
 sn_status cu_matmul_init(const cu_devinfo *di)
@@ -852,6 +933,10 @@ sn_status cu_matmul_init(const cu_devinfo *di)
     GEMV_INIT(8, 2)
     GEMV_INIT(8, 4)
 #undef GEMV_INIT
+    SN_TRY(max_smem(k_gemv_group<4, 2>, di, "gemv init"));
+    SN_TRY(max_smem(k_gemv_group<4, 4>, di, "gemv init"));
+    SN_TRY(max_smem(k_gemv_group<8, 2>, di, "gemv init"));
+    SN_TRY(max_smem(k_gemv_group<8, 4>, di, "gemv init"));
     SN_TRY(max_smem(k_gemm<CW_Q4>, di, "gemm init"));
     SN_TRY(max_smem(k_gemm<CW_Q8>, di, "gemm init"));
     SN_TRY(max_smem(k_gemm<CW_F32>, di, "gemm init"));
@@ -984,4 +1069,39 @@ sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, co
     }
     CU_CHECK_LAUNCH("moe down");
     return SN_OK;
+}
+
+bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b)
+{
+    return (a->fmt == CW_Q4 || a->fmt == CW_Q8) && b->fmt == a->fmt && b->sfmt == a->sfmt && b->group == a->group &&
+           b->cols == a->cols;
+}
+
+sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
+                          float *const *y, float *const *add_to, const float *x)
+{
+    if (n < 1 || n > CU_GROUP_MAX)
+        return SN_FAIL(SN_E_INVALID, "matmul group of %d", n);
+    if (gemv_smem(w[0], 1) > di->smem_optin)
+        return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory", (long long)w[0]->cols);
+    gemv_group g;
+    memset(&g, 0, sizeof g);
+    g.n = n;
+    size_t sbsz = w[0]->sfmt == CS_F32 ? 8 : 4;
+    int64_t tot4 = 0;
+    for (int i = 0; i < n; i++)
+        tot4 += (w[i]->rows + GEMV_WARPS * 4 - 1) / (GEMV_WARPS * 4);
+    int rpw = di->gemv_rpw ? di->gemv_rpw : (tot4 < 2 * (int64_t)di->n_sm ? 2 : 4);
+    for (int i = 0; i < n; i++) {
+        g.W[i] = (const uint32_t *)w[i]->q + (size_t)e[i] * w[i]->rows * w[i]->words;
+        g.sb[i] = (const char *)w[i]->sb + (size_t)e[i] * w[i]->rows * w[i]->groups * sbsz;
+        g.bias[i] = w[i]->bias;
+        g.y[i] = y[i];
+        g.add_to[i] = add_to ? add_to[i] : NULL;
+        g.rows[i] = w[i]->rows;
+        g.rb0[i + 1] = g.rb0[i] + (int)((w[i]->rows + GEMV_WARPS * rpw - 1) / (GEMV_WARPS * rpw));
+    }
+    if (w[0]->fmt == CW_Q4)
+        return rpw == 2 ? launch_group<4, 2>(di, s, g, w[0], x) : launch_group<4, 4>(di, s, g, w[0], x);
+    return rpw == 2 ? launch_group<8, 2>(di, s, g, w[0], x) : launch_group<8, 4>(di, s, g, w[0], x);
 }

@@ -32,7 +32,8 @@ void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *e
 /* Kernel choices for benchmarks: "gemv_rpw" = rows per warp of the
  * quantized GEMV (0: by shape, 2 or 4); "cublas_min_t" = quantized GEMMs
  * of at least this many tokens go through cuBLAS (0: never; needs cuBLAS
- * loaded, see cuda_blas.cu). */
+ * loaded, see cuda_blas.cu); "fuse" = inside decode graphs, group GEMVs
+ * that share x and fold the residual add after them (1, the default, or 0). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
 /* Until backend.h carries these ops in its table, they are reachable here;

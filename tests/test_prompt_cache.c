@@ -1,0 +1,444 @@
+/* Prompt cache: batch invariance (the proof min_fresh = 1 rests on), the
+ * rewind and restore paths at every layer kind, at chunk boundaries and at
+ * prompt lengths 1, 2, 63, 64, 65, and byte-identical generations with the
+ * cache cold or warm (repeat, a prefix that ends inside a message, two
+ * continuations of one prefix, prewarm, min_fresh 2), LRU eviction under
+ * the byte budget, and concurrent use. Models: pcache_fixtures.h. */
+#include <pthread.h>
+
+#include "pcache_fixtures.h"
+
+#define FOR_MODELS for (int mi = 0; mi < pf_n; mi++)
+#define PM (&pf_models[mi])
+
+static const int lens[] = { 1, 2, 63, 64, 65, 130, 600 };
+
+/* Logits of a prefix as one run, as pieces (7 at a time, and cut at 64),
+ * and token by token: bitwise equal on every model and every position. */
+static void test_batch_invariance(void)
+{
+    FOR_MODELS {
+        int V = PM->vocab, n = 600;
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
+        float *a = malloc(sizeof(float) * (size_t)n * (size_t)V), *b = malloc(sizeof(float) * (size_t)n * (size_t)V);
+        pf_tokens(ids, n, 11 + (uint64_t)mi, 0, V);
+        sn_seq *s = NULL;
+        CHECK_OK(sn_seq_new(PM->m, 1024, &s));
+        CHECK_OK(sn_forward(PM->m, s, ids, n, a, true));
+        static const int pieces[] = { 1, 7, 64, 65 };
+        for (size_t k = 0; k < sizeof pieces / sizeof pieces[0]; k++) {
+            /* token by token up to 130 (600 rows one at a time is slow), then
+             * the rest in one piece: still every row compared */
+            int step = pieces[k];
+            sn_seq_reset(s);
+            for (int i = 0; i < n;) {
+                int t = step == 1 && i >= 130 ? n - i : (n - i < step ? n - i : step);
+                CHECK_OK(sn_forward(PM->m, s, ids + i, t, b + (size_t)i * V, true));
+                i += t;
+            }
+            int bad = -1;
+            for (int i = 0; i < n && bad < 0; i++)
+                if (memcmp(a + (size_t)i * V, b + (size_t)i * V, sizeof(float) * (size_t)V) != 0) bad = i;
+            CHECKF(bad < 0, "%s: pieces of %d: row %d differs from the one-run logits", PM->name, step, bad);
+        }
+        sn_seq_free(s);
+        free(ids);
+        free(a);
+        free(b);
+    }
+}
+
+/* Rewind at every prompt length of interest: run L tokens, save, run 5
+ * more, go back, run the same 5: the logits are bitwise those of the first
+ * time. Without recurrent layers, also cut back to a middle position. */
+static void test_rewind(void)
+{
+    FOR_MODELS {
+        int V = PM->vocab;
+        int32_t ids[700];
+        pf_tokens(ids, 700, 23 + (uint64_t)mi, 0, V);
+        float *a = malloc(sizeof(float) * 5 * (size_t)V), *b = malloc(sizeof(float) * 5 * (size_t)V);
+        sn_seq *s = NULL;
+        sn_rewind *rw = NULL;
+        CHECK_OK(sn_seq_new(PM->m, 1024, &s));
+        CHECK_OK(sn_rewind_new(s, &rw));
+        CHECK(sn_rewind_has_state(rw) == (PM->recurrent ? 1 : 0));
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            int L = lens[li];
+            sn_seq_reset(s);
+            CHECK_OK(sn_forward(PM->m, s, ids, L, NULL, false));
+            CHECK_OK(sn_rewind_save(rw, s));
+            CHECK_OK(sn_forward(PM->m, s, ids + L, 5, a, true));
+            CHECK(sn_seq_pos(s) == L + 5);
+            /* dirty the state past the saved point with other tokens */
+            CHECK_OK(sn_rewind_restore(rw, s, L));
+            CHECK_OK(sn_forward(PM->m, s, ids + 100, 3, NULL, false));
+            CHECK_OK(sn_rewind_restore(rw, s, L));
+            CHECK(sn_seq_pos(s) == L);
+            CHECK_OK(sn_forward(PM->m, s, ids + L, 5, b, true));
+            CHECKF(!memcmp(a, b, sizeof(float) * 5 * (size_t)V), "%s: rewind at %d changed the logits", PM->name, L);
+            if (!PM->recurrent) {
+                /* KV-only: cut at L + 2 and run tokens 2..4 again */
+                CHECK_OK(sn_rewind_restore(rw, s, L + 2));
+                CHECK_OK(sn_forward(PM->m, s, ids + L + 2, 3, b, true));
+                CHECKF(!memcmp(a + 2 * (size_t)V, b, sizeof(float) * 3 * (size_t)V), "%s: KV cut at %d", PM->name, L + 2);
+            } else {
+                sn_status st = sn_rewind_restore(rw, s, L + 1);
+                CHECK(st == SN_E_INVALID);   /* no state there */
+            }
+        }
+        /* a position beyond the sequence is refused */
+        CHECK(sn_rewind_restore(rw, s, sn_seq_pos(s) + 1) == SN_E_INVALID);
+        sn_rewind_free(rw);
+        sn_seq_free(s);
+        free(a);
+        free(b);
+    }
+}
+
+/* Restoring from the pool at each prompt length gives the logits of a cold
+ * prefill, for a restore at a checkpoint (recurrent) or at any position. */
+static void test_pool_restore_lengths(void)
+{
+    FOR_MODELS {
+        int V = PM->vocab;
+        int32_t ids[700];
+        pf_tokens(ids, 700, 31 + (uint64_t)mi, 0, V);
+        float *cold = malloc(sizeof(float) * (size_t)V), *warm = malloc(sizeof(float) * (size_t)V);
+        sn_pcache_opts o;
+        sn_pcache_opts_default(&o);
+        o.ckpt_every = 64;
+        o.min_fresh = 1;
+        sn_pcache *pc = NULL;
+        CHECK_OK(sn_pcache_new(PM->m, &o, &pc));
+        sn_seq *s = NULL;
+        CHECK_OK(sn_seq_new(PM->m, 1024, &s));
+        /* one long entry holding checkpoints at 64, 128, ... */
+        CHECK_OK(sn_pcache_prewarm(pc, PM->m, s, ids, 660, NULL, 0));
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            int L = lens[li];
+            sn_seq_reset(s);
+            CHECK_OK(sn_forward(PM->m, s, ids, L, cold, false));
+            sn_seq_reset(s);
+            sn_pcache_req *r = NULL;
+            int cached = -1;
+            CHECK_OK(sn_pcache_begin(pc, s, ids, L, NULL, 0, &r, &cached));
+            int expect = PM->recurrent ? ((L - 1) / 64) * 64 : L - 1;
+            CHECKF(cached == expect, "%s: L=%d cached %d, expected %d", PM->name, L, cached, expect);
+            CHECK(sn_seq_pos(s) == cached);
+            CHECK_OK(sn_forward(PM->m, s, ids + cached, L - cached, warm, false));
+            CHECKF(!memcmp(cold, warm, sizeof(float) * (size_t)V), "%s: L=%d warm logits differ", PM->name, L);
+            sn_pcache_req_free(r);
+        }
+        sn_seq_free(s);
+        sn_pcache_free(pc);
+        free(cold);
+        free(warm);
+    }
+}
+
+static void gen_params(sn_gen_params *p, sn_pcache *pc, int max_tokens)
+{
+    pf_params(p, max_tokens);
+    p->pcache = pc;
+}
+
+/* Cold vs warm generation, greedy: the same ids and bytes, and the warm run
+ * really skipped tokens. */
+static void test_generate_cold_warm(void)
+{
+    FOR_MODELS {
+        int V = PM->vocab;
+        int32_t P[400], A[480], B[480];
+        pf_tokens(P, 400, 41 + (uint64_t)mi, 0, V < 500 ? V : 500);
+        /* A and B: a shared 300-token prefix, then different tails */
+        memcpy(A, P, 300 * sizeof(int32_t));
+        memcpy(B, P, 300 * sizeof(int32_t));
+        pf_tokens(A + 300, 180, 51 + (uint64_t)mi, 0, V < 500 ? V : 500);
+        pf_tokens(B + 300, 180, 61 + (uint64_t)mi, 0, V < 500 ? V : 500);
+        sn_pcache_opts o;
+        sn_pcache_opts_default(&o);
+        o.ckpt_every = 64;
+        sn_pcache *pc = NULL;
+        CHECK_OK(sn_pcache_new(PM->m, &o, &pc));
+        sn_gen_params pcold, pwarm;
+        gen_params(&pcold, NULL, 24);
+        gen_params(&pwarm, pc, 24);
+        pf_out c = { 0 }, w = { 0 };
+
+        /* 1. the same prompt twice: miss then hit */
+        pf_gen(PM->m, 1024, P, 400, &pcold, &c);
+        pf_gen(PM->m, 1024, P, 400, &pwarm, &w);
+        CHECKF(pf_same(&c, &w), "%s: first (cache miss) run differs from cold", PM->name);
+        CHECK(w.res.cached_tokens == 0);
+        pf_gen(PM->m, 1024, P, 400, &pwarm, &w);
+        CHECKF(pf_same(&c, &w), "%s: repeat differs from cold", PM->name);
+        CHECKF(w.res.cached_tokens == 399, "%s: repeat cached %d", PM->name, w.res.cached_tokens);
+        CHECK(w.res.prompt_tokens == 400);
+
+        /* 2. a prompt ending inside what the first one had (inside a message):
+         * P[0..231) resumes from the checkpoint at or below 230 */
+        pf_gen(PM->m, 1024, P, 231, &pcold, &c);
+        pf_gen(PM->m, 1024, P, 231, &pwarm, &w);
+        CHECKF(pf_same(&c, &w), "%s: prefix-inside-message differs from cold", PM->name);
+        CHECKF(w.res.cached_tokens == (PM->recurrent ? 192 : 230), "%s: inside-message cached %d", PM->name,
+               w.res.cached_tokens);
+
+        /* 3. two continuations of one prefix, each after the other */
+        pf_out ca = { 0 }, cb = { 0 };
+        pf_gen(PM->m, 1024, A, 480, &pcold, &ca);
+        pf_gen(PM->m, 1024, B, 480, &pcold, &cb);
+        pf_gen(PM->m, 1024, A, 480, &pwarm, &w);
+        CHECKF(pf_same(&ca, &w), "%s: continuation A differs", PM->name);
+        CHECK(w.res.cached_tokens > 0 && w.res.cached_tokens <= 300);
+        pf_gen(PM->m, 1024, B, 480, &pwarm, &w);
+        CHECKF(pf_same(&cb, &w), "%s: continuation B differs", PM->name);
+        CHECK(w.res.cached_tokens > 0 && w.res.cached_tokens <= 300);
+        pf_gen(PM->m, 1024, A, 480, &pwarm, &w);
+        CHECKF(pf_same(&ca, &w), "%s: continuation A again differs", PM->name);
+        CHECK(w.res.cached_tokens == 479);
+
+        /* 4. a follow-up turn: prompt + generated text + more resumes past the prompt */
+        int32_t F[600];
+        memcpy(F, A, 480 * sizeof(int32_t));
+        int ng = 0;
+        /* every id before the last is a fed, non-EOS token */
+        for (int i = 0; i + 1 < ca.n_ids && ng < 20; i++) F[480 + ng++] = ca.ids[i];
+        pf_tokens(F + 480 + ng, 40, 71, 0, 500);
+        int nF = 480 + ng + 40;
+        pf_gen(PM->m, 1024, F, nF, &pcold, &c);
+        pf_gen(PM->m, 1024, F, nF, &pwarm, &w);
+        CHECKF(pf_same(&c, &w), "%s: follow-up turn differs", PM->name);
+        CHECKF(w.res.cached_tokens >= 480, "%s: follow-up cached only %d", PM->name, w.res.cached_tokens);
+
+        /* 5. sampling with a fixed seed: the same bytes cold, warm and twice */
+        pcold.sample.temperature = pwarm.sample.temperature = 0.9f;
+        pcold.sample.has_seed = pwarm.sample.has_seed = true;
+        pcold.sample.seed = pwarm.sample.seed = 1234;
+        pf_gen(PM->m, 1024, P, 400, &pcold, &c);
+        pf_gen(PM->m, 1024, P, 400, &pwarm, &w);
+        CHECKF(pf_same(&c, &w), "%s: seeded warm differs", PM->name);
+        pf_gen(PM->m, 1024, P, 400, &pwarm, &w);
+        CHECKF(pf_same(&c, &w), "%s: seeded warm twice differs", PM->name);
+
+        sn_pcache_stats stt;
+        sn_pcache_get_stats(pc, &stt);
+        CHECK(stt.hits >= 6 && stt.misses >= 1 && stt.cached_tokens > 2000 && stt.entries >= 1);
+        pf_out_free(&c);
+        pf_out_free(&w);
+        pf_out_free(&ca);
+        pf_out_free(&cb);
+        sn_pcache_free(pc);
+    }
+}
+
+/* Message bounds become checkpoints; min_fresh 2 leaves two tokens. */
+static void test_bounds_and_min_fresh(void)
+{
+    FOR_MODELS {
+        int V = PM->vocab < 500 ? PM->vocab : 500;
+        int32_t P[300];
+        pf_tokens(P, 300, 81 + (uint64_t)mi, 0, V);
+        sn_pcache_opts o;
+        sn_pcache_opts_default(&o);
+        o.ckpt_every = 256;
+        o.min_fresh = 2;
+        sn_pcache *pc = NULL;
+        CHECK_OK(sn_pcache_new(PM->m, &o, &pc));
+        sn_gen_params pcold, pwarm;
+        gen_params(&pcold, NULL, 12);
+        gen_params(&pwarm, pc, 12);
+        int bounds[] = { 37, 150, 999, -4 };   /* out-of-range ones are ignored */
+        pwarm.msg_bounds = bounds;
+        pwarm.n_msg_bounds = 4;
+        pf_out c = { 0 }, w = { 0 };
+        pf_gen(PM->m, 512, P, 300, &pwarm, &w);
+        pf_gen(PM->m, 512, P, 300, &pcold, &c);
+        CHECK(pf_same(&c, &w));
+        pf_gen(PM->m, 512, P, 300, &pwarm, &w);
+        CHECKF(pf_same(&c, &w), "%s: min_fresh 2 repeat differs", PM->name);
+        CHECKF(w.res.cached_tokens == 298, "%s: min_fresh 2 cached %d", PM->name, w.res.cached_tokens);
+        /* a prompt diverging at 160 resumes from the message bound at 150 */
+        int32_t Q[200];
+        memcpy(Q, P, sizeof Q);
+        Q[160] = (Q[160] + 1) % V;
+        pf_gen(PM->m, 512, Q, 200, &pcold, &c);
+        pf_gen(PM->m, 512, Q, 200, &pwarm, &w);
+        CHECKF(pf_same(&c, &w), "%s: diverging prompt differs", PM->name);
+        CHECKF(w.res.cached_tokens == (PM->recurrent ? 150 : 160), "%s: diverging cached %d", PM->name,
+               w.res.cached_tokens);
+        pf_out_free(&c);
+        pf_out_free(&w);
+        sn_pcache_free(pc);
+    }
+}
+
+/* The pool stays under its budget, evicting the least recently used. */
+static void test_lru_budget(void)
+{
+    pf_model *pm = &pf_models[0];
+    int32_t P[200];
+    sn_seq *s = NULL;
+    CHECK_OK(sn_seq_new(pm->m, 512, &s));
+    sn_pcache_opts o;
+    sn_pcache_opts_default(&o);
+    o.ckpt_every = 64;
+    sn_pcache *pc = NULL;
+    CHECK_OK(sn_pcache_new(pm->m, &o, &pc));
+    pf_tokens(P, 200, 5, 0, 500);
+    CHECK_OK(sn_pcache_prewarm(pc, pm->m, s, P, 200, NULL, 0));
+    sn_pcache_stats st;
+    sn_pcache_get_stats(pc, &st);
+    size_t one = st.bytes;
+    CHECK(st.entries == 1 && one > 0);
+    sn_pcache_free(pc);
+    /* room for two and a half entries: the third evicts the oldest */
+    o.budget_bytes = one * 5 / 2;
+    CHECK_OK(sn_pcache_new(pm->m, &o, &pc));
+    int32_t E[3][200];
+    for (int k = 0; k < 3; k++) {
+        pf_tokens(E[k], 200, 100 + (uint64_t)k, 0, 500);
+        CHECK_OK(sn_pcache_prewarm(pc, pm->m, s, E[k], 200, NULL, 0));
+        sn_pcache_get_stats(pc, &st);
+        CHECK(st.bytes <= o.budget_bytes);
+    }
+    CHECK(st.entries == 2 && st.evictions == 1);
+    /* E[0] is gone, E[2] is there */
+    sn_pcache_req *r = NULL;
+    int cached = -1;
+    sn_seq_reset(s);
+    CHECK_OK(sn_pcache_begin(pc, s, E[0], 200, NULL, 0, &r, &cached));
+    CHECK(cached == 0);
+    sn_pcache_req_free(r);
+    sn_seq_reset(s);
+    CHECK_OK(sn_pcache_begin(pc, s, E[2], 200, NULL, 0, &r, &cached));
+    CHECK(cached == 199 || cached == 192);
+    sn_pcache_req_free(r);
+    /* an entry extended by a longer one is replaced, not kept twice */
+    sn_pcache_clear(pc);
+    CHECK_OK(sn_pcache_prewarm(pc, pm->m, s, P, 100, NULL, 0));
+    CHECK_OK(sn_pcache_prewarm(pc, pm->m, s, P, 200, NULL, 0));
+    sn_pcache_get_stats(pc, &st);
+    CHECKF(st.entries == 1, "%llu entries after an extension", (unsigned long long)st.entries);
+    /* a zero budget stores nothing */
+    sn_pcache_free(pc);
+    o.budget_bytes = 0;
+    CHECK_OK(sn_pcache_new(pm->m, &o, &pc));
+    CHECK_OK(sn_pcache_prewarm(pc, pm->m, s, P, 100, NULL, 0));
+    sn_pcache_get_stats(pc, &st);
+    CHECK(st.entries == 0);
+    sn_pcache_free(pc);
+    sn_seq_free(s);
+}
+
+static void test_bad_args(void)
+{
+    pf_model *pm = &pf_models[0];
+    sn_pcache_opts o;
+    sn_pcache_opts_default(&o);
+    sn_pcache *pc = NULL;
+    o.ckpt_every = 3;
+    CHECK(sn_pcache_new(pm->m, &o, &pc) == SN_E_INVALID && strstr(sn_errmsg(), "ckpt_every"));
+    o.ckpt_every = 64;
+    o.min_fresh = 0;
+    CHECK(sn_pcache_new(pm->m, &o, &pc) == SN_E_INVALID && strstr(sn_errmsg(), "min_fresh"));
+    o.min_fresh = 1;
+    CHECK_OK(sn_pcache_new(pm->m, &o, &pc));
+    sn_seq *s = NULL, *s2 = NULL;
+    CHECK_OK(sn_seq_new(pm->m, 64, &s));
+    int32_t t[4] = { 1, 2, 3, 4 };
+    CHECK_OK(sn_forward(pm->m, s, t, 2, NULL, false));
+    sn_pcache_req *r = NULL;
+    int cached;
+    CHECK(sn_pcache_begin(pc, s, t, 4, NULL, 0, &r, &cached) == SN_E_INVALID && strstr(sn_errmsg(), "position"));
+    CHECK(r == NULL);
+    if (pf_n > 1) {
+        CHECK_OK(sn_seq_new(pf_models[1].m, 64, &s2));
+        CHECK(sn_pcache_begin(pc, s2, t, 4, NULL, 0, &r, &cached) == SN_E_INVALID);
+    }
+    /* prewarm longer than the context */
+    int32_t big[80] = { 0 };
+    CHECK(sn_pcache_prewarm(pc, pm->m, s, big, 80, NULL, 0) == SN_E_RANGE);
+    sn_pcache_free(NULL);
+    sn_pcache_req_free(NULL);
+    sn_rewind_free(NULL);
+    sn_seq_free(s);
+    sn_seq_free(s2);
+    sn_pcache_free(pc);
+}
+
+/* Four threads share one pool, each with its own sequence, on two prompts
+ * that share a prefix: every output equals the cold one. */
+typedef struct {
+    pf_model *pm;
+    sn_pcache *pc;
+    const int32_t *prompt;
+    int n;
+    pf_out out;
+} thr_arg;
+
+static void *thr_main(void *a)
+{
+    thr_arg *t = a;
+    sn_gen_params p;
+    gen_params(&p, t->pc, 10);
+    for (int k = 0; k < 3; k++) pf_gen(t->pm->m, 512, t->prompt, t->n, &p, &t->out);
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    pf_model *pm = &pf_models[0];
+    int32_t A[200], B[200];
+    pf_tokens(A, 200, 91, 0, 500);
+    memcpy(B, A, sizeof B);
+    pf_tokens(B + 120, 80, 92, 0, 500);
+    sn_pcache_opts o;
+    sn_pcache_opts_default(&o);
+    o.ckpt_every = 32;
+    sn_pcache *pc = NULL;
+    CHECK_OK(sn_pcache_new(pm->m, &o, &pc));
+    sn_gen_params p;
+    gen_params(&p, NULL, 10);
+    pf_out ca = { 0 }, cb = { 0 };
+    pf_gen(pm->m, 512, A, 200, &p, &ca);
+    pf_gen(pm->m, 512, B, 200, &p, &cb);
+    thr_arg t[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        t[i] = (thr_arg){ .pm = pm, .pc = pc, .prompt = i & 1 ? B : A, .n = 200 };
+        pthread_create(&th[i], NULL, thr_main, &t[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECKF(pf_same(i & 1 ? &cb : &ca, &t[i].out), "thread %d output differs", i);
+        pf_out_free(&t[i].out);
+    }
+    sn_pcache_stats st;
+    sn_pcache_get_stats(pc, &st);
+    CHECK(st.hits + st.misses == 12 && st.hits >= 4);
+    pf_out_free(&ca);
+    pf_out_free(&cb);
+    sn_pcache_free(pc);
+}
+
+int main(void)
+{
+    if (!pf_setup()) {
+        fprintf(stderr, "setup failed\n");
+        pf_teardown();
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    for (int i = 0; i < pf_n; i++) fprintf(stderr, "model %s\n", pf_models[i].name);
+    RUN(test_batch_invariance);
+    RUN(test_rewind);
+    RUN(test_pool_restore_lengths);
+    RUN(test_generate_cold_warm);
+    RUN(test_bounds_and_min_fresh);
+    RUN(test_lru_budget);
+    RUN(test_bad_args);
+    RUN(test_threads);
+    pf_teardown();
+    return TEST_END();
+}
