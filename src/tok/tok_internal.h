@@ -111,8 +111,7 @@ sn_status tok_pairmap_init(tok_pairmap *m, size_t expected);
 /* Inserts unless the pair is already there (then keeps the lower rank). */
 void tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t id);
 const tok_pair *tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b);
-/* Compiles a tokenizer regex with UTF + UCP (+ JIT), after rewriting it
- * where PCRE2 and Oniguruma disagree (\s and U+0085). what names the file
+/* Compiles a tokenizer regex with UTF + UCP (+ JIT); what names the file
  * and field in errors. */
 sn_status tok_compile_regex(const char *pattern, size_t len, const char *what, pcre2_code **out);
 /* Finishes loading: byte ids, added-token index, cache. */

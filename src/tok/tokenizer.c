@@ -190,41 +190,13 @@ const tok_pair *tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b)
 
 sn_status tok_compile_regex(const char *pattern, size_t len, const char *what, pcre2_code **out)
 {
-    /* Hugging Face tokenizers runs these patterns on Oniguruma, whose \s
-     * includes U+0085 (NEL); PCRE2's \s with UCP does not. Add it back:
-     * \s -> [\s\x{85}] outside a class, \s\x{85} inside one, and
-     * \S -> [^\s\x{85}] outside a class. */
-    size_t cap = len * 4 + 16;
-    char *p = malloc(cap);
-    if (!p) return SN_FAIL(SN_E_NOMEM, "%s: out of memory compiling the pattern", what);
-    size_t o = 0;
-    bool in_class = false;
-    size_t class_start = 0;
-    for (size_t i = 0; i < len; i++) {
-        char c = pattern[i];
-        if (c == '\\' && i + 1 < len) {
-            char e = pattern[i + 1];
-            if (e == 's' && !in_class) { memcpy(p + o, "[\\s\\x{85}]", 10); o += 10; }
-            else if (e == 's') { memcpy(p + o, "\\s\\x{85}", 8); o += 8; }
-            else if (e == 'S' && !in_class) { memcpy(p + o, "[^\\s\\x{85}]", 11); o += 11; }
-            else { p[o++] = c; p[o++] = e; }
-            i++;
-            continue;
-        }
-        if (!in_class && c == '[') {
-            in_class = true;
-            class_start = o + 1;
-            p[o++] = c;
-            if (i + 1 < len && pattern[i + 1] == '^') { p[o++] = '^'; i++; class_start = o; }
-            continue;
-        }
-        if (in_class && c == ']' && o != class_start) in_class = false;
-        p[o++] = c;
-    }
+    /* UTF + UCP give \s, \p{L}, \p{N} their Unicode meaning, as in
+     * Oniguruma (tokenizers) and fancy-regex (tiktoken); with UCP, PCRE2's
+     * \s already includes U+0085 like theirs (checked by the NEL strings in
+     * tests/fixtures/tokenizer/strings.json). */
     int err = 0;
     PCRE2_SIZE erroff = 0;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)p, o, PCRE2_UTF | PCRE2_UCP, &err, &erroff, NULL);
-    free(p);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP, &err, &erroff, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
