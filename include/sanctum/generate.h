@@ -15,6 +15,8 @@
 #include <stdint.h>
 
 #include "sanctum/model.h"
+#include "sanctum/pld.h"
+#include "sanctum/prompt_cache.h"
 #include "sanctum/sample.h"
 #include "sanctum/status.h"
 #include "sanctum/tokenizer.h"
@@ -43,10 +45,25 @@ typedef struct {
     /* Optional: polled between prefill chunks and after every token; nonzero cancels. */
     int (*cancelled)(void *ud);
     void *ud;                       /* for cb and cancelled */
+    /* Prompt cache (prompt_cache.h): when set and the sequence is at
+     * position 0, the prompt resumes from the longest cached prefix and the
+     * sequence is stored back at the end. NULL: no cache. */
+    sn_pcache *pcache;
+    const int *msg_bounds;          /* token positions of chat message boundaries (checkpoints); may be NULL */
+    int n_msg_bounds;
+    /* Prompt lookup decoding (pld.h): same tokens, fewer forward passes. */
+    bool pld;
+    sn_pld_opts pld_opts;           /* used when pld; all zero: defaults (5 lookups, 3-gram, adaptive) */
+    /* Optional: every emitted token id (EOS included), for tests and logs. */
+    void (*on_token)(void *ud, int32_t id);
 } sn_gen_params;
 
 typedef struct {
-    int prompt_tokens;              /* tokens prefilled by this call */
+    int prompt_tokens;              /* prompt tokens consumed by this call, cached ones included */
+    int cached_tokens;              /* of those, taken from the prompt cache instead of computed */
+    int pld_drafted;                /* draft tokens verified */
+    int pld_accepted;               /* of those, accepted */
+    int forward_calls;              /* forward passes after the prefill */
     int completion_tokens;          /* tokens sampled (EOS included when it ended the run) */
     sn_finish finish;
     double prefill_s;               /* prefill wall time */

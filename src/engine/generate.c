@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "sanctum/prompt_cache.h"
 #include "sanctum/stop.h"
 
 const char *sn_finish_name(sn_finish f)
@@ -31,6 +32,74 @@ static bool is_eos(const sn_model_info *info, int32_t id)
     return false;
 }
 
+/* Everything the per-token step needs; one token goes through exactly the
+ * same code whether it came from a plain decode step or a PLD verify pass,
+ * so the sampler window, the detokenizer and the stop matcher see the same
+ * stream either way. */
+typedef struct {
+    sn_model *m;
+    const sn_tokenizer *tok;
+    const sn_gen_params *p;
+    const sn_model_info *info;
+    sn_gen_text_cb cb;
+    sn_gen_result *res;
+    sn_sampler *smp;
+    sn_stopper *stop;
+    sn_detok dt;
+    char *dtext, *otext;
+    size_t dlen, dcap, olen, ocap;
+    double t0, t_first;
+    int since_flush;
+    int ctx_left;          /* tokens that may be emitted before the context is full */
+    bool stopped;
+    int32_t *hist;         /* prompt + emitted tokens (the PLD search space and the cache key) */
+    int n_hist, cap_hist;
+} gen;
+
+enum { EMIT_MORE = 0, EMIT_END = 1, EMIT_CANCELLED = 2 };
+
+/* Samples the next token from logits and runs it through the sampler
+ * window, detokenizer, stop strings, limits and flush cadence. Returns
+ * EMIT_MORE when generation goes on (*id to be fed next), EMIT_END or
+ * EMIT_CANCELLED when it ended (res->finish set), or an error. */
+static sn_status emit(gen *g, float *logits, int32_t *id, int *what)
+{
+    sn_gen_result *res = g->res;
+    const sn_gen_params *p = g->p;
+    *what = EMIT_END;
+    SN_TRY(sn_sampler_sample(g->smp, logits, id));
+    if (p->on_token) p->on_token(p->ud, *id);
+    res->completion_tokens++;
+    g->since_flush++;
+    if (res->completion_tokens == 1) {
+        g->t_first = now_s();
+        res->first_token_s = g->t_first - g->t0;
+    }
+    if (is_eos(g->info, *id)) { res->finish = SN_FINISH_STOP; return SN_OK; }
+    sn_sampler_accept(g->smp, *id);
+    if (g->n_hist < g->cap_hist) g->hist[g->n_hist++] = *id;
+    g->dlen = 0;
+    SN_TRY(sn_detok_push(&g->dt, g->tok, *id, false, &g->dtext, &g->dlen, &g->dcap));
+    SN_TRY(sn_stop_push(g->stop, g->dtext, g->dlen, &g->otext, &g->olen, &g->ocap, &g->stopped));
+    if (g->stopped) { res->finish = SN_FINISH_STOP; return SN_OK; }
+    if (res->completion_tokens >= p->max_tokens || res->completion_tokens >= g->ctx_left) {
+        res->finish = SN_FINISH_LENGTH;
+        return SN_OK;
+    }
+    /* The first token goes out at once (time to first token is what a
+     * client feels); after that, every flush_tokens tokens. */
+    if (g->since_flush >= p->flush_tokens || res->completion_tokens == 1) {
+        g->since_flush = 0;
+        sn_status st = g->cb ? g->cb(p->ud, g->otext ? g->otext : "", g->olen, res->completion_tokens) : SN_OK;
+        g->olen = 0;
+        if (st == SN_E_CANCELLED) { res->finish = SN_FINISH_CANCELLED; *what = EMIT_CANCELLED; return SN_OK; }
+        if (st != SN_OK) return st;
+    }
+    if (p->cancelled && p->cancelled(p->ud)) { res->finish = SN_FINISH_CANCELLED; *what = EMIT_CANCELLED; return SN_OK; }
+    *what = EMIT_MORE;
+    return SN_OK;
+}
+
 sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const int32_t *prompt, int n_prompt,
                       const sn_gen_params *p, sn_gen_text_cb cb, sn_gen_result *res)
 {
@@ -40,91 +109,132 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     if (n_prompt < 1) return SN_FAIL(SN_E_INVALID, "generate: the prompt is empty");
     if (p->max_tokens < 1) return SN_FAIL(SN_E_INVALID, "generate: max_tokens must be >= 1, got %d", p->max_tokens);
     if (p->flush_tokens < 1) return SN_FAIL(SN_E_INVALID, "generate: flush_tokens must be >= 1, got %d", p->flush_tokens);
+    sn_pld_opts po = p->pld_opts;
+    if (p->pld && po.max_lookup == 0) po = (sn_pld_opts){ .max_lookup = 5, .ngram = 3, .adaptive = true };
+    if (p->pld) SN_TRY(sn_pld_opts_check(&po));
     const sn_model_info *info = sn_model_get_info(m);
     int pos0 = sn_seq_pos(seq), max_ctx = sn_seq_max_ctx(seq);
     if (pos0 + n_prompt >= max_ctx)
         return SN_FAIL(SN_E_RANGE, "prompt is %d tokens (at position %d) but the context holds %d",
                        n_prompt, pos0, max_ctx);
     int vocab = info->vocab_size;
+    /* logits rows: a verify pass feeds at most the tokens held back by a
+     * rollback (<= max_lookup + 1) or the newest token plus its drafts */
+    int rows = p->pld ? po.max_lookup + 2 : 1;
     sn_status st = SN_OK;
-    float *logits = malloc((size_t)vocab * sizeof *logits);
-    sn_sampler *smp = NULL;
-    sn_stopper *stop = NULL;
-    char *dtext = NULL, *otext = NULL;
-    size_t dlen = 0, dcap = 0, olen = 0, ocap = 0;
-    sn_detok dt;
-    sn_detok_init(&dt);
-    double t_first = 0;
-    int since_flush = 0;
-    bool stopped = false;
-    if (!logits) { st = SN_FAIL(SN_E_NOMEM, "generate: out of memory for %d logits", vocab); goto out; }
-    if ((st = sn_sampler_new(&p->sample, vocab, &smp)) != SN_OK) goto out;
-    if ((st = sn_stop_new(p->stops, p->n_stops, &stop)) != SN_OK) goto out;
+    gen g = { .m = m, .tok = tok, .p = p, .info = info, .cb = cb, .res = res };
+    sn_detok_init(&g.dt);
+    float *logits = malloc((size_t)rows * (size_t)vocab * sizeof *logits);
+    sn_pcache_req *pcr = NULL;
+    sn_rewind *rw = NULL;
+    g.ctx_left = max_ctx - pos0 - n_prompt;
+    g.cap_hist = n_prompt + (p->max_tokens < g.ctx_left ? p->max_tokens : g.ctx_left) + 1;
+    g.hist = malloc((size_t)g.cap_hist * sizeof *g.hist);
+    if (!logits || !g.hist) { st = SN_FAIL(SN_E_NOMEM, "generate: out of memory for %d logits", rows * vocab); goto out; }
+    memcpy(g.hist, prompt, (size_t)n_prompt * sizeof *prompt);
+    g.n_hist = n_prompt;
+    if ((st = sn_sampler_new(&p->sample, vocab, &g.smp)) != SN_OK) goto out;
+    if ((st = sn_stop_new(p->stops, p->n_stops, &g.stop)) != SN_OK) goto out;
 
-    double t0 = now_s();
+    g.t0 = now_s();
+    int cached = 0;
+    if (p->pcache && pos0 == 0) {
+        if ((st = sn_pcache_begin(p->pcache, seq, prompt, n_prompt, p->msg_bounds, p->n_msg_bounds, &pcr, &cached))
+            != SN_OK) goto out;
+        res->cached_tokens = cached;
+        res->prompt_tokens = cached;
+    }
     int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 512;
-    for (int i = 0; i < n_prompt; i += chunk) {
-        int n = n_prompt - i < chunk ? n_prompt - i : chunk;
-        bool last = i + n == n_prompt;
-        if ((st = sn_forward(m, seq, prompt + i, n, last ? logits : NULL, false)) != SN_OK) goto out;
-        res->prompt_tokens += n;
+    for (int i = cached; i < n_prompt;) {
+        int end = sn_pcache_next_stop(pcr, i, n_prompt - i < chunk ? n_prompt : i + chunk);
+        bool last = end == n_prompt;
+        if ((st = sn_forward(m, seq, prompt + i, end - i, last ? logits : NULL, false)) != SN_OK) goto out;
+        if ((st = sn_pcache_capture(pcr, seq)) != SN_OK) goto out;
+        res->prompt_tokens += end - i;
+        i = end;
         if (!last && p->cancelled && p->cancelled(p->ud)) { res->finish = SN_FINISH_CANCELLED; goto done; }
     }
-    res->prefill_s = now_s() - t0;
+    res->prefill_s = now_s() - g.t0;
     /* mlx-lm's penalty history starts with the last prompt token. */
-    sn_sampler_accept(smp, prompt[n_prompt - 1]);
+    sn_sampler_accept(g.smp, prompt[n_prompt - 1]);
 
-    for (;;) {
-        int32_t id;
-        if ((st = sn_sampler_sample(smp, logits, &id)) != SN_OK) goto out;
-        res->completion_tokens++;
-        since_flush++;
-        if (res->completion_tokens == 1) {
-            t_first = now_s();
-            res->first_token_s = t_first - t0;
+    sn_pld_ctl ctl;
+    sn_pld_ctl_init(&ctl, po.adaptive);
+    if (p->pld && (st = sn_rewind_new(seq, &rw)) != SN_OK) goto out;
+    bool recurrent = rw && sn_rewind_has_state(rw);
+    int32_t id, draft[SN_PLD_MAX_LOOKUP];
+    int what;
+    if ((st = emit(&g, logits, &id, &what)) != SN_OK) goto out;
+    while (what == EMIT_MORE) {
+        /* Tokens emitted but not yet in the state: the newest one, plus
+         * those a recurrent rollback handed back to be fed again. */
+        int at = sn_seq_pos(seq) - pos0, nf = g.n_hist - at, nd = 0, match = 0;
+        if (rw && nf == 1) {
+            int avail = p->max_tokens - res->completion_tokens;
+            if (avail > g.ctx_left - res->completion_tokens) avail = g.ctx_left - res->completion_tokens;
+            if (avail > po.max_lookup) avail = po.max_lookup;
+            nd = sn_pld_draft(g.hist, g.n_hist, po.ngram, avail, draft, &match);
+            nd = sn_pld_ctl_choose(&ctl, match, nd);
         }
-        if (is_eos(info, id)) { res->finish = SN_FINISH_STOP; break; }
-        sn_sampler_accept(smp, id);
-        dlen = 0;
-        if ((st = sn_detok_push(&dt, tok, id, false, &dtext, &dlen, &dcap)) != SN_OK) goto out;
-        if ((st = sn_stop_push(stop, dtext, dlen, &otext, &olen, &ocap, &stopped)) != SN_OK) goto out;
-        if (stopped) { res->finish = SN_FINISH_STOP; break; }
-        if (res->completion_tokens >= p->max_tokens || sn_seq_pos(seq) + 1 >= max_ctx) {
-            res->finish = SN_FINISH_LENGTH;
-            break;
+        int32_t feed[2 * SN_PLD_MAX_LOOKUP + 2];
+        memcpy(feed, g.hist + at, (size_t)nf * sizeof *feed);
+        memcpy(feed + nf, draft, (size_t)nd * sizeof *feed);
+        if (nd && (st = sn_rewind_save(rw, seq)) != SN_OK) goto out;
+        double tf = now_s();
+        if ((st = sn_forward(m, seq, feed, nf + nd, logits, nd > 0)) != SN_OK) goto out;
+        res->forward_calls++;
+        tf = now_s() - tf;
+        /* row nf-1 predicts the token after the fed ones; row nf-1+i the
+         * one after draft i-1: keep going while the sample is the draft */
+        int acc = 0;
+        if ((st = emit(&g, nd ? logits + (size_t)(nf - 1) * vocab : logits, &id, &what)) != SN_OK) goto out;
+        /* an EOS is never part of the stream (nor of the state to keep),
+         * even when the draft guessed it */
+        while (acc < nd && id == draft[acc] && !is_eos(info, id)) {
+            acc++;
+            if (what != EMIT_MORE) break;
+            if ((st = emit(&g, logits + (size_t)(nf - 1 + acc) * vocab, &id, &what)) != SN_OK) goto out;
         }
-        /* The first token goes out at once (time to first token is what a
-         * client feels); after that, every flush_tokens tokens. */
-        if (since_flush >= p->flush_tokens || res->completion_tokens == 1) {
-            since_flush = 0;
-            st = cb ? cb(p->ud, otext ? otext : "", olen, res->completion_tokens) : SN_OK;
-            olen = 0;
-            if (st == SN_E_CANCELLED) { st = SN_OK; res->finish = SN_FINISH_CANCELLED; goto done; }
-            if (st != SN_OK) goto out;
+        if (nd) {
+            res->pld_drafted += nd;
+            res->pld_accepted += acc;
+            if (acc < nd) {
+                /* rejected drafts are in the state: cut the KV position, or
+                 * restore the recurrent state and feed the accepted tokens
+                 * again with the next step */
+                int keep = recurrent ? sn_rewind_pos(rw) : sn_rewind_pos(rw) + nf + acc;
+                if ((st = sn_rewind_restore(rw, seq, keep)) != SN_OK) goto out;
+            }
         }
-        if (p->cancelled && p->cancelled(p->ud)) { res->finish = SN_FINISH_CANCELLED; goto done; }
-        if ((st = sn_forward(m, seq, &id, 1, logits, false)) != SN_OK) goto out;
+        if (p->pld) sn_pld_ctl_observe(&ctl, nf + nd, tf, match, nd, acc);
     }
+    if (what == EMIT_CANCELLED) goto done;
     /* Natural end: release what the detokenizer and the stopper still hold. */
-    if (!stopped) {
-        dlen = 0;
-        if ((st = sn_detok_flush(&dt, &dtext, &dlen, &dcap)) != SN_OK) goto out;
-        if ((st = sn_stop_push(stop, dtext, dlen, &otext, &olen, &ocap, &stopped)) != SN_OK) goto out;
-        if (!stopped && (st = sn_stop_flush(stop, &otext, &olen, &ocap)) != SN_OK) goto out;
+    if (!g.stopped) {
+        g.dlen = 0;
+        if ((st = sn_detok_flush(&g.dt, &g.dtext, &g.dlen, &g.dcap)) != SN_OK) goto out;
+        if ((st = sn_stop_push(g.stop, g.dtext, g.dlen, &g.otext, &g.olen, &g.ocap, &g.stopped)) != SN_OK) goto out;
+        if (!g.stopped && (st = sn_stop_flush(g.stop, &g.otext, &g.olen, &g.ocap)) != SN_OK) goto out;
     }
-    res->decode_s = now_s() - t_first;
+    res->decode_s = now_s() - g.t_first;
     if (cb) {
-        st = cb(p->ud, otext ? otext : "", olen, res->completion_tokens);
+        st = cb(p->ud, g.otext ? g.otext : "", g.olen, res->completion_tokens);
         if (st == SN_E_CANCELLED) { st = SN_OK; res->finish = SN_FINISH_CANCELLED; }
     }
-    goto out;
+    goto store;
 done:
-    if (t_first > 0) res->decode_s = now_s() - t_first;
+    if (g.t_first > 0) res->decode_s = now_s() - g.t_first;
+store:
+    /* The state covers hist[0, pos - pos0): leave it for the next request. */
+    if (st == SN_OK && pcr) st = sn_pcache_commit(pcr, seq, g.hist, g.n_hist);
 out:
     free(logits);
-    free(dtext);
-    free(otext);
-    sn_sampler_free(smp);
-    sn_stop_free(stop);
+    free(g.hist);
+    free(g.dtext);
+    free(g.otext);
+    sn_sampler_free(g.smp);
+    sn_stop_free(g.stop);
+    sn_pcache_req_free(pcr);
+    sn_rewind_free(rw);
     return st;
 }
