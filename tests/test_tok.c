@@ -344,12 +344,15 @@ static void test_hf_small_features(void)
     for (int i = 0; i < 4; i++) json_object_set_new(vocab, extra_tokens[i], json_integer(id++));
     json_t *merges = json_pack("[s,s,s,s]", "\xc4\xa0 h", "\xc4\xa0h i", "a b", "ab c");
     json_t *root = json_pack(
-        "{s:[{s:i,s:s,s:b,s:b,s:b,s:b,s:b},{s:i,s:s,s:b,s:b,s:b,s:b,s:b},{s:i,s:s,s:b,s:b,s:b,s:b,s:b}],"
+        "{s:[{s:i,s:s,s:b,s:b,s:b,s:b,s:b},{s:i,s:s,s:b,s:b,s:b,s:b,s:b},{s:i,s:s,s:b,s:b,s:b,s:b,s:b},"
+        "{s:i,s:s,s:b,s:b,s:b,s:b,s:b}],"
         "s:{s:s},s:{s:s,s:b,s:b},s:{s:s},s:{s:s,s:o,s:o}}",
         "added_tokens",
         "id", id, "content", "<L>", "special", 1, "lstrip", 1, "rstrip", 0, "single_word", 0, "normalized", 0,
         "id", id + 1, "content", "<R>", "special", 1, "lstrip", 0, "rstrip", 1, "single_word", 0, "normalized", 0,
         "id", id + 2, "content", "xyz", "special", 0, "lstrip", 0, "rstrip", 0, "single_word", 1, "normalized", 1,
+        /* decomposed content: matched after NFC, like the text */
+        "id", id + 3, "content", "cafe\xcc\x81", "special", 0, "lstrip", 0, "rstrip", 0, "single_word", 0, "normalized", 1,
         "normalizer", "type", "NFC",
         "pre_tokenizer", "type", "ByteLevel", "add_prefix_space", 1, "use_regex", 1,
         "decoder", "type", "ByteLevel",
@@ -362,7 +365,7 @@ static void test_hf_small_features(void)
     CHECK_OK(sn_tok_load(path, NULL, &t));
     if (!t) return;
     /* ids 0..255 are the bytes in order, so ' ' is 32 and 'x' is 120 */
-    const int H = 256, HI = 257, ABC = 259, L = 260, R = 261, XYZ = 262;
+    const int H = 256, HI = 257, ABC = 259, L = 260, R = 261, XYZ = 262, CAFE = 263;
     struct { const char *in; int n; int ids[8]; } cases[] = {
         { "hi", 1, { HI } },                       /* add_prefix_space: " hi" */
         { "x", 2, { 32, 'x' } },
@@ -371,6 +374,8 @@ static void test_hf_small_features(void)
         { "x  <L>hi", 4, { 32, 'x', L, HI } },     /* lstrip eats the spaces; each segment gets its prefix */
         { "hi<R>   abc", 4, { HI, R, 32, ABC } },  /* rstrip */
         { "xyz", 1, { XYZ } },                     /* normalized added token, single_word at both edges */
+        { "caf\xc3\xa9", 1, { CAFE } },
+        { "cafe\xcc\x81<L>", 2, { CAFE, L } },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         sn_ids v = {0};

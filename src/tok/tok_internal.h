@@ -114,6 +114,9 @@ const tok_pair *tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b);
 /* Compiles a tokenizer regex with UTF + UCP (+ JIT); what names the file
  * and field in errors. */
 sn_status tok_compile_regex(const char *pattern, size_t len, const char *what, pcre2_code **out);
+/* Applies the normalizer sequence; *norm is the malloc'd result (NULL when
+ * the text is unchanged, e.g. ASCII), *out and *out_n the text to use. */
+sn_status tok_normalize(const sn_tokenizer *t, const char *s, size_t n, char **norm, const char **out, size_t *out_n);
 /* Finishes loading: byte ids, added-token index, cache. */
 sn_status tok_finish(sn_tokenizer *t, const char *what);
 

@@ -261,8 +261,21 @@ sn_status tok_finish(sn_tokenizer *t, const char *what)
     if (t->n_added) qsort(t->added, t->n_added, sizeof *t->added, added_cmp);
     if (trie_node(t) != 0 || trie_node(t) != 1) return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory");
     for (size_t i = 0; i < t->n_added; i++) {
-        if (!t->added[i].len) continue;
-        t->first_byte[t->added[i].normalized][(unsigned char)t->added[i].text[0]] = true;
+        tok_added *a = &t->added[i];
+        if (a->normalized) {
+            /* tokenizers matches these on normalized text, so it normalizes them too */
+            char *norm;
+            const char *p;
+            size_t pn;
+            SN_TRY(tok_normalize(t, a->text, a->len, &norm, &p, &pn));
+            if (norm) {
+                free(a->text);
+                a->text = norm;
+                a->len = pn;
+            }
+        }
+        if (!a->len) continue;
+        t->first_byte[a->normalized][(unsigned char)a->text[0]] = true;
         SN_TRY(trie_insert(t, t->added[i].normalized, i));
     }
     return tok_cache_init(&t->cache);
@@ -560,36 +573,40 @@ static bool all_ascii(const char *s, size_t n)
 
 /* Text between raw-matched added tokens: normalize, match the "normalized"
  * added tokens on the result, pre-tokenize and BPE the rest. */
+sn_status tok_normalize(const sn_tokenizer *t, const char *s, size_t n, char **norm, const char **out, size_t *out_n)
+{
+    *norm = NULL;
+    *out = s;
+    *out_n = n;
+    if (!t->n_norm || all_ascii(s, n)) return SN_OK;   /* ASCII is invariant under every Unicode normal form */
+    for (int k = 0; k < t->n_norm; k++) {
+        int opt = UTF8PROC_STABLE;
+        switch (t->norm[k]) {
+        case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+        case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+        case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+        case NORM_NFKD: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+        }
+        utf8proc_uint8_t *r = NULL;
+        utf8proc_ssize_t rn = utf8proc_map((const utf8proc_uint8_t *)*out, (utf8proc_ssize_t)*out_n, &r, opt);
+        if (rn < 0) {
+            free(*norm);
+            *norm = NULL;
+            return SN_FAIL(SN_E_INVALID, "tokenizer: normalization failed: %s", utf8proc_errmsg(rn));
+        }
+        free(*norm);
+        *norm = (char *)r;
+        *out = *norm;
+        *out_n = (size_t)rn;
+    }
+    return SN_OK;
+}
+
 static sn_status encode_segment(const enc_ctx *c, const char *s, size_t n, bool seg_special)
 {
-    const sn_tokenizer *t = c->t;
     char *norm = NULL;
+    SN_TRY(tok_normalize(c->t, s, n, &norm, &s, &n));
     sn_status st = SN_OK;
-    if (t->n_norm && !all_ascii(s, n)) {   /* ASCII is invariant under every Unicode normal form */
-        const char *cur = s;
-        size_t cur_n = n;
-        for (int k = 0; k < t->n_norm; k++) {
-            int opt = UTF8PROC_STABLE;
-            switch (t->norm[k]) {
-            case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-            case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-            case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-            case NORM_NFKD: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-            }
-            utf8proc_uint8_t *r = NULL;
-            utf8proc_ssize_t rn = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)cur_n, &r, opt);
-            if (rn < 0) {
-                free(norm);
-                return SN_FAIL(SN_E_INVALID, "tokenizer: normalization failed: %s", utf8proc_errmsg(rn));
-            }
-            free(norm);
-            norm = (char *)r;
-            cur = norm;
-            cur_n = (size_t)rn;
-        }
-        s = cur;
-        n = cur_n;
-    }
     size_t pos = 0, ms, me;
     int32_t id;
     while (pos < n && added_next(c, s, n, pos, pos, 1, seg_special, &ms, &me, &id)) {
