@@ -257,6 +257,7 @@ static void expect_bad(const char *sub, mutation mut, sn_status code, const char
     while (fgets(line, sizeof line, f)) {
         n++;
         if (strstr(line, needle)) named = true;
+        fprintf(stderr, "  %s: %s", sub, line);
     }
     fclose(f);
     CHECKF(n == 1, "%s: sanctum-run wrote %d lines to stderr", sub, n);
