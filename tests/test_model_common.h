@@ -11,7 +11,10 @@
  *    position of every prompt (fp32 on both sides; what remains is summation
  *    order and the chunked-vs-recurrent GatedDeltaNet forms);
  *  - greedy continuations: identical (the generator keeps every margin >= 0.05);
- *  - MLX layout vs HF layout: max |diff| <= 1e-4 * max(1, max |logit|);
+ *  - MLX layout vs HF layout: max |diff| <= 5e-4 * max(1, max |logit|): the
+ *    same function, but quantized and dense matmuls round differently and
+ *    these random models amplify fp32 rounding (the generator measured
+ *    fp32 vs fp64 transformers at ~1.2e-4 of the logit scale for qwen3_5);
  *  - prefill L == prefill L-1 + one decode, batched == alone, chunked ==
  *    whole, snapshot/restore: bitwise (the CPU ops are batch invariant). */
 #ifndef TEST_MODEL_COMMON_H
@@ -31,7 +34,7 @@
 #define FX_MAX_PROMPTS 16
 #define FX_GREEDY 16
 #define TOL_REF 2e-3f
-#define TOL_LAYOUT 1e-4f
+#define TOL_LAYOUT 5e-4f
 
 typedef struct {
     int n;

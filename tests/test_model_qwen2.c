@@ -1,0 +1,6 @@
+/* qwen2 against tests/fixtures/qwen2: see test_model_common.h for what is
+ * compared and the tolerances. */
+#define FIXTURE_ARCH "qwen2"
+#include "test_model_common.h"
+
+int main(void) { return fixture_main(); }
