@@ -330,6 +330,10 @@ sn_status srv_chat_parse(const char *body, size_t len, srv_chat_req *r, srv_err 
         }
         r->enable_thinking = et && json_is_true(et);
     }
+    if ((v = opt(root, "pld"))) {
+        if (!json_is_boolean(v)) { st = BAD("pld", "'pld' must be a boolean"); goto out; }
+        r->no_pld = json_is_false(v);
+    }
     if (sn_sample_params_check(&r->sample) != SN_OK) { st = BAD(NULL, "%s", sn_errmsg()); goto out; }
 out:
     json_decref(root);
@@ -372,10 +376,12 @@ char *srv_err_json(const srv_err *e)
     return dump(o);
 }
 
-static json_t *usage_obj(int prompt_tokens, int completion_tokens)
+static json_t *usage_obj(int prompt_tokens, int completion_tokens, int cached_tokens)
 {
-    return json_pack("{s:i,s:i,s:i}", "prompt_tokens", prompt_tokens, "completion_tokens", completion_tokens,
-                     "total_tokens", prompt_tokens + completion_tokens);
+    /* prompt_tokens counts the cached ones too, as OpenAI's does */
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", prompt_tokens, "completion_tokens", completion_tokens,
+                     "total_tokens", prompt_tokens + completion_tokens, "prompt_tokens_details", "cached_tokens",
+                     cached_tokens);
 }
 
 static json_t *base_obj(const srv_resp_meta *m, const char *object)
@@ -387,6 +393,12 @@ static json_t *base_obj(const srv_resp_meta *m, const char *object)
 char *srv_resp_json(const srv_resp_meta *m, const char *text, size_t len, const char *finish,
                     int prompt_tokens, int completion_tokens)
 {
+    return srv_resp_json_cached(m, text, len, finish, prompt_tokens, completion_tokens, 0);
+}
+
+char *srv_resp_json_cached(const srv_resp_meta *m, const char *text, size_t len, const char *finish,
+                           int prompt_tokens, int completion_tokens, int cached_tokens)
+{
     json_t *o = base_obj(m, "chat.completion");
     json_t *msg = json_object();
     json_object_set_new(msg, "role", json_string("assistant"));
@@ -397,7 +409,7 @@ char *srv_resp_json(const srv_resp_meta *m, const char *text, size_t len, const 
     json_object_set_new(choice, "logprobs", json_null());
     json_object_set_new(choice, "finish_reason", json_string(finish));
     json_object_set_new(o, "choices", json_pack("[o]", choice));
-    json_object_set_new(o, "usage", usage_obj(prompt_tokens, completion_tokens));
+    json_object_set_new(o, "usage", usage_obj(prompt_tokens, completion_tokens, cached_tokens));
     return dump(o);
 }
 
@@ -436,9 +448,14 @@ char *srv_chunk_sse(const srv_resp_meta *m, const char *role, const char *text, 
 
 char *srv_usage_sse(const srv_resp_meta *m, int prompt_tokens, int completion_tokens)
 {
+    return srv_usage_sse_cached(m, prompt_tokens, completion_tokens, 0);
+}
+
+char *srv_usage_sse_cached(const srv_resp_meta *m, int prompt_tokens, int completion_tokens, int cached_tokens)
+{
     json_t *o = base_obj(m, "chat.completion.chunk");
     json_object_set_new(o, "choices", json_array());
-    json_object_set_new(o, "usage", usage_obj(prompt_tokens, completion_tokens));
+    json_object_set_new(o, "usage", usage_obj(prompt_tokens, completion_tokens, cached_tokens));
     return sse(o);
 }
 

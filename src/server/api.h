@@ -33,6 +33,7 @@ typedef struct {
     bool stream;
     bool include_usage;
     bool enable_thinking;
+    bool no_pld;                 /* "pld": false turns prompt lookup decoding off for this request */
 } srv_chat_req;
 
 /* A request error: HTTP status plus the OpenAI error fields. */
@@ -74,6 +75,11 @@ char *srv_resp_json(const srv_resp_meta *m, const char *text, size_t len, const 
 char *srv_chunk_sse(const srv_resp_meta *m, const char *role, const char *text, size_t len,
                     const char *finish);
 char *srv_usage_sse(const srv_resp_meta *m, int prompt_tokens, int completion_tokens);
+/* The same two with usage.prompt_tokens_details.cached_tokens (tokens of
+ * prompt_tokens restored from the prompt cache); the plain ones report 0. */
+char *srv_resp_json_cached(const srv_resp_meta *m, const char *text, size_t len, const char *finish,
+                           int prompt_tokens, int completion_tokens, int cached_tokens);
+char *srv_usage_sse_cached(const srv_resp_meta *m, int prompt_tokens, int completion_tokens, int cached_tokens);
 
 /* GET /v1/models body. */
 char *srv_models_json(const char *model_id, long long created);

@@ -6,6 +6,7 @@
  * SIGTERM/SIGINT -> drain -> exit 0. The model side of the server (chat
  * template, tokenizer, generation loop) is bound here as the srv_engine. */
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <malloc.h>
 #include <stdio.h>
@@ -17,6 +18,8 @@
 #include "sanctum/generate.h"
 #include "sanctum/manifest.h"
 #include "sanctum/model.h"
+#include "sanctum/pld.h"
+#include "sanctum/prompt_cache.h"
 #include "sanctum/tokenizer.h"
 #include "server/auth.h"
 #include "server/server.h"
@@ -34,6 +37,9 @@ typedef struct {
     int port, tls_port;
     int max_queue, flush_tokens, default_max_tokens, ctx, threads, gpu;
     long long max_body, memory_limit_mb;
+    long long prompt_cache_mb;      /* 0: no prompt cache */
+    const char *prewarm_file;
+    bool pld;
     double grace;
     sn_backend_kind backend;
     const char *manifest, *manifest_sig, *manifest_pubkey;
@@ -48,7 +54,26 @@ typedef struct {
     sn_seq *seq;
     sn_chat_format fmt;
     const sn_model_info *info;
+    sn_pcache *pcache;          /* NULL with --prompt-cache-mb 0 */
+    bool pld;                   /* --pld / --no-pld */
+    sn_pld_opts pld_opts;       /* SANCTUM_MLX_PLD_* */
+    int32_t msg_marker;         /* token that opens a chat message (<|im_start|>, [INST]); -1: none */
 } engine;
+
+/* Message boundaries of a prompt for the prompt cache: the position of
+ * every token that opens a message, so a later prompt sharing the system
+ * prompt (or the earlier turns) resumes exactly there. */
+#define MAX_MSG_BOUNDS 64
+static int msg_bounds(const engine *e, const int32_t *ids, size_t n, int *out)
+{
+    int k = 0;
+    for (size_t i = 1; i < n && e->msg_marker >= 0; i++)
+        if (ids[i] == e->msg_marker) {
+            if (k == MAX_MSG_BOUNDS) memmove(out, out + 1, (MAX_MSG_BOUNDS - 1) * sizeof *out), k--;
+            out[k++] = (int)i;
+        }
+    return k;
+}
 
 typedef struct {
     sn_auth *auth;
@@ -104,9 +129,19 @@ static sn_status engine_run(void *ctx, srv_job *job, const srv_chat_req *req, sr
         .flush_tokens = srv_job_flush_tokens(job),
         .cancelled = cancel_cb,
         .ud = job,
+        .pcache = e->pcache,
+        .pld = e->pld && !req->no_pld,
+        .pld_opts = e->pld_opts,
     };
+    int bounds[MAX_MSG_BOUNDS];
+    gp.n_msg_bounds = msg_bounds(e, ids.ids, ids.n, bounds);
+    gp.msg_bounds = bounds;
     sn_gen_result r;
     st = sn_generate(e->model, e->tok, e->seq, ids.ids, (int)ids.n, &gp, emit_cb, &r);
+    out->pcache_used = e->pcache != NULL;
+    out->cached_tokens = r.cached_tokens;
+    out->pld_drafted = r.pld_drafted;
+    out->pld_accepted = r.pld_accepted;
     out->prompt_tokens = r.prompt_tokens;
     out->completion_tokens = r.completion_tokens;
     out->finish = sn_finish_name(r.finish);
@@ -174,7 +209,12 @@ static void usage(FILE *f)
             "  --tls-crl FILE               CRL for client certificates\n"
             "  --tls-host ADDR              mTLS bind address, repeatable (default 127.0.0.1)\n"
             "  --tls-port N                 mTLS port (default 8443)\n"
-            "  --auth-token-file FILE       bearer token for non-loopback plain HTTP clients\n");
+            "  --auth-token-file FILE       bearer token for non-loopback plain HTTP clients\n"
+            "  --prompt-cache-mb N          prompt-cache pool size (default 512; 0 disables)\n"
+            "  --prewarm-file FILE          system prompt text, or a JSON message list, prefilled into the\n"
+            "                               prompt cache at start\n"
+            "  --pld / --no-pld             prompt lookup decoding (default on; a request may send \"pld\": false);\n"
+            "                               env SANCTUM_MLX_PLD_MAX_LOOKUP (5), SANCTUM_MLX_PLD_NGRAM_SIZE (3)\n");
 }
 
 static int parse_ll(const char *s, const char *what, long long lo, long long hi, long long *out)
@@ -201,7 +241,8 @@ static int parse_i(const char *s, const char *what, int lo, int hi, int *out)
 static int parse_args(int argc, char **argv, cli *c)
 {
     *c = (cli){.model_dir = "models/default", .port = 8080, .tls_port = 8443, .max_queue = 16, .flush_tokens = 8,
-               .default_max_tokens = 512, .max_body = 4 << 20, .grace = 30, .backend = SN_BACKEND_CPU};
+               .default_max_tokens = 512, .max_body = 4 << 20, .grace = 30, .backend = SN_BACKEND_CPU,
+               .prompt_cache_mb = 512, .pld = true};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -246,6 +287,10 @@ static int parse_args(int argc, char **argv, cli *c)
         else if (!strcmp(k, "--tls-ca")) { NEEDV(); c->tls_ca = v; }
         else if (!strcmp(k, "--tls-crl")) { NEEDV(); c->tls_crl = v; }
         else if (!strcmp(k, "--auth-token-file")) { NEEDV(); c->auth_token_file = v; }
+        else if (!strcmp(k, "--prompt-cache-mb")) { NEEDV(); if (parse_ll(v, k, 0, 1LL << 24, &c->prompt_cache_mb)) return -1; }
+        else if (!strcmp(k, "--prewarm-file")) { NEEDV(); c->prewarm_file = v; }
+        else if (!strcmp(k, "--pld")) c->pld = true;
+        else if (!strcmp(k, "--no-pld")) c->pld = false;
         else { fprintf(stderr, "sanctum-mlx: unknown option '%s' (see --help)\n", k); return -1; }
 #undef NEEDV
     }
@@ -259,6 +304,10 @@ static int parse_args(int argc, char **argv, cli *c)
     if (any_tls && c->n_tls_hosts == 0) c->tls_hosts[c->n_tls_hosts++] = "127.0.0.1";
     if (c->no_plain && !any_tls) {
         fprintf(stderr, "sanctum-mlx: --no-plain leaves no listener; add the --tls-* options\n");
+        return -1;
+    }
+    if (c->prewarm_file && c->prompt_cache_mb == 0) {
+        fprintf(stderr, "sanctum-mlx: --prewarm-file needs a prompt cache (--prompt-cache-mb > 0)\n");
         return -1;
     }
     if ((c->manifest_sig || c->manifest_pubkey || c->require_signed) && !c->manifest) {
@@ -279,6 +328,83 @@ static const char *base_name(const char *dir)
     memcpy(buf, dir + start, len);
     buf[len] = 0;
     return buf;
+}
+
+/* --prewarm-file: plain text is a system prompt; a file starting with '['
+ * is a JSON message list [{"role", "content"}, ...]. The messages are
+ * rendered followed by a placeholder user turn and cut where that turn
+ * opens, so the prefilled ids are exactly the start of any request that
+ * begins with these messages. */
+#define PREWARM_MAX_BYTES (4 << 20)
+static sn_status prewarm(engine *e, const char *path)
+{
+    sn_status st = SN_OK;
+    char *text = NULL, *prompt = NULL;
+    sn_chat_msg *msgs = NULL;
+    json_t *root = NULL;
+    sn_ids ids = {0};
+    size_t n_msgs = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return SN_FAIL(SN_E_IO, "prewarm file %s: %s", path, strerror(errno));
+    text = malloc(PREWARM_MAX_BYTES + 1);
+    size_t len = text ? fread(text, 1, PREWARM_MAX_BYTES + 1, f) : 0;
+    fclose(f);
+    if (!text) return SN_FAIL(SN_E_NOMEM, "prewarm file %s: out of memory", path);
+    if (len > PREWARM_MAX_BYTES) { st = SN_FAIL(SN_E_RANGE, "prewarm file %s: larger than %d bytes", path, PREWARM_MAX_BYTES); goto out; }
+    text[len] = 0;
+    if (strlen(text) != len) { st = SN_FAIL(SN_E_INVALID, "prewarm file %s: contains a NUL byte", path); goto out; }
+    const char *p = text;
+    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') p++;
+    if (*p == '[') {
+        json_error_t je;
+        root = json_loadb(text, len, 0, &je);
+        if (!root || !json_is_array(root) || json_array_size(root) == 0 || json_array_size(root) > 1024) {
+            st = SN_FAIL(SN_E_INVALID, "prewarm file %s: not a JSON list of 1..1024 messages (%s at line %d)", path,
+                         root ? "wrong shape" : je.text, root ? 0 : je.line);
+            goto out;
+        }
+        n_msgs = json_array_size(root);
+    } else {
+        n_msgs = 1;
+    }
+    msgs = calloc(n_msgs + 1, sizeof *msgs);
+    if (!msgs) { st = SN_FAIL(SN_E_NOMEM, "prewarm: out of memory"); goto out; }
+    for (size_t i = 0; i < n_msgs; i++) {
+        if (!root) {
+            msgs[i].role = "system";
+            msgs[i].content = text;
+            continue;
+        }
+        json_t *m = json_array_get(root, i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        const char *content = json_string_value(json_object_get(m, "content"));
+        if (!role || !content) {
+            st = SN_FAIL(SN_E_INVALID, "prewarm file %s: message %zu needs string 'role' and 'content'", path, i);
+            goto out;
+        }
+        msgs[i].role = role;
+        msgs[i].content = content;
+    }
+    msgs[n_msgs].role = "user";
+    msgs[n_msgs].content = ".";
+    sn_chat_opts co = {.add_generation_prompt = false};
+    if ((st = sn_chat_render(e->fmt, msgs, n_msgs + 1, &co, &prompt)) != SN_OK) goto out;
+    if ((st = sn_tok_encode(e->tok, prompt, strlen(prompt), true, &ids)) != SN_OK) goto out;
+    int bounds[MAX_MSG_BOUNDS];
+    int nb = msg_bounds(e, ids.ids, ids.n, bounds);
+    int n = nb > 0 ? bounds[nb - 1] : (int)ids.n;   /* cut where the placeholder turn opens */
+    if (n < 1) { st = SN_FAIL(SN_E_INVALID, "prewarm file %s: renders to no tokens", path); goto out; }
+    if ((st = sn_pcache_prewarm(e->pcache, e->model, e->seq, ids.ids, n, bounds, nb > 0 ? nb - 1 : 0)) != SN_OK)
+        goto out;
+    fprintf(stderr, "sanctum-mlx: prewarmed the prompt cache with %d tokens from %s\n", n, path);
+out:
+    sn_seq_reset(e->seq);
+    sn_ids_free(&ids);
+    free(prompt);
+    free(msgs);
+    json_decref(root);
+    free(text);
+    return st;
 }
 
 /* Bytes the allocator handed out, so a sequence's KV cache can be measured
@@ -367,6 +493,19 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    if (sn_pld_opts_from_env(&e.pld_opts) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); goto out; }
+    e.pld = c.pld;
+    e.msg_marker = sn_tok_find(e.tok, e.fmt == SN_CHAT_MISTRAL ? "[INST]" : "<|im_start|>");
+    if (c.prompt_cache_mb > 0) {
+        sn_pcache_opts po;
+        sn_pcache_opts_default(&po);
+        po.budget_bytes = (size_t)c.prompt_cache_mb << 20;
+        if (sn_pcache_new(e.model, &po, &e.pcache) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); goto out; }
+    }
+    if (c.prewarm_file && prewarm(&e, c.prewarm_file) != SN_OK) {
+        fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg());
+        goto out;
+    }
     double load_s = now_s() - t0;
     srv_metrics_startup(metrics, "model_load", load_s);
     snprintf(model_id, sizeof model_id, "%s", e.info->name && e.info->name[0] ? e.info->name : base_name(c.model_dir));
@@ -396,6 +535,7 @@ int main(int argc, char **argv)
     }
     rc = 0;
 out:
+    sn_pcache_free(e.pcache);
     sn_seq_free(e.seq);
     sn_tok_free(e.tok);
     sn_model_free(e.model);

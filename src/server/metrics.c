@@ -44,6 +44,7 @@ struct srv_metrics {
     int64_t inflight;
     uint64_t infer_requests[N_STOP];
     uint64_t completion_tokens, prompt_tokens;
+    uint64_t pcache_hits, pcache_misses, pcache_cached_tokens, pld_drafted, pld_accepted;
     histo infer_dur, tps, ctoks, ttft, qwait;
     double startup_manifest, startup_model;
     bool have_manifest, have_model;
@@ -132,6 +133,13 @@ void srv_metrics_inference(srv_metrics *m, const srv_infer_sample *s)
     m->infer_requests[r]++;
     if (s->completion_tokens > 0) m->completion_tokens += (uint64_t)s->completion_tokens;
     if (s->prompt_tokens > 0) m->prompt_tokens += (uint64_t)s->prompt_tokens;
+    if (s->pcache_used) {
+        if (s->cached_tokens > 0) m->pcache_hits++;
+        else m->pcache_misses++;
+        if (s->cached_tokens > 0) m->pcache_cached_tokens += (uint64_t)s->cached_tokens;
+    }
+    if (s->pld_drafted > 0) m->pld_drafted += (uint64_t)s->pld_drafted;
+    if (s->pld_accepted > 0) m->pld_accepted += (uint64_t)s->pld_accepted;
     histo_observe(&m->qwait, s->queue_wait_s);
     if (s->duration_s >= 0) histo_observe(&m->infer_dur, s->duration_s);
     if (s->completion_tokens > 0) {
@@ -260,6 +268,24 @@ sn_status srv_metrics_render(srv_metrics *m, char **out, size_t *len)
                   "# TYPE sanctum_mlx_inference_prompt_tokens_total counter\n"
                   "sanctum_mlx_inference_prompt_tokens_total %llu\n",
               (unsigned long long)m->prompt_tokens);
+    sb_printf(&b, "# HELP sanctum_mlx_prompt_cache_hits_total Generations that resumed from a cached prompt prefix.\n"
+                  "# TYPE sanctum_mlx_prompt_cache_hits_total counter\n"
+                  "sanctum_mlx_prompt_cache_hits_total %llu\n"
+                  "# HELP sanctum_mlx_prompt_cache_misses_total Generations that found no usable cached prefix.\n"
+                  "# TYPE sanctum_mlx_prompt_cache_misses_total counter\n"
+                  "sanctum_mlx_prompt_cache_misses_total %llu\n"
+                  "# HELP sanctum_mlx_prompt_cache_cached_tokens_total Prompt tokens restored instead of computed.\n"
+                  "# TYPE sanctum_mlx_prompt_cache_cached_tokens_total counter\n"
+                  "sanctum_mlx_prompt_cache_cached_tokens_total %llu\n",
+              (unsigned long long)m->pcache_hits, (unsigned long long)m->pcache_misses,
+              (unsigned long long)m->pcache_cached_tokens);
+    sb_printf(&b, "# HELP sanctum_mlx_pld_drafted_tokens_total Prompt lookup draft tokens verified.\n"
+                  "# TYPE sanctum_mlx_pld_drafted_tokens_total counter\n"
+                  "sanctum_mlx_pld_drafted_tokens_total %llu\n"
+                  "# HELP sanctum_mlx_pld_accepted_tokens_total Prompt lookup draft tokens accepted.\n"
+                  "# TYPE sanctum_mlx_pld_accepted_tokens_total counter\n"
+                  "sanctum_mlx_pld_accepted_tokens_total %llu\n",
+              (unsigned long long)m->pld_drafted, (unsigned long long)m->pld_accepted);
     sb_printf(&b, "# HELP sanctum_mlx_inference_duration_seconds Worker time per generation (prefill + decode).\n"
                   "# TYPE sanctum_mlx_inference_duration_seconds histogram\n");
     render_histo(&b, "sanctum_mlx_inference_duration_seconds", "", &m->infer_dur);

@@ -7,6 +7,7 @@
 #ifndef SANCTUM_SERVER_METRICS_H
 #define SANCTUM_SERVER_METRICS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "sanctum/status.h"
@@ -28,6 +29,9 @@ typedef struct {
     double ttft_s;          /* accepted -> first completion token; < 0 when none */
     double duration_s;      /* worker picked it up -> done */
     double decode_s;        /* first token -> done (for tokens/s) */
+    bool pcache_used;       /* prompt cache consulted: a hit when cached_tokens > 0, else a miss */
+    int cached_tokens;      /* prompt tokens restored from the prompt cache */
+    int pld_drafted, pld_accepted;  /* prompt lookup decoding draft tokens verified / accepted */
 } srv_infer_sample;
 void srv_metrics_inference(srv_metrics *m, const srv_infer_sample *s);
 

@@ -180,11 +180,14 @@ static void log_line(srv *s, const srv_job *j, const char *route, const char *me
     if (j) {
         fprintf(stderr,
                 "req id=%s route=%s method=%s status=%d client=%s%s%s prompt_tokens=%d completion_tokens=%d "
-                "finish=%s queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f\n",
+                "finish=%s queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f cached_tokens=%d pld_drafted=%d "
+                "pld_accepted=%d pld_accept_rate=%.2f\n",
                 j->id, route, method, status, client, cn && cn[0] ? " cn=" : "", cn && cn[0] ? cn : "",
                 j->prompt_tokens, j->completion_tokens, j->gen.finish ? j->gen.finish : "-",
                 j->t_start > 0 ? (j->t_start - j->t_accept) * 1e3 : -1.0,
-                j->t_first > 0 ? (j->t_first - j->t_accept) * 1e3 : -1.0, total_s * 1e3);
+                j->t_first > 0 ? (j->t_first - j->t_accept) * 1e3 : -1.0, total_s * 1e3, j->gen.cached_tokens,
+                j->gen.pld_drafted, j->gen.pld_accepted,
+                j->gen.pld_drafted ? (double)j->gen.pld_accepted / j->gen.pld_drafted : 0.0);
     } else {
         fprintf(stderr, "req route=%s method=%s status=%d client=%s%s%s total_ms=%.1f\n", route, method, status,
                 client, cn && cn[0] ? " cn=" : "", cn && cn[0] ? cn : "", total_s * 1e3);
@@ -302,7 +305,8 @@ static void job_complete(srv *s, srv_job *j)
                     if (c) evbuffer_add(b, c, strlen(c));
                     free(c);
                     if (j->creq.include_usage) {
-                        c = srv_usage_sse(&meta, j->gen.prompt_tokens, j->gen.completion_tokens);
+                        c = srv_usage_sse_cached(&meta, j->gen.prompt_tokens, j->gen.completion_tokens,
+                                                 j->gen.cached_tokens);
                         if (c) evbuffer_add(b, c, strlen(c));
                         free(c);
                     }
@@ -339,8 +343,8 @@ static void job_complete(srv *s, srv_job *j)
             reply_error(s, j->req, &e);
             status = 500;
         } else {
-            char *body = srv_resp_json(&meta, j->full ? j->full : "", j->full_len, finish, j->gen.prompt_tokens,
-                                       j->gen.completion_tokens);
+            char *body = srv_resp_json_cached(&meta, j->full ? j->full : "", j->full_len, finish,
+                                              j->gen.prompt_tokens, j->gen.completion_tokens, j->gen.cached_tokens);
             if (body) {
                 reply_body(s, j->req, 200, "application/json", body, strlen(body));
             } else {
@@ -365,6 +369,10 @@ static void job_complete(srv *s, srv_job *j)
             .ttft_s = j->t_first > 0 ? j->t_first - j->t_accept : -1,
             .duration_s = j->t_done - j->t_start,
             .decode_s = j->gen.decode_s,
+            .pcache_used = j->gen.pcache_used,
+            .cached_tokens = j->gen.cached_tokens,
+            .pld_drafted = j->gen.pld_drafted,
+            .pld_accepted = j->gen.pld_accepted,
         };
         srv_metrics_inference(s->o.metrics, &is);
     } else if (j->t_start > 0 && status >= 500) {

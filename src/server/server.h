@@ -28,6 +28,9 @@ typedef struct {
     int completion_tokens;
     const char *finish;        /* "stop", "length" or "cancelled" (static string) */
     double decode_s;           /* first token -> end */
+    bool pcache_used;          /* the prompt cache was consulted (hit or miss) */
+    int cached_tokens;         /* prompt tokens restored from the prompt cache */
+    int pld_drafted, pld_accepted;  /* prompt lookup decoding draft tokens verified / accepted */
 } srv_gen_out;
 
 /* The model side, bound by main.c. run() executes on the worker thread:
