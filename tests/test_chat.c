@@ -83,56 +83,122 @@ static void test_fixture_qwen3_5(void) { check_fixture("qwen3_5", SN_CHAT_QWEN3_
 static void test_fixture_qwen2(void) { check_fixture("qwen2", SN_CHAT_QWEN2); }
 static void test_fixture_mistral(void) { check_fixture("mistral", SN_CHAT_MISTRAL); }
 
+/* Tools and tool calls (tests/fixtures/tokenizer/chat_tools.json, made by
+ * tools/python/make_chat_tool_refs.py with the same jinja environment as
+ * transformers). Arguments are handed over as compact JSON text, so the
+ * Python-style re-serialization (", ", ": ", float repr) is what is tested. */
+static void test_fixture_tools(void)
+{
+    json_error_t e;
+    json_t *cases = json_load_file("tests/fixtures/tokenizer/chat_tools.json", 0, &e);
+    if (!cases) SKIP("tests/fixtures/tokenizer/chat_tools.json not there");
+    size_t i, n_ok = 0;
+    json_t *c;
+    json_array_foreach(cases, i, c) {
+        sn_chat_format f;
+        CHECK_OK(sn_chat_format_for(json_string_value(json_object_get(c, "format")), &f));
+        json_t *jm = json_object_get(c, "messages");
+        size_t n = json_array_size(jm);
+        sn_chat_msg *msgs = calloc(n, sizeof *msgs);
+        sn_chat_tool_call *calls = calloc(64, sizeof *calls);
+        char *strs[128];
+        size_t n_calls = 0, n_strs = 0;
+        for (size_t k = 0; k < n; k++) {
+            json_t *m = json_array_get(jm, k);
+            msgs[k].role = json_string_value(json_object_get(m, "role"));
+            msgs[k].content = json_string_value(json_object_get(m, "content"));
+            msgs[k].tool_call_id = json_string_value(json_object_get(m, "tool_call_id"));
+            json_t *tc = json_object_get(m, "tool_calls");
+            msgs[k].tool_calls = calls + n_calls;
+            msgs[k].n_tool_calls = json_array_size(tc);
+            for (size_t q = 0; q < json_array_size(tc) && n_calls < 64 && n_strs < 128; q++) {
+                json_t *fn = json_object_get(json_array_get(tc, q), "function");
+                calls[n_calls].id = json_string_value(json_object_get(json_array_get(tc, q), "id"));
+                calls[n_calls].name = json_string_value(json_object_get(fn, "name"));
+                calls[n_calls].arguments = strs[n_strs++] =
+                    json_dumps(json_object_get(fn, "arguments"), JSON_COMPACT | JSON_ENCODE_ANY);
+                n_calls++;
+            }
+        }
+        json_t *jt = json_object_get(c, "tools");
+        char *tools = json_is_null(jt) || !jt ? NULL : json_dumps(jt, JSON_COMPACT);
+        sn_chat_opts o = {
+            .add_generation_prompt = json_is_true(json_object_get(c, "add_generation_prompt")),
+            .enable_thinking = !json_is_false(json_object_get(c, "enable_thinking")),
+            .today = json_string_value(json_object_get(c, "today")),
+            .tools = tools,
+        };
+        const char *want = json_string_value(json_object_get(c, "text"));
+        char *got = NULL;
+        sn_status st = sn_chat_render(f, msgs, n, &o, &got);
+        CHECKF(st == SN_OK, "tools case %zu: %s", i, sn_errmsg());
+        if (st == SN_OK && want) {
+            bool same = strcmp(got, want) == 0;
+            CHECKF(same, "tools case %zu (%s) differs", i, sn_chat_format_name(f));
+            if (!same) report_diff(want, got);
+            n_ok += same;
+        }
+        free(got);
+        free(tools);
+        for (size_t q = 0; q < n_strs; q++) free(strs[q]);
+        free(calls);
+        free(msgs);
+    }
+    fprintf(stderr, "  %zu of %zu tool renderings identical\n", n_ok, json_array_size(cases));
+    CHECK(n_ok == json_array_size(cases) && n_ok >= 10);
+    json_decref(cases);
+}
+
 static void test_qwen3_5_hand(void)
 {
-    sn_chat_msg one[] = { { "user", "Hi", NULL } };
+    sn_chat_msg one[] = { { .role = "user", .content = "Hi", .reasoning = NULL } };
     EXPECT_RENDER(SN_CHAT_QWEN3_5, one, true, false,
                   "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
     EXPECT_RENDER(SN_CHAT_QWEN3_5, one, true, true, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n");
     EXPECT_RENDER(SN_CHAT_QWEN3_5, one, false, false, "<|im_start|>user\nHi<|im_end|>\n");
     /* historic assistant turn: empty reasoning dropped, content after </think> kept */
-    sn_chat_msg hist[] = { { "system", " S \n", NULL }, { "user", "q1", NULL },
-                           { "assistant", "<think>\n\n</think>\n\nA1", NULL }, { "user", "q2", NULL } };
+    sn_chat_msg hist[] = { { .role = "system", .content = " S \n", .reasoning = NULL }, { .role = "user", .content = "q1", .reasoning = NULL },
+                           { .role = "assistant", .content = "<think>\n\n</think>\n\nA1", .reasoning = NULL }, { .role = "user", .content = "q2", .reasoning = NULL } };
     EXPECT_RENDER(SN_CHAT_QWEN3_5, hist, true, false,
                   "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
                   "<|im_start|>user\nq2<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
     /* explicit reasoning field, after the last query: think block with it */
-    sn_chat_msg rsn[] = { { "user", "q", NULL }, { "assistant", "ans", "  why \n" } };
+    sn_chat_msg rsn[] = { { .role = "user", .content = "q", .reasoning = NULL }, { .role = "assistant", .content = "ans", .reasoning = "  why \n" } };
     EXPECT_RENDER(SN_CHAT_QWEN3_5, rsn, false, false,
                   "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\nwhy\n</think>\n\nans<|im_end|>\n");
     /* tool responses are grouped into one user turn; they do not count as the query */
-    sn_chat_msg tools[] = { { "user", "weather?", NULL }, { "assistant", "calling", NULL },
-                            { "tool", "sunny", NULL }, { "tool", " 20C ", NULL } };
+    sn_chat_msg tools[] = { { .role = "user", .content = "weather?", .reasoning = NULL }, { .role = "assistant", .content = "calling", .reasoning = NULL },
+                            { .role = "tool", .content = "sunny", .reasoning = NULL }, { .role = "tool", .content = " 20C ", .reasoning = NULL } };
     EXPECT_RENDER(SN_CHAT_QWEN3_5, tools, true, true,
                   "<|im_start|>user\nweather?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\ncalling<|im_end|>\n"
                   "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\n20C\n</tool_response>"
                   "<|im_end|>\n<|im_start|>assistant\n<think>\n");
     /* Unicode whitespace is trimmed like Python's str.strip() */
-    sn_chat_msg uws[] = { { "user", "\xe3\x80\x80x\xc2\xa0\x1f", NULL } };
+    sn_chat_msg uws[] = { { .role = "user", .content = "\xe3\x80\x80x\xc2\xa0\x1f", .reasoning = NULL } };
     EXPECT_RENDER(SN_CHAT_QWEN3_5, uws, false, false, "<|im_start|>user\nx<|im_end|>\n");
     /* NULL content reads as "" */
-    sn_chat_msg nul[] = { { "user", NULL, NULL } };
+    sn_chat_msg nul[] = { { .role = "user", .content = NULL, .reasoning = NULL } };
     EXPECT_RENDER(SN_CHAT_QWEN3_5, nul, false, false, "<|im_start|>user\n<|im_end|>\n");
 }
 
 static void test_qwen2_hand(void)
 {
-    sn_chat_msg m[] = { { "user", " a ", NULL }, { "assistant", "b", NULL }, { "tool", "r", NULL } };
+    sn_chat_msg m[] = { { .role = "user", .content = " a ", .reasoning = NULL }, { .role = "assistant", .content = "b", .reasoning = NULL }, { .role = "tool", .content = "r", .reasoning = NULL } };
     EXPECT_RENDER(SN_CHAT_QWEN2, m, true, true,
                   "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
                   "<|im_start|>user\n a <|im_end|>\n<|im_start|>assistant\nb<|im_end|>\n"
                   "<|im_start|>user\n<tool_response>\nr\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
-    sn_chat_msg s[] = { { "system", "S", NULL }, { "user", "u", NULL }, { "system", "later", NULL } };
+    sn_chat_msg s[] = { { .role = "system", .content = "S", .reasoning = NULL }, { .role = "user", .content = "u", .reasoning = NULL }, { .role = "system", .content = "later", .reasoning = NULL } };
     EXPECT_RENDER(SN_CHAT_QWEN2, s, false, false,
                   "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nu<|im_end|>\n<|im_start|>system\nlater<|im_end|>\n");
 }
 
 static void test_mistral_hand(void)
 {
-    sn_chat_msg m[] = { { "system", "S", NULL }, { "user", "u1", NULL }, { "assistant", "a1", NULL }, { "user", "u2", NULL } };
+    sn_chat_msg m[] = { { .role = "system", .content = "S", .reasoning = NULL }, { .role = "user", .content = "u1", .reasoning = NULL }, { .role = "assistant", .content = "a1", .reasoning = NULL }, { .role = "user", .content = "u2", .reasoning = NULL } };
     EXPECT_RENDER(SN_CHAT_MISTRAL, m, true, false,
                   "<s>[SYSTEM_PROMPT]S[/SYSTEM_PROMPT][INST]u1[/INST]a1</s>[INST]u2[/INST]");
-    sn_chat_msg d[] = { { "user", "u", NULL } };
+    sn_chat_msg d[] = { { .role = "user", .content = "u", .reasoning = NULL } };
     char *s = render(SN_CHAT_MISTRAL, d, 1, true, false);
     CHECK(s && strncmp(s, "<s>[SYSTEM_PROMPT]You are Mistral Small 3,", 42) == 0);
     CHECK(s && strstr(s, "The current date is 2026-01-01.\n") != NULL);
@@ -149,22 +215,22 @@ static void test_mistral_hand(void)
 static void test_errors(void)
 {
     char *s = NULL;
-    sn_chat_msg bad_role[] = { { "user", "u", NULL }, { "wizard", "x", NULL } };
+    sn_chat_msg bad_role[] = { { .role = "user", .content = "u", .reasoning = NULL }, { .role = "wizard", .content = "x", .reasoning = NULL } };
     CHECK(sn_chat_render(SN_CHAT_QWEN3_5, bad_role, 2, NULL, &s) == SN_E_INVALID);
     CHECK(strstr(sn_errmsg(), "message 1") && strstr(sn_errmsg(), "wizard"));
     CHECK(s == NULL);
-    sn_chat_msg late_sys[] = { { "user", "u", NULL }, { "system", "s", NULL } };
+    sn_chat_msg late_sys[] = { { .role = "user", .content = "u", .reasoning = NULL }, { .role = "system", .content = "s", .reasoning = NULL } };
     CHECK(sn_chat_render(SN_CHAT_QWEN3_5, late_sys, 2, NULL, &s) == SN_E_INVALID);
     CHECK(strstr(sn_errmsg(), "beginning") != NULL);
-    sn_chat_msg no_user[] = { { "system", "s", NULL }, { "assistant", "a", NULL } };
+    sn_chat_msg no_user[] = { { .role = "system", .content = "s", .reasoning = NULL }, { .role = "assistant", .content = "a", .reasoning = NULL } };
     CHECK(sn_chat_render(SN_CHAT_QWEN3_5, no_user, 2, NULL, &s) == SN_E_INVALID);
-    sn_chat_msg only_tool_resp[] = { { "user", "<tool_response>x</tool_response>", NULL } };
+    sn_chat_msg only_tool_resp[] = { { .role = "user", .content = "<tool_response>x</tool_response>", .reasoning = NULL } };
     CHECK(sn_chat_render(SN_CHAT_QWEN3_5, only_tool_resp, 1, NULL, &s) == SN_E_INVALID);
     CHECK(sn_chat_render(SN_CHAT_QWEN2, NULL, 0, NULL, &s) == SN_E_INVALID);
-    sn_chat_msg two_users[] = { { "user", "a", NULL }, { "user", "b", NULL } };
+    sn_chat_msg two_users[] = { { .role = "user", .content = "a", .reasoning = NULL }, { .role = "user", .content = "b", .reasoning = NULL } };
     CHECK(sn_chat_render(SN_CHAT_MISTRAL, two_users, 2, NULL, &s) == SN_E_INVALID);
     CHECK(strstr(sn_errmsg(), "alternate") != NULL);
-    sn_chat_msg tool[] = { { "user", "a", NULL }, { "tool", "b", NULL } };
+    sn_chat_msg tool[] = { { .role = "user", .content = "a", .reasoning = NULL }, { .role = "tool", .content = "b", .reasoning = NULL } };
     CHECK(sn_chat_render(SN_CHAT_MISTRAL, tool, 2, NULL, &s) == SN_E_INVALID);
     CHECK(sn_chat_render((sn_chat_format)42, two_users, 2, NULL, &s) == SN_E_INVALID);
     CHECK(s == NULL);
@@ -188,6 +254,7 @@ int main(void)
     RUN(test_fixture_qwen3_5);
     RUN(test_fixture_qwen2);
     RUN(test_fixture_mistral);
+    RUN(test_fixture_tools);
     RUN(test_qwen3_5_hand);
     RUN(test_qwen2_hand);
     RUN(test_mistral_hand);

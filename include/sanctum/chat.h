@@ -14,11 +14,21 @@
 
 typedef enum { SN_CHAT_QWEN3_5, SN_CHAT_QWEN2, SN_CHAT_MISTRAL } sn_chat_format;
 
+/* One function call made by an assistant turn (OpenAI "tool_calls"). */
 typedef struct {
-    const char *role;       /* "system", "user", "assistant", "tool" (tool: Qwen formats only) */
+    const char *id;         /* call id; Mistral requires exactly 9 characters, Qwen ignores it */
+    const char *name;
+    const char *arguments;  /* JSON text (an object for Qwen3.5), as the OpenAI API carries it */
+} sn_chat_tool_call;
+
+typedef struct {
+    const char *role;       /* "system", "user", "assistant", "tool" */
     const char *content;    /* UTF-8; NULL reads as "" */
     const char *reasoning;  /* optional assistant reasoning_content (Qwen3.5); NULL = take it
                              * from a <think>…</think> block inside content */
+    const sn_chat_tool_call *tool_calls;  /* assistant: calls made in this turn */
+    size_t n_tool_calls;
+    const char *tool_call_id;             /* tool: the call answered (Mistral requires it) */
 } sn_chat_msg;
 
 typedef struct {
@@ -26,6 +36,8 @@ typedef struct {
     bool enable_thinking;   /* qwen3_5 only; default false in sanctum */
     const char *today;      /* MISTRAL: "YYYY-MM-DD" for the default system prompt (used when
                              * the first message is not a system message); NULL = today, UTC */
+    const char *tools;      /* JSON array of tool definitions (OpenAI "tools"), NULL = none;
+                             * re-serialized as Python's json.dumps, as the templates' tojson does */
 } sn_chat_opts;
 
 /* model_type from config.json: qwen3_5, qwen3_5_moe (and *_text) -> QWEN3_5;
@@ -36,7 +48,8 @@ const char *sn_chat_format_name(sn_chat_format f);
  * then encoded with parse_special = true. o may be NULL (all defaults).
  * Unknown roles, or a message order the official template rejects
  * (Qwen3.5: system not first, no user turn; Mistral: roles not alternating
- * user/assistant, tool messages) -> SN_E_INVALID naming the message index. */
+ * user/assistant, a call id that is not 9 characters), or invalid JSON in
+ * tools / arguments -> SN_E_INVALID naming the message index. */
 sn_status sn_chat_render(sn_chat_format f, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o, char **out);
 /* sn_chat_render that also returns where caller-supplied text (contents,
  * reasoning, the date) landed in the prompt: *ranges is malloc'd (NULL when

@@ -4,6 +4,8 @@
  * template rule each branch implements. */
 #include "sanctum/chat.h"
 
+#include <jansson.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,12 +136,261 @@ static sn_status check_roles(const sn_chat_msg *msgs, size_t n, bool allow_tool,
     return SN_OK;
 }
 
-/* Qwen3.5 (Qwen/Qwen3.5-4B chat_template, no tools). */
-static sn_status render_qwen3_5(sbuf *b, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o)
+/* ---- JSON as the templates print it: transformers' tojson is Python's
+ * json.dumps(x, ensure_ascii=False) (", " and ": " separators, keys in
+ * their order), and "x|string" is Python's str(). */
+
+/* Python repr(float): the shortest digits that read back to x, fixed
+ * notation for decimal exponents -4..15, else d.ddde+XX. */
+static void py_float(sbuf *b, double x)
+{
+    char tmp[48], out[64];
+    if (x == 0) { sb_str(b, signbit(x) ? "-0.0" : "0.0"); return; }
+    if (!isfinite(x)) { sb_str(b, isnan(x) ? "NaN" : x > 0 ? "Infinity" : "-Infinity"); return; }
+    for (int p = 1; p <= 17; p++) {
+        snprintf(tmp, sizeof tmp, "%.*e", p - 1, x);
+        if (strtod(tmp, NULL) == x) break;
+    }
+    /* tmp = [-]d[.ddd]e[+-]XX */
+    const char *q = tmp;
+    bool neg = *q == '-';
+    if (neg) q++;
+    char dig[24];
+    int nd = 0;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') dig[nd++] = *q;
+    while (nd > 1 && dig[nd - 1] == '0') nd--;
+    int e10 = atoi(q + 1), decpt = e10 + 1;
+    size_t o = 0;
+    if (neg) out[o++] = '-';
+    if (decpt > -4 && decpt <= 16) {
+        if (decpt <= 0) {
+            out[o++] = '0';
+            out[o++] = '.';
+            for (int i = 0; i < -decpt; i++) out[o++] = '0';
+            for (int i = 0; i < nd; i++) out[o++] = dig[i];
+        } else if (decpt >= nd) {
+            for (int i = 0; i < nd; i++) out[o++] = dig[i];
+            for (int i = nd; i < decpt; i++) out[o++] = '0';
+            out[o++] = '.';
+            out[o++] = '0';
+        } else {
+            for (int i = 0; i < nd; i++) {
+                if (i == decpt) out[o++] = '.';
+                out[o++] = dig[i];
+            }
+        }
+        out[o] = 0;
+    } else {
+        out[o++] = dig[0];
+        if (nd > 1) {
+            out[o++] = '.';
+            for (int i = 1; i < nd; i++) out[o++] = dig[i];
+        }
+        snprintf(out + o, sizeof out - o, "e%c%02d", e10 < 0 ? '-' : '+', abs(e10));
+    }
+    sb_str(b, out);
+}
+
+static void py_json_string(sbuf *b, const char *s, size_t n)
+{
+    sb_add(b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *esc = NULL;
+        char u[8];
+        switch (c) {
+        case '"': esc = "\\\""; break;
+        case '\\': esc = "\\\\"; break;
+        case '\n': esc = "\\n"; break;
+        case '\r': esc = "\\r"; break;
+        case '\t': esc = "\\t"; break;
+        case '\b': esc = "\\b"; break;
+        case '\f': esc = "\\f"; break;
+        default:
+            if (c < 0x20) { snprintf(u, sizeof u, "\\u%04x", c); esc = u; }
+        }
+        if (!esc) continue;
+        sb_add(b, s + run, i - run);
+        sb_str(b, esc);
+        run = i + 1;
+    }
+    sb_add(b, s + run, n - run);
+    sb_add(b, "\"", 1);
+}
+
+static void py_dumps(sbuf *b, const json_t *v)
+{
+    char num[32];
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *k;
+        json_t *x;
+        bool first = true;
+        sb_add(b, "{", 1);
+        json_object_foreach((json_t *)v, k, x) {
+            if (!first) sb_add(b, ", ", 2);
+            first = false;
+            py_json_string(b, k, strlen(k));
+            sb_add(b, ": ", 2);
+            py_dumps(b, x);
+        }
+        sb_add(b, "}", 1);
+        break;
+    }
+    case JSON_ARRAY: {
+        size_t i;
+        json_t *x;
+        sb_add(b, "[", 1);
+        json_array_foreach(v, i, x) {
+            if (i) sb_add(b, ", ", 2);
+            py_dumps(b, x);
+        }
+        sb_add(b, "]", 1);
+        break;
+    }
+    case JSON_STRING: py_json_string(b, json_string_value(v), json_string_length(v)); break;
+    case JSON_INTEGER:
+        snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        sb_str(b, num);
+        break;
+    case JSON_REAL: py_float(b, json_real_value(v)); break;
+    case JSON_TRUE: sb_str(b, "true"); break;
+    case JSON_FALSE: sb_str(b, "false"); break;
+    case JSON_NULL: sb_str(b, "null"); break;
+    }
+}
+
+/* Caller-derived JSON goes in as a plain range (no special tokens inside). */
+static void sb_json(sbuf *b, const json_t *v)
+{
+    sbuf t = {0};
+    py_dumps(&t, v);
+    if (t.oom) b->oom = true;
+    else sb_content(b, (span){ t.p, t.n });
+    free(t.p);
+}
+
+/* Python str(value) for a tool argument: strings as they are, True/False/None. */
+static void sb_pystr(sbuf *b, const json_t *v)
+{
+    sbuf t = {0};
+    switch (json_typeof(v)) {
+    case JSON_STRING: sb_add(&t, json_string_value(v), json_string_length(v)); break;
+    case JSON_TRUE: sb_str(&t, "True"); break;
+    case JSON_FALSE: sb_str(&t, "False"); break;
+    case JSON_NULL: sb_str(&t, "None"); break;
+    default: py_dumps(&t, v);   /* numbers print the same in both */
+    }
+    if (t.oom) b->oom = true;
+    else sb_content(b, (span){ t.p, t.n });
+    free(t.p);
+}
+
+/* Parses the arguments of call k of message i (NULL arguments -> *out NULL). */
+static sn_status parse_args(const sn_chat_tool_call *c, size_t i, size_t k, const char *fmt, json_t **out)
+{
+    *out = NULL;
+    if (!c->arguments) return SN_OK;
+    json_error_t e;
+    *out = json_loads(c->arguments, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &e);
+    if (!*out)
+        return SN_FAIL(SN_E_INVALID, "chat (%s): message %zu, tool call %zu: arguments are not valid JSON: %s (column %d)",
+                       fmt, i, k, e.text, e.column);
+    return SN_OK;
+}
+
+/* Parses the tools option: NULL when absent; must be an array. */
+static sn_status parse_tools(const sn_chat_opts *o, const char *fmt, json_t **out)
+{
+    *out = NULL;
+    if (!o->tools) return SN_OK;
+    json_error_t e;
+    *out = json_loads(o->tools, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &e);
+    if (!*out) return SN_FAIL(SN_E_INVALID, "chat (%s): tools are not valid JSON: %s (column %d)", fmt, e.text, e.column);
+    if (!json_is_array(*out)) {
+        json_decref(*out);
+        *out = NULL;
+        return SN_FAIL(SN_E_INVALID, "chat (%s): tools must be a JSON array", fmt);
+    }
+    return SN_OK;
+}
+
+static sn_status check_calls(const sn_chat_msg *m, size_t i, const char *fmt)
+{
+    if (m->n_tool_calls && !role_is(m, "assistant"))
+        return SN_FAIL(SN_E_INVALID, "chat (%s): message %zu: only assistant messages carry tool calls", fmt, i);
+    if (m->n_tool_calls && !m->tool_calls)
+        return SN_FAIL(SN_E_INVALID, "chat (%s): message %zu: n_tool_calls without tool_calls", fmt, i);
+    for (size_t k = 0; k < m->n_tool_calls; k++)
+        if (!m->tool_calls[k].name)
+            return SN_FAIL(SN_E_INVALID, "chat (%s): message %zu: tool call %zu has no name", fmt, i, k);
+    return SN_OK;
+}
+
+#include "tok/chat_tool_text.h"
+
+/* Qwen3.5 assistant tool calls, XML style: <tool_call>\n<function=NAME>\n
+ * then <parameter=KEY>\nVALUE\n</parameter>\n per argument. */
+static sn_status qwen3_5_calls(sbuf *b, const sn_chat_msg *m, size_t i, span content)
+{
+    for (size_t k = 0; k < m->n_tool_calls; k++) {
+        const sn_chat_tool_call *c = &m->tool_calls[k];
+        if (k > 0) sb_str(b, "\n<tool_call>\n<function=");
+        else sb_str(b, trim(content).n ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function=");
+        sb_content(b, sp_of(c->name));
+        sb_str(b, ">\n");
+        json_t *args;
+        SN_TRY(parse_args(c, i, k, "qwen3_5", &args));
+        if (args && !json_is_object(args)) {
+            json_decref(args);
+            return SN_FAIL(SN_E_INVALID, "chat (qwen3_5): message %zu, tool call %zu: arguments must be a JSON object", i, k);
+        }
+        const char *key;
+        json_t *v;
+        if (args)
+            json_object_foreach(args, key, v) {
+                sb_str(b, "<parameter=");
+                sb_content(b, sp_of(key));
+                sb_str(b, ">\n");
+                /* mappings and lists as JSON, everything else as Python str() */
+                if (json_is_object(v) || json_is_array(v)) sb_json(b, v);
+                else sb_pystr(b, v);
+                sb_str(b, "\n</parameter>\n");
+            }
+        json_decref(args);
+        sb_str(b, "</function>\n</tool_call>");
+    }
+    return SN_OK;
+}
+
+/* Qwen3.5 (Qwen/Qwen3.5-4B chat_template). */
+static sn_status render_qwen3_5(sbuf *b, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o, json_t *tools)
 {
     SN_TRY(check_roles(msgs, n, true, "qwen3_5"));
-    /* messages[0] system: rendered before the loop, trimmed */
-    if (role_is(&msgs[0], "system")) {
+    if (json_array_size(tools) > 0) {
+        /* one system turn: the tool list, then the system message if any */
+        sb_str(b, "<|im_start|>system\n");
+        sb_str(b, QWEN35_TOOLS_HEAD);
+        size_t k;
+        json_t *tool;
+        json_array_foreach(tools, k, tool) {
+            sb_str(b, "\n");
+            sb_json(b, tool);
+        }
+        sb_str(b, "\n</tools>");
+        sb_str(b, QWEN35_TOOLS_TAIL);
+        if (role_is(&msgs[0], "system")) {
+            span c = trim(sp_of(msgs[0].content));
+            if (c.n) {
+                sb_str(b, "\n\n");
+                sb_content(b, c);
+            }
+        }
+        sb_str(b, "<|im_end|>\n");
+    } else if (role_is(&msgs[0], "system")) {
+        /* messages[0] system: rendered before the loop, trimmed */
         sb_str(b, "<|im_start|>system\n");
         sb_content(b, trim(sp_of(msgs[0].content)));
         sb_str(b, "<|im_end|>\n");
@@ -159,6 +410,7 @@ static sn_status render_qwen3_5(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
     if (!found) return SN_FAIL(SN_E_INVALID, "chat (qwen3_5): no user query found in the messages");
     for (size_t i = 0; i < n; i++) {
         const sn_chat_msg *m = &msgs[i];
+        SN_TRY(check_calls(m, i, "qwen3_5"));
         span content = trim(sp_of(m->content));
         if (role_is(m, "system")) {
             if (i != 0) return SN_FAIL(SN_E_INVALID, "chat (qwen3_5): system message %zu must be at the beginning", i);
@@ -191,6 +443,7 @@ static sn_status render_qwen3_5(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
                 sb_str(b, "<|im_start|>assistant\n");
             }
             sb_content(b, content);
+            SN_TRY(qwen3_5_calls(b, m, i, content));
             sb_str(b, "<|im_end|>\n");
         } else { /* tool */
             /* loop.previtem is undefined for the first message: no opening then */
@@ -206,25 +459,60 @@ static sn_status render_qwen3_5(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
     return SN_OK;
 }
 
-/* Qwen2.5-Instruct (no tools): no trimming; default system prompt. */
-static sn_status render_qwen2(sbuf *b, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o)
+#define QWEN2_DEFAULT_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+/* Qwen2.5-Instruct: no trimming; default system prompt; JSON tool calls. */
+static sn_status render_qwen2(sbuf *b, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o, json_t *tools)
 {
     SN_TRY(check_roles(msgs, n, true, "qwen2"));
-    if (role_is(&msgs[0], "system")) {
+    if (json_array_size(tools) > 0) {
+        sb_str(b, "<|im_start|>system\n");
+        if (role_is(&msgs[0], "system")) sb_content(b, sp_of(msgs[0].content));
+        else sb_str(b, QWEN2_DEFAULT_SYSTEM);
+        sb_str(b, QWEN2_TOOLS_HEAD);
+        size_t k;
+        json_t *tool;
+        json_array_foreach(tools, k, tool) {
+            sb_str(b, "\n");
+            sb_json(b, tool);
+        }
+        sb_str(b, QWEN2_TOOLS_TAIL);
+    } else if (role_is(&msgs[0], "system")) {
         sb_str(b, "<|im_start|>system\n");
         sb_content(b, sp_of(msgs[0].content));
         sb_str(b, "<|im_end|>\n");
     } else {
-        sb_str(b, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n");
+        sb_str(b, "<|im_start|>system\n" QWEN2_DEFAULT_SYSTEM "<|im_end|>\n");
     }
     for (size_t i = 0; i < n; i++) {
         const sn_chat_msg *m = &msgs[i];
+        SN_TRY(check_calls(m, i, "qwen2"));
         if (role_is(m, "tool")) {
             if (i == 0 || !role_is(&msgs[i - 1], "tool")) sb_str(b, "<|im_start|>user");
             sb_str(b, "\n<tool_response>\n");
             sb_content(b, sp_of(m->content));
             sb_str(b, "\n</tool_response>");
             if (i + 1 == n || !role_is(&msgs[i + 1], "tool")) sb_str(b, "<|im_end|>\n");
+        } else if (m->n_tool_calls) {
+            /* '<|im_start|>assistant' ['\n' + content] then one JSON object per call */
+            sb_str(b, "<|im_start|>assistant");
+            if (m->content && *m->content) {
+                sb_str(b, "\n");
+                sb_content(b, sp_of(m->content));
+            }
+            for (size_t k = 0; k < m->n_tool_calls; k++) {
+                const sn_chat_tool_call *c = &m->tool_calls[k];
+                json_t *args;
+                SN_TRY(parse_args(c, i, k, "qwen2", &args));
+                if (!args) return SN_FAIL(SN_E_INVALID, "chat (qwen2): message %zu, tool call %zu has no arguments", i, k);
+                sb_str(b, "\n<tool_call>\n{\"name\": \"");
+                sb_content(b, sp_of(c->name));
+                sb_str(b, "\", \"arguments\": ");
+                sb_json(b, args);
+                sb_str(b, "}\n</tool_call>");
+                json_decref(args);
+            }
+            sb_str(b, "<|im_end|>\n");
         } else if (!(i == 0 && role_is(m, "system"))) {
             sb_str(b, "<|im_start|>");
             sb_str(b, m->role);
@@ -239,13 +527,25 @@ static sn_status render_qwen2(sbuf *b, const sn_chat_msg *msgs, size_t n, const 
 
 #include "tok/chat_mistral_sys.h"
 
+static size_t utf8_chars(const char *s)
+{
+    size_t k = 0;
+    for (; *s; s++) k += ((unsigned char)*s & 0xc0) != 0x80;
+    return k;
+}
+
+static bool str_eq(const char *a, const char *b) { return (!a || !b) ? a == b : strcmp(a, b) == 0; }
+
 /* Mistral-Small-3.2 (tekken V7 layout): <s>, one system prompt block (the
  * default one, dated, when messages[0] is not a system message), then
  * [INST]user[/INST] and assistant</s>; roles after the system message must
- * alternate user/assistant as the template checks. */
-static sn_status render_mistral(sbuf *b, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o)
+ * alternate user/assistant as the template checks (tool results and turns
+ * with tool calls aside). Tools go in [AVAILABLE_TOOLS] before the last
+ * user message (and before any earlier user message equal to it: the
+ * template compares the message dicts). */
+static sn_status render_mistral(sbuf *b, const sn_chat_msg *msgs, size_t n, const sn_chat_opts *o, json_t *tools)
 {
-    SN_TRY(check_roles(msgs, n, false, "mistral"));
+    SN_TRY(check_roles(msgs, n, true, "mistral"));
     size_t first = 0;
     sb_str(b, "<s>[SYSTEM_PROMPT]");
     if (role_is(&msgs[0], "system")) {
@@ -266,10 +566,16 @@ static sn_status render_mistral(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
         sb_str(b, MISTRAL_SYS_TAIL);
     }
     sb_str(b, "[/SYSTEM_PROMPT]");
-    for (size_t i = first, k = 0; i < n; i++, k++)
+    const sn_chat_msg *last_user = NULL;
+    for (size_t i = first, k = 0; i < n; i++) {
+        SN_TRY(check_calls(&msgs[i], i, "mistral"));
+        if (role_is(&msgs[i], "user")) last_user = &msgs[i];
+        if (role_is(&msgs[i], "tool") || msgs[i].n_tool_calls) continue;
         if (role_is(&msgs[i], "user") != (k % 2 == 0))
             return SN_FAIL(SN_E_INVALID, "chat (mistral): message %zu: after the optional system message, roles must "
                            "alternate user/assistant/user/...", i);
+        k++;
+    }
     for (size_t i = first; i < n; i++) {
         const sn_chat_msg *m = &msgs[i];
         span c = sp_of(m->content);
@@ -278,9 +584,40 @@ static sn_status render_mistral(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
             sb_content(b, c);
             sb_str(b, "[/SYSTEM_PROMPT]");
         } else if (role_is(m, "user")) {
+            if (tools && str_eq(m->content, last_user->content)) {
+                sb_str(b, "[AVAILABLE_TOOLS]");
+                sb_json(b, tools);
+                sb_str(b, "[/AVAILABLE_TOOLS]");
+            }
             sb_str(b, "[INST]");
             sb_content(b, c);
             sb_str(b, "[/INST]");
+        } else if (role_is(m, "tool")) {
+            if (!m->tool_call_id || utf8_chars(m->tool_call_id) != 9)
+                return SN_FAIL(SN_E_INVALID, "chat (mistral): message %zu: tool_call_id must be 9 characters", i);
+            sb_str(b, "[TOOL_RESULTS]");
+            sb_content(b, sp_of(m->tool_call_id));
+            sb_str(b, "[TOOL_CONTENT]");
+            sb_content(b, c);
+            sb_str(b, "[/TOOL_RESULTS]");
+        } else if (m->n_tool_calls) {
+            /* the content of a turn with tool calls is not rendered */
+            for (size_t k = 0; k < m->n_tool_calls; k++) {
+                const sn_chat_tool_call *tc = &m->tool_calls[k];
+                if (!tc->id || utf8_chars(tc->id) != 9)
+                    return SN_FAIL(SN_E_INVALID, "chat (mistral): message %zu, tool call %zu: the id must be 9 characters", i, k);
+                json_t *args;
+                SN_TRY(parse_args(tc, i, k, "mistral", &args));
+                if (!args) return SN_FAIL(SN_E_INVALID, "chat (mistral): message %zu, tool call %zu has no arguments", i, k);
+                sb_str(b, "[TOOL_CALLS]");
+                sb_content(b, sp_of(tc->name));
+                sb_str(b, "[CALL_ID]");
+                sb_content(b, sp_of(tc->id));
+                sb_str(b, "[ARGS]");
+                sb_json(b, args);
+                json_decref(args);
+            }
+            sb_str(b, "</s>");
         } else {
             sb_content(b, c);
             sb_str(b, "</s>");
@@ -323,13 +660,17 @@ sn_status sn_chat_render_ranges(sn_chat_format f, const sn_chat_msg *msgs, size_
     if (!o) o = &defaults;
     sbuf b = {0};
     sb_add(&b, "", 0);
-    sn_status st;
-    switch (f) {
-    case SN_CHAT_QWEN3_5: st = render_qwen3_5(&b, msgs, n, o); break;
-    case SN_CHAT_QWEN2: st = render_qwen2(&b, msgs, n, o); break;
-    case SN_CHAT_MISTRAL: st = render_mistral(&b, msgs, n, o); break;
-    default: st = SN_FAIL(SN_E_INVALID, "sn_chat_render: unknown format %d", (int)f);
+    json_t *tools = NULL;
+    sn_status st = parse_tools(o, sn_chat_format_name(f), &tools);
+    if (st == SN_OK) {
+        switch (f) {
+        case SN_CHAT_QWEN3_5: st = render_qwen3_5(&b, msgs, n, o, tools); break;
+        case SN_CHAT_QWEN2: st = render_qwen2(&b, msgs, n, o, tools); break;
+        case SN_CHAT_MISTRAL: st = render_mistral(&b, msgs, n, o, tools); break;
+        default: st = SN_FAIL(SN_E_INVALID, "sn_chat_render: unknown format %d", (int)f);
+        }
     }
+    json_decref(tools);
     if (st == SN_OK && b.oom) st = SN_FAIL(SN_E_NOMEM, "chat: out of memory rendering the prompt");
     if (st != SN_OK) {
         free(b.p);

@@ -13,8 +13,9 @@
  *     UTF-8, and decode(encode(s)) == NFC(s)
  *   1 ids (pairs of bytes, some out of range): the streamed detokenizer emits
  *     valid UTF-8 at each step and adds up to sn_tok_decode
- *   2 chat: NUL-separated messages, roles from a byte each, every format;
- *     guarded encode of the prompt decodes back to NFC(prompt)
+ *   2 chat: NUL-separated messages, roles from a byte each (a content
+ *     starting with { or [ is also a tool call's arguments), every format,
+ *     with or without tools; guarded encode decodes back to NFC(prompt)
  *   3 loader: the payload as a tokenizer file (memfd), then a small encode
  * SN_FUZZ_TOKENIZER overrides the tokenizer path. */
 #include <stdint.h>
@@ -116,6 +117,8 @@ static void fuzz_chat(const uint8_t *d, size_t n)
 {
     static const char *roles[] = { "system", "user", "assistant", "tool", "bogus" };
     sn_chat_msg msgs[16];
+    sn_chat_tool_call calls[16];
+    memset(msgs, 0, sizeof msgs);
     char *copy = malloc(n + 1);
     memcpy(copy, d, n);
     copy[n] = 0;
@@ -126,11 +129,18 @@ static void fuzz_chat(const uint8_t *d, size_t n)
         msgs[k].role = roles[(unsigned char)p[0] % 5];
         msgs[k].content = len ? p + 1 : "";
         msgs[k].reasoning = (len > 1 && p[1] == 'R') ? p + 1 : NULL;
+        if (len > 1 && (p[1] == '{' || p[1] == '[')) {   /* the content doubles as tool-call arguments */
+            calls[k] = (sn_chat_tool_call){ .id = "abcdefghi", .name = "f", .arguments = p + 1 };
+            msgs[k].tool_calls = &calls[k];
+            msgs[k].n_tool_calls = 1;
+            msgs[k].tool_call_id = "abcdefghi";
+        }
         k++;
         p += len + 1;
     }
     for (int f = 0; f < 3 && k; f++) {
-        sn_chat_opts o = { .add_generation_prompt = d[0] & 1, .enable_thinking = d[0] & 2, .today = "2026-01-01" };
+        sn_chat_opts o = { .add_generation_prompt = d[0] & 1, .enable_thinking = d[0] & 2, .today = "2026-01-01",
+                           .tools = (d[0] & 4) ? "[{\"type\": \"function\", \"x\": [1.5, -0.0, 1e300]}]" : NULL };
         char *text = NULL;
         if (sn_chat_render((sn_chat_format)f, msgs, k, &o, &text) != SN_OK) { require(text == NULL); continue; }
         size_t tn = strlen(text);
