@@ -454,20 +454,27 @@ int main(int argc, char **argv)
     double tp = now();
     forward(&m, ids, prefill, 0, &tok);
     double ttft = now() - tp; /* argmax returned the first token: the GPU is done */
-    /* the same prefill with our own tensor-core GEMM instead of cuBLAS */
-    double ttft_own = 0;
+    /* the same prefill with our own tensor-core GEMM instead of cuBLAS, and
+     * both in the single-pass fp16 form */
+    double ttft_own = 0, ttft_fast = 0, ttft_fast_own = 0;
     int have_blas = strstr(dev, "cuBLAS") != NULL;
-    if (have_blas) {
-        TRY(sn_cuda_tune(B, "cublas_min_t", 0));
+    for (int v = 0; v < 3; v++) {
+        if (v == 0 && !have_blas) continue;
+        TRY(sn_cuda_tune(B, "cublas_min_t", v == 1 && have_blas ? 64 : 0));
+        TRY(sn_cuda_tune(B, "gemm_fast", v >= 1));
         reset_state(&m);
         TRY(O->sync(B));
         double t1 = now();
         forward(&m, ids, prefill, 0, &tok);
-        ttft_own = now() - t1;
-        TRY(sn_cuda_tune(B, "cublas_min_t", 64));
-        reset_state(&m);
-        forward(&m, ids, prefill, 0, &tok);
+        double dt = now() - t1;
+        if (v == 0) ttft_own = dt;
+        else if (v == 1) ttft_fast = dt;
+        else ttft_fast_own = dt;
     }
+    TRY(sn_cuda_tune(B, "gemm_fast", 0));
+    if (have_blas) TRY(sn_cuda_tune(B, "cublas_min_t", 64));
+    reset_state(&m);
+    forward(&m, ids, prefill, 0, &tok);
     float probe[8];
     TRY(O->to_host(B, probe, m.logits, sizeof probe));
     int finite = 1;
@@ -519,11 +526,16 @@ int main(int argc, char **argv)
     printf("  GPU memory: %.2f GB in use (%.2f GB held by the backend) of %.1f GB\n", used / 1e9, held / 1e9,
            total / 1e9);
     printf("  copy bandwidth (d2d, read+write): %.0f GB/s\n", copy_gbs);
-    printf("  prefill %d tokens: %.3f s = %.0f tok/s (TTFT %.1f ms)%s\n", prefill, ttft, prefill / ttft, ttft * 1e3,
-           finite ? "" : "  [non-finite logits!]");
+    printf("  prefill %d tokens (default: fp32-class split GEMM%s): %.3f s = %.0f tok/s (TTFT %.1f ms)%s\n", prefill,
+           have_blas ? " via cuBLAS" : "", ttft, prefill / ttft, ttft * 1e3, finite ? "" : "  [non-finite logits!]");
     if (have_blas)
-        printf("  prefill %d tokens with our own GEMM (no cuBLAS): %.3f s = %.0f tok/s\n", prefill, ttft_own,
-               prefill / ttft_own);
+        printf("  prefill %d tokens, fp32-class GEMM, own kernel (no cuBLAS): %.3f s = %.0f tok/s\n", prefill,
+               ttft_own, prefill / ttft_own);
+    if (have_blas)
+        printf("  prefill %d tokens, single-pass fp16 GEMM via cuBLAS: %.3f s = %.0f tok/s\n", prefill, ttft_fast,
+               prefill / ttft_fast);
+    printf("  prefill %d tokens, single-pass fp16 GEMM, own kernel: %.3f s = %.0f tok/s\n", prefill, ttft_fast_own,
+           prefill / ttft_fast_own);
     printf("  decode (graph): %.1f tok/s (median step %.3f ms), %.0f GB/s = %.0f%% of copy bandwidth\n", dec_graph,
            med * 1e3, gbs, 100.0 * gbs / copy_gbs);
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "

@@ -736,6 +736,8 @@ sn_status cuda_embed(sn_backend *b, const sn_weight *w, const int32_t *ids, int 
         return SN_OK;
     if (!ids || !y)
         return SN_FAIL(SN_E_INVALID, "embed: NULL buffer");
+    if (T > 65535)
+        return SN_FAIL(SN_E_UNSUPPORTED, "embed: %d tokens in one call (max 65535)", T);
     for (int t = 0; t < T; t++)
         if (ids[t] < 0 || ids[t] >= w->rows)
             return SN_FAIL(SN_E_RANGE, "embed: token id %d at %d outside [0, %lld)", ids[t], t, (long long)w->rows);
@@ -925,6 +927,8 @@ sn_status cuda_gdn(sn_backend *b, const sn_gdn_dims *d, const float *qkv, const 
         return SN_OK;
     if (!qkv || !a || !bb || !conv_w || !A_log || !dt_bias || !out)
         return SN_FAIL(SN_E_INVALID, "gdn: NULL buffer");
+    if (T > 65535)
+        return SN_FAIL(SN_E_UNSUPPORTED, "gdn: %d tokens in one call (max 65535)", T);
     rec r = rec_new(R_GDN);
     r.p[0] = qkv; r.p[1] = a; r.p[2] = bb; r.p[3] = conv_w; r.p[4] = A_log; r.p[5] = dt_bias;
     r.p[6] = st->conv; r.p[7] = st->S; r.p[8] = out;
@@ -1001,6 +1005,8 @@ extern "C" sn_status sn_cuda_moe(sn_backend *b, const sn_weight *gate, const sn_
         return SN_OK;
     if (!logits || !x || !out)
         return SN_FAIL(SN_E_INVALID, "moe: NULL buffer");
+    if (T > 65535)
+        return SN_FAIL(SN_E_UNSUPPORTED, "moe: %d tokens in one call (max 65535)", T);
     rec r = rec_new(R_MOE);
     r.p[0] = gate; r.p[1] = up; r.p[2] = down; r.p[3] = logits; r.p[4] = x; r.p[5] = out;
     r.i[0] = top_k; r.i[1] = norm_topk ? 1 : 0; r.i[2] = T;
@@ -1137,6 +1143,11 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->base.n_threads = 1;
     cb->dev = gpu;
     cb->fuse = true;
+    {
+        /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
+        const char *g = getenv("SANCTUM_CUDA_GEMM");
+        cb->di.gemm_fast = g && !strcmp(g, "fast");
+    }
     cb->di.n_sm = prop.multiProcessorCount;
     cb->di.smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(cb->name, sizeof cb->name, "%s", prop.name);
@@ -1240,6 +1251,11 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
         SN_TRY(host_barrier(cb));
         cb->di.gemv_rpw = value;
         cb->g_valid = false; /* the graph was captured with the old choice */
+        return SN_OK;
+    }
+    if (!strcmp(key, "gemm_fast")) {
+        SN_TRY(host_barrier(cb));
+        cb->di.gemm_fast = value != 0;
         return SN_OK;
     }
     if (!strcmp(key, "fuse")) {

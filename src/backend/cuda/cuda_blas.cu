@@ -36,9 +36,11 @@ void *try_open(const char *name)
     return dlopen(name, RTLD_NOW | RTLD_GLOBAL);
 }
 
-/* dequantize rows [r0, r0+n) of matrix e to fp16 [n, cols]; one thread per word */
+/* dequantize rows [r0, r0+n) of matrix e to fp16 rows of ld = nseg*Kp:
+ * [wh | wh | wl*2^11] for nseg 3 (see k_x_to_f16), [wh] for 1; columns
+ * past cols are zeroed by the caller. One thread per word. */
 __global__ void k_dequant_f16(cu_weight w, const uint32_t *__restrict__ q, const void *__restrict__ sb, int64_t r0,
-                              int64_t n, __half *__restrict__ out)
+                              int64_t n, int64_t Kp, int nseg, __half *__restrict__ out)
 {
     int per = 32 / w.bits;
     int64_t total = n * w.words;
@@ -65,12 +67,19 @@ __global__ void k_dequant_f16(cu_weight w, const uint32_t *__restrict__ q, const
                 b = f.y;
             }
         }
-        __half *o = out + r * w.cols + c0;
+        __half *o = out + r * nseg * Kp + c0;
         uint32_t mask = (1u << w.bits) - 1u;
         for (int k = 0; k < per; k += 2) {
             float v0 = s * (float)((word >> (w.bits * k)) & mask) + b;
             float v1 = s * (float)((word >> (w.bits * (k + 1))) & mask) + b;
-            *reinterpret_cast<__half2 *>(o + k) = __floats2half2_rn(v0, v1);
+            __half2 h = __floats2half2_rn(v0, v1);
+            *reinterpret_cast<__half2 *>(o + k) = h;
+            if (nseg == 3) {
+                float2 hf = __half22float2(h);
+                *reinterpret_cast<__half2 *>(o + Kp + k) = h;
+                *reinterpret_cast<__half2 *>(o + 2 * Kp + k) =
+                    __floats2half2_rn((v0 - hf.x) * 2048.f, (v1 - hf.y) * 2048.f);
+            }
         }
     }
 }
@@ -143,20 +152,24 @@ void cu_blas_close(void *h)
     free(c);
 }
 
-size_t cu_blas_scratch_bytes(const cu_weight *w)
+static int64_t kpad(const cu_weight *w) { return (w->cols + 63) / 64 * 64; }
+
+size_t cu_blas_scratch_bytes(const cu_weight *w, int nseg)
 {
-    int64_t rows = (int64_t)(CHUNK_BYTES / (2 * (size_t)w->cols));
+    size_t per_row = 2 * (size_t)nseg * kpad(w);
+    int64_t rows = (int64_t)(CHUNK_BYTES / per_row);
     rows = rows < 256 ? 256 : rows;
     if (rows > w->rows)
         rows = w->rows;
-    return (size_t)rows * w->cols * 2 + 256;
+    return (size_t)rows * per_row + 256;
 }
 
 sn_status cu_blas_matmul(void *h, cudaStream_t s, const cu_weight *w, int64_t e, const __half *xh, int64_t Kp,
-                         const float *sig, int T, float *y, void *wscratch)
+                         int nseg, const float *sig, int T, float *y, void *wscratch)
 {
     blas_ctx *c = (blas_ctx *)h;
-    int64_t chunk = (int64_t)((cu_blas_scratch_bytes(w) - 256) / (2 * (size_t)w->cols));
+    const int64_t ld = nseg * Kp;
+    int64_t chunk = (int64_t)((cu_blas_scratch_bytes(w, nseg) - 256) / (2 * (size_t)ld));
     size_t sbsz = w->sfmt == CS_F32 ? 8 : 4;
     const uint32_t *q = (const uint32_t *)w->q + (size_t)e * w->rows * w->words;
     const void *sb = (const char *)w->sb + (size_t)e * w->rows * w->groups * sbsz;
@@ -167,12 +180,14 @@ sn_status cu_blas_matmul(void *h, cudaStream_t s, const cu_weight *w, int64_t e,
         int64_t words = n * w->words;
         unsigned grid = (unsigned)((words + 255) / 256 > 8192 ? 8192 : (words + 255) / 256);
         /* the kernel indexes rows from r0 of this matrix: pass the matrix base */
-        k_dequant_f16<<<grid, 256, 0, s>>>(*w, q, sb, r0, n, wh);
+        if (Kp != w->cols)
+            CU_TRY(cudaMemsetAsync(wh, 0, sizeof(__half) * n * ld, s), "cublas pad");
+        k_dequant_f16<<<grid, 256, 0, s>>>(*w, q, sb, r0, n, Kp, nseg, wh);
         CU_CHECK_LAUNCH("cublas dequant");
-        /* column-major: C[n, T] (= y^T rows r0..) = W_chunk (op T of [cols, n]) x xh^T [cols, T] */
-        cublasStatus_t st = c->api.gemm(c->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, T, (int)w->cols, &one, wh, CUDA_R_16F,
-                                        (int)w->cols, xh, CUDA_R_16F, (int)Kp, &zero, y + r0, CUDA_R_32F,
-                                        (int)w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        /* column-major: C[n, T] (= y^T rows r0..) = W_chunk (op T of [ld, n]) x xh^T [ld, T] */
+        cublasStatus_t st = c->api.gemm(c->h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, T, (int)ld, &one, wh, CUDA_R_16F,
+                                        (int)ld, xh, CUDA_R_16F, (int)ld, &zero, y + r0, CUDA_R_32F, (int)w->rows,
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (st != CUBLAS_STATUS_SUCCESS)
             return SN_FAIL(SN_E_BACKEND, "cublasGemmEx [%lld x %d x %lld]: status %d", (long long)n, T,
                            (long long)w->cols, (int)st);

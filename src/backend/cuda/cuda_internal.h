@@ -66,15 +66,16 @@ typedef struct {
     int gemv_rpw;         /* rows per warp of the quantized GEMV: 0 = by shape, else 2 or 4 */
     void *blas;           /* cuBLAS context (cuda_blas.cu) or NULL when not loaded */
     int blas_min_t;       /* quantized GEMMs of at least this many tokens use cuBLAS; 0 = never */
+    int gemm_fast;        /* 1: single fp16 pass (11-bit operands); 0: split fp16x3, fp32-class (default) */
 } cu_devinfo;
 
 /* ---- optional cuBLAS (cuda_blas.cu), loaded with dlopen ---- */
 sn_status cu_blas_open(cudaStream_t s, void **out); /* SN_E_UNSUPPORTED when not installed */
 void cu_blas_close(void *h);
-size_t cu_blas_scratch_bytes(const cu_weight *w);
-/* y[T, rows] = sig[t] * (xh[T, :cols] @ W_e^T) + bias, xh fp16 with row stride Kp */
+size_t cu_blas_scratch_bytes(const cu_weight *w, int nseg);
+/* y[T, rows] = sig[t] * (xh[T, :] @ W_e'^T) + bias, xh fp16 rows of nseg segments of Kp (see k_x_to_f16) */
 sn_status cu_blas_matmul(void *h, cudaStream_t s, const cu_weight *w, int64_t e, const __half *xh, int64_t Kp,
-                         const float *sig, int T, float *y, void *wscratch);
+                         int nseg, const float *sig, int T, float *y, void *wscratch);
 
 /* Raise the dynamic shared memory limit of every kernel that needs more
  * than 48 KB, once per process and device (not legal inside a capture). */

@@ -76,11 +76,15 @@ __device__ __forceinline__ int64_t xperm(int64_t c, int i)
     return ((c >> 5) * NF4 + i) * 32 + (c & 31);
 }
 
+/* x_t for t < T into shared memory in the lane-major order, followed by
+ * the sum of each chunk's values ([T][nch] floats after the T*stride4
+ * float4s), so the affine bias costs one FMA per chunk and row. Ends with
+ * a barrier. */
 template <int BITS>
 __device__ void stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t stride4)
 {
     constexpr int NF4 = (128 / BITS) / 4;
-    int64_t n4 = cols / 4;
+    int64_t n4 = cols / 4, nch = n4 / NF4;
     bool aligned = ((uintptr_t)x & 15) == 0; /* cols % 4 == 0 always (cols % 32 == 0) */
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * cols;
@@ -91,6 +95,23 @@ __device__ void stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t
             xs[t * stride4 + xperm<BITS>(c, (int)(q % NF4))] = v;
         }
     }
+    __syncthreads();
+    float *sums = (float *)(xs + (size_t)T * stride4);
+    for (int64_t tc = threadIdx.x; tc < T * nch; tc += blockDim.x) {
+        int t = (int)(tc / nch);
+        int64_t c = tc % nch;
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < NF4; i++) {
+            float4 f = xs[t * stride4 + xperm<BITS>(c, i)];
+            a += f.x;
+            a += f.y;
+            a += f.z;
+            a += f.w;
+        }
+        sums[tc] = a;
+    }
+    __syncthreads();
 }
 
 /* acc[r][t] += row (r0+r) . x_t over all chunks handled by this lane. The
@@ -114,10 +135,20 @@ __device__ __forceinline__ void qload(const uint32_t *W, const void *sb, int sf,
     }
 }
 
+/* Q4 values as floats without a conversion instruction: the low nibbles
+ * of w (values 0,2,4,6 in bytes 0..3) and the high ones (1,3,5,7) are
+ * masked into bytes, and one byte-permute per value builds the float
+ * 0x3F00qq00 = 0.5 + q/256 (q in the top mantissa bits, so the fp32 sums
+ * keep ~20 bits once 0.5*sum(x) is taken off). */
+__device__ __forceinline__ float q4v(uint32_t bytes, int k)
+{
+    return __uint_as_float(__byte_perm(bytes, 0x3F000000u, 0x7044u | ((uint32_t)k << 8)));
+}
+
 template <int BITS, int TT, int RPW>
 __device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int sf, int64_t words, int64_t groups,
                                           int group, int nrows, const float4 *xs, int64_t stride4,
-                                          float acc[RPW][TT])
+                                          const float *xsums, float acc[RPW][TT])
 {
     constexpr int VPC = 128 / BITS;
     constexpr int NF4 = VPC / 4;
@@ -140,10 +171,7 @@ __device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int
                 float4 f = xs[t * stride4 + xperm<BITS>(c, i)];
                 xv[4 * i] = f.x; xv[4 * i + 1] = f.y; xv[4 * i + 2] = f.z; xv[4 * i + 3] = f.w;
             }
-            float xsum = 0.f;
-#pragma unroll
-            for (int i = 0; i < VPC; i++)
-                xsum += xv[i];
+            const float xsum = xsums[t * nch + c];
 #pragma unroll
             for (int r = 0; r < RPW; r++) {
                 float d = 0.f;
@@ -151,11 +179,11 @@ __device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     if (BITS == 4) {
+                        uint32_t lo = ws[j] & 0x0F0F0F0Fu, hi = (ws[j] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
                         for (int k = 0; k < 4; k++) {
-                            float2 p = qpair<4>(ws[j], k);
-                            d = fmaf(p.x, xv[8 * j + k], d);
-                            d = fmaf(p.y, xv[8 * j + k + 4], d);
+                            d = fmaf(q4v(lo, k), xv[8 * j + 2 * k], d);
+                            d = fmaf(q4v(hi, k), xv[8 * j + 2 * k + 1], d);
                         }
                     } else {
 #pragma unroll
@@ -166,8 +194,9 @@ __device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int
                         }
                     }
                 }
-                constexpr float QS = (float)(1 << BITS);
-                acc[r][t] += sbv[r].x * (QS * (d - xsum)) + sbv[r].y * xsum;
+                /* Q4: sum q*x = 256*(d - xsum/2); Q8: 256*(d - xsum) (values 1 + q/256) */
+                float qd = BITS == 4 ? 256.f * (d - 0.5f * xsum) : 256.f * (d - xsum);
+                acc[r][t] += sbv[r].x * qd + sbv[r].y * xsum;
             }
         }
         if (c + 32 < nch) {
@@ -191,7 +220,7 @@ k_gemv_q(const uint32_t *__restrict__ W, const void *__restrict__ sb, int sf, co
     int64_t nch = words / 4;
     int64_t stride4 = ((nch + 31) / 32) * NF4 * 32;
     stage_x<BITS>(xs, x, T, cols, stride4);
-    __syncthreads();
+    const float *xsums = (const float *)(xs + (size_t)T * stride4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t rows_per_block = GEMV_WARPS * RPW;
     for (int64_t rb = blockIdx.x; rb * rows_per_block < rows; rb += gridDim.x) {
@@ -206,7 +235,7 @@ k_gemv_q(const uint32_t *__restrict__ W, const void *__restrict__ sb, int sf, co
             for (int t = 0; t < TT; t++)
                 acc[r][t] = 0.f;
         qdot_rows<BITS, TT, RPW>(W + r0 * words, (const char *)sb + (size_t)r0 * groups * (sf == CS_F32 ? 8 : 4), sf,
-                            words, groups, group, nrows, xs, stride4, acc);
+                            words, groups, group, nrows, xs, stride4, xsums, acc);
 #pragma unroll
         for (int r = 0; r < RPW; r++)
 #pragma unroll
@@ -260,7 +289,7 @@ k_gemv_group(gemv_group g, int sf, int64_t cols, int64_t words, int64_t groups, 
     int64_t nch = words / 4;
     int64_t stride4 = ((nch + 31) / 32) * NF4 * 32;
     stage_x<BITS>(xs, x, 1, cols, stride4);
-    __syncthreads();
+    const float *xsums = (const float *)(xs + stride4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t sbsz = sf == CS_F32 ? 8 : 4;
     for (int rbg = blockIdx.x; rbg < g.rb0[g.n]; rbg += gridDim.x) {
@@ -277,7 +306,7 @@ k_gemv_group(gemv_group g, int sf, int64_t cols, int64_t words, int64_t groups, 
         for (int r = 0; r < RPW; r++)
             acc[r][0] = 0.f;
         qdot_rows<BITS, 1, RPW>(g.W[i] + r0 * words, (const char *)g.sb[i] + (size_t)r0 * groups * sbsz, sf, words,
-                                groups, group, nrows, xs, stride4, acc);
+                                groups, group, nrows, xs, stride4, xsums, acc);
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
             float v = acc[r][0];
@@ -377,9 +406,17 @@ __global__ void k_gemv_dense(const void *__restrict__ W, const float *__restrict
 
 /* x rows are scaled by a power of two into fp16 range (|x| < 2^15) so large
  * activations cannot overflow; y is scaled back exactly. Rows >= T and
- * columns >= cols are zero so the GEMM needs no bounds on A. */
-__global__ void k_x_to_f16(const float *__restrict__ x, int T, int64_t cols, int64_t Kp, __half *__restrict__ xh,
-                           float *__restrict__ sig)
+ * columns >= cols are zero so the GEMM needs no bounds on A.
+ *
+ * Precise mode (nseg = 3): fp16 keeps 11 bits, too few for the fp32
+ * contract of the model fixtures (their logits move by ~1 at fp16), so each
+ * product is split: x = xh + xl, w = wh + wl/2^11 and
+ *   x.w ~= xh.wh + xl.wh + (xh/2^11).wl          (the xl.wl term is below fp32)
+ * which one GEMM computes with K tripled: row t of xh holds the segments
+ * [xh | xl | xh/2^11], each Kp long, and the weight side is [wh | wh | wl]
+ * (wl scaled by 2^11 keeps it out of fp16's subnormal range). */
+__global__ void k_x_to_f16(const float *__restrict__ x, int T, int64_t cols, int64_t Kp, int nseg,
+                           __half *__restrict__ xh, float *__restrict__ sig)
 {
     int t = blockIdx.x;
     __shared__ float red[32];
@@ -411,9 +448,15 @@ __global__ void k_x_to_f16(const float *__restrict__ x, int T, int64_t cols, int
         s = ldexpf(1.f, e - 15);
     }
     float inv = 1.f / s;
+    __half *row = xh + (size_t)t * nseg * Kp;
     for (int64_t i = threadIdx.x; i < Kp; i += blockDim.x) {
         float v = (t < T && i < cols) ? x[(size_t)t * cols + i] * inv : 0.f;
-        xh[(size_t)t * Kp + i] = __float2half_rn(v);
+        __half h = __float2half_rn(v);
+        row[i] = h;
+        if (nseg == 3) {
+            row[Kp + i] = __float2half_rn(v - __half2float(h));
+            row[2 * Kp + i] = __float2half_rn(__half2float(h) * (1.f / 2048.f));
+        }
     }
     if (threadIdx.x == 0 && t < T)
         sig[t] = s;
@@ -469,7 +512,8 @@ __device__ __forceinline__ void b_fetch(const cu_weight &w, const void *q, const
 }
 
 template <int FMT>
-__device__ __forceinline__ void b_store(const cu_weight &w, int64_t row, int64_t c0, const braw &r, __half *dst)
+__device__ __forceinline__ void b_store(const cu_weight &w, int64_t row, int64_t c0, const braw &r, __half *dst,
+                                        bool lo)
 {
     float v[32];
     if (row >= w.rows || c0 >= w.cols) {
@@ -510,6 +554,10 @@ __device__ __forceinline__ void b_store(const cu_weight &w, int64_t row, int64_t
         for (int i = 0; i < 32; i++)
             v[i] = FMT == CW_BF16 ? __uint_as_float((uint32_t)h[i] << 16) : __half2float(__ushort_as_half(h[i]));
     }
+    if (lo) /* the part fp16 missed, times 2^11 */
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+            v[i] = (v[i] - __half2float(__float2half_rn(v[i]))) * 2048.f;
     uint4 *d = (uint4 *)dst;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -524,21 +572,21 @@ __device__ __forceinline__ void b_store(const cu_weight &w, int64_t row, int64_t
     }
 }
 
-__device__ __forceinline__ void a_fetch_async(const __half *xh, int64_t Kp, int64_t m0, int64_t k0, __half *As)
+__device__ __forceinline__ void a_fetch_async(const __half *xh, int64_t ld, int64_t m0, int64_t k0, __half *As)
 {
     /* 128 rows x 64 halves = 1024 chunks of 16 B, 4 per thread */
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         int chunk = threadIdx.x + i * GEMM_THREADS;
         int r = chunk >> 3, c8 = (chunk & 7) * 8;
-        __pipeline_memcpy_async(As + r * LDS + c8, xh + (size_t)(m0 + r) * Kp + k0 + c8, 16);
+        __pipeline_memcpy_async(As + r * LDS + c8, xh + (size_t)(m0 + r) * ld + k0 + c8, 16);
     }
 }
 
 template <int FMT>
 __global__ void __launch_bounds__(GEMM_THREADS)
 k_gemm(cu_weight w, const void *__restrict__ q, const void *__restrict__ sb, const __half *__restrict__ xh,
-       const float *__restrict__ sig, int64_t Kp, int T, float *__restrict__ y)
+       const float *__restrict__ sig, int64_t Kp, int nseg, int T, float *__restrict__ y)
 {
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -556,22 +604,24 @@ k_gemm(cu_weight w, const void *__restrict__ q, const void *__restrict__ sb, con
         for (int j = 0; j < 2; j++)
             wmma::fill_fragment(acc[i][j], 0.f);
 
-    int64_t nk = Kp / BK;
+    const int64_t ld = Kp * nseg, nk = ld / BK;
     braw r;
-    a_fetch_async(xh, Kp, m0, 0, As);
+    a_fetch_async(xh, ld, m0, 0, As);
     __pipeline_commit();
     b_fetch<FMT>(w, q, sb, n0 + brow, bcol, r);
-    b_store<FMT>(w, n0 + brow, bcol, r, Bs + brow * LDS + bcol);
+    b_store<FMT>(w, n0 + brow, bcol, r, Bs + brow * LDS + bcol, false);
     __pipeline_wait_prior(0);
     __syncthreads();
 
     for (int64_t kt = 0; kt < nk; kt++) {
         int cur = (int)(kt & 1), nxt = cur ^ 1;
         bool more = kt + 1 < nk;
+        /* weight segment of the next tile: [wh | wh | wl] along the tripled K */
+        const int64_t kn = (kt + 1) * BK, segn = kn / Kp, cn = kn - segn * Kp;
         if (more) {
-            a_fetch_async(xh, Kp, m0, (kt + 1) * BK, As + nxt * BM * LDS);
+            a_fetch_async(xh, ld, m0, kn, As + nxt * BM * LDS);
             __pipeline_commit();
-            b_fetch<FMT>(w, q, sb, n0 + brow, (kt + 1) * BK + bcol, r);
+            b_fetch<FMT>(w, q, sb, n0 + brow, cn + bcol, r);
         }
         const __half *Ac = As + cur * BM * LDS, *Bc = Bs + cur * BN * LDS;
 #pragma unroll
@@ -591,7 +641,7 @@ k_gemm(cu_weight w, const void *__restrict__ q, const void *__restrict__ sb, con
                     wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
         }
         if (more) {
-            b_store<FMT>(w, n0 + brow, (kt + 1) * BK + bcol, r, Bs + nxt * BN * LDS + brow * LDS + bcol);
+            b_store<FMT>(w, n0 + brow, cn + bcol, r, Bs + nxt * BN * LDS + brow * LDS + bcol, segn == 2);
             __pipeline_wait_prior(0);
         }
         __syncthreads();
@@ -712,6 +762,10 @@ __global__ void k_moe_route(const float *__restrict__ logits, int T, int E, int 
         }
 }
 
+/* Rows per warp of the expert kernels: expert matrices are small (512 x
+ * 2048 for the 35B-A3B), so more, shorter warps keep more loads in flight. */
+constexpr int MOE_RPW = 2;
+
 /* h[t, j, r] = silu(gate_e[r] . x_t) * (up_e[r] . x_t) for e = idx[t, j].
  * grid (row blocks, k, T); x_t staged once per block. */
 template <int BITS>
@@ -727,22 +781,22 @@ k_moe_gate_up(const uint32_t *__restrict__ Wg, const void *__restrict__ sbg, con
     int64_t nch = words / 4;
     int64_t stride4 = ((nch + 31) / 32) * NF4 * 32;
     stage_x<BITS>(xs, x + (size_t)t * cols, 1, cols, stride4);
-    __syncthreads();
+    const float *xsums = (const float *)(xs + stride4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     size_t sbsz = sf == CS_F32 ? 8 : 4;
-    for (int64_t rb = blockIdx.x; rb * GEMV_WARPS * GEMV_RPW < rows; rb += gridDim.x) {
-        int64_t r0 = rb * GEMV_WARPS * GEMV_RPW + (int64_t)warp * GEMV_RPW;
+    for (int64_t rb = blockIdx.x; rb * GEMV_WARPS * MOE_RPW < rows; rb += gridDim.x) {
+        int64_t r0 = rb * GEMV_WARPS * MOE_RPW + (int64_t)warp * MOE_RPW;
         if (r0 >= rows)
             continue;
-        int nrows = (int)min((int64_t)GEMV_RPW, rows - r0);
-        float ag[GEMV_RPW][1] = {}, au[GEMV_RPW][1] = {};
+        int nrows = (int)min((int64_t)MOE_RPW, rows - r0);
+        float ag[MOE_RPW][1] = {}, au[MOE_RPW][1] = {};
         int64_t base = e * rows + r0;
-        qdot_rows<BITS, 1, GEMV_RPW>(Wg + base * words, (const char *)sbg + base * groups * sbsz, sf, words, groups, group,
-                           nrows, xs, stride4, ag);
-        qdot_rows<BITS, 1, GEMV_RPW>(Wu + base * words, (const char *)sbu + base * groups * sbsz, sf, words, groups, group,
-                           nrows, xs, stride4, au);
+        qdot_rows<BITS, 1, MOE_RPW>(Wg + base * words, (const char *)sbg + base * groups * sbsz, sf, words, groups,
+                                    group, nrows, xs, stride4, xsums, ag);
+        qdot_rows<BITS, 1, MOE_RPW>(Wu + base * words, (const char *)sbu + base * groups * sbsz, sf, words, groups,
+                                    group, nrows, xs, stride4, xsums, au);
 #pragma unroll
-        for (int r = 0; r < GEMV_RPW; r++)
+        for (int r = 0; r < MOE_RPW; r++)
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) {
                 ag[r][0] += __shfl_xor_sync(0xffffffffu, ag[r][0], o);
@@ -751,7 +805,7 @@ k_moe_gate_up(const uint32_t *__restrict__ Wg, const void *__restrict__ sbg, con
         if (lane < nrows) {
             float g = 0.f, u = 0.f;
 #pragma unroll
-            for (int r = 0; r < GEMV_RPW; r++)
+            for (int r = 0; r < MOE_RPW; r++)
                 if (r == lane) {
                     g = ag[r][0];
                     u = au[r][0];
@@ -761,52 +815,60 @@ k_moe_gate_up(const uint32_t *__restrict__ Wg, const void *__restrict__ sbg, con
     }
 }
 
-/* out[t, r] = sum_j w_j * down_e(j)[r] . h[t, j]; grid (row blocks, T). */
+/* part[t, j, r] = down_e(j)[r] . h[t, j]; grid (row blocks, k, T): one
+ * block per expert slice, so all k experts stream at once. */
 template <int BITS>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 k_moe_down(const uint32_t *__restrict__ Wd, const void *__restrict__ sbd, int sf, int64_t rows, int64_t cols,
-           int64_t words, int64_t groups, int group, const int32_t *__restrict__ idx, const float *__restrict__ wts,
-           int k, const float *__restrict__ h, float *__restrict__ out)
+           int64_t words, int64_t groups, int group, const int32_t *__restrict__ idx, int k,
+           const float *__restrict__ h, float *__restrict__ part)
 {
     extern __shared__ float4 xs[];
     constexpr int NF4 = (128 / BITS) / 4;
-    int t = blockIdx.y;
+    int t = blockIdx.z, j = blockIdx.y;
+    int64_t e = idx[(size_t)t * k + j];
     int64_t nch = words / 4;
     int64_t stride4 = ((nch + 31) / 32) * NF4 * 32;
-    stage_x<BITS>(xs, h + (size_t)t * k * cols, k, cols, stride4);
-    __syncthreads();
+    stage_x<BITS>(xs, h + ((size_t)t * k + j) * cols, 1, cols, stride4);
+    const float *xsums = (const float *)(xs + stride4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     size_t sbsz = sf == CS_F32 ? 8 : 4;
-    for (int64_t rb = blockIdx.x; rb * GEMV_WARPS * GEMV_RPW < rows; rb += gridDim.x) {
-        int64_t r0 = rb * GEMV_WARPS * GEMV_RPW + (int64_t)warp * GEMV_RPW;
+    for (int64_t rb = blockIdx.x; rb * GEMV_WARPS * MOE_RPW < rows; rb += gridDim.x) {
+        int64_t r0 = rb * GEMV_WARPS * MOE_RPW + (int64_t)warp * MOE_RPW;
         if (r0 >= rows)
             continue;
-        int nrows = (int)min((int64_t)GEMV_RPW, rows - r0);
-        float tot[GEMV_RPW] = {};
-        for (int j = 0; j < k; j++) {
-            int64_t e = idx[(size_t)t * k + j];
-            float wj = wts[(size_t)t * k + j];
-            float a[GEMV_RPW][1] = {};
-            int64_t base = e * rows + r0;
-            qdot_rows<BITS, 1, GEMV_RPW>(Wd + base * words, (const char *)sbd + base * groups * sbsz, sf, words, groups, group,
-                               nrows, xs + (size_t)j * stride4, stride4, a);
+        int nrows = (int)min((int64_t)MOE_RPW, rows - r0);
+        float a[MOE_RPW][1] = {};
+        int64_t base = e * rows + r0;
+        qdot_rows<BITS, 1, MOE_RPW>(Wd + base * words, (const char *)sbd + base * groups * sbsz, sf, words, groups,
+                                    group, nrows, xs, stride4, xsums, a);
 #pragma unroll
-            for (int r = 0; r < GEMV_RPW; r++) {
-                float v = a[r][0];
+        for (int r = 0; r < MOE_RPW; r++)
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    v += __shfl_xor_sync(0xffffffffu, v, o);
-                tot[r] += wj * v;
-            }
-        }
+            for (int o = 16; o > 0; o >>= 1)
+                a[r][0] += __shfl_xor_sync(0xffffffffu, a[r][0], o);
         if (lane < nrows) {
             float v = 0.f;
 #pragma unroll
-            for (int r = 0; r < GEMV_RPW; r++)
+            for (int r = 0; r < MOE_RPW; r++)
                 if (r == lane)
-                    v = tot[r];
-            out[(size_t)t * rows + r0 + lane] = v;
+                    v = a[r][0];
+            part[((size_t)t * k + j) * rows + r0 + lane] = v;
         }
+    }
+}
+
+/* out[t, r] = sum_j w[t, j] * part[t, j, r], j ascending */
+__global__ void k_moe_sum(const float *__restrict__ part, const float *__restrict__ wts, int k, int T, int64_t H,
+                          float *__restrict__ out)
+{
+    size_t n = (size_t)T * H;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t t = i / H, r = i % H;
+        float v = 0.f;
+        for (int j = 0; j < k; j++)
+            v += wts[t * k + j] * part[(t * k + j) * H + r];
+        out[i] = v;
     }
 }
 
@@ -814,7 +876,7 @@ size_t gemv_smem(const cu_weight *w, int tt)
 {
     int vpc = 128 / w->bits;
     int64_t nch = w->words / 4;
-    return (size_t)tt * ((nch + 31) / 32) * (vpc / 4) * 32 * sizeof(float4);
+    return (size_t)tt * (((nch + 31) / 32) * (vpc / 4) * 32 * sizeof(float4) + nch * sizeof(float));
 }
 
 template <typename K>
@@ -830,11 +892,15 @@ sn_status launch_gemv_q(const cu_devinfo *di, cudaStream_t s, const cu_weight *w
 {
     size_t smem = gemv_smem(w, TT);
     int64_t nrb = (w->rows + GEMV_WARPS * RPW - 1) / (GEMV_WARPS * RPW);
-    int per_sm = (int)(di->smem_optin / (smem + 1024));
-    if (per_sm < 1)
+    /* a persistent grid: as many blocks as fit at once, each staging x
+     * once and walking several row blocks */
+    int per_sm = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_q<BITS, TT, RPW>, GEMV_WARPS * 32, smem) !=
+            cudaSuccess ||
+        per_sm < 1) {
+        cudaGetLastError(); /* a failed query must not look like a failed launch */
         per_sm = 1;
-    if (per_sm > 8)
-        per_sm = 8;
+    }
     int64_t grid = nrb < (int64_t)di->n_sm * per_sm ? nrb : (int64_t)di->n_sm * per_sm;
     size_t sbsz = w->sfmt == CS_F32 ? 8 : 4;
     k_gemv_q<BITS, TT, RPW><<<(unsigned)grid, GEMV_WARPS * 32, smem, s>>>(
@@ -888,7 +954,7 @@ sn_status gemv_q_tokens(const cu_devinfo *di, cudaStream_t s, const cu_weight *w
 
 template <int FMT>
 sn_status launch_gemm(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t e, const __half *xh,
-                      const float *sig, int64_t Kp, int T, float *y)
+                      const float *sig, int64_t Kp, int nseg, int T, float *y)
 {
     const void *q, *sb = w->sb;
     if (FMT == CW_Q4 || FMT == CW_Q8) {
@@ -898,7 +964,7 @@ sn_status launch_gemm(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, 
         q = (const char *)w->q + (size_t)e * w->rows * w->cols * (FMT == CW_F32 ? 4 : 2);
     }
     dim3 grid((unsigned)((w->rows + BN - 1) / BN), (unsigned)((T + BM - 1) / BM));
-    k_gemm<FMT><<<grid, GEMM_THREADS, GEMM_SMEM, s>>>(*w, q, sb, xh, sig, Kp, T, y);
+    k_gemm<FMT><<<grid, GEMM_THREADS, GEMM_SMEM, s>>>(*w, q, sb, xh, sig, Kp, nseg, T, y);
     CU_CHECK_LAUNCH("matmul gemm");
     return SN_OK;
 }
@@ -910,8 +976,13 @@ sn_status launch_group(const cu_devinfo *di, cudaStream_t s, const gemv_group &g
                        const float *x)
 {
     size_t smem = gemv_smem(w0, 1);
-    int per_sm = (int)(di->smem_optin / (smem + 1024));
-    per_sm = per_sm < 1 ? 1 : per_sm > 8 ? 8 : per_sm;
+    int per_sm = 1;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_group<BITS, RPW>, GEMV_WARPS * 32, smem) !=
+            cudaSuccess ||
+        per_sm < 1) {
+        cudaGetLastError(); /* a failed query must not look like a failed launch */
+        per_sm = 1;
+    }
     int grid = g.rb0[g.n] < di->n_sm * per_sm ? g.rb0[g.n] : di->n_sm * per_sm;
     k_gemv_group<BITS, RPW><<<grid, GEMV_WARPS * 32, smem, s>>>(g, w0->sfmt, w0->cols, w0->words, w0->groups,
                                                                 w0->group, x);
@@ -962,9 +1033,9 @@ size_t cu_matmul_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T)
 {
     if (T < GEMM_MIN_T)
         return 0;
-    int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK);
-    size_t a = (size_t)round_up((int64_t)(Tp * Kp * sizeof(__half)), 256) + (size_t)round_up(Tp * 4, 256);
-    return a + (use_blas(di, w, T) ? cu_blas_scratch_bytes(w) : 0) + 256;
+    int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK), nseg = di->gemm_fast ? 1 : 3;
+    size_t a = (size_t)round_up((int64_t)(Tp * nseg * Kp * sizeof(__half)), 256) + (size_t)round_up(Tp * 4, 256);
+    return a + (use_blas(di, w, T) ? cu_blas_scratch_bytes(w, (int)nseg) : 0) + 256;
 }
 
 sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int expert, const float *x, int T,
@@ -975,20 +1046,21 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
     int64_t e = expert;
     if (T >= GEMM_MIN_T) {
         int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK);
+        int nseg = di->gemm_fast ? 1 : 3;
         __half *xh = (__half *)scratch;
-        float *sig = (float *)((char *)scratch + round_up((int64_t)(Tp * Kp * sizeof(__half)), 256));
-        k_x_to_f16<<<(unsigned)Tp, 256, 0, s>>>(x, T, w->cols, Kp, xh, sig);
+        float *sig = (float *)((char *)scratch + round_up((int64_t)(Tp * nseg * Kp * sizeof(__half)), 256));
+        k_x_to_f16<<<(unsigned)Tp, 256, 0, s>>>(x, T, w->cols, Kp, nseg, xh, sig);
         CU_CHECK_LAUNCH("matmul x->f16");
         if (use_blas(di, w, T)) {
             void *ws = (char *)sig + round_up(Tp * 4, 256);
-            return cu_blas_matmul(di->blas, s, w, e, xh, Kp, sig, T, y, ws);
+            return cu_blas_matmul(di->blas, s, w, e, xh, Kp, nseg, sig, T, y, ws);
         }
         switch (w->fmt) {
-        case CW_Q4: return launch_gemm<CW_Q4>(di, s, w, e, xh, sig, Kp, T, y);
-        case CW_Q8: return launch_gemm<CW_Q8>(di, s, w, e, xh, sig, Kp, T, y);
-        case CW_F32: return launch_gemm<CW_F32>(di, s, w, e, xh, sig, Kp, T, y);
-        case CW_F16: return launch_gemm<CW_F16>(di, s, w, e, xh, sig, Kp, T, y);
-        default: return launch_gemm<CW_BF16>(di, s, w, e, xh, sig, Kp, T, y);
+        case CW_Q4: return launch_gemm<CW_Q4>(di, s, w, e, xh, sig, Kp, nseg, T, y);
+        case CW_Q8: return launch_gemm<CW_Q8>(di, s, w, e, xh, sig, Kp, nseg, T, y);
+        case CW_F32: return launch_gemm<CW_F32>(di, s, w, e, xh, sig, Kp, nseg, T, y);
+        case CW_F16: return launch_gemm<CW_F16>(di, s, w, e, xh, sig, Kp, nseg, T, y);
+        default: return launch_gemm<CW_BF16>(di, s, w, e, xh, sig, Kp, nseg, T, y);
         }
     }
     if (w->fmt == CW_Q4)
@@ -1021,8 +1093,8 @@ sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int
 
 size_t cu_moe_scratch_bytes(const cu_weight *gate, int T, int top_k)
 {
-    return (size_t)T * top_k * (sizeof(int32_t) + sizeof(float)) + 512 +
-           (size_t)T * top_k * gate->rows * sizeof(float);
+    return (size_t)T * top_k * (sizeof(int32_t) + sizeof(float)) + 1024 +
+           (size_t)T * top_k * (gate->rows + gate->cols) * sizeof(float);
 }
 
 sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, const cu_weight *up,
@@ -1040,34 +1112,33 @@ sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, co
     k_moe_route<<<(unsigned)((T + 3) / 4), 128, 0, s>>>(logits, T, E, top_k, norm_topk, idx, wts);
     CU_CHECK_LAUNCH("moe route");
     int64_t I = gate->rows, H = gate->cols;
-    int64_t nrb = (I + GEMV_WARPS * GEMV_RPW - 1) / (GEMV_WARPS * GEMV_RPW);
+    float *part = (float *)((char *)h + round_up((int64_t)T * top_k * I * 4, 256));
+    int64_t nrb = (I + GEMV_WARPS * MOE_RPW - 1) / (GEMV_WARPS * MOE_RPW);
     size_t smem1 = gemv_smem(gate, 1);
     dim3 g1((unsigned)nrb, (unsigned)top_k, (unsigned)T);
-    if (gate->bits == 4) {
+    if (gate->bits == 4)
         k_moe_gate_up<4><<<g1, GEMV_WARPS * 32, smem1, s>>>((const uint32_t *)gate->q, gate->sb,
                                                              (const uint32_t *)up->q, up->sb, gate->sfmt, I, H,
                                                              gate->words, gate->groups, gate->group, idx, top_k, x, h);
-    } else {
+    else
         k_moe_gate_up<8><<<g1, GEMV_WARPS * 32, smem1, s>>>((const uint32_t *)gate->q, gate->sb,
                                                              (const uint32_t *)up->q, up->sb, gate->sfmt, I, H,
                                                              gate->words, gate->groups, gate->group, idx, top_k, x, h);
-    }
     CU_CHECK_LAUNCH("moe gate/up");
-    int64_t nrb2 = (H + GEMV_WARPS * GEMV_RPW - 1) / (GEMV_WARPS * GEMV_RPW);
-    size_t smem2 = gemv_smem(down, top_k);
-    if (smem2 > di->smem_optin)
-        return SN_FAIL(SN_E_UNSUPPORTED, "moe: top_k %d x %lld hidden exceed shared memory", top_k, (long long)I);
-    dim3 g2((unsigned)nrb2, (unsigned)T);
-    if (down->bits == 4) {
+    int64_t nrb2 = (H + GEMV_WARPS * MOE_RPW - 1) / (GEMV_WARPS * MOE_RPW);
+    size_t smem2 = gemv_smem(down, 1);
+    dim3 g2((unsigned)nrb2, (unsigned)top_k, (unsigned)T);
+    if (down->bits == 4)
         k_moe_down<4><<<g2, GEMV_WARPS * 32, smem2, s>>>((const uint32_t *)down->q, down->sb, down->sfmt, H, I,
-                                                         down->words, down->groups, down->group, idx, wts, top_k, h,
-                                                         out);
-    } else {
+                                                         down->words, down->groups, down->group, idx, top_k, h, part);
+    else
         k_moe_down<8><<<g2, GEMV_WARPS * 32, smem2, s>>>((const uint32_t *)down->q, down->sb, down->sfmt, H, I,
-                                                         down->words, down->groups, down->group, idx, wts, top_k, h,
-                                                         out);
-    }
+                                                         down->words, down->groups, down->group, idx, top_k, h, part);
     CU_CHECK_LAUNCH("moe down");
+    size_t tot = (size_t)T * H;
+    k_moe_sum<<<(unsigned)((tot + 255) / 256 > 4096 ? 4096 : (tot + 255) / 256), 256, 0, s>>>(part, wts, top_k, T, H,
+                                                                                              out);
+    CU_CHECK_LAUNCH("moe sum");
     return SN_OK;
 }
 

@@ -33,7 +33,10 @@ void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *e
  * quantized GEMV (0: by shape, 2 or 4); "cublas_min_t" = quantized GEMMs
  * of at least this many tokens go through cuBLAS (0: never; needs cuBLAS
  * loaded, see cuda_blas.cu); "fuse" = inside decode graphs, group GEMVs
- * that share x and fold the residual add after them (1, the default, or 0). */
+ * that share x and fold the residual add after them (1, the default, or 0);
+ * "gemm_fast" = prefill GEMM in one fp16 pass (1) instead of the split
+ * fp16x3 form with fp32-class accuracy (0, the default; env
+ * SANCTUM_CUDA_GEMM=fast sets 1 at creation). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
 /* Until backend.h carries these ops in its table, they are reachable here;
