@@ -23,7 +23,7 @@
 #include "sanctum/prompt_cache.h"
 #include "sanctum/tokenizer.h"
 
-#define PF_MAX_MODELS 8
+#define PF_MAX_MODELS 12
 
 typedef struct {
     char name[64];
