@@ -8,8 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static int t_passed, t_failed, t_cur_failed;
-static const char *t_cur_name;
+static int t_passed __attribute__((unused)), t_failed __attribute__((unused)), t_cur_failed __attribute__((unused));
+static const char *t_cur_name __attribute__((unused));
 
 #define CHECK(cond) do { if (!(cond)) { t_cur_failed++; \
     fprintf(stderr, "  FAIL %s:%d (%s): %s\n", __FILE__, __LINE__, t_cur_name, #cond); } } while (0)
