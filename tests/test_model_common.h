@@ -241,6 +241,31 @@ static int longest_prompt(void)
     return b;
 }
 
+/* Greedy through next_id (argmax on the backend where it has the op, no
+ * logits to the host) gives the reference continuations; with logits
+ * requested too, the id is the argmax of those logits. */
+static void test_greedy_ids(void)
+{
+    NEED_FIXTURE();
+    for (int i = 0; i < g_ref.n; i++) {
+        int L = g_ref.len[i];
+        sn_seq *s = NULL;
+        int32_t out[FX_GREEDY];
+        CHECK_OK(sn_seq_new(g_mlx, L + FX_GREEDY + 1, &s));
+        CHECK_OK(sn_forward_greedy(g_mlx, s, g_ref.prompt[i], L, &out[0]));
+        for (int t = 1; t < FX_GREEDY; t++) CHECK_OK(sn_forward_greedy(g_mlx, s, &out[t - 1], 1, &out[t]));
+        CHECKF(memcmp(out, g_ref.greedy[i], sizeof out) == 0, "prompt %d: next_id greedy differs from reference", i);
+        sn_seq_reset(s);
+        float *lg = malloc(sizeof(float) * (size_t)L * g_V);
+        int32_t id = -1;
+        sn_batch_item b = { .seq = s, .tokens = g_ref.prompt[i], .n = L, .logits = lg, .all_logits = true, .next_id = &id };
+        CHECK_OK(sn_forward_batch(g_mlx, &b, 1));
+        CHECK(id == argmax(lg + (size_t)(L - 1) * g_V, g_V) && id == out[0]);
+        free(lg);
+        sn_seq_free(s);
+    }
+}
+
 /* Compares the per-layer states of two sequences at the same position. */
 static void check_states_equal(const sn_seq *a, const sn_seq *b, const char *what)
 {
@@ -350,7 +375,7 @@ static void test_batch_equals_single(void)
         CHECK_OK(sn_seq_new(g_mlx, g_ref.len[i] + 2, &s[i]));
         lg[i] = malloc(sizeof(float) * (size_t)g_ref.len[i] * g_V);
         alone[i] = run_all(g_mlx, g_ref.prompt[i], g_ref.len[i]);
-        items[i] = (sn_batch_item){ s[i], g_ref.prompt[i], g_ref.len[i], lg[i], true };
+        items[i] = (sn_batch_item){ s[i], g_ref.prompt[i], g_ref.len[i], lg[i], true, NULL };
     }
     CHECK_OK(sn_forward_batch(g_mlx, items, n));
     for (int i = 0; i < n; i++)
@@ -362,7 +387,7 @@ static void test_batch_equals_single(void)
     for (int i = 0; i < n; i++) {
         next[i] = argmax(lg[i] + (size_t)(g_ref.len[i] - 1) * g_V, g_V);
         dl[i] = malloc(sizeof(float) * g_V);
-        items[i] = (sn_batch_item){ s[i], &next[i], 1, dl[i], false };
+        items[i] = (sn_batch_item){ s[i], &next[i], 1, dl[i], false, NULL };
     }
     CHECK_OK(sn_forward_batch(g_mlx, items, n));
     for (int i = 0; i < n; i++) {
@@ -505,6 +530,7 @@ static int fixture_main(void)
     RUN(test_logits_hf);
     RUN(test_greedy_mlx);
     RUN(test_greedy_hf);
+    RUN(test_greedy_ids);
     RUN(test_layouts_agree);
     RUN(test_prefill_equals_decode);
     RUN(test_prompt_lengths);

@@ -249,8 +249,14 @@ int main(int argc, char **argv)
     logits = malloc((size_t)info->vocab_size * sizeof *logits);
     if (!logits) { fprintf(stderr, "sanctum-run: out of memory\n"); goto out; }
 
+    /* Greedy runs ask only for the next id: on CUDA the argmax stays on the
+     * device and a decode step replays as one graph. */
+    bool greedy = sn_sampler_is_greedy(smp);
+    int32_t next = -1;
     double tp = now_s();
-    if ((s = sn_forward(m, seq, prompt.ids, (int)prompt.n, logits, false)) != SN_OK) { rc = fail("prefill", s); goto out; }
+    if (greedy) s = sn_forward_greedy(m, seq, prompt.ids, (int)prompt.n, &next);
+    else s = sn_forward(m, seq, prompt.ids, (int)prompt.n, logits, false);
+    if (s != SN_OK) { rc = fail("prefill", s); goto out; }
     double prefill_s = now_s() - tp;
     sn_sampler_accept(smp, prompt.ids[prompt.n - 1]);
 
@@ -259,8 +265,8 @@ int main(int argc, char **argv)
     double td = now_s();
     int n_dec = 0;
     for (int i = 0; i < a.max_tokens; i++) {
-        int32_t id;
-        if ((s = sn_sampler_sample(smp, logits, &id)) != SN_OK) { rc = fail("sampling", s); goto out; }
+        int32_t id = next;
+        if (!greedy && (s = sn_sampler_sample(smp, logits, &id)) != SN_OK) { rc = fail("sampling", s); goto out; }
         sn_sampler_accept(smp, id);
         if (sn_ids_push(&gen, id) != SN_OK) { fprintf(stderr, "sanctum-run: out of memory\n"); goto out; }
         bool eos = is_eos(info, id);
@@ -271,7 +277,9 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
         if (eos || i + 1 == a.max_tokens || sn_seq_pos(seq) >= sn_seq_max_ctx(seq)) break;
-        if ((s = sn_forward(m, seq, &id, 1, logits, false)) != SN_OK) { rc = fail("decode", s); goto out; }
+        if (greedy) s = sn_forward_greedy(m, seq, &id, 1, &next);
+        else s = sn_forward(m, seq, &id, 1, logits, false);
+        if (s != SN_OK) { rc = fail("decode", s); goto out; }
         n_dec++;
     }
     double decode_s = now_s() - td;

@@ -65,6 +65,11 @@ typedef struct {
     int n;                    /* >= 1 */
     float *logits;            /* host; NULL, [vocab] (last token) or [n, vocab] when all_logits */
     bool all_logits;
+    /* Optional: the greedy next token (argmax of the last token's logits,
+     * first on ties, NaN never wins) is written here. Computed on the
+     * backend when it has the op, so a greedy decode step moves only the id
+     * to the host (and runs as one CUDA graph); logits may then be NULL. */
+    int32_t *next_id;
 } sn_batch_item;
 
 /* Runs several sequences (each at its own position, each seq at most once)
@@ -75,6 +80,9 @@ typedef struct {
  * invariant). On failure the states of the sequences involved are
  * undefined: reset or restore them before reuse. */
 sn_status sn_forward_batch(sn_model *m, const sn_batch_item *items, int n_items);
+/* sn_forward for greedy decoding: runs n tokens and writes only the argmax
+ * of the last token's logits to *next_id (see sn_batch_item.next_id). */
+sn_status sn_forward_greedy(sn_model *m, sn_seq *s, const int32_t *tokens, int n, int32_t *next_id);
 /* Rows one internal step takes (prefill chunk size). */
 int sn_model_step_tokens(const sn_model *m);
 

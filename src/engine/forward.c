@@ -20,6 +20,7 @@ typedef struct {
     int row0;         /* first row of this item in the step */
     float *logits;    /* host destination: all rows ([n, V]) or only the last row ([V]) */
     bool all;
+    int32_t *next_id; /* host destination of the last row's argmax */
 } step_item;
 
 typedef struct {
@@ -116,17 +117,15 @@ static sn_status swiglu_ffn(sn_model *m, const sn_weight *wg, const sn_weight *w
 
 /* ---- one step ----------------------------------------------------------- */
 
-static sn_status emit_logits(sn_model *m, int nrows, float *const *dst)
-{
-    sn_workspace *ws = &m->ws;
-    SN_TRY(OPS->rmsnorm(BE, ws->lg_x, m->final_norm, nrows, (int)m->H, m->eps, ws->xn));
-    SN_TRY(OPS->matmul(BE, &m->lm_head, 0, ws->xn, nrows, ws->lg));
-    for (int r = 0; r < nrows; r++)
-        SN_TRY(OPS->to_host(BE, dst[r], ws->lg + (int64_t)r * m->V, (size_t)m->V * sizeof(float)));
-    return SN_OK;
-}
+/* One row that needs the lm_head: its logits go to dst (host) and/or its
+ * argmax to id (host). */
+typedef struct {
+    int row;
+    float *dst;
+    int32_t *id;
+} head_row;
 
-static sn_status run_step(sn_model *m, const step *st)
+static sn_status run_layers(sn_model *m, const step *st)
 {
     sn_workspace *ws = &m->ws;
     const int T = st->T;
@@ -146,27 +145,96 @@ static sn_status run_step(sn_model *m, const step *st)
         else SN_TRY(swiglu_ffn(m, &ly->gate, &ly->up, &ly->down, ws->xn, T, ws->y));
         SN_TRY(OPS->add(BE, ws->x, ws->y, (size_t)T * (size_t)H));
     }
-    for (int i = 0; i < st->n_items; i++) st->it[i].seq->pos += st->it[i].n;
+    return SN_OK;
+}
 
-    /* Final norm + lm_head only on the rows whose logits are wanted, a few
-     * rows at a time so the logits scratch stays [SN_LOGIT_ROWS, V]. */
-    float *dst[SN_LOGIT_ROWS];
+/* Final norm + lm_head on up to SN_LOGIT_ROWS gathered rows, into ws->lg;
+ * the argmax on the backend when it has the op and an id is wanted. */
+static sn_status head_compute(sn_model *m, const head_row *rows, int nr, int32_t *ids, bool *have_ids)
+{
+    sn_workspace *ws = &m->ws;
+    const int64_t H = m->H;
+    bool want_ids = false;
+    for (int r = 0; r < nr; r++) {
+        SN_TRY(OPS->copy(BE, ws->lg_x + (int64_t)r * H, ws->x + (int64_t)rows[r].row * H, (size_t)H * sizeof(float)));
+        want_ids = want_ids || rows[r].id;
+    }
+    SN_TRY(OPS->rmsnorm(BE, ws->lg_x, m->final_norm, nr, (int)H, m->eps, ws->xn));
+    SN_TRY(OPS->matmul(BE, &m->lm_head, 0, ws->xn, nr, ws->lg));
+    *have_ids = want_ids && OPS->argmax;
+    if (*have_ids) SN_TRY(OPS->argmax(BE, ws->lg, nr, (int)m->V, ids));
+    return SN_OK;
+}
+
+/* First maximum, NaN never wins (the backend argmax contract). */
+static sn_status host_argmax(const float *x, int64_t n, int32_t *out)
+{
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best])) best = i;
+    if (best < 0) return SN_FAIL(SN_E_RANGE, "forward: every logit is NaN");
+    *out = (int32_t)best;
+    return SN_OK;
+}
+
+static sn_status head_finish(sn_model *m, const head_row *rows, int nr, const int32_t *ids, bool have_ids)
+{
+    sn_workspace *ws = &m->ws;
+    const size_t vb = (size_t)m->V * sizeof(float);
+    for (int r = 0; r < nr; r++) {
+        const float *lg = ws->lg + (int64_t)r * m->V;
+        if (rows[r].dst) SN_TRY(OPS->to_host(BE, rows[r].dst, lg, vb));
+        if (!rows[r].id) continue;
+        if (have_ids) {
+            *rows[r].id = ids[r];
+        } else {
+            const float *h = rows[r].dst;
+            if (!h) {
+                SN_TRY(OPS->to_host(BE, ws->h_lg, lg, vb));
+                h = ws->h_lg;
+            }
+            SN_TRY(host_argmax(h, m->V, rows[r].id));
+        }
+    }
+    return SN_OK;
+}
+
+/* A step whose head fits one lm_head call (every decode step) runs inside
+ * begin_step/end_step when the backend has them, so CUDA can replay it as
+ * one graph; logits and ids reach the host only after end_step. */
+static sn_status run_step(sn_model *m, const step *st)
+{
+    head_row rows[SN_STEP_TOKENS];
     int nr = 0;
     for (int i = 0; i < st->n_items; i++) {
         const step_item *it = &st->it[i];
-        if (!it->logits) continue;
-        int first = it->all ? 0 : it->n - 1;
+        int first = it->logits && it->all ? 0 : it->n - 1;
+        if (!it->logits && !it->next_id) continue;
         for (int r = first; r < it->n; r++) {
-            SN_TRY(OPS->copy(BE, ws->lg_x + (int64_t)nr * H, ws->x + (int64_t)(it->row0 + r) * H,
-                             (size_t)H * sizeof(float)));
-            dst[nr++] = it->all ? it->logits + (int64_t)r * m->V : it->logits;
-            if (nr == SN_LOGIT_ROWS) {
-                SN_TRY(emit_logits(m, nr, dst));
-                nr = 0;
-            }
+            bool last = r == it->n - 1;
+            rows[nr++] = (head_row){ it->row0 + r, !it->logits ? NULL : it->all ? it->logits + (int64_t)r * m->V : it->logits,
+                                     last ? it->next_id : NULL };
         }
     }
-    if (nr) SN_TRY(emit_logits(m, nr, dst));
+    int32_t ids[SN_LOGIT_ROWS];
+    bool have_ids = false, one_head = nr <= SN_LOGIT_ROWS;
+    bool graph = one_head && OPS->begin_step && OPS->end_step;
+    if (graph) SN_TRY(OPS->begin_step(BE));
+    sn_status s = run_layers(m, st);
+    if (s == SN_OK && one_head && nr) s = head_compute(m, rows, nr, ids, &have_ids);
+    if (graph) {
+        /* close the step even after a failure, or the next begin_step refuses */
+        sn_status e = OPS->end_step(BE);
+        if (s == SN_OK) s = e;
+    }
+    if (s != SN_OK) return s;
+    for (int i = 0; i < st->n_items; i++) st->it[i].seq->pos += st->it[i].n;
+    if (one_head) return nr ? head_finish(m, rows, nr, ids, have_ids) : SN_OK;
+    for (int at = 0; at < nr; at += SN_LOGIT_ROWS) {
+        int k = nr - at < SN_LOGIT_ROWS ? nr - at : SN_LOGIT_ROWS;
+        SN_TRY(head_compute(m, rows + at, k, ids, &have_ids));
+        SN_TRY(head_finish(m, rows + at, k, ids, have_ids));
+    }
     return SN_OK;
 }
 
@@ -210,6 +278,7 @@ sn_status sn_forward_batch(sn_model *m, const sn_batch_item *items, int n_items)
             it->row0 = st.T;
             it->all = b->all_logits;
             it->logits = NULL;
+            it->next_id = done[i] + take == b->n ? b->next_id : NULL;
             if (b->logits && b->all_logits) it->logits = b->logits + (int64_t)done[i] * m->V;
             else if (b->logits && done[i] + take == b->n) it->logits = b->logits;
             st.T += take;
@@ -226,5 +295,12 @@ sn_status sn_forward_batch(sn_model *m, const sn_batch_item *items, int n_items)
 sn_status sn_forward(sn_model *m, sn_seq *s, const int32_t *tokens, int n, float *logits, bool all_logits)
 {
     sn_batch_item b = { .seq = s, .tokens = tokens, .n = n, .logits = logits, .all_logits = all_logits };
+    return sn_forward_batch(m, &b, 1);
+}
+
+sn_status sn_forward_greedy(sn_model *m, sn_seq *s, const int32_t *tokens, int n, int32_t *next_id)
+{
+    if (!next_id) return SN_FAIL(SN_E_INVALID, "forward: NULL next_id");
+    sn_batch_item b = { .seq = s, .tokens = tokens, .n = n, .next_id = next_id };
     return sn_forward_batch(m, &b, 1);
 }

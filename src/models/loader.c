@@ -561,6 +561,7 @@ static sn_status workspace_alloc(sn_model *m)
     SN_TRY(be_alloc(m, (size_t)(SN_LOGIT_ROWS * m->H) * 4, (void **)&ws->lg_x));
     SN_TRY(be_alloc(m, (size_t)(SN_LOGIT_ROWS * m->V) * 4, (void **)&ws->lg));
     SN_TRY(sn_model_host_alloc(m, (size_t)T * sizeof(int32_t), (void **)&ws->h_ids));
+    SN_TRY(sn_model_host_alloc(m, (size_t)m->V * sizeof(float), (void **)&ws->h_lg));
     if (D[DIM_E] > 0) {
         int64_t k = m->cfg->n_experts_per_tok;
         SN_TRY(sn_model_host_alloc(m, (size_t)(T * D[DIM_E]) * sizeof(float), (void **)&ws->h_router));

@@ -132,6 +132,7 @@ typedef struct {
     int64_t w[6];
     float *lg_x;             /* [SN_LOGIT_ROWS, H] rows gathered for the lm_head */
     float *lg;               /* [SN_LOGIT_ROWS, V] logits */
+    float *h_lg;             /* [V] host logits for next_id without a backend argmax */
     /* MoE routing on the host */
     float *h_router;         /* [T, E] host copy of router logits */
     float *h_sgate;          /* [T] host copy of shared-expert gate logits */

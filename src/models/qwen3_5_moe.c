@@ -4,7 +4,8 @@
  *   p = softmax(x Wg^T) in fp32; top-k; w /= sum(w) (norm_topk_prob, on by default)
  *   y = sum_j w_j * down_e(silu(gate_e x) * up_e x) + sigmoid(x . Wsg) * shared(x)
  *
- * Routing is decided on the host (the router logits are [T, E], small);
+ * With a backend moe op (CUDA) routing and experts run there. Otherwise
+ * routing is decided on the host (the router logits are [T, E], small);
  * every expert runs only on the rows routed to it, all of those rows in one
  * matmul per expert (so prefill is grouped by expert), in expert order with
  * the per-row scale-and-accumulate order of transformers. Experts are
@@ -103,6 +104,18 @@ static sn_status moe_ffn(sn_model *m, int l, const float *xn, int T, float *y)
     float *g = ws->s[0], *u = ws->s[1], *act = ws->s[2], *eo = ws->s[3], *xe = ws->s[4], *sh = ws->s[5];
 
     SN_TRY(OPS->matmul(BE, &ly->router, 0, xn, T, eo));
+    if (OPS->moe && OPS->add_gated) {
+        /* The backend routes and runs the experts itself (CUDA): nothing
+         * crosses to the host, so a decode step can stay one graph. */
+        SN_TRY(OPS->moe(BE, &ly->egate, &ly->eup, &ly->edown, eo, m->cfg->n_experts_per_tok, m->cfg->norm_topk_prob,
+                        xn, T, y));
+        SN_TRY(OPS->matmul(BE, &ly->sgate, 0, xn, T, g));
+        SN_TRY(OPS->matmul(BE, &ly->sup, 0, xn, T, u));
+        SN_TRY(OPS->swiglu(BE, g, u, (size_t)T * (size_t)ly->sgate.rows, act));
+        SN_TRY(OPS->matmul(BE, &ly->sdown, 0, act, T, sh));
+        SN_TRY(OPS->matmul(BE, &ly->sgate_w, 0, xn, T, xe));
+        return OPS->add_gated(BE, y, sh, xe, T, (int)H);
+    }
     SN_TRY(OPS->to_host(BE, ws->h_router, eo, (size_t)(T * E) * sizeof(float)));
     SN_TRY(OPS->matmul(BE, &ly->sgate_w, 0, xn, T, eo));
     SN_TRY(OPS->to_host(BE, ws->h_sgate, eo, (size_t)T * sizeof(float)));
