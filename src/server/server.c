@@ -106,6 +106,8 @@ struct srv {
     bool draining;
     double drain_deadline;
     bool grace_expired;
+    int flushing;                 /* final replies handed to evhttp, not yet written out */
+    double flush_deadline;        /* drain: how long to wait for them */
     unsigned long long n_req;
     uint64_t id_salt;
 };
@@ -279,6 +281,21 @@ static void mark_gone(srv_job *j)
     atomic_store(&j->cancel, 1);
 }
 
+/* The last bytes of a reply leave with the event loop: a drain waits for
+ * them (bounded) so a stream finished during shutdown is not cut off. */
+static void on_reply_written(struct evhttp_request *req, void *arg)
+{
+    srv *s = arg;
+    (void)req;
+    s->flushing--;
+}
+
+static void track_flush(srv *s, struct evhttp_request *req)
+{
+    s->flushing++;
+    evhttp_request_set_on_complete_cb(req, on_reply_written, s);
+}
+
 static int status_for(sn_status st)
 {
     return (st == SN_E_RANGE || st == SN_E_INVALID) ? 400 : 500;
@@ -296,6 +313,7 @@ static void job_complete(srv *s, srv_job *j)
     if (j->client_gone || j->result == SN_E_CANCELLED || strcmp(finish, "cancelled") == 0) status = 499;
 
     if (j->req) {
+        if (!j->client_gone) track_flush(s, j->req);
         if (j->creq.stream && j->headers_sent) {
             struct evbuffer *b = evbuffer_new();
             if (b && !j->client_gone) {
@@ -788,7 +806,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         if (!j->client_gone && peer_closed(j)) mark_gone(j);
     if (!s->draining) return;
     if (s->n_live == 0) {
-        event_base_loopexit(s->base, NULL);
+        double now = now_s();
+        if (s->flush_deadline == 0) s->flush_deadline = now + 2.0;
+        if (s->flushing <= 0 || now >= s->flush_deadline) event_base_loopexit(s->base, NULL);
         return;
     }
     if (!s->grace_expired && now_s() >= s->drain_deadline) {
