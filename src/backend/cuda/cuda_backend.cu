@@ -192,7 +192,7 @@ sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
         CU_TRY(cudaMemsetAsync((void *)r.p[0], 0, (size_t)r.i[0], s), "memset0");
         return SN_OK;
     case R_ARGMAX:
-        return cu_argmax(s, (const float *)r.p[0], (int)r.i[0], (int)r.i[1], cb->d_outs + r.i[2]);
+        return cu_argmax(s, (const float *)r.p[0], (int)r.i[0], (int)r.i[1], cb->d_outs + r.i[2], cb->scratch);
     case R_MOE:
         return cu_moe(&cb->di, s, cw_of(r.p[0]), cw_of(r.p[1]), cw_of(r.p[2]), (const float *)r.p[3], (int)r.i[0],
                       (int)r.i[1], (const float *)r.p[4], (int)r.i[2], (float *)r.p[5], cb->scratch);
@@ -967,9 +967,10 @@ extern "C" sn_status sn_cuda_argmax(sn_backend *b, const float *x, int rows, int
         for (int k = 0; k < rows; k++)
             cb->out_ptrs[cb->n_outs + k] = out_host + k;
         cb->n_outs += rows;
-        return submit(cb, r, 0);
+        return submit(cb, r, cu_argmax_scratch_bytes(rows));
     }
     r.i[2] = 0;
+    SN_TRY(ensure_scratch(cb, cu_argmax_scratch_bytes(rows)));
     SN_TRY(run_eager(cb, r));
     CU_TRY(cudaMemcpyAsync(cb->h_outs, cb->d_outs, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost, cb->st),
            "argmax result");

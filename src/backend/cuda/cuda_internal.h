@@ -125,6 +125,7 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
                  const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
                  int T, float *out, void *scratch);
 /* out[r] = index of the largest x[r, :] (the first one on ties). */
-sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_out);
+size_t cu_argmax_scratch_bytes(int rows);
+sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_out, void *scratch);
 
 #endif

@@ -133,7 +133,7 @@ __global__ void k_kv_write(float *__restrict__ kc, float *__restrict__ vc, const
 /* online-softmax partial (m, l, o[D]) that k_attn_combine merges.           */
 /* ------------------------------------------------------------------------ */
 
-constexpr int NSPLIT = 32;
+constexpr int NSPLIT = 64;
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_KB = 4; /* keys per warp step, reduced together */
 
@@ -238,6 +238,119 @@ k_attn_decode(const float *__restrict__ q, const float *__restrict__ kc, const f
                 Lsum += sl[w] * expf(sm[w] - M);
         out[0] = M;
         out[1] = Lsum;
+    }
+}
+
+/* The same split-KV decode with GQA sharing: one block per (token, kv
+ * head, split) serves all R = Hq/Hkv query heads of the group, so each K/V
+ * row is read once per split instead of once per query head. Two keys per
+ * warp step keep both rows' loads in flight. */
+template <int EPL, int R>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc, int Hq,
+                  int Hkv, int D, int pos0, const int *__restrict__ d_delta, float scale, float *__restrict__ part)
+{
+    const int tg = blockIdx.x, split = blockIdx.y;
+    const int t = tg / Hkv, g = tg % Hkv, r = Hq / Hkv;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int L = pos0 + *d_delta + t + 1;
+    const int per = (L + NSPLIT - 1) / NSPLIT;
+    const int j0 = split * per, j1 = min(L, j0 + per);
+    const size_t stride = (size_t)Hkv * D;
+    const float *kb = kc + (size_t)g * D, *vb = vc + (size_t)g * D;
+    float qv[R][EPL], o[R][EPL], m[R], l[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const float *qh = q + ((size_t)t * Hq + (size_t)g * r + i) * D;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            int d = lane + 32 * e;
+            qv[i][e] = (i < r && d < D) ? qh[d] * scale : 0.f;
+            o[i][e] = 0.f;
+        }
+        m[i] = -INFINITY;
+        l[i] = 0.f;
+    }
+    for (int jb = j0 + 2 * warp; jb < j1; jb += 2 * DEC_WARPS) {
+        const bool two = jb + 1 < j1;
+        float k0[EPL], k1[EPL], v0[EPL], v1[EPL];
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            int d = lane + 32 * e;
+            bool in = d < D;
+            k0[e] = in ? kb[(size_t)jb * stride + d] : 0.f;
+            k1[e] = in && two ? kb[(size_t)(jb + 1) * stride + d] : 0.f;
+            v0[e] = in ? vb[(size_t)jb * stride + d] : 0.f;
+            v1[e] = in && two ? vb[(size_t)(jb + 1) * stride + d] : 0.f;
+        }
+        float s0[R], s1[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            float a = 0.f, b = 0.f;
+#pragma unroll
+            for (int e = 0; e < EPL; e++) {
+                a = fmaf(qv[i][e], k0[e], a);
+                b = fmaf(qv[i][e], k1[e], b);
+            }
+            s0[i] = a;
+            s1[i] = b;
+        }
+#pragma unroll
+        for (int o2 = 16; o2 > 0; o2 >>= 1)
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                s0[i] += __shfl_xor_sync(0xffffffffu, s0[i], o2);
+                s1[i] += __shfl_xor_sync(0xffffffffu, s1[i], o2);
+            }
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            float mx = fmaxf(m[i], two ? fmaxf(s0[i], s1[i]) : s0[i]);
+            float corr = expf(m[i] - mx);
+            float p0 = expf(s0[i] - mx), p1 = two ? expf(s1[i] - mx) : 0.f;
+            l[i] = l[i] * corr + p0 + p1;
+#pragma unroll
+            for (int e = 0; e < EPL; e++)
+                o[i][e] = fmaf(p1, v1[e], fmaf(p0, v0[e], o[i][e] * corr));
+            m[i] = mx;
+        }
+    }
+    __shared__ float sm[DEC_WARPS][R], sl[DEC_WARPS][R];
+    extern __shared__ float so[]; /* [DEC_WARPS][R][D] */
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            sm[warp][i] = m[i];
+            sl[warp][i] = l[i];
+        }
+#pragma unroll
+    for (int i = 0; i < R; i++)
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            int d = lane + 32 * e;
+            if (d < D)
+                so[(warp * R + i) * D + d] = o[i][e];
+        }
+    __syncthreads();
+    for (int i = 0; i < r; i++) {
+        float M = -INFINITY;
+        for (int w = 0; w < DEC_WARPS; w++)
+            M = fmaxf(M, sm[w][i]);
+        float *out = part + (((size_t)t * Hq + (size_t)g * r + i) * NSPLIT + split) * (D + 2);
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            float acc = 0.f;
+            for (int w = 0; w < DEC_WARPS; w++)
+                if (sm[w][i] != -INFINITY)
+                    acc += so[(w * R + i) * D + d] * expf(sm[w][i] - M);
+            out[2 + d] = acc;
+        }
+        if (threadIdx.x == 0) {
+            float Lsum = 0.f;
+            for (int w = 0; w < DEC_WARPS; w++)
+                if (sm[w][i] != -INFINITY)
+                    Lsum += sl[w][i] * expf(sm[w][i] - M);
+            out[0] = M;
+            out[1] = Lsum;
+        }
     }
 }
 
@@ -520,26 +633,33 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
 
 /* ------------------------------------------------------------------------ */
 
-__global__ void k_argmax(const float *__restrict__ x, int n, int32_t *__restrict__ out)
+/* Argmax in two passes so a 248k vocabulary row is read by many blocks:
+ * ARGMAX_SPLIT slices per row -> (value, index) partials -> one warp per
+ * row. Ties keep the lower index; NaN never wins. */
+constexpr int ARGMAX_SPLIT = 64;
+
+__device__ __forceinline__ void amax_merge(float &best, int &bi, float v, int i)
+{
+    if (v > best || (v == best && i < bi)) {
+        best = v;
+        bi = i;
+    }
+}
+
+__global__ void k_argmax_part(const float *__restrict__ x, int n, float2 *__restrict__ part)
 {
     const float *xr = x + (size_t)blockIdx.x * n;
+    int per = (n + ARGMAX_SPLIT - 1) / ARGMAX_SPLIT;
+    int i0 = blockIdx.y * per, i1 = min(n, i0 + per);
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = xr[i];
-        if (v > best || (v == best && i < bi)) { /* NaN never wins */
-            best = v;
-            bi = i;
-        }
-    }
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x)
+        amax_merge(best, bi, xr[i], i);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         float ob = __shfl_xor_sync(0xffffffffu, best, o);
         int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ob > best || (ob == best && oi < bi)) {
-            best = ob;
-            bi = oi;
-        }
+        amax_merge(best, bi, ob, oi);
     }
     __shared__ float sb[32];
     __shared__ int si[32];
@@ -552,12 +672,28 @@ __global__ void k_argmax(const float *__restrict__ x, int n, int32_t *__restrict
         best = sb[0];
         bi = si[0];
         for (int w = 1; w < (int)(blockDim.x / 32); w++)
-            if (sb[w] > best || (sb[w] == best && si[w] < bi)) {
-                best = sb[w];
-                bi = si[w];
-            }
-        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+            amax_merge(best, bi, sb[w], si[w]);
+        part[(size_t)blockIdx.x * ARGMAX_SPLIT + blockIdx.y] = make_float2(best, __int_as_float(bi));
     }
+}
+
+__global__ void k_argmax_final(const float2 *__restrict__ part, int32_t *__restrict__ out)
+{
+    const int lane = threadIdx.x;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int k = lane; k < ARGMAX_SPLIT; k += 32) {
+        float2 p = part[(size_t)blockIdx.x * ARGMAX_SPLIT + k];
+        amax_merge(best, bi, p.x, __float_as_int(p.y));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        amax_merge(best, bi, ob, oi);
+    }
+    if (lane == 0)
+        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
 }
 
 } // namespace
@@ -670,9 +806,27 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
         return SN_FAIL(SN_E_UNSUPPORTED, "attention: head_dim %d > 256", D);
     if (T <= DECODE_MAX_T) {
         float *part = (float *)scratch;
+        int epl = (D + 31) / 32, r = n_q_heads / Hkv;
+        if (r >= 2 && r <= 8) {
+            dim3 grid((unsigned)(T * Hkv), NSPLIT);
+#define GQA_LAUNCH(E, R)                                                                                             \
+    k_attn_decode_gqa<E, R><<<grid, DEC_WARPS * 32, (size_t)DEC_WARPS * R * D * sizeof(float), s>>>(                  \
+        q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta, scale, part)
+#define GQA_R(E)                                                                                                     \
+    do {                                                                                                             \
+        if (r <= 2) GQA_LAUNCH(E, 2);                                                                                \
+        else if (r <= 4) GQA_LAUNCH(E, 4);                                                                           \
+        else GQA_LAUNCH(E, 8);                                                                                       \
+    } while (0)
+            if (epl <= 1) GQA_R(1);
+            else if (epl <= 2) GQA_R(2);
+            else if (epl <= 4) GQA_R(4);
+            else GQA_R(8);
+#undef GQA_R
+#undef GQA_LAUNCH
+        } else {
         dim3 grid((unsigned)(T * n_q_heads), NSPLIT);
         size_t smem = (size_t)DEC_WARPS * D * sizeof(float);
-        int epl = (D + 31) / 32;
         if (epl <= 1)
             k_attn_decode<1><<<grid, DEC_WARPS * 32, smem, s>>>(q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
                                                                  scale, part);
@@ -685,6 +839,7 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
         else
             k_attn_decode<8><<<grid, DEC_WARPS * 32, smem, s>>>(q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
                                                                  scale, part);
+        }
         CU_CHECK_LAUNCH("attention decode");
         k_attn_combine<<<(unsigned)(T * n_q_heads), D < 128 ? 64 : 128, 0, s>>>(part, D, out);
         CU_CHECK_LAUNCH("attention combine");
@@ -754,11 +909,16 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
     return SN_OK;
 }
 
-sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_out)
+size_t cu_argmax_scratch_bytes(int rows) { return (size_t)rows * ARGMAX_SPLIT * sizeof(float2) + 256; }
+
+sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_out, void *scratch)
 {
     if (rows <= 0)
         return SN_OK;
-    k_argmax<<<(unsigned)rows, 256, 0, s>>>(x, n, d_out);
+    float2 *part = (float2 *)scratch;
+    k_argmax_part<<<dim3((unsigned)rows, ARGMAX_SPLIT), 256, 0, s>>>(x, n, part);
     CU_CHECK_LAUNCH("argmax");
+    k_argmax_final<<<(unsigned)rows, 32, 0, s>>>(part, d_out);
+    CU_CHECK_LAUNCH("argmax final");
     return SN_OK;
 }
