@@ -11,6 +11,7 @@
  * normalizer, then pre-tokenizer, then model) so ids match it exactly. */
 #include "tok/tok_internal.h"
 
+#include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <utf8proc.h>
@@ -326,11 +327,31 @@ sn_status sn_tok_load(const char *path, const char *model_type, sn_tokenizer **o
         if (strlen(path) >= sizeof file) return SN_FAIL(SN_E_INVALID, "tokenizer path too long");
         strcpy(file, path);
     }
+    /* Read whole, then parse from memory: jansson's file reader goes byte by byte. */
+    FILE *f = fopen(file, "rb");
+    if (!f) return SN_FAIL(SN_E_IO, "%s: cannot open: %s", file, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? cap * 2 : 1 << 20;
+            char *p = realloc(buf, cap);
+            if (!p) { free(buf); fclose(f); return SN_FAIL(SN_E_NOMEM, "%s: out of memory reading the file", file); }
+            buf = p;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) break;
+    }
+    bool rerr = ferror(f);
+    fclose(f);
+    if (rerr) { free(buf); return SN_FAIL(SN_E_IO, "%s: read error", file); }
     json_error_t jerr;
-    json_t *root = json_load_file(file, 0, &jerr);
+    json_t *root = json_loadb(buf, len, 0, &jerr);
+    free(buf);
     if (!root)
-        return SN_FAIL(json_error_code(&jerr) == json_error_cannot_open_file ? SN_E_IO : SN_E_FORMAT, "%s: %s (line %d, column %d)", file, jerr.text,
-                       jerr.line, jerr.column);
+        return SN_FAIL(SN_E_FORMAT, "%s: %s (line %d, column %d, byte %d)", file, jerr.text, jerr.line, jerr.column,
+                       jerr.position);
     sn_status st = SN_OK;
     sn_tokenizer *t = calloc(1, sizeof *t);
     if (!t) { st = SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory"); goto out; }
