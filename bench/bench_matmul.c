@@ -175,6 +175,26 @@ static void qweight_free(qweight *q)
     free(q->biases);
 }
 
+/* "model name" from /proc/cpuinfo, so a log line says which machine it measured. */
+static void cpu_model(char *out, size_t n)
+{
+    snprintf(out, n, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char *c = strchr(line, ':');
+        if (strncmp(line, "model name", 10) == 0 && c) {
+            c += 1 + (c[1] == ' ');
+            c[strcspn(c, "\n")] = 0;
+            snprintf(out, n, "%s", c);
+            break;
+        }
+    }
+    fclose(f);
+}
+
 int main(int argc, char **argv)
 {
     int quick = 0, max_threads = sn_cpu_features_get()->n_cores, T = 1;
@@ -231,7 +251,9 @@ int main(int argc, char **argv)
     time_t tt = time(NULL);
     strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", gmtime(&tt));
     if (log) {
-        fprintf(log, "%s bench_matmul %d cpus\n  cmd: %s\n", stamp, sn_cpu_features_get()->n_cores, cmd);
+        char model[128];
+        cpu_model(model, sizeof model);
+        fprintf(log, "%s bench_matmul %d cpus (%s)\n  cmd: %s\n", stamp, sn_cpu_features_get()->n_cores, model, cmd);
         fprintf(log, "  memory read bandwidth %.1f GB/s (1 thread), %.1f GB/s (%d threads)\n", bw1 / 1e9, bwN / 1e9,
                 max_threads);
         fprintf(log, "  thread pool: %.2f us per back-to-back parallel-for on %d threads\n", ovh, max_threads);

@@ -718,8 +718,10 @@ static void test_attention(void)
         if (!be)
             continue;
         const int cfg[][5] = { /* T, pos0, Hq, Hkv, D */ { 1, 0, 4, 2, 64 }, { 3, 5, 8, 2, 32 }, { 7, 0, 3, 3, 17 },
-                               { 1, 40, 16, 2, 256 }, { 65, 2, 2, 1, 8 } };
-        for (int c = 0; c < 5; c++) {
+                               { 1, 40, 16, 2, 256 }, { 65, 2, 2, 1, 8 },
+                               /* several 64-position chunks: split (decode) and sequential (prefill) merges */
+                               { 1, 300, 8, 2, 32 }, { 3, 126, 4, 1, 16 }, { 2, 200, 6, 3, 20 } };
+        for (int c = 0; c < 8; c++) {
             int T = cfg[c][0], pos0 = cfg[c][1], Hq = cfg[c][2], Hkv = cfg[c][3], D = cfg[c][4];
             int ctx = pos0 + T + 3;
             sn_kv_view kv = { NULL, NULL, ctx, Hkv, D };

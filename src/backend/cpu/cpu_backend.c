@@ -398,33 +398,100 @@ typedef struct {
     const cpu_kernels *k;
     const float *q;
     const sn_kv_view *kv;
-    int pos0, n_q_heads;
+    int pos0, n_q_heads, G, n_chunks;
     float scale;
     float *out;
+    float *part;     /* decode: [Hkv][n_chunks] partials; prefill: one per thread */
+    size_t part_sz;  /* floats per partial: G*D + 2*G */
 } attn_job;
 
-static void attn_body(void *ctx, int64_t i0, int64_t i1, int tid)
+/* Prefill: item = (token, kv head), its chunks one after the other. */
+static void attn_seq_body(void *ctx, int64_t i0, int64_t i1, int tid)
 {
     attn_job *j = ctx;
-    for (int64_t i = i0; i < i1; i++)
-        cpu_op_attention_one(j->k, j->q, j->kv, (int)(i / j->n_q_heads), (int)(i % j->n_q_heads), j->pos0,
-                             j->n_q_heads, j->scale, j->out);
+    int Hkv = j->kv->n_kv_heads, D = j->kv->head_dim, G = j->G;
+    float *o = j->part + (size_t)tid * j->part_sz, *m = o + (size_t)G * D, *l = m + G;
+    for (int64_t i = i0; i < i1; i++) {
+        int t = (int)(i / Hkv), kvh = (int)(i % Hkv), n = j->pos0 + t + 1;
+        float *O = j->out + ((size_t)t * j->n_q_heads + (size_t)kvh * G) * D;
+        float M[CPU_ATTN_MAX_GROUP], L[CPU_ATTN_MAX_GROUP];
+        memset(O, 0, sizeof(float) * G * D);
+        for (int g = 0; g < G; g++) {
+            M[g] = -INFINITY;
+            L[g] = 0.0f;
+        }
+        for (int j0 = 0; j0 < n; j0 += CPU_ATTN_CHUNK) {
+            int j1 = j0 + CPU_ATTN_CHUNK < n ? j0 + CPU_ATTN_CHUNK : n;
+            cpu_op_attn_chunk(j->k, j->q, j->kv, t, kvh, G, j->n_q_heads, j0, j1, j->scale, o, m, l);
+            cpu_op_attn_merge(j->k, G, D, o, m, l, O, M, L);
+        }
+        cpu_op_attn_finish(j->k, G, D, O, L);
+    }
+}
+
+/* Decode (T == 1): item = (kv head, chunk), partials to scratch... */
+static void attn_chunk_body(void *ctx, int64_t i0, int64_t i1, int tid)
+{
+    attn_job *j = ctx;
+    int D = j->kv->head_dim, G = j->G, n = j->pos0 + 1;
+    for (int64_t i = i0; i < i1; i++) {
+        int kvh = (int)(i / j->n_chunks), c = (int)(i % j->n_chunks);
+        int j0 = c * CPU_ATTN_CHUNK, j1 = j0 + CPU_ATTN_CHUNK < n ? j0 + CPU_ATTN_CHUNK : n;
+        float *o = j->part + (size_t)i * j->part_sz, *m = o + (size_t)G * D, *l = m + G;
+        cpu_op_attn_chunk(j->k, j->q, j->kv, 0, kvh, G, j->n_q_heads, j0, j1, j->scale, o, m, l);
+    }
+}
+
+/* ... then merged per kv head in chunk order, as the prefill path does. */
+static void attn_merge_body(void *ctx, int64_t h0, int64_t h1, int tid)
+{
+    attn_job *j = ctx;
+    int D = j->kv->head_dim, G = j->G;
+    for (int64_t kvh = h0; kvh < h1; kvh++) {
+        float *O = j->out + (size_t)kvh * G * D;
+        float M[CPU_ATTN_MAX_GROUP], L[CPU_ATTN_MAX_GROUP];
+        memset(O, 0, sizeof(float) * G * D);
+        for (int g = 0; g < G; g++) {
+            M[g] = -INFINITY;
+            L[g] = 0.0f;
+        }
+        for (int c = 0; c < j->n_chunks; c++) {
+            const float *o = j->part + ((size_t)kvh * j->n_chunks + c) * j->part_sz;
+            cpu_op_attn_merge(j->k, G, D, o, o + (size_t)G * D, o + (size_t)G * D + G, O, M, L);
+        }
+        cpu_op_attn_finish(j->k, G, D, O, L);
+    }
 }
 
 static sn_status cpu_attention(sn_backend *b, const float *q, const sn_kv_view *kv, int T, int pos0, int n_q_heads,
                                float scale, float *out)
 {
+    cpu_be *be = be_of(b);
     SN_TRY(kv_check("attention", kv, T, pos0));
     if (n_q_heads <= 0 || n_q_heads % kv->n_kv_heads != 0)
         return SN_FAIL(SN_E_SHAPE, "attention: %d query heads not a multiple of %d kv heads", n_q_heads,
                        kv->n_kv_heads);
-    if (T > 0 && (!q || !out))
+    int G = n_q_heads / kv->n_kv_heads, D = kv->head_dim, Hkv = kv->n_kv_heads;
+    if (G > CPU_ATTN_MAX_GROUP)
+        return SN_FAIL(SN_E_UNSUPPORTED, "attention: %d query heads per kv head (max %d)", G, CPU_ATTN_MAX_GROUP);
+    if (T == 0)
+        return SN_OK;
+    if (!q || !out)
         return SN_FAIL(SN_E_INVALID, "attention: NULL buffer");
-    attn_job j = { be_of(b)->k, q, kv, pos0, n_q_heads, scale, out };
-    /* One (token, head) per item: the cost of an item grows with its
-     * position, and dynamic chunks absorb that. */
-    int64_t per = ((int64_t)pos0 + 1) * kv->head_dim;
-    sn_pool_for(be_of(b)->pool, (int64_t)T * n_q_heads, (1 << 13) / per + 1, attn_body, &j);
+    attn_job j = { .k = be->k, .q = q, .kv = kv, .pos0 = pos0, .n_q_heads = n_q_heads, .G = G, .scale = scale,
+                   .out = out, .part_sz = (size_t)G * D + 2 * (size_t)G };
+    int64_t per_key = (int64_t)G * D;
+    if (T == 1) {
+        j.n_chunks = (pos0 + CPU_ATTN_CHUNK) / CPU_ATTN_CHUNK; /* ceil((pos0+1)/CHUNK) */
+        SN_TRY(scratch_get(be, (size_t)Hkv * j.n_chunks * j.part_sz, &j.part));
+        sn_pool_for(be->pool, (int64_t)Hkv * j.n_chunks, (1 << 14) / (per_key * CPU_ATTN_CHUNK) + 1, attn_chunk_body,
+                    &j);
+        sn_pool_for(be->pool, Hkv, 1, attn_merge_body, &j);
+        return SN_OK;
+    }
+    SN_TRY(scratch_get(be, (size_t)sn_pool_size(be->pool) * j.part_sz, &j.part));
+    /* Items cost in proportion to their position: dynamic chunks absorb that. */
+    sn_pool_for(be->pool, (int64_t)T * Hkv, (1 << 14) / (per_key * ((int64_t)pos0 + 1)) + 1, attn_seq_body, &j);
     return SN_OK;
 }
 

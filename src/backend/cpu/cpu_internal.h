@@ -94,9 +94,24 @@ void cpu_op_mul_sigmoid(float *y, const float *g, int64_t i0, int64_t i1);
 /* Tokens [t0, t1) of x[T, n_heads, head_dim]. */
 void cpu_op_rope_tokens(float *x, int64_t t0, int64_t t1, int n_heads, int head_dim, int rot_dim, int pos0,
                         const float *inv_freq, float mscale);
-/* Query (t, h): out[t,h,:] over cache positions [0, pos0+t]. */
-void cpu_op_attention_one(const cpu_kernels *k, const float *q, const sn_kv_view *kv, int t, int h, int pos0,
-                          int n_q_heads, float scale, float *out);
+/* Attention works per (token, kv head) on its G = Hq/Hkv query heads
+ * together, so each cached key and value is loaded once for the group, and
+ * over fixed chunks of CPU_ATTN_CHUNK cache positions: a chunk gives a
+ * partial (o unnormalised [G, D], running max m [G], sum l [G]); partials
+ * are merged in chunk order. Chunks depend only on absolute positions, so
+ * a token's arithmetic is the same whether its chunks run one after the
+ * other (prefill) or in parallel across threads (decode): batch
+ * invariance. */
+#define CPU_ATTN_CHUNK 64
+#define CPU_ATTN_MAX_GROUP 256
+/* Partial of query heads [kvh*G, kvh*G+G) of token t over positions [j0, j1). */
+void cpu_op_attn_chunk(const cpu_kernels *k, const float *q, const sn_kv_view *kv, int t, int kvh, int G,
+                       int n_q_heads, int j0, int j1, float scale, float *o, float *m, float *l);
+/* Running (O, M, L) ⊕= partial (o, m, l); O, M, L start as 0, -inf, 0. */
+void cpu_op_attn_merge(const cpu_kernels *k, int G, int D, const float *o, const float *m, const float *l, float *O,
+                       float *M, float *L);
+/* O[g] /= L[g]. */
+void cpu_op_attn_finish(const cpu_kernels *k, int G, int D, float *O, const float *L);
 
 /* GatedDeltaNet pieces, run in this order by the driver. */
 typedef struct {

@@ -39,7 +39,9 @@ static inline float avx2_hsum(__m256 v)
 #define F16_LOAD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define KNAME(x) avx2_##x
 #define TB_MAX 2
+#ifndef RB_GEMV /* overridable for tuning runs */
 #define RB_GEMV 2
+#endif
 
 #include "backend/cpu/kernels_simd.h"
 

@@ -33,7 +33,9 @@
 #define F16_LOAD(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define KNAME(x) avx512_##x
 #define TB_MAX 4
+#ifndef RB_GEMV /* overridable for tuning runs */
 #define RB_GEMV 4
+#endif
 
 #include "backend/cpu/kernels_simd.h"
 

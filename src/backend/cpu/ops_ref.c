@@ -189,34 +189,60 @@ void cpu_op_rope_tokens(float *x, int64_t t0, int64_t t1, int n_heads, int head_
     }
 }
 
-/* Online softmax (running max, rescaled accumulator): one pass over K/V,
- * straight from the cache, with no score buffer. */
-void cpu_op_attention_one(const cpu_kernels *k, const float *q, const sn_kv_view *kv, int t, int h, int pos0,
-                          int n_q_heads, float scale, float *out)
+/* Online softmax within the chunk (running max, rescaled accumulator):
+ * one pass over K/V, straight from the cache, with no score buffer. */
+void cpu_op_attn_chunk(const cpu_kernels *k, const float *q, const sn_kv_view *kv, int t, int kvh, int G,
+                       int n_q_heads, int j0, int j1, float scale, float *o, float *m, float *l)
 {
-    int D = kv->head_dim, Hkv = kv->n_kv_heads;
-    int kvh = h / (n_q_heads / Hkv);
-    const float *qh = q + ((size_t)t * n_q_heads + h) * D;
-    float *o = out + ((size_t)t * n_q_heads + h) * D;
-    size_t stride = (size_t)Hkv * D;
+    int D = kv->head_dim;
+    size_t stride = (size_t)kv->n_kv_heads * D;
+    const float *qg = q + ((size_t)t * n_q_heads + (size_t)kvh * G) * D;
     const float *kp = kv->k + (size_t)kvh * D, *vp = kv->v + (size_t)kvh * D;
-    memset(o, 0, sizeof(float) * D);
-    float m = -INFINITY, l = 0.0f;
-    int n = pos0 + t + 1;
-    for (int j = 0; j < n; j++) {
-        float s = k->dot(qh, kp + j * stride, D) * scale;
-        if (s > m) {
-            float corr = expf(m - s); /* 0 on the first key */
-            if (j > 0)
-                k->scale(o, corr, D);
-            l *= corr;
-            m = s;
-        }
-        float p = expf(s - m);
-        l += p;
-        k->axpy(o, p, vp + j * stride, D);
+    memset(o, 0, sizeof(float) * G * D);
+    for (int g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
     }
-    k->scale(o, 1.0f / l, D);
+    for (int j = j0; j < j1; j++) {
+        const float *kj = kp + j * stride, *vj = vp + j * stride;
+        for (int g = 0; g < G; g++) {
+            float s = k->dot(qg + (size_t)g * D, kj, D) * scale;
+            float *og = o + (size_t)g * D;
+            if (s > m[g]) {
+                float corr = expf(m[g] - s); /* 0 on the chunk's first key */
+                if (j > j0)
+                    k->scale(og, corr, D);
+                l[g] *= corr;
+                m[g] = s;
+            }
+            float p = expf(s - m[g]);
+            l[g] += p;
+            k->axpy(og, p, vj, D);
+        }
+    }
+}
+
+void cpu_op_attn_merge(const cpu_kernels *k, int G, int D, const float *o, const float *m, const float *l, float *O,
+                       float *M, float *L)
+{
+    for (int g = 0; g < G; g++) {
+        float *Og = O + (size_t)g * D;
+        if (m[g] > M[g]) {
+            float c = expf(M[g] - m[g]); /* 0 for the first chunk */
+            k->scale(Og, c, D);
+            L[g] *= c;
+            M[g] = m[g];
+        }
+        float w = expf(m[g] - M[g]);
+        k->axpy(Og, w, o + (size_t)g * D, D);
+        L[g] += w * l[g];
+    }
+}
+
+void cpu_op_attn_finish(const cpu_kernels *k, int G, int D, float *O, const float *L)
+{
+    for (int g = 0; g < G; g++)
+        k->scale(O + (size_t)g * D, 1.0f / L[g], D);
 }
 
 void cpu_op_gdn_conv(const cpu_gdn_job *j, int64_t c0, int64_t c1)
