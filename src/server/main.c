@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "sanctum/chat.h"
@@ -420,6 +421,12 @@ int main(int argc, char **argv)
     cli c;
     if (parse_args(argc, argv, &c)) return 2;
     int rc = 1;
+    /* Every client connection is a descriptor: take the hard limit. */
+    struct rlimit nofile;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
     srv_metrics *metrics = NULL;
     engine e = {0};
     hooks h = {.c = &c};

@@ -97,6 +97,7 @@ struct srv {
     pthread_cond_t cv;
     srv_job *q_head, *q_tail;     /* FIFO of waiting jobs */
     atomic_int q_len;
+    atomic_int busy;              /* the worker is running a job */
     bool worker_stop;
     srv_job *dirty;               /* jobs with news for the loop thread */
 
@@ -533,6 +534,7 @@ static void *worker_main(void *arg)
         if (!s->q_head) s->q_tail = NULL;
         atomic_fetch_sub(&s->q_len, 1);
         j->t_start = now_s();
+        atomic_store(&s->busy, 1);
         pthread_mutex_unlock(&s->mu);
 
         srv_gen_out out = {0};
@@ -552,6 +554,7 @@ static void *worker_main(void *arg)
             fprintf(stderr, "worker: request %s failed: %s (%s)\n", j->id, sn_errmsg(), sn_errloc());
         }
         j->worker_done = true;
+        atomic_store(&s->busy, 0);
         notify_locked(s, j);   /* last touch of j by the worker */
         pthread_mutex_unlock(&s->mu);
     }
@@ -605,7 +608,10 @@ static void handle_chat(srv *s, struct evhttp_request *req, double t0)
         finish_sync(s, req, R_CHAT, t0, 404);
         return;
     }
-    if (atomic_load(&s->q_len) >= s->o.max_queue) {
+    /* --max-queue counts waiting requests; with 0 a request is taken only
+     * when the worker is idle. */
+    int waiting = atomic_load(&s->q_len);
+    if (waiting >= s->o.max_queue && (waiting > 0 || atomic_load(&s->busy))) {
         job_free(j);
         evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
         sync_error(s, req, R_CHAT, t0, 503, "server_error", "queue_full", NULL,
@@ -721,7 +727,9 @@ sn_status srv_http_new(srv *s, struct evhttp **out)
     size_t cap = s->o.max_body_bytes + (1u << 20);
     evhttp_set_max_body_size(h, (ev_ssize_t)cap);
     evhttp_set_max_headers_size(h, 64 * 1024);
-    evhttp_set_timeout(h, 300);
+    /* Idle and stalled connections go after 2 minutes (a generation in
+     * progress does not count: evhttp stops reading once the request is in). */
+    evhttp_set_timeout(h, 120);
     evhttp_set_allowed_methods(h, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                       EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
     evhttp_set_gencb(h, on_request, s);
@@ -833,6 +841,7 @@ sn_status srv_run(const srv_opts *o)
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     atomic_init(&s->q_len, 0);
+    atomic_init(&s->busy, 0);
     s->started_at = (long long)time(NULL);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
