@@ -5,7 +5,7 @@
  * KV caches can be cut at any position, the GatedDeltaNet conv + recurrent
  * states cannot: an entry therefore holds the KV rows of all its tokens once
  * and the recurrent state at a few checkpoints (every ckpt_every tokens, at
- * the message boundaries the caller names, just before and at the end of
+ * the first and the last message boundary the caller names, at the end of
  * the prompt, and at the end of the sequence). A request resumes from the
  * nearest checkpoint at or below the common prefix (any position for models
  * without GatedDeltaNet layers) and computes the rest, at least min_fresh
@@ -68,7 +68,7 @@ void sn_pcache_get_stats(sn_pcache *pc, sn_pcache_stats *out);
  *                       sn_seq_pos(seq) tokens of tokens[]) into the pool.
  *
  * bounds: positions (token counts) where a chat message starts or ends;
- * may be NULL. The request keeps no pointer into the pool, so eviction by
+ * may be NULL; the first and the last become checkpoints. The request keeps no pointer into the pool, so eviction by
  * other threads meanwhile is harmless. */
 sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int n_prompt, const int *bounds,
                           int n_bounds, sn_pcache_req **out, int *cached);

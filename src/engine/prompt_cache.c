@@ -267,16 +267,27 @@ sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int
     bool recurrent = r->gdn_bytes > 0;
     int limit = n_prompt - pc->o.min_fresh;
 
-    /* The plan: every ckpt_every tokens, the caller's message bounds, the
-     * last position a repeat of this prompt may resume from, the end. */
+    /* The plan: every ckpt_every tokens (a divisor of the prefill chunk,
+     * so these cost no extra forward), the end of the prompt (where the
+     * prefill stops anyway), and of the caller's message bounds only the
+     * first and the last: every other stop splits a prefill chunk, and on
+     * a CPU each split costs about one more pass over the weights. The
+     * first bound is where a shared system prompt ends; the last is where
+     * the newest turn starts (a repeat of this prompt resumes there). */
     if (recurrent) {
-        int cap = n_prompt / pc->o.ckpt_every + n_bounds + 2;
+        int cap = n_prompt / pc->o.ckpt_every + 4;
         r->plan = malloc((size_t)cap * sizeof *r->plan);
         if (!r->plan) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory"); goto out; }
         for (int p = pc->o.ckpt_every; p <= n_prompt; p += pc->o.ckpt_every) r->plan[r->n_plan++] = p;
-        for (int i = 0; i < n_bounds; i++)
-            if (bounds[i] > 0 && bounds[i] <= n_prompt) r->plan[r->n_plan++] = bounds[i];
-        if (limit > 0) r->plan[r->n_plan++] = limit;
+        int first = 0, last = 0;
+        for (int i = 0; i < n_bounds; i++) {
+            int b = bounds[i];
+            if (b <= 0 || b > n_prompt) continue;
+            if (!first || b < first) first = b;
+            if (b > last) last = b;
+        }
+        if (first) r->plan[r->n_plan++] = first;
+        if (last && last != first) r->plan[r->n_plan++] = last;
         r->plan[r->n_plan++] = n_prompt;
         qsort(r->plan, (size_t)r->n_plan, sizeof *r->plan, cmp_int);
         int k = 0;
