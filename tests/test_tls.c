@@ -296,6 +296,60 @@ static void test_plain_to_tls_port(void)
     server_stop(&s);
 }
 
+/* Revocation without a restart: revoke, sn_tls_reload, refused. A broken
+ * CRL on reload keeps the old trust in force. (The reload runs here while
+ * no connection is in flight; the server calls it on its loop thread.) */
+static void test_crl_reload(void)
+{
+    server s;
+    char body[256], cmd[512];
+    snprintf(cmd, sizeof cmd, "deploy/mtls-gen-certs.sh --out '%s' --client carol >/dev/null", g_dir);
+    CHECK(system(cmd) == 0);
+    /* A copy of the CRL that the test can break and restore. */
+    char crl[160];
+    snprintf(crl, sizeof crl, "%s/live-crl.pem", g_dir);
+    snprintf(cmd, sizeof cmd, "cp '%s/crl.pem' '%s'", g_dir, crl);
+    CHECK(system(cmd) == 0);
+    if (server_start(&s, crl) != 0) {
+        CHECK(!"server start");
+        server_stop(&s);
+        return;
+    }
+    client_opts carol = { P(g_dir, "clients/carol.crt"), P(g_dir, "clients/carol.key"), 0, NULL };
+    client_opts alice = { P(g_dir, "clients/alice.crt"), P(g_dir, "clients/alice.key"), 0, NULL };
+    capture_begin();
+    int before = tls_get(s.port, &carol, body, sizeof body);
+    snprintf(cmd, sizeof cmd, "deploy/mtls-gen-certs.sh --out '%s' --revoke carol >/dev/null && cp '%s/crl.pem' '%s'",
+             g_dir, g_dir, crl);
+    int revoked = system(cmd);
+    int stale = tls_get(s.port, &carol, body, sizeof body);   /* old CRL still loaded */
+    sn_status r1 = sn_tls_reload(s.tls);
+    int after = tls_get(s.port, &carol, body, sizeof body);
+    FILE *f = fopen(crl, "w");
+    if (f) {
+        fputs("not a CRL\n", f);
+        fclose(f);
+    }
+    sn_status r2 = sn_tls_reload(s.tls);
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", sn_errmsg());
+    int alice_ok = tls_get(s.port, &alice, body, sizeof body);
+    int carol_still = tls_get(s.port, &carol, body, sizeof body);
+    usleep(100 * 1000);
+    char *log = capture_end();
+    CHECK(before == 200);
+    CHECK(revoked == 0);
+    CHECK(stale == 200);
+    CHECK(r1 == SN_OK);
+    CHECK(after == 0);
+    CHECK(r2 == SN_E_FORMAT);
+    CHECKF(strstr(msg, "live-crl.pem") != NULL, "%s", msg);
+    CHECK(alice_ok == 200);
+    CHECK(carol_still == 0);
+    CHECKF(strstr(log, "reason=certificate revoked subject=/CN=carol") != NULL, "log: %s", log);
+    server_stop(&s);
+}
+
 /* A client that connects and never starts the handshake is dropped by the
  * evhttp timeout: a TLS port must not be a slot-holding target. */
 static void test_idle_handshake_dropped(void)
@@ -398,6 +452,7 @@ int main(void)
         RUN(test_plain_to_tls_port);
         RUN(test_crl_is_what_rejects);
         RUN(test_idle_handshake_dropped);
+        RUN(test_crl_reload);
     }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0)

@@ -26,6 +26,7 @@
 
 struct sn_tls {
     SSL_CTX *ctx;
+    char *ca_path, *crl_path;   /* kept for sn_tls_reload */
     _Atomic uint64_t accepted;
     _Atomic uint64_t rejected;
 };
@@ -188,6 +189,55 @@ static const char *const TLS12_CIPHERS =
     "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256";
 static const char *const TLS13_SUITES = "TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256";
 
+/* Build a fresh trust store (client CA + CRL) from the saved paths and
+ * swap it into the context: used at startup and by sn_tls_reload. Nothing
+ * changes unless every file loads. */
+static sn_status install_trust(sn_tls *t)
+{
+    sn_status st = SN_OK;
+    char why[256];
+    STACK_OF(X509_NAME) *names = NULL;
+    ERR_clear_error();
+    X509_STORE *store = X509_STORE_new();
+    if (!store)
+        return SN_FAIL(SN_E_NOMEM, "X509_STORE_new failed");
+    if (X509_STORE_load_file(store, t->ca_path) != 1) {
+        st = SN_FAIL(SN_E_FORMAT, "%s: cannot load the client CA: %s", t->ca_path, ossl_err(why, sizeof why));
+        goto out;
+    }
+    names = SSL_load_client_CA_file(t->ca_path);
+    if (!names) {
+        st = SN_FAIL(SN_E_FORMAT, "%s: no CA certificate names: %s", t->ca_path, ossl_err(why, sizeof why));
+        goto out;
+    }
+    if (t->crl_path) {
+        X509_LOOKUP *lk = X509_STORE_add_lookup(store, X509_LOOKUP_file());
+        int n = lk ? X509_load_crl_file(lk, t->crl_path, X509_FILETYPE_PEM) : 0;
+        if (n <= 0) {
+            st = SN_FAIL(SN_E_FORMAT, "%s: no CRL loaded: %s", t->crl_path, ossl_err(why, sizeof why));
+            goto out;
+        }
+        /* Leaf check: our CA issues client certs directly. A CRL past its
+         * nextUpdate fails every handshake: stale revocation data is not
+         * trusted, so refresh it (deploy/mtls-gen-certs.sh). */
+        X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+    }
+    SSL_CTX_set_cert_store(t->ctx, store);        /* frees the old store */
+    SSL_CTX_set_client_CA_list(t->ctx, names);    /* takes ownership */
+    return SN_OK;
+out:
+    sk_X509_NAME_pop_free(names, X509_NAME_free);
+    X509_STORE_free(store);
+    return st;
+}
+
+sn_status sn_tls_reload(sn_tls *t)
+{
+    if (!t)
+        return SN_FAIL(SN_E_INVALID, "sn_tls_reload: NULL");
+    return install_trust(t);
+}
+
 sn_status sn_tls_new(const sn_tls_opts *o, sn_tls **out)
 {
     sn_status st = SN_OK;
@@ -240,29 +290,15 @@ sn_status sn_tls_new(const sn_tls_opts *o, sn_tls **out)
         st = SN_FAIL(SN_E_VERIFY, "%s: the server certificate has expired", o->cert);
         goto out;
     }
-    if (SSL_CTX_load_verify_locations(ctx, o->ca, NULL) != 1) {
-        st = SN_FAIL(SN_E_FORMAT, "%s: cannot load the client CA: %s", o->ca, ossl_err(why, sizeof why));
+    t->ca_path = strdup(o->ca);
+    t->crl_path = o->crl ? strdup(o->crl) : NULL;
+    if (!t->ca_path || (o->crl && !t->crl_path)) {
+        st = SN_FAIL(SN_E_NOMEM, "out of memory");
         goto out;
     }
-    STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(o->ca);
-    if (!names) {
-        st = SN_FAIL(SN_E_FORMAT, "%s: no CA certificate names: %s", o->ca, ossl_err(why, sizeof why));
+    st = install_trust(t);
+    if (st != SN_OK)
         goto out;
-    }
-    SSL_CTX_set_client_CA_list(ctx, names);   /* takes ownership */
-    if (o->crl) {
-        X509_STORE *store = SSL_CTX_get_cert_store(ctx);
-        X509_LOOKUP *lk = X509_STORE_add_lookup(store, X509_LOOKUP_file());
-        int n = lk ? X509_load_crl_file(lk, o->crl, X509_FILETYPE_PEM) : 0;
-        if (n <= 0) {
-            st = SN_FAIL(SN_E_FORMAT, "%s: no CRL loaded: %s", o->crl, ossl_err(why, sizeof why));
-            goto out;
-        }
-        /* Leaf check: our CA issues client certs directly. A CRL past its
-         * nextUpdate fails every handshake: stale revocation data is not
-         * trusted, so refresh it (deploy/mtls-gen-certs.sh --revoke). */
-        X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
-    }
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT | SSL_VERIFY_CLIENT_ONCE, verify_cb);
     SSL_CTX_set_verify_depth(ctx, 4);
     SSL_CTX_set_info_callback(ctx, info_cb);
@@ -278,6 +314,8 @@ void sn_tls_free(sn_tls *t)
     if (!t)
         return;
     SSL_CTX_free(t->ctx);
+    free(t->ca_path);
+    free(t->crl_path);
     free(t);
 }
 

@@ -51,6 +51,13 @@ typedef struct sn_tls sn_tls;
 sn_status sn_tls_new(const sn_tls_opts *opts, sn_tls **out);
 void sn_tls_free(sn_tls *tls);
 
+/* Re-read --tls-ca and --tls-crl (e.g. on SIGHUP after
+ * `mtls-gen-certs.sh --revoke NAME`) and use them for every handshake that
+ * starts afterwards; connections already established keep going. Call it on
+ * the event-loop thread. On failure (file unreadable or unparsable, message
+ * names it) the old CA and CRL stay in force. */
+sn_status sn_tls_reload(sn_tls *tls);
+
 /* The context, e.g. for tests that drive SSL directly. Owned by tls. */
 SSL_CTX *sn_tls_ctx(sn_tls *tls);
 
