@@ -528,7 +528,9 @@ static void moe_case(int E, int k, int H, int I, int T, int norm)
     CHECK_OK(G->ops->moe(G, &g.wg, &u.wg, &dn.wg, dl, k, norm != 0, dx, T, dout));
     float *out = tohost(dout, (size_t)T * H);
     double err = rel_err(out, ref, (size_t)T * H);
-    CHECKF(err <= 2e-5, "moe E=%d k=%d H=%d I=%d T=%d: rel %.3g", E, k, H, I, T, err);
+    /* T >= 32 takes the expert-grouped GEMM path (split fp16x3, fp32-class) */
+    double tol = T >= 32 ? 5e-5 : 2e-5;
+    CHECKF(err <= tol, "moe E=%d k=%d H=%d I=%d T=%d: rel %.3g", E, k, H, I, T, err);
     free(x); free(lg); free(ref); free(hg); free(hu); free(ho); free(out);
     dfree(dx); dfree(dl); dfree(dout);
     tw_free(&g); tw_free(&u); tw_free(&dn);
@@ -540,6 +542,12 @@ static void test_moe(void)
     moe_case(64, 8, 512, 128, 3, 1);
     moe_case(16, 4, 256, 192, 5, 0);
     moe_case(256, 8, 2048, 512, 1, 1); /* 35B-A3B shape */
+    moe_case(16, 4, 256, 192, 40, 1);  /* grouped GEMM path, odd expert row counts */
+    moe_case(64, 8, 512, 128, 300, 1);
+    moe_case(256, 8, 2048, 512, 64, 1);
+    CHECK_OK(sn_cuda_tune(G, "moe_gemm", 0));
+    moe_case(16, 4, 256, 192, 40, 1);  /* the same through per-token GEMVs */
+    CHECK_OK(sn_cuda_tune(G, "moe_gemm", 1));
 }
 
 static void test_argmax(void)

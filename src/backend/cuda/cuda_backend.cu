@@ -1011,7 +1011,7 @@ extern "C" sn_status sn_cuda_moe(sn_backend *b, const sn_weight *gate, const sn_
     rec r = rec_new(R_MOE);
     r.p[0] = gate; r.p[1] = up; r.p[2] = down; r.p[3] = logits; r.p[4] = x; r.p[5] = out;
     r.i[0] = top_k; r.i[1] = norm_topk ? 1 : 0; r.i[2] = T;
-    return submit(cb_of(b), r, cu_moe_scratch_bytes(g, T, top_k));
+    return submit(cb_of(b), r, cu_moe_scratch_bytes(&cb_of(b)->di, g, T, top_k));
 }
 
 extern "C" sn_status sn_cuda_begin_step(sn_backend *b)
@@ -1144,6 +1144,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->base.n_threads = 1;
     cb->dev = gpu;
     cb->fuse = true;
+    cb->di.moe_gemm = 1;
     {
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
         const char *g = getenv("SANCTUM_CUDA_GEMM");
@@ -1257,6 +1258,11 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
     if (!strcmp(key, "gemm_fast")) {
         SN_TRY(host_barrier(cb));
         cb->di.gemm_fast = value != 0;
+        return SN_OK;
+    }
+    if (!strcmp(key, "moe_gemm")) {
+        SN_TRY(host_barrier(cb));
+        cb->di.moe_gemm = value != 0;
         return SN_OK;
     }
     if (!strcmp(key, "fuse")) {

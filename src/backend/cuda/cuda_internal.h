@@ -67,6 +67,7 @@ typedef struct {
     void *blas;           /* cuBLAS context (cuda_blas.cu) or NULL when not loaded */
     int blas_min_t;       /* quantized GEMMs of at least this many tokens use cuBLAS; 0 = never */
     int gemm_fast;        /* 1: single fp16 pass (11-bit operands); 0: split fp16x3, fp32-class (default) */
+    int moe_gemm;         /* MoE of T >= 32 tokens as grouped expert GEMMs (1, default) or per-token GEMVs */
 } cu_devinfo;
 
 /* ---- optional cuBLAS (cuda_blas.cu), loaded with dlopen ---- */
@@ -99,7 +100,7 @@ sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int
 /* MoE FFN over the experts of one layer for T tokens, routing on the GPU:
  * softmax(logits[t]) -> top_k -> (renormalised when norm_topk) weights;
  * out[t] = sum_j w_j * down_e(silu(gate_e x_t) * up_e x_t). */
-size_t cu_moe_scratch_bytes(const cu_weight *gate, int T, int top_k);
+size_t cu_moe_scratch_bytes(const cu_devinfo *di, const cu_weight *gate, int T, int top_k);
 sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, const cu_weight *up,
                  const cu_weight *down, const float *logits, int top_k, int norm_topk, const float *x, int T,
                  float *out, void *scratch);

@@ -416,14 +416,17 @@ __global__ void k_gemv_dense(const void *__restrict__ W, const float *__restrict
  * [xh | xl | xh/2^11], each Kp long, and the weight side is [wh | wh | wl]
  * (wl scaled by 2^11 keeps it out of fp16's subnormal range). */
 __global__ void k_x_to_f16(const float *__restrict__ x, int T, int64_t cols, int64_t Kp, int nseg,
-                           __half *__restrict__ xh, float *__restrict__ sig)
+                           __half *__restrict__ xh, float *__restrict__ sig, const int32_t *__restrict__ rowmap,
+                           int kdiv)
 {
     int t = blockIdx.x;
+    /* row t of the result reads x row rowmap[t] / kdiv (a gather for MoE), else row t */
+    const float *xt = x + (size_t)(rowmap && t < T ? rowmap[t] / kdiv : t) * cols;
     __shared__ float red[32];
     float m = 0.f;
     if (t < T)
         for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
-            m = fmaxf(m, fabsf(x[(size_t)t * cols + i]));
+            m = fmaxf(m, fabsf(xt[i]));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -450,7 +453,7 @@ __global__ void k_x_to_f16(const float *__restrict__ x, int T, int64_t cols, int
     float inv = 1.f / s;
     __half *row = xh + (size_t)t * nseg * Kp;
     for (int64_t i = threadIdx.x; i < Kp; i += blockDim.x) {
-        float v = (t < T && i < cols) ? x[(size_t)t * cols + i] * inv : 0.f;
+        float v = (t < T && i < cols) ? xt[i] * inv : 0.f;
         __half h = __float2half_rn(v);
         row[i] = h;
         if (nseg == 3) {
@@ -583,16 +586,18 @@ __device__ __forceinline__ void a_fetch_async(const __half *xh, int64_t ld, int6
     }
 }
 
+/* One BM x BN output tile: rows [m0, min(m0+BM, mend)) of xh times the
+ * weight rows [n0, n0+BN) (q, sb: the matrix's own base), into
+ * y[t * w.rows + n]. Rows of xh up to m0+BM must exist (zero padded). */
 template <int FMT>
-__global__ void __launch_bounds__(GEMM_THREADS)
-k_gemm(cu_weight w, const void *__restrict__ q, const void *__restrict__ sb, const __half *__restrict__ xh,
-       const float *__restrict__ sig, int64_t Kp, int nseg, int T, float *__restrict__ y)
+__device__ __forceinline__ void gemm_tile(const cu_weight &w, const void *__restrict__ q, const void *__restrict__ sb,
+                                          const __half *__restrict__ xh, const float *__restrict__ sig, int64_t Kp,
+                                          int nseg, int64_t m0, int64_t mend, int64_t n0, float *__restrict__ y)
 {
     using namespace nvcuda;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     __half *As = (__half *)smem_raw;                 /* [2][BM][LDS] */
     __half *Bs = As + 2 * BM * LDS;                  /* [2][BN][LDS] */
-    const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
     const int warp = threadIdx.x >> 5;
     const int wm = warp >> 2, wn = warp & 3; /* 2 x 4 warps, 64 x 32 each */
     const int brow = threadIdx.x >> 1, bcol = (threadIdx.x & 1) * 32;
@@ -660,9 +665,45 @@ k_gemm(cu_weight w, const void *__restrict__ q, const void *__restrict__ sb, con
     for (int e = threadIdx.x; e < BM * BN; e += GEMM_THREADS) {
         int i = e / BN, j = e % BN;
         int64_t t = m0 + i, n = n0 + j;
-        if (t < T && n < w.rows)
+        if (t < mend && n < w.rows)
             y[(size_t)t * w.rows + n] = Cs[i * LDC + j] * sig[t] + (w.bias ? w.bias[n] : 0.f);
     }
+}
+
+template <int FMT>
+__global__ void __launch_bounds__(GEMM_THREADS)
+k_gemm(cu_weight w, const void *__restrict__ q, const void *__restrict__ sb, const __half *__restrict__ xh,
+       const float *__restrict__ sig, int64_t Kp, int nseg, int T, float *__restrict__ y)
+{
+    gemm_tile<FMT>(w, q, sb, xh, sig, Kp, nseg, (int64_t)blockIdx.y * BM, T, (int64_t)blockIdx.x * BN, y);
+}
+
+/* MoE prefill: rows of xh grouped by expert (segment e = rows
+ * [seg_off[e], seg_off[e] + cnt[e])); tile_off[e] = first M tile of
+ * expert e, tile_off[E] = all tiles. Block (n tile, M tile). */
+template <int FMT>
+__global__ void __launch_bounds__(GEMM_THREADS)
+k_gemm_moe(cu_weight w, const __half *__restrict__ xh, const float *__restrict__ sig, int64_t Kp, int nseg, int E,
+           const int *__restrict__ cnt, const int *__restrict__ seg_off, const int *__restrict__ tile_off,
+           float *__restrict__ y)
+{
+    int tile = blockIdx.y;
+    if (tile >= tile_off[E])
+        return;
+    int lo = 0, hi = E - 1; /* the last e with tile_off[e] <= tile */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (tile_off[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    int e = lo;
+    int64_t m0 = seg_off[e] + (int64_t)(tile - tile_off[e]) * BM, mend = seg_off[e] + cnt[e];
+    size_t sbsz = w.sfmt == CS_F32 ? 8 : 4;
+    const void *q = (const uint32_t *)w.q + (size_t)e * w.rows * w.words;
+    const void *sb = (const char *)w.sb + (size_t)e * w.rows * w.groups * sbsz;
+    gemm_tile<FMT>(w, q, sb, xh, sig, Kp, nseg, m0, mend, (int64_t)blockIdx.x * BN, y);
 }
 
 static_assert((size_t)BM * (BN + 4) * sizeof(float) <= GEMM_SMEM, "epilogue tile fits");
@@ -872,6 +913,92 @@ __global__ void k_moe_sum(const float *__restrict__ part, const float *__restric
     }
 }
 
+/* ---- MoE prefill: token/expert pairs grouped by expert, then GEMMs ---- */
+
+constexpr int MOE_GEMM_MIN_T = 32;
+
+/* cnt[e] = pairs routed to expert e (grid E) */
+__global__ void k_moe_count(const int32_t *__restrict__ idx, int N, int *__restrict__ cnt)
+{
+    __shared__ int tot;
+    if (threadIdx.x == 0)
+        tot = 0;
+    __syncthreads();
+    int c = 0;
+    for (int p = threadIdx.x; p < N; p += blockDim.x)
+        c += idx[p] == (int)blockIdx.x;
+    atomicAdd(&tot, c); /* integer sum: order does not matter */
+    __syncthreads();
+    if (threadIdx.x == 0)
+        cnt[blockIdx.x] = tot;
+}
+
+/* exclusive prefix sums of rows and of BM-row tiles (one thread; E is small) */
+__global__ void k_moe_scan(const int *__restrict__ cnt, int E, int *__restrict__ seg_off, int *__restrict__ tile_off)
+{
+    if (threadIdx.x || blockIdx.x)
+        return;
+    int r = 0, t = 0;
+    for (int e = 0; e < E; e++) {
+        seg_off[e] = r;
+        tile_off[e] = t;
+        r += cnt[e];
+        t += (cnt[e] + BM - 1) / BM;
+    }
+    seg_off[E] = r;
+    tile_off[E] = t;
+}
+
+/* Expert e's pairs in increasing pair order (grid E, 256 threads):
+ * perm[row] = pair, pos[pair] = row. Deterministic: ballot + block scan. */
+__global__ void k_moe_fill(const int32_t *__restrict__ idx, int N, const int *__restrict__ seg_off,
+                           int32_t *__restrict__ perm, int32_t *__restrict__ pos)
+{
+    __shared__ int wsum[8];
+    const int e = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int base = seg_off[e];
+    for (int p0 = 0; p0 < N; p0 += 256) {
+        int p = p0 + threadIdx.x;
+        bool f = p < N && idx[p] == e;
+        unsigned b = __ballot_sync(0xffffffffu, f);
+        if (lane == 0)
+            wsum[warp] = __popc(b);
+        __syncthreads();
+        int before = 0, all = 0;
+        for (int w = 0; w < 8; w++) {
+            before += w < warp ? wsum[w] : 0;
+            all += wsum[w];
+        }
+        if (f) {
+            int row = base + before + __popc(b & ((1u << lane) - 1u));
+            perm[row] = p;
+            pos[p] = row;
+        }
+        base += all;
+        __syncthreads();
+    }
+}
+
+__global__ void k_silu_mul(float *__restrict__ g, const float *__restrict__ u, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+
+/* out[t, h] = sum_j w[t, j] * Y[pos[t*k+j], h], j ascending */
+__global__ void k_moe_combine(const float *__restrict__ Y, const float *__restrict__ wts,
+                              const int32_t *__restrict__ pos, int T, int k, int64_t H, float *__restrict__ out)
+{
+    size_t n = (size_t)T * H;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t t = i / H, h = i % H;
+        float v = 0.f;
+        for (int j = 0; j < k; j++)
+            v += wts[t * k + j] * Y[(size_t)pos[t * k + j] * H + h];
+        out[i] = v;
+    }
+}
+
 size_t gemv_smem(const cu_weight *w, int tt)
 {
     int vpc = 128 / w->bits;
@@ -1013,6 +1140,8 @@ sn_status cu_matmul_init(const cu_devinfo *di)
     SN_TRY(max_smem(k_gemm<CW_F32>, di, "gemm init"));
     SN_TRY(max_smem(k_gemm<CW_F16>, di, "gemm init"));
     SN_TRY(max_smem(k_gemm<CW_BF16>, di, "gemm init"));
+    SN_TRY(max_smem(k_gemm_moe<CW_Q4>, di, "gemm init"));
+    SN_TRY(max_smem(k_gemm_moe<CW_Q8>, di, "gemm init"));
     SN_TRY(max_smem(k_moe_gate_up<4>, di, "moe init"));
     SN_TRY(max_smem(k_moe_gate_up<8>, di, "moe init"));
     SN_TRY(max_smem(k_moe_down<4>, di, "moe init"));
@@ -1049,7 +1178,7 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
         int nseg = di->gemm_fast ? 1 : 3;
         __half *xh = (__half *)scratch;
         float *sig = (float *)((char *)scratch + round_up((int64_t)(Tp * nseg * Kp * sizeof(__half)), 256));
-        k_x_to_f16<<<(unsigned)Tp, 256, 0, s>>>(x, T, w->cols, Kp, nseg, xh, sig);
+        k_x_to_f16<<<(unsigned)Tp, 256, 0, s>>>(x, T, w->cols, Kp, nseg, xh, sig, NULL, 1);
         CU_CHECK_LAUNCH("matmul x->f16");
         if (use_blas(di, w, T)) {
             void *ws = (char *)sig + round_up(Tp * 4, 256);
@@ -1091,10 +1220,104 @@ sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int
     return SN_OK;
 }
 
-size_t cu_moe_scratch_bytes(const cu_weight *gate, int T, int top_k)
+/* Scratch of the grouped (prefill) path; the layout is walked the same way in cu_moe. */
+struct moe_layout {
+    size_t idx, wts, cnt, seg, tile, perm, pos, sig, xh, g, u, sig2, ah, yd, total;
+};
+
+static moe_layout moe_plan(const cu_devinfo *di, const cu_weight *gate, int T, int k)
 {
+    moe_layout L;
+    int64_t N = (int64_t)T * k, E = gate->n_experts, I = gate->rows, H = gate->cols;
+    int64_t nseg = di->gemm_fast ? 1 : 3, KpH = round_up(H, BK), KpI = round_up(I, BK), Np = N + BM;
+    size_t o = 0;
+    auto take = [&](size_t bytes) { size_t at = o; o += (size_t)round_up((int64_t)bytes, 256); return at; };
+    L.idx = take(4 * N);
+    L.wts = take(4 * N);
+    L.cnt = take(4 * (E + 1));
+    L.seg = take(4 * (E + 1));
+    L.tile = take(4 * (E + 1));
+    L.perm = take(4 * N);
+    L.pos = take(4 * N);
+    L.sig = take(4 * Np);
+    L.xh = take(2 * Np * nseg * KpH);
+    L.g = take(4 * N * I);
+    L.u = take(4 * N * I);
+    L.sig2 = take(4 * Np);
+    L.ah = take(2 * Np * nseg * KpI);
+    L.yd = take(4 * N * H);
+    L.total = o + 256;
+    return L;
+}
+
+size_t cu_moe_scratch_bytes(const cu_devinfo *di, const cu_weight *gate, int T, int top_k)
+{
+    if (T >= MOE_GEMM_MIN_T)
+        return moe_plan(di, gate, T, top_k).total;
     return (size_t)T * top_k * (sizeof(int32_t) + sizeof(float)) + 1024 +
            (size_t)T * top_k * (gate->rows + gate->cols) * sizeof(float);
+}
+
+template <int FMT>
+static sn_status moe_gemm(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const __half *xh,
+                          const float *sig, int64_t Kp, int nseg, int64_t N, const int *cnt, const int *seg,
+                          const int *tile, float *y)
+{
+    dim3 grid((unsigned)((w->rows + BN - 1) / BN), (unsigned)(N / BM + w->n_experts + 1));
+    k_gemm_moe<FMT><<<grid, GEMM_THREADS, GEMM_SMEM, s>>>(*w, xh, sig, Kp, nseg, (int)w->n_experts, cnt, seg, tile,
+                                                          y);
+    CU_CHECK_LAUNCH("moe gemm");
+    return SN_OK;
+}
+
+/* The prefill path: route, group the T*k pairs by expert, gate/up and down
+ * as tensor-core GEMMs over each expert's rows (every expert's weights read
+ * once per call, not once per token), weighted sum back per token. */
+static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, const cu_weight *up,
+                             const cu_weight *down, const float *logits, int k, int norm_topk, const float *x, int T,
+                             float *out, void *scratch)
+{
+    moe_layout L = moe_plan(di, gate, T, k);
+    char *b = (char *)scratch;
+    int32_t *idx = (int32_t *)(b + L.idx), *perm = (int32_t *)(b + L.perm), *pos = (int32_t *)(b + L.pos);
+    float *wts = (float *)(b + L.wts), *sig = (float *)(b + L.sig), *g = (float *)(b + L.g), *u = (float *)(b + L.u);
+    float *sig2 = (float *)(b + L.sig2), *yd = (float *)(b + L.yd);
+    int *cnt = (int *)(b + L.cnt), *seg = (int *)(b + L.seg), *tile = (int *)(b + L.tile);
+    __half *xh = (__half *)(b + L.xh), *ah = (__half *)(b + L.ah);
+    int E = (int)gate->n_experts, nseg = di->gemm_fast ? 1 : 3;
+    int64_t N = (int64_t)T * k, I = gate->rows, H = gate->cols, KpH = round_up(H, BK), KpI = round_up(I, BK);
+    k_moe_route<<<(unsigned)((T + 3) / 4), 128, 0, s>>>(logits, T, E, k, norm_topk, idx, wts);
+    CU_CHECK_LAUNCH("moe route");
+    k_moe_count<<<(unsigned)E, 256, 0, s>>>(idx, (int)N, cnt);
+    CU_CHECK_LAUNCH("moe count");
+    k_moe_scan<<<1, 32, 0, s>>>(cnt, E, seg, tile);
+    CU_CHECK_LAUNCH("moe scan");
+    k_moe_fill<<<(unsigned)E, 256, 0, s>>>(idx, (int)N, seg, perm, pos);
+    CU_CHECK_LAUNCH("moe fill");
+    /* gathered rows of x (row r = token perm[r] / k), fp16 with padding rows */
+    k_x_to_f16<<<(unsigned)(N + BM), 256, 0, s>>>(x, (int)N, H, KpH, nseg, xh, sig, perm, k);
+    CU_CHECK_LAUNCH("moe gather");
+    if (gate->fmt == CW_Q4) {
+        SN_TRY(moe_gemm<CW_Q4>(di, s, gate, xh, sig, KpH, nseg, N, cnt, seg, tile, g));
+        SN_TRY(moe_gemm<CW_Q4>(di, s, up, xh, sig, KpH, nseg, N, cnt, seg, tile, u));
+    } else {
+        SN_TRY(moe_gemm<CW_Q8>(di, s, gate, xh, sig, KpH, nseg, N, cnt, seg, tile, g));
+        SN_TRY(moe_gemm<CW_Q8>(di, s, up, xh, sig, KpH, nseg, N, cnt, seg, tile, u));
+    }
+    size_t ni = (size_t)N * I;
+    k_silu_mul<<<(unsigned)((ni + 255) / 256 > 8192 ? 8192 : (ni + 255) / 256), 256, 0, s>>>(g, u, ni);
+    CU_CHECK_LAUNCH("moe swiglu");
+    k_x_to_f16<<<(unsigned)(N + BM), 256, 0, s>>>(g, (int)N, I, KpI, nseg, ah, sig2, NULL, 1);
+    CU_CHECK_LAUNCH("moe act->f16");
+    if (down->fmt == CW_Q4)
+        SN_TRY(moe_gemm<CW_Q4>(di, s, down, ah, sig2, KpI, nseg, N, cnt, seg, tile, yd));
+    else
+        SN_TRY(moe_gemm<CW_Q8>(di, s, down, ah, sig2, KpI, nseg, N, cnt, seg, tile, yd));
+    size_t nt = (size_t)T * H;
+    k_moe_combine<<<(unsigned)((nt + 255) / 256 > 8192 ? 8192 : (nt + 255) / 256), 256, 0, s>>>(yd, wts, pos, T, k,
+                                                                                               H, out);
+    CU_CHECK_LAUNCH("moe combine");
+    return SN_OK;
 }
 
 sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, const cu_weight *up,
@@ -1105,6 +1328,8 @@ sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, co
         return SN_OK;
     if (top_k > MOE_MAX_K)
         return SN_FAIL(SN_E_UNSUPPORTED, "moe: top_k %d > %d", top_k, MOE_MAX_K);
+    if (T >= MOE_GEMM_MIN_T && di->moe_gemm)
+        return moe_grouped(di, s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch);
     int E = (int)gate->n_experts;
     int32_t *idx = (int32_t *)scratch;
     float *wts = (float *)((char *)scratch + round_up((int64_t)T * top_k * 4, 256));

@@ -36,7 +36,8 @@ void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *e
  * that share x and fold the residual add after them (1, the default, or 0);
  * "gemm_fast" = prefill GEMM in one fp16 pass (1) instead of the split
  * fp16x3 form with fp32-class accuracy (0, the default; env
- * SANCTUM_CUDA_GEMM=fast sets 1 at creation). */
+ * SANCTUM_CUDA_GEMM=fast sets 1 at creation); "moe_gemm" = MoE calls of
+ * 32+ tokens as expert-grouped GEMMs (1, default) or per-token GEMVs (0). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
 /* Until backend.h carries these ops in its table, they are reachable here;
