@@ -31,6 +31,15 @@ static void detect(void)
     memset(&g_feat, 0, sizeof g_feat);
 #ifdef SN_X86
     unsigned int a, b, c, d;
+    if (__get_cpuid(0, &a, &b, &c, &d)) {
+        char v[13];
+        memcpy(v, &b, 4);
+        memcpy(v + 4, &d, 4);
+        memcpy(v + 8, &c, 4);
+        v[12] = 0;
+        g_feat.vendor_amd = strcmp(v, "AuthenticAMD") == 0;
+        g_feat.vendor_intel = strcmp(v, "GenuineIntel") == 0;
+    }
     if (__get_cpuid(1, &a, &b, &c, &d)) {
         bool osxsave = c & (1u << 27);
         bool cpu_avx = c & (1u << 28);

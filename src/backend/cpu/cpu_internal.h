@@ -40,6 +40,7 @@ typedef struct {
     const float *gsum;
     int T;
     float *y;                /* [T, rows] */
+    int64_t pf_off;          /* software prefetch distance in bytes (0: none), see cpu_backend.c */
 } cpu_mm_args;
 
 typedef void (*cpu_mm_fn)(const cpu_mm_args *a, int64_t r0, int64_t r1);

@@ -17,9 +17,6 @@
  * for Q8, the first and second VW columns. */
 
 #define AI static inline __attribute__((always_inline))
-#ifndef PF_ROWS /* overridable for tuning runs (-DPF_ROWS=n; 0 disables) */
-#define PF_ROWS 8
-#endif
 
 AI float k_load_scale(const uint8_t *p, sn_dtype dt, int64_t i)
 {
@@ -67,14 +64,12 @@ AI void q_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int 
         }
     }
     for (int64_t g = 0; g < ng; g++) {
-        /* The hardware prefetcher loses track of RB interleaved row streams;
-         * fetching the same spot PF_ROWS rows ahead (a later row block)
-         * took one-thread decode from ~9 to ~15 GB/s. Past the matrix end
-         * it is a harmless hint. */
+        /* Software prefetch a few rows ahead where the driver asks for it
+         * (a->pf_off, by CPU vendor); past the matrix end it is a harmless hint. */
+        if (a->pf_off)
 #pragma GCC unroll 8
-        for (int i = 0; i < RB && PF_ROWS > 0; i++)
-            _mm_prefetch((const char *)w[i] + (size_t)(g * steps) * step_bytes + PF_ROWS * m->row_bytes,
-                         _MM_HINT_T0);
+            for (int i = 0; i < RB; i++)
+                _mm_prefetch((const char *)w[i] + (size_t)(g * steps) * step_bytes + a->pf_off, _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int i = 0; i < RB; i++)
 #pragma GCC unroll 8
@@ -187,8 +182,8 @@ AI void dense_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const 
     for (; c + 2 * VW <= vend; c += 2 * VW) {
 #pragma GCC unroll 8
         for (int i = 0; i < RB; i++) {
-            if (PF_ROWS > 0)
-                _mm_prefetch((const char *)w[i] + c * esz + PF_ROWS * m->row_bytes, _MM_HINT_T0);
+            if (a->pf_off)
+                _mm_prefetch((const char *)w[i] + c * esz + a->pf_off, _MM_HINT_T0);
             V w0 = dense_load(w[i], dt, c), w1 = dense_load(w[i], dt, c + VW);
 #pragma GCC unroll 8
             for (int t = 0; t < TB; t++) {
