@@ -449,6 +449,52 @@ static void test_gate_coreutils_format(void)
     fx_teardown(&f);
 }
 
+/* The Hugging Face cache layout: weights are symlinks into ../blobs. The
+ * hash covers the target; a dangling weight link must still be accounted
+ * for; a listed directory is refused. */
+static void test_gate_symlinks(void)
+{
+    fixture f;
+    char p[256], blob[256];
+    if (fx_setup(&f) != 0) {
+        CHECK(!"fixture setup");
+        fx_teardown(&f);
+        return;
+    }
+    snprintf(blob, sizeof blob, "%s/blob-config", f.root);
+    snprintf(p, sizeof p, "%s/config.json", f.model);
+    CHECK(rename(p, blob) == 0);
+    CHECK(symlink(blob, p) == 0);
+    CHECK_OK(fx_gate(&f, 1, NULL));   /* same bytes through the link */
+    CHECK(write_file(blob, "{\"model_type\":\"evil\"}\n", 22, 0644) == 0);
+    CHECK(fx_gate(&f, 1, NULL) == SN_E_VERIFY);
+    CHECKF(strstr(sn_errmsg(), "config.json") && strstr(sn_errmsg(), "mismatch"), "%s", sn_errmsg());
+    unlink(blob);   /* now dangling: listed, so it is reported missing */
+    CHECK(fx_gate(&f, 1, NULL) == SN_E_MISSING);
+    CHECKF(strstr(sn_errmsg(), "config.json") != NULL, "%s", sn_errmsg());
+    snprintf(p, sizeof p, "%s/draft/x.safetensors", f.model);
+    CHECK(symlink("/nonexistent/x", p) == 0);   /* dangling and unlisted */
+    CHECK(fx_gate(&f, 0, NULL) == SN_E_VERIFY);
+    CHECKF(strstr(sn_errmsg(), "draft/x.safetensors") && strstr(sn_errmsg(), "not listed"), "%s", sn_errmsg());
+    fx_teardown(&f);
+
+    /* a listed path that is a directory */
+    const char *txt = H64 "  draft\n";
+    sn_manifest *m = NULL;
+    CHECK_OK(sn_manifest_parse(txt, strlen(txt), "dir", &m));
+    if (fx_setup(&f) == 0 && m) {
+        CHECK(sn_manifest_verify_dir(m, f.model, 2, NULL) == SN_E_VERIFY);   /* real weights unlisted first */
+        snprintf(p, sizeof p, "%s/lonely", f.root);
+        CHECK(mkdir(p, 0755) == 0);
+        snprintf(blob, sizeof blob, "%s/lonely/draft", f.root);
+        CHECK(mkdir(blob, 0755) == 0);
+        CHECK(sn_manifest_verify_dir(m, p, 2, NULL) == SN_E_INVALID);
+        CHECKF(strstr(sn_errmsg(), "not a regular file") != NULL, "%s", sn_errmsg());
+    }
+    sn_manifest_free(m);
+    fx_teardown(&f);
+}
+
 static void test_private_key_perms(void)
 {
     fixture f;
@@ -481,6 +527,7 @@ int main(void)
     RUN(test_gate_missing_file);
     RUN(test_gate_unlisted_weight);
     RUN(test_gate_coreutils_format);
+    RUN(test_gate_symlinks);
     RUN(test_private_key_perms);
     return TEST_END();
 }

@@ -739,7 +739,8 @@ static sn_status verify_dir(const sn_manifest *m, const char *model_dir, int n_t
     for (size_t i = 0; i < m->n; i++)
         listed[i] = m->entries[i].path;
     qsort(listed, m->n, sizeof *listed, cmp_str);
-    qsort(files.v, files.n, sizeof *files.v, cmp_str);
+    if (files.n)   /* qsort(NULL, 0, ...) is undefined */
+        qsort(files.v, files.n, sizeof *files.v, cmp_str);
     for (size_t i = 0; i < files.n; i++) {
         if (!bsearch(&files.v[i], listed, m->n, sizeof *listed, cmp_str)) {
             st = SN_FAIL(SN_E_VERIFY, "%s/%s: weight file is not listed in the manifest", model_dir, files.v[i]);
