@@ -680,6 +680,13 @@ static void test_rope(void)
         }
         float x[8];
         CHECK(be->ops->rope(be, x, 1, 1, 8, 3, 0, x, 1.0f) == SN_E_INVALID); /* odd rot_dim */
+        /* Zero frequencies make rope an exact row scale (the model uses that). */
+        float zf[50] = { 0 }, row[100], want[100];
+        fill(row, 100, -5, 5);
+        for (int i = 0; i < 100; i++)
+            want[i] = row[i] * 0.37f;
+        CHECK_OK(be->ops->rope(be, row, 1, 1, 100, 100, 1234, zf, 0.37f));
+        CHECK(memcmp(row, want, sizeof row) == 0);
         sn_backend_free(be);
     }
 }

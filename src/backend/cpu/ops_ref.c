@@ -178,7 +178,9 @@ void cpu_op_rope_tokens(float *x, int64_t t0, int64_t t1, int n_heads, int head_
         float *xt = x + (size_t)t * n_heads * head_dim;
         for (int i = 0; i < half; i++) {
             float ang = pos * inv_freq[i];
-            float c = cosf(ang) * mscale, s = sinf(ang) * mscale;
+            /* Angle 0 (the model's exact row scale: zero frequencies) skips
+             * the libm calls; cos 0 = 1 and sin 0 = 0 exactly anyway. */
+            float c = ang == 0.0f ? mscale : cosf(ang) * mscale, s = ang == 0.0f ? 0.0f : sinf(ang) * mscale;
             for (int h = 0; h < n_heads; h++) {
                 float *xh = xt + (size_t)h * head_dim;
                 float x1 = xh[i], x2 = xh[i + half];
