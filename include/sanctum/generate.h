@@ -54,6 +54,10 @@ typedef struct {
     /* Prompt lookup decoding (pld.h): same tokens, fewer forward passes. */
     bool pld;
     sn_pld_opts pld_opts;           /* used when pld; all zero: defaults (5 lookups, 3-gram, adaptive) */
+    /* Optional: a draft-length controller kept across calls, so its cost
+     * and acceptance estimates carry over from request to request (one
+     * caller thread at a time); NULL: a fresh one per call. */
+    sn_pld_ctl *pld_ctl;
     /* Optional: every emitted token id (EOS included), for tests and logs. */
     void (*on_token)(void *ud, int32_t id);
 } sn_gen_params;

@@ -158,8 +158,8 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     /* mlx-lm's penalty history starts with the last prompt token. */
     sn_sampler_accept(g.smp, prompt[n_prompt - 1]);
 
-    sn_pld_ctl ctl;
-    sn_pld_ctl_init(&ctl, po.adaptive);
+    sn_pld_ctl own, *ctl = p->pld_ctl ? p->pld_ctl : &own;
+    if (!p->pld_ctl) sn_pld_ctl_init(&own, po.adaptive);
     if (p->pld && (st = sn_rewind_new(seq, &rw)) != SN_OK) goto out;
     bool recurrent = rw && sn_rewind_has_state(rw);
     int32_t id, draft[SN_PLD_MAX_LOOKUP];
@@ -174,7 +174,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
             if (avail > g.ctx_left - res->completion_tokens) avail = g.ctx_left - res->completion_tokens;
             if (avail > po.max_lookup) avail = po.max_lookup;
             nd = sn_pld_draft(g.hist, g.n_hist, po.ngram, avail, draft, &match);
-            nd = sn_pld_ctl_choose(&ctl, match, nd);
+            nd = sn_pld_ctl_choose(ctl, match, nd);
         }
         int32_t feed[2 * SN_PLD_MAX_LOOKUP + 2];
         memcpy(feed, g.hist + at, (size_t)nf * sizeof *feed);
@@ -206,7 +206,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
                 if ((st = sn_rewind_restore(rw, seq, keep)) != SN_OK) goto out;
             }
         }
-        if (p->pld) sn_pld_ctl_observe(&ctl, nf + nd, tf, match, nd, acc);
+        if (p->pld) sn_pld_ctl_observe(ctl, nf + nd, tf, match, nd, acc);
     }
     if (what == EMIT_CANCELLED) goto done;
     /* Natural end: release what the detokenizer and the stopper still hold. */

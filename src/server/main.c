@@ -58,6 +58,7 @@ typedef struct {
     sn_pcache *pcache;          /* NULL with --prompt-cache-mb 0 */
     bool pld;                   /* --pld / --no-pld */
     sn_pld_opts pld_opts;       /* SANCTUM_MLX_PLD_* */
+    sn_pld_ctl pld_ctl;         /* draft-length estimates, kept across requests (one worker thread) */
     int32_t msg_marker;         /* token that opens a chat message (<|im_start|>, [INST]); -1: none */
 } engine;
 
@@ -133,6 +134,7 @@ static sn_status engine_run(void *ctx, srv_job *job, const srv_chat_req *req, sr
         .pcache = e->pcache,
         .pld = e->pld && !req->no_pld,
         .pld_opts = e->pld_opts,
+        .pld_ctl = &e->pld_ctl,
     };
     int bounds[MAX_MSG_BOUNDS];
     gp.n_msg_bounds = msg_bounds(e, ids.ids, ids.n, bounds);
@@ -502,6 +504,7 @@ int main(int argc, char **argv)
     }
     if (sn_pld_opts_from_env(&e.pld_opts) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); goto out; }
     e.pld = c.pld;
+    sn_pld_ctl_init(&e.pld_ctl, e.pld_opts.adaptive);
     e.msg_marker = sn_tok_find(e.tok, e.fmt == SN_CHAT_MISTRAL ? "[INST]" : "<|im_start|>");
     if (c.prompt_cache_mb > 0) {
         sn_pcache_opts po;
