@@ -21,6 +21,11 @@ struct sn_snapshot {
 
 #define SEQ_DEFAULT_CTX_CAP 32768
 
+/* Every function here that touches backend memory holds the model lock:
+ * a backend (CUDA recording a decode step) serves one caller at a time,
+ * and sn_forward_batch holds the same lock for its whole run. */
+static void reset_locked(sn_seq *s);
+
 sn_status sn_seq_new(sn_model *m, int max_ctx, sn_seq **out)
 {
     *out = NULL;
@@ -55,6 +60,7 @@ sn_status sn_seq_new(sn_model *m, int max_ctx, sn_seq **out)
     }
     sn_backend *be = m->be;
     sn_status st = SN_OK;
+    pthread_mutex_lock(&m->lock);
     for (int l = 0; l < m->n_layers && st == SN_OK; l++) {
         if (m->layers[l].kind == SN_LAYER_LINEAR) {
             size_t cb = s->conv_floats * sizeof(float), sb = s->S_floats * sizeof(float);
@@ -70,13 +76,14 @@ sn_status sn_seq_new(sn_model *m, int max_ctx, sn_seq **out)
             if ((st = be->ops->buf_alloc(be, kb, (void **)&kv->v)) != SN_OK) break;
         }
     }
+    if (st == SN_OK) reset_locked(s);
+    pthread_mutex_unlock(&m->lock);
     if (st != SN_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", sn_errmsg());
         sn_seq_free(s);
         return SN_FAIL(st, "seq: allocating state for %d positions: %s", max_ctx, msg);
     }
-    sn_seq_reset(s);
     *out = s;
     return SN_OK;
 }
@@ -85,12 +92,14 @@ void sn_seq_free(sn_seq *s)
 {
     if (!s) return;
     sn_backend *be = s->m->be;
+    pthread_mutex_lock(&s->m->lock);
     for (int l = 0; s->kv && s->gdn && l < s->m->n_layers; l++) {
         if (s->kv[l].k) be->ops->buf_free(be, s->kv[l].k);
         if (s->kv[l].v) be->ops->buf_free(be, s->kv[l].v);
         if (s->gdn[l].conv) be->ops->buf_free(be, s->gdn[l].conv);
         if (s->gdn[l].S) be->ops->buf_free(be, s->gdn[l].S);
     }
+    pthread_mutex_unlock(&s->m->lock);
     free(s->kv);
     free(s->gdn);
     free(s);
@@ -102,6 +111,13 @@ int sn_seq_max_ctx(const sn_seq *s) { return s->max_ctx; }
 /* KV rows past pos are never read (attention stops at pos + T), so only the
  * recurrent state needs zeroing. */
 void sn_seq_reset(sn_seq *s)
+{
+    pthread_mutex_lock(&s->m->lock);
+    reset_locked(s);
+    pthread_mutex_unlock(&s->m->lock);
+}
+
+static void reset_locked(sn_seq *s)
 {
     sn_backend *be = s->m->be;
     s->pos = 0;
@@ -139,6 +155,7 @@ sn_status sn_seq_snapshot(const sn_seq *s, sn_snapshot **out)
     sn_backend *be = s->m->be;
     unsigned char *p = sn->data;
     sn_status st = SN_OK;
+    pthread_mutex_lock(&s->m->lock);
     size_t cb = s->conv_floats * sizeof(float), sb = s->S_floats * sizeof(float);
     size_t kb = (size_t)s->pos * s->kv_row_floats * sizeof(float);
     for (int l = 0; l < s->m->n_layers && st == SN_OK; l++) {
@@ -155,6 +172,7 @@ sn_status sn_seq_snapshot(const sn_seq *s, sn_snapshot **out)
             p += kb;
         }
     }
+    pthread_mutex_unlock(&s->m->lock);
     if (st != SN_OK) {
         sn_snapshot_free(sn);
         return st;
@@ -173,22 +191,25 @@ sn_status sn_seq_restore(sn_seq *s, const sn_snapshot *sn)
     const unsigned char *p = sn->data;
     size_t cb = s->conv_floats * sizeof(float), sb = s->S_floats * sizeof(float);
     size_t kb = (size_t)sn->pos * s->kv_row_floats * sizeof(float);
-    for (int l = 0; l < s->m->n_layers; l++) {
+    sn_status st = SN_OK;
+    pthread_mutex_lock(&s->m->lock);
+    for (int l = 0; l < s->m->n_layers && st == SN_OK; l++) {
         if (s->gdn[l].S) {
-            if (cb) SN_TRY(be->ops->from_host(be, s->gdn[l].conv, p, cb));
+            if (cb && (st = be->ops->from_host(be, s->gdn[l].conv, p, cb)) != SN_OK) break;
             p += cb;
-            SN_TRY(be->ops->from_host(be, s->gdn[l].S, p, sb));
+            if ((st = be->ops->from_host(be, s->gdn[l].S, p, sb)) != SN_OK) break;
             p += sb;
         }
         if (s->kv[l].k && kb) {
-            SN_TRY(be->ops->from_host(be, s->kv[l].k, p, kb));
+            if ((st = be->ops->from_host(be, s->kv[l].k, p, kb)) != SN_OK) break;
             p += kb;
-            SN_TRY(be->ops->from_host(be, s->kv[l].v, p, kb));
+            if ((st = be->ops->from_host(be, s->kv[l].v, p, kb)) != SN_OK) break;
             p += kb;
         }
     }
-    s->pos = sn->pos;
-    return SN_OK;
+    if (st == SN_OK) s->pos = sn->pos;
+    pthread_mutex_unlock(&s->m->lock);
+    return st;
 }
 
 int sn_snapshot_pos(const sn_snapshot *sn) { return sn->pos; }
