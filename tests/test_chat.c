@@ -236,6 +236,115 @@ static void test_errors(void)
     CHECK(s == NULL);
 }
 
+/* The assistant part of a rendered conversation whose last turn is the
+ * assistant's: from after the marker to the end marker. */
+static char *assistant_part(const char *text, const char *start, const char *end)
+{
+    const char *a = NULL, *p = text;
+    while ((p = strstr(p, start))) a = p++;
+    if (!a) return NULL;
+    a += strlen(start);
+    const char *e = strstr(a, end);
+    return e ? strndup(a, (size_t)(e - a)) : strdup(a);
+}
+
+static bool args_equal(const char *got, const char *want)
+{
+    json_error_t e;
+    json_t *g = json_loads(got, JSON_DECODE_ANY, &e), *w = json_loads(want, JSON_DECODE_ANY, &e);
+    bool eq = g && w && json_equal(g, w);
+    json_decref(g);
+    json_decref(w);
+    return eq;
+}
+
+/* render(assistant turn with calls) -> parse -> the same calls, per format */
+static void test_reply_roundtrip(void)
+{
+    sn_chat_tool_call calls[] = {
+        { .id = "abc123XYZ", .name = "get_weather", .arguments = "{\"city\":\"Paris\",\"days\":3}" },
+        { .id = "Q9w8E7r6T", .name = "calc",
+          .arguments = "{\"expr\":\"1+1\\nthen \\\"q\\\"\",\"nested\":{\"a\":[1,2.5,null]},\"x\":-0.25}" },
+    };
+    struct { sn_chat_format f; const char *start, *end; } fm[] = {
+        { SN_CHAT_QWEN3_5, "<|im_start|>assistant\n", "<|im_end|>" },
+        { SN_CHAT_QWEN2, "<|im_start|>assistant", "<|im_end|>" },
+        { SN_CHAT_MISTRAL, "[/INST]", "</s>" },
+    };
+    for (size_t k = 0; k < 3; k++) {
+        sn_chat_msg m[] = { { .role = "user", .content = "weather and math?" },
+                            { .role = "assistant", .content = "Let me check.", .tool_calls = calls, .n_tool_calls = 2 } };
+        sn_chat_opts o = { .today = "2026-01-01" };
+        char *text = NULL;
+        CHECK_OK(sn_chat_render(fm[k].f, m, 2, &o, &text));
+        char *part = text ? assistant_part(text, fm[k].start, fm[k].end) : NULL;
+        CHECK(part != NULL);
+        sn_chat_reply r;
+        CHECK_OK(sn_chat_parse_reply(fm[k].f, part ? part : "", part ? strlen(part) : 0, false, &r));
+        CHECKF(r.n_calls == 2, "%s: %zu calls from \"%s\"", sn_chat_format_name(fm[k].f), r.n_calls, part);
+        for (size_t i = 0; i < r.n_calls && i < 2; i++) {
+            CHECK(strcmp(r.calls[i].name, calls[i].name) == 0);
+            CHECKF(args_equal(r.calls[i].arguments, calls[i].arguments), "%s call %zu: %s",
+                   sn_chat_format_name(fm[k].f), i, r.calls[i].arguments);
+            if (fm[k].f == SN_CHAT_MISTRAL) CHECK(r.calls[i].id && strcmp(r.calls[i].id, calls[i].id) == 0);
+            else CHECK(r.calls[i].id == NULL);
+        }
+        /* Mistral drops the content of a turn with calls; the Qwen formats keep it */
+        CHECK(r.content && strcmp(r.content, fm[k].f == SN_CHAT_MISTRAL ? "" : "Let me check.") == 0);
+        CHECK(r.reasoning == NULL);
+        sn_chat_reply_free(&r);
+        free(part);
+        free(text);
+    }
+}
+
+static void test_reply_reasoning_and_junk(void)
+{
+    sn_chat_reply r;
+    const char *t1 = "Let me think.\nStep 2.\n</think>\n\nThe answer is 4.";
+    CHECK_OK(sn_chat_parse_reply(SN_CHAT_QWEN3_5, t1, strlen(t1), true, &r));
+    CHECK(r.reasoning && strcmp(r.reasoning, "Let me think.\nStep 2.") == 0);
+    CHECK(strcmp(r.content, "The answer is 4.") == 0 && r.n_calls == 0);
+    sn_chat_reply_free(&r);
+    const char *t2 = "cut off while thinking";
+    CHECK_OK(sn_chat_parse_reply(SN_CHAT_QWEN3_5, t2, strlen(t2), true, &r));
+    CHECK(r.reasoning && strcmp(r.reasoning, t2) == 0 && strcmp(r.content, "") == 0);
+    sn_chat_reply_free(&r);
+    CHECK_OK(sn_chat_parse_reply(SN_CHAT_QWEN3_5, "  Hello!\n", 9, false, &r));
+    CHECK(r.reasoning == NULL && strcmp(r.content, "Hello!") == 0);
+    sn_chat_reply_free(&r);
+    /* a JSON call inside <tool_call> (Qwen3 style) and a JSON-typed parameter */
+    const char *t3 = "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}\n</tool_call>"
+                     "<tool_call>\n<function=g>\n<parameter=on>\ntrue\n</parameter>\n<parameter=s>\nplain text\n"
+                     "</parameter>\n</function>\n</tool_call>";
+    CHECK_OK(sn_chat_parse_reply(SN_CHAT_QWEN3_5, t3, strlen(t3), false, &r));
+    CHECK(r.n_calls == 2 && strcmp(r.content, "") == 0);
+    if (r.n_calls == 2) {
+        CHECK(strcmp(r.calls[0].name, "f") == 0 && args_equal(r.calls[0].arguments, "{\"a\": 1}"));
+        CHECK(strcmp(r.calls[1].name, "g") == 0 && args_equal(r.calls[1].arguments, "{\"on\": true, \"s\": \"plain text\"}"));
+    }
+    sn_chat_reply_free(&r);
+    /* malformed or unterminated calls stay visible */
+    const char *bad[] = { "<tool_call>\n<function=f>\n<parameter=x>\n1\n</tool_call>", "text <tool_call>{\"name\": \"f\"",
+                          "<tool_call>{not json}</tool_call>" };
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(sn_chat_parse_reply(SN_CHAT_QWEN2, bad[i], strlen(bad[i]), false, &r));
+        CHECKF(r.n_calls == 0 && strlen(r.content) > 0 && strstr(bad[i], r.content), "bad %d: %s", i, r.content);
+        sn_chat_reply_free(&r);
+    }
+    /* Mistral v7 array form, then a broken v11 call that stays in content */
+    const char *m1 = "Sure.[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": [1, 2]}}, {\"name\": \"g\", \"arguments\": {}}]";
+    CHECK_OK(sn_chat_parse_reply(SN_CHAT_MISTRAL, m1, strlen(m1), false, &r));
+    CHECK(r.n_calls == 2 && strcmp(r.content, "Sure.") == 0);
+    if (r.n_calls == 2) CHECK(args_equal(r.calls[0].arguments, "{\"a\": [1, 2]}") && strcmp(r.calls[1].name, "g") == 0);
+    sn_chat_reply_free(&r);
+    const char *m2 = "[TOOL_CALLS]f[ARGS]{\"a\": 1}[TOOL_CALLS]g[ARGS]{broken";
+    CHECK_OK(sn_chat_parse_reply(SN_CHAT_MISTRAL, m2, strlen(m2), false, &r));
+    CHECK(r.n_calls == 1 && strcmp(r.content, "[TOOL_CALLS]g[ARGS]{broken") == 0);
+    sn_chat_reply_free(&r);
+    CHECK(sn_chat_parse_reply(SN_CHAT_QWEN2, NULL, 3, false, &r) == SN_E_INVALID);
+}
+
 static void test_format_for(void)
 {
     sn_chat_format f;
@@ -259,6 +368,8 @@ int main(void)
     RUN(test_qwen2_hand);
     RUN(test_mistral_hand);
     RUN(test_errors);
+    RUN(test_reply_roundtrip);
+    RUN(test_reply_reasoning_and_junk);
     RUN(test_format_for);
     return TEST_END();
 }

@@ -62,4 +62,25 @@ sn_status sn_chat_render_ranges(sn_chat_format f, const sn_chat_msg *msgs, size_
 sn_status sn_chat_encode(const sn_tokenizer *t, sn_chat_format f, const sn_chat_msg *msgs, size_t n,
                          const sn_chat_opts *o, sn_ids *out);
 
+/* A generated assistant reply split the way the chat format writes it.
+ * Strings are malloc'd and owned by the reply; free with sn_chat_reply_free. */
+typedef struct {
+    char *reasoning;            /* Qwen3.5 <think> text, trimmed; NULL when the reply has none */
+    char *content;              /* the visible answer, trimmed; never NULL after success */
+    sn_chat_tool_call *calls;   /* id: Mistral [CALL_ID] when present, else NULL; arguments:
+                                 * JSON text ({"k": v, ...}) */
+    size_t n_calls;
+} sn_chat_reply;
+
+/* Parses generated text (decoded with special tokens shown, so Mistral's
+ * [TOOL_CALLS] survives). thinking: the prompt opened a think block
+ * (Qwen3.5 with enable_thinking), so the text starts inside the reasoning.
+ * Tool calls: Qwen3.5 <tool_call><function=..><parameter=..> (a value that
+ * parses as JSON becomes that JSON, else a string), JSON inside
+ * <tool_call> (Qwen2.5/Qwen3), Mistral [TOOL_CALLS]name[CALL_ID]id[ARGS]{..}
+ * and [TOOL_CALLS][{"name","arguments"}]. A malformed or unterminated call
+ * stays in content; only out-of-memory fails. */
+sn_status sn_chat_parse_reply(sn_chat_format f, const char *text, size_t len, bool thinking, sn_chat_reply *out);
+void sn_chat_reply_free(sn_chat_reply *r);
+
 #endif

@@ -10,7 +10,8 @@
  *
  * The first byte picks the mode; the rest is the payload:
  *   0 encode (parse_special from bit 7 of byte 0): succeeds exactly on valid
- *     UTF-8, and decode(encode(s)) == NFC(s)
+ *     UTF-8, and decode(encode(s)) == NFC(s); the bytes also go through
+ *     sn_chat_parse_reply for every format
  *   1 ids (pairs of bytes, some out of range): the streamed detokenizer emits
  *     valid UTF-8 at each step and adds up to sn_tok_decode
  *   2 chat: NUL-separated messages, roles from a byte each (a content
@@ -78,6 +79,14 @@ static void fuzz_encode(const uint8_t *d, size_t n, bool special)
     require(valid ? st == SN_OK : st == SN_E_INVALID);
     if (st == SN_OK) check_roundtrip((const char *)d, n, &ids);
     sn_ids_free(&ids);
+    /* the same bytes as a generated reply: never fails but for memory */
+    for (int f = 0; f < 3; f++) {
+        sn_chat_reply r;
+        require(sn_chat_parse_reply((sn_chat_format)f, (const char *)d, n, special, &r) == SN_OK);
+        require(r.content != NULL);
+        for (size_t i = 0; i < r.n_calls; i++) require(r.calls[i].name && r.calls[i].arguments);
+        sn_chat_reply_free(&r);
+    }
 }
 
 static void fuzz_ids(const uint8_t *d, size_t n)
