@@ -193,7 +193,7 @@ static sn_status vec_f32(loader *L, const char *name, int64_t n, bool shift, flo
 {
     const sn_st_tensor *t = map_find(&L->map, name);
     if (!t) return SN_FAIL(SN_E_MISSING, "tensor %s is missing from the checkpoint (expected [%lld])", name, (long long)n);
-    /* A 1-D vector, or [n,1]-style shapes some converters write for scalars per head. */
+    /* always 1-D [n] (norm weights, A_log, dt_bias, linear biases) */
     int64_t sh[1] = { n };
     SN_TRY(check_dense(t, 1, sh));
     float *h = malloc((size_t)n * sizeof *h);
