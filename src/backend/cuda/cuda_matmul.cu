@@ -21,7 +21,6 @@
 
 namespace {
 
-constexpr int GEMV_RPW = 4;      /* rows per warp */
 constexpr int GEMV_WARPS = 8;
 constexpr int GEMV_TT = 4;       /* tokens per pass */
 constexpr int GEMM_MIN_T = 8;    /* T at which the tensor-core GEMM takes over */
@@ -114,27 +113,6 @@ __device__ void stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t
     __syncthreads();
 }
 
-/* acc[r][t] += row (r0+r) . x_t over all chunks handled by this lane. The
- * next chunk's words are loaded before this one is used, so each lane keeps
- * 2*RPW 16-byte loads in flight. */
-template <int BITS, int RPW>
-__device__ __forceinline__ void qload(const uint32_t *W, const void *sb, int sf, int64_t words, int64_t groups,
-                                      int group, int nrows, int64_t c, uint4 wv[RPW], float2 sbv[RPW])
-{
-    constexpr int VPC = 128 / BITS;
-    int64_t g = c * VPC / group;
-#pragma unroll
-    for (int r = 0; r < RPW; r++) {
-        if (r < nrows) {
-            wv[r] = __ldg((const uint4 *)(W + r * words) + c);
-            sbv[r] = load_sb(sb, sf, r * groups + g);
-        } else {
-            wv[r] = make_uint4(0, 0, 0, 0);
-            sbv[r] = make_float2(0.f, 0.f);
-        }
-    }
-}
-
 /* Q4 values as floats without a conversion instruction: the low nibbles
  * of w (values 0,2,4,6 in bytes 0..3) and the high ones (1,3,5,7) are
  * masked into bytes, and one byte-permute per value builds the float
@@ -145,24 +123,89 @@ __device__ __forceinline__ float q4v(uint32_t bytes, int k)
     return __uint_as_float(__byte_perm(bytes, 0x3F000000u, 0x7044u | ((uint32_t)k << 8)));
 }
 
+/* Weight stream depth: each warp keeps GEMV_STAGES-1 chunks of its rows in
+ * flight through cp.async into a shared-memory ring (registers would cap
+ * the depth: the decode GEMV is latency bound at one chunk ahead). */
+template <int RPW>
+struct gemv_ring {
+    static constexpr int S = RPW <= 2 ? 4 : 3;
+    static constexpr size_t per_warp = (size_t)S * RPW * 32;      /* entries */
+    static constexpr size_t bytes = GEMV_WARPS * per_warp * (sizeof(uint4) + sizeof(uint2));
+};
+
+/* Bytes of staged x (and its chunk sums) for T tokens, 16-aligned. */
+__host__ __device__ __forceinline__ size_t xstage_bytes(int T, int64_t nch, int64_t stride4)
+{
+    return ((size_t)T * stride4 * 16 + (size_t)T * nch * 4 + 15) / 16 * 16;
+}
+
+template <int RPW>
+__device__ __forceinline__ void ring_ptrs(void *smem, size_t xbytes, int warp, uint4 **ring, uint2 **sring)
+{
+    char *base = (char *)smem + xbytes;
+    *ring = (uint4 *)base + (size_t)warp * gemv_ring<RPW>::per_warp;
+    *sring = (uint2 *)(base + GEMV_WARPS * gemv_ring<RPW>::per_warp * sizeof(uint4)) +
+             (size_t)warp * gemv_ring<RPW>::per_warp;
+}
+
 template <int BITS, int TT, int RPW>
 __device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int sf, int64_t words, int64_t groups,
                                           int group, int nrows, const float4 *xs, int64_t stride4,
-                                          const float *xsums, float acc[RPW][TT])
+                                          const float *xsums, float acc[RPW][TT], uint4 *ring, uint2 *sring)
 {
     constexpr int VPC = 128 / BITS;
     constexpr int NF4 = VPC / 4;
+    constexpr int S = gemv_ring<RPW>::S;
     const int lane = threadIdx.x & 31;
-    int64_t nch = words / 4;
-    uint4 wv[RPW];
-    float2 sbv[RPW];
-    if (lane < nch)
-        qload<BITS, RPW>(W, sb, sf, words, groups, group, nrows, lane, wv, sbv);
-    for (int64_t c = lane; c < nch; c += 32) {
-        uint4 wn[RPW];
-        float2 sn[RPW];
-        if (c + 32 < nch)
-            qload<BITS, RPW>(W, sb, sf, words, groups, group, nrows, c + 32, wn, sn);
+    const int64_t nch = words / 4;
+    const int64_t nmy = lane < nch ? (nch - lane + 31) / 32 : 0; /* chunks lane, lane+32, ... */
+    /* every lane reads back only what it copied itself: no warp barrier */
+    auto issue = [&](int64_t it) {
+        int64_t c = lane + 32 * it, g = c * VPC / group;
+        int slot = (int)(it % S);
+#pragma unroll
+        for (int r = 0; r < RPW; r++)
+            if (r < nrows) {
+                __pipeline_memcpy_async(ring + (slot * RPW + r) * 32 + lane, (const uint4 *)(W + r * words) + c, 16);
+                if (sf == CS_F32)
+                    __pipeline_memcpy_async(sring + (slot * RPW + r) * 32 + lane,
+                                            (const float2 *)sb + r * groups + g, 8);
+                else
+                    __pipeline_memcpy_async(sring + (slot * RPW + r) * 32 + lane,
+                                            (const uint32_t *)sb + r * groups + g, 4);
+            }
+    };
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) {
+        if (st < nmy)
+            issue(st);
+        __pipeline_commit();
+    }
+    for (int64_t it = 0; it < nmy; it++) {
+        if (it + S - 1 < nmy)
+            issue(it + S - 1);
+        __pipeline_commit();
+        __pipeline_wait_prior(S - 1);
+        const int64_t c = lane + 32 * it;
+        const int slot = (int)(it % S);
+        uint4 wv[RPW];
+        float2 sbv[RPW];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            if (r < nrows) {
+                wv[r] = ring[(slot * RPW + r) * 32 + lane];
+                uint2 e = sring[(slot * RPW + r) * 32 + lane];
+                if (sf == CS_F32)
+                    sbv[r] = make_float2(__uint_as_float(e.x), __uint_as_float(e.y));
+                else if (sf == CS_BF16)
+                    sbv[r] = make_float2(__uint_as_float(e.x << 16), __uint_as_float(e.x & 0xffff0000u));
+                else
+                    sbv[r] = __half22float2(*reinterpret_cast<__half2 *>(&e.x));
+            } else {
+                wv[r] = make_uint4(0, 0, 0, 0);
+                sbv[r] = make_float2(0.f, 0.f);
+            }
+        }
 #pragma unroll
         for (int t = 0; t < TT; t++) {
             float xv[VPC];
@@ -199,13 +242,6 @@ __device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int
                 acc[r][t] += sbv[r].x * qd + sbv[r].y * xsum;
             }
         }
-        if (c + 32 < nch) {
-#pragma unroll
-            for (int r = 0; r < RPW; r++) {
-                wv[r] = wn[r];
-                sbv[r] = sn[r];
-            }
-        }
     }
 }
 
@@ -222,6 +258,9 @@ k_gemv_q(const uint32_t *__restrict__ W, const void *__restrict__ sb, int sf, co
     stage_x<BITS>(xs, x, T, cols, stride4);
     const float *xsums = (const float *)(xs + (size_t)T * stride4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4 *ring;
+    uint2 *sring;
+    ring_ptrs<RPW>(xs, xstage_bytes(T, nch, stride4), warp, &ring, &sring);
     const int64_t rows_per_block = GEMV_WARPS * RPW;
     for (int64_t rb = blockIdx.x; rb * rows_per_block < rows; rb += gridDim.x) {
         int64_t r0 = rb * rows_per_block + (int64_t)warp * RPW;
@@ -235,7 +274,7 @@ k_gemv_q(const uint32_t *__restrict__ W, const void *__restrict__ sb, int sf, co
             for (int t = 0; t < TT; t++)
                 acc[r][t] = 0.f;
         qdot_rows<BITS, TT, RPW>(W + r0 * words, (const char *)sb + (size_t)r0 * groups * (sf == CS_F32 ? 8 : 4), sf,
-                            words, groups, group, nrows, xs, stride4, xsums, acc);
+                            words, groups, group, nrows, xs, stride4, xsums, acc, ring, sring);
 #pragma unroll
         for (int r = 0; r < RPW; r++)
 #pragma unroll
@@ -291,6 +330,9 @@ k_gemv_group(gemv_group g, int sf, int64_t cols, int64_t words, int64_t groups, 
     stage_x<BITS>(xs, x, 1, cols, stride4);
     const float *xsums = (const float *)(xs + stride4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint4 *ring;
+    uint2 *sring;
+    ring_ptrs<RPW>(xs, xstage_bytes(1, nch, stride4), warp, &ring, &sring);
     const size_t sbsz = sf == CS_F32 ? 8 : 4;
     for (int rbg = blockIdx.x; rbg < g.rb0[g.n]; rbg += gridDim.x) {
         int i = 0;
@@ -306,7 +348,7 @@ k_gemv_group(gemv_group g, int sf, int64_t cols, int64_t words, int64_t groups, 
         for (int r = 0; r < RPW; r++)
             acc[r][0] = 0.f;
         qdot_rows<BITS, 1, RPW>(g.W[i] + r0 * words, (const char *)g.sb[i] + (size_t)r0 * groups * sbsz, sf, words,
-                                groups, group, nrows, xs, stride4, xsums, acc);
+                                groups, group, nrows, xs, stride4, xsums, acc, ring, sring);
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
             float v = acc[r][0];
@@ -825,6 +867,9 @@ k_moe_gate_up(const uint32_t *__restrict__ Wg, const void *__restrict__ sbg, con
     const float *xsums = (const float *)(xs + stride4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     size_t sbsz = sf == CS_F32 ? 8 : 4;
+    uint4 *ring;
+    uint2 *sring;
+    ring_ptrs<MOE_RPW>(xs, xstage_bytes(1, nch, stride4), warp, &ring, &sring);
     for (int64_t rb = blockIdx.x; rb * GEMV_WARPS * MOE_RPW < rows; rb += gridDim.x) {
         int64_t r0 = rb * GEMV_WARPS * MOE_RPW + (int64_t)warp * MOE_RPW;
         if (r0 >= rows)
@@ -833,9 +878,9 @@ k_moe_gate_up(const uint32_t *__restrict__ Wg, const void *__restrict__ sbg, con
         float ag[MOE_RPW][1] = {}, au[MOE_RPW][1] = {};
         int64_t base = e * rows + r0;
         qdot_rows<BITS, 1, MOE_RPW>(Wg + base * words, (const char *)sbg + base * groups * sbsz, sf, words, groups,
-                                    group, nrows, xs, stride4, xsums, ag);
+                                    group, nrows, xs, stride4, xsums, ag, ring, sring);
         qdot_rows<BITS, 1, MOE_RPW>(Wu + base * words, (const char *)sbu + base * groups * sbsz, sf, words, groups,
-                                    group, nrows, xs, stride4, xsums, au);
+                                    group, nrows, xs, stride4, xsums, au, ring, sring);
 #pragma unroll
         for (int r = 0; r < MOE_RPW; r++)
 #pragma unroll
@@ -874,6 +919,9 @@ k_moe_down(const uint32_t *__restrict__ Wd, const void *__restrict__ sbd, int sf
     const float *xsums = (const float *)(xs + stride4);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     size_t sbsz = sf == CS_F32 ? 8 : 4;
+    uint4 *ring;
+    uint2 *sring;
+    ring_ptrs<MOE_RPW>(xs, xstage_bytes(1, nch, stride4), warp, &ring, &sring);
     for (int64_t rb = blockIdx.x; rb * GEMV_WARPS * MOE_RPW < rows; rb += gridDim.x) {
         int64_t r0 = rb * GEMV_WARPS * MOE_RPW + (int64_t)warp * MOE_RPW;
         if (r0 >= rows)
@@ -882,7 +930,7 @@ k_moe_down(const uint32_t *__restrict__ Wd, const void *__restrict__ sbd, int sf
         float a[MOE_RPW][1] = {};
         int64_t base = e * rows + r0;
         qdot_rows<BITS, 1, MOE_RPW>(Wd + base * words, (const char *)sbd + base * groups * sbsz, sf, words, groups,
-                                    group, nrows, xs, stride4, xsums, a);
+                                    group, nrows, xs, stride4, xsums, a, ring, sring);
 #pragma unroll
         for (int r = 0; r < MOE_RPW; r++)
 #pragma unroll
@@ -999,11 +1047,14 @@ __global__ void k_moe_combine(const float *__restrict__ Y, const float *__restri
     }
 }
 
-size_t gemv_smem(const cu_weight *w, int tt)
+/* Dynamic shared memory of a GEMV-family block: staged x for tt tokens
+ * and the weight ring of RPW rows per warp. */
+size_t gemv_smem(const cu_weight *w, int tt, int rpw)
 {
     int vpc = 128 / w->bits;
-    int64_t nch = w->words / 4;
-    return (size_t)tt * (((nch + 31) / 32) * (vpc / 4) * 32 * sizeof(float4) + nch * sizeof(float));
+    int64_t nch = w->words / 4, stride4 = ((nch + 31) / 32) * (vpc / 4) * 32;
+    size_t ring = rpw <= 1 ? gemv_ring<1>::bytes : rpw == 2 ? gemv_ring<2>::bytes : gemv_ring<4>::bytes;
+    return xstage_bytes(tt, nch, stride4) + ring;
 }
 
 template <typename K>
@@ -1017,7 +1068,7 @@ template <int BITS, int TT, int RPW>
 sn_status launch_gemv_q(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t e, const float *x, int T,
                         float *y)
 {
-    size_t smem = gemv_smem(w, TT);
+    size_t smem = gemv_smem(w, TT, RPW);
     int64_t nrb = (w->rows + GEMV_WARPS * RPW - 1) / (GEMV_WARPS * RPW);
     /* a persistent grid: as many blocks as fit at once, each staging x
      * once and walking several row blocks */
@@ -1045,9 +1096,9 @@ sn_status gemv_q_tokens(const cu_devinfo *di, cudaStream_t s, const cu_weight *w
     int t0 = 0;
     while (t0 < T) {
         int tt = T - t0 < GEMV_TT ? T - t0 : GEMV_TT;
-        while (tt > 1 && gemv_smem(w, tt) > di->smem_optin)
+        while (tt > 1 && gemv_smem(w, tt, 4) > di->smem_optin)
             tt--;
-        if (gemv_smem(w, 1) > di->smem_optin)
+        if (gemv_smem(w, 1, 4) > di->smem_optin)
             return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
                            (long long)w->cols);
         /* y is [T, rows]: a pass writes rows of its own tokens, so hand it y + t0*rows and
@@ -1102,7 +1153,7 @@ template <int BITS, int RPW>
 sn_status launch_group(const cu_devinfo *di, cudaStream_t s, const gemv_group &g, const cu_weight *w0,
                        const float *x)
 {
-    size_t smem = gemv_smem(w0, 1);
+    size_t smem = gemv_smem(w0, 1, RPW);
     int per_sm = 1;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_group<BITS, RPW>, GEMV_WARPS * 32, smem) !=
             cudaSuccess ||
@@ -1339,7 +1390,7 @@ sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, co
     int64_t I = gate->rows, H = gate->cols;
     float *part = (float *)((char *)h + round_up((int64_t)T * top_k * I * 4, 256));
     int64_t nrb = (I + GEMV_WARPS * MOE_RPW - 1) / (GEMV_WARPS * MOE_RPW);
-    size_t smem1 = gemv_smem(gate, 1);
+    size_t smem1 = gemv_smem(gate, 1, MOE_RPW);
     dim3 g1((unsigned)nrb, (unsigned)top_k, (unsigned)T);
     if (gate->bits == 4)
         k_moe_gate_up<4><<<g1, GEMV_WARPS * 32, smem1, s>>>((const uint32_t *)gate->q, gate->sb,
@@ -1351,7 +1402,7 @@ sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, co
                                                              gate->words, gate->groups, gate->group, idx, top_k, x, h);
     CU_CHECK_LAUNCH("moe gate/up");
     int64_t nrb2 = (H + GEMV_WARPS * MOE_RPW - 1) / (GEMV_WARPS * MOE_RPW);
-    size_t smem2 = gemv_smem(down, 1);
+    size_t smem2 = gemv_smem(down, 1, MOE_RPW);
     dim3 g2((unsigned)nrb2, (unsigned)top_k, (unsigned)T);
     if (down->bits == 4)
         k_moe_down<4><<<g2, GEMV_WARPS * 32, smem2, s>>>((const uint32_t *)down->q, down->sb, down->sfmt, H, I,
@@ -1378,7 +1429,7 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
 {
     if (n < 1 || n > CU_GROUP_MAX)
         return SN_FAIL(SN_E_INVALID, "matmul group of %d", n);
-    if (gemv_smem(w[0], 1) > di->smem_optin)
+    if (gemv_smem(w[0], 1, 4) > di->smem_optin)
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory", (long long)w[0]->cols);
     gemv_group g;
     memset(&g, 0, sizeof g);
