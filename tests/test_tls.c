@@ -422,6 +422,17 @@ static void test_config_errors(void)
     sn_tls_opts noca = { P(g_dir, "server.crt"), P(g_dir, "server.key"), NULL, NULL };
     CHECK(sn_tls_new(&noca, &t) == SN_E_INVALID);
     CHECK(sn_tls_client_cn(NULL) == NULL);
+    CHECK(sn_tls_request_verified(NULL) == 0);
+    /* SAN coverage of the --tls-host addresses (the cert has 127.0.0.1 and localhost) */
+    CHECK_OK(sn_tls_new(&o, &t));
+    CHECK_OK(sn_tls_cert_covers(t, "127.0.0.1"));
+    CHECK_OK(sn_tls_cert_covers(t, "localhost"));
+    CHECK_OK(sn_tls_cert_covers(t, "0.0.0.0"));
+    CHECK(sn_tls_cert_covers(t, "10.1.2.3") == SN_E_INVALID);
+    CHECKF(strstr(sn_errmsg(), "IP 10.1.2.3") != NULL, "%s", sn_errmsg());
+    CHECK(sn_tls_cert_covers(t, "::1") == SN_E_INVALID);
+    CHECK(sn_tls_cert_covers(t, "example.com") == SN_E_INVALID);
+    sn_tls_free(t);
 }
 
 int main(void)

@@ -231,6 +231,27 @@ out:
     return st;
 }
 
+sn_status sn_tls_cert_covers(const sn_tls *t, const char *host)
+{
+    if (!t || !host)
+        return SN_FAIL(SN_E_INVALID, "sn_tls_cert_covers: NULL argument");
+    if (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0)
+        return SN_OK;
+    X509 *cert = SSL_CTX_get0_certificate(t->ctx);
+    if (!cert)
+        return SN_FAIL(SN_E_INVALID, "no server certificate loaded");
+    unsigned char bin[16];
+    int is_ip = inet_pton(AF_INET, host, bin) == 1 || inet_pton(AF_INET6, host, bin) == 1;
+    int ok = is_ip ? X509_check_ip_asc(cert, host, 0) == 1 : X509_check_host(cert, host, 0, 0, NULL) == 1;
+    if (ok)
+        return SN_OK;
+    char subj[160] = "?";
+    X509_NAME_oneline(X509_get_subject_name(cert), subj, sizeof subj);
+    return SN_FAIL(SN_E_INVALID, "the server certificate (%s) has no subjectAltName for %s %s; clients that check it "
+                                 "will refuse the connection (deploy/mtls-gen-certs.sh --host %s)",
+                   subj, is_ip ? "IP" : "DNS", host, host);
+}
+
 sn_status sn_tls_reload(sn_tls *t)
 {
     if (!t)

@@ -51,6 +51,12 @@ typedef struct sn_tls sn_tls;
 sn_status sn_tls_new(const sn_tls_opts *opts, sn_tls **out);
 void sn_tls_free(sn_tls *tls);
 
+/* SN_OK when the server certificate's SANs cover `host` (an IP address or a
+ * DNS name, as given to --tls-host), else SN_E_INVALID naming both: clients
+ * that verify the server would then refuse it. Wildcard binds (0.0.0.0,
+ * ::) cannot be checked and return SN_OK. Meant for a startup warning. */
+sn_status sn_tls_cert_covers(const sn_tls *tls, const char *host);
+
 /* Re-read --tls-ca and --tls-crl (e.g. on SIGHUP after
  * `mtls-gen-certs.sh --revoke NAME`) and use them for every handshake that
  * starts afterwards; connections already established keep going. Call it on
