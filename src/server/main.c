@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -410,12 +409,19 @@ out:
     return st;
 }
 
-/* Bytes the allocator handed out, so a sequence's KV cache can be measured
- * on the CPU backend (weights are mmapped and checked by the loader). */
-static size_t heap_bytes(void)
+/* Bytes of sequence state a full context takes: the state at position 0
+ * (recurrent layers) plus one token's KV growth times the context. Measured
+ * through the public API with one real token, so it holds on any backend
+ * and allocator; the sequence is reset afterwards. */
+static sn_status seq_full_bytes(engine *e, size_t *out)
 {
-    struct mallinfo2 mi = mallinfo2();
-    return mi.uordblks + mi.hblkhd;
+    size_t b0 = sn_seq_state_bytes(e->seq);
+    int32_t tok = e->info->bos_id >= 0 ? e->info->bos_id : 0;
+    SN_TRY(sn_forward(e->model, e->seq, &tok, 1, NULL, false));
+    size_t per_token = sn_seq_state_bytes(e->seq) - b0;
+    sn_seq_reset(e->seq);
+    *out = b0 + per_token * (size_t)sn_seq_max_ctx(e->seq);
+    return SN_OK;
 }
 
 int main(int argc, char **argv)
@@ -486,19 +492,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "sanctum-mlx: no chat template for %s: %s\n", e.info->model_type, sn_errmsg());
         goto out;
     }
-    size_t heap0 = heap_bytes();
     if (sn_seq_new(e.model, c.ctx, &e.seq) != SN_OK) {
         fprintf(stderr, "sanctum-mlx: cannot allocate a sequence of %d tokens: %s\n", c.ctx, sn_errmsg());
         goto out;
     }
-    size_t seq_bytes = heap_bytes() - heap0;
     if (c.memory_limit_mb > 0) {
-        long long total_mb = (e.info->weight_bytes + (long long)seq_bytes) >> 20;
+        size_t seq_bytes = 0;
+        if (seq_full_bytes(&e, &seq_bytes) != SN_OK) {
+            fprintf(stderr, "sanctum-mlx: cannot measure the sequence state: %s\n", sn_errmsg());
+            goto out;
+        }
+        long long pc_mb = c.prompt_cache_mb > 0 ? (long long)c.prompt_cache_mb : 0;
+        long long total_mb = ((e.info->weight_bytes + (long long)seq_bytes) >> 20) + pc_mb;
         if (total_mb > c.memory_limit_mb) {
-            fprintf(stderr, "sanctum-mlx: model %s needs %lld MB (weights %lld MB + KV/state %zu MB for %d tokens), "
-                            "over --memory-limit-mb %lld; lower --ctx or raise the limit\n",
+            fprintf(stderr, "sanctum-mlx: model %s needs %lld MB (weights %lld MB + KV/state %zu MB for %d tokens + "
+                            "prompt cache %lld MB), over --memory-limit-mb %lld; lower --ctx / --prompt-cache-mb or "
+                            "raise the limit\n",
                     c.model_dir, total_mb, (long long)(e.info->weight_bytes >> 20), seq_bytes >> 20,
-                    sn_seq_max_ctx(e.seq), c.memory_limit_mb);
+                    sn_seq_max_ctx(e.seq), pc_mb, c.memory_limit_mb);
             goto out;
         }
     }
