@@ -19,6 +19,12 @@
 
 /* ---- recurrent state helpers ------------------------------------------- */
 
+/* Backend memory is touched under the model lock, as sn_forward_batch and
+ * the seq functions do: a backend (CUDA replaying a decode step) serves one
+ * caller at a time. The helpers below expect the caller to hold it. */
+#define MLOCK(m) pthread_mutex_lock(&(m)->lock)
+#define MUNLOCK(m) pthread_mutex_unlock(&(m)->lock)
+
 static int n_gdn_layers(const sn_seq *s)
 {
     int n = 0;
@@ -312,6 +318,7 @@ sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int
         size_t row = seq->kv_row_floats * sizeof(float), kb = (size_t)best_pos * row, eb = (size_t)best->n * row;
         sn_backend *be = seq->m->be;
         const unsigned char *src = best->kv;
+        MLOCK(seq->m);
         for (int l = 0, a = 0; l < seq->m->n_layers && st == SN_OK && a < na; l++) {
             if (!seq->kv[l].k) continue;
             if ((st = be->ops->from_host(be, seq->kv[l].k, src, kb)) != SN_OK) break;
@@ -320,6 +327,7 @@ sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int
             a++;
         }
         if (st == SN_OK && recurrent) st = gdn_from_host(seq, best->ck + (size_t)best_ck * r->gdn_bytes);
+        MUNLOCK(seq->m);
         /* The request inherits the checkpoints it resumed through, so its
          * own entry can stand in for the one it extends. */
         for (int i = 0; st == SN_OK && recurrent && i <= best_ck; i++)
@@ -363,12 +371,17 @@ static sn_status capture_now(sn_pcache_req *r, const sn_seq *seq)
     if (r->n_ck == r->cap_ck) {
         unsigned char *tmp = malloc(r->gdn_bytes);
         if (!tmp) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for a checkpoint");
+        MLOCK(seq->m);
         sn_status st = gdn_to_host(seq, tmp);
+        MUNLOCK(seq->m);
         if (st == SN_OK) st = req_add_ck(r, seq->pos, tmp);
         free(tmp);
         return st;
     }
-    SN_TRY(gdn_to_host(seq, r->ck + (size_t)r->n_ck * r->gdn_bytes));
+    MLOCK(seq->m);
+    sn_status st = gdn_to_host(seq, r->ck + (size_t)r->n_ck * r->gdn_bytes);
+    MUNLOCK(seq->m);
+    if (st != SN_OK) return st;
     r->ck_pos[r->n_ck++] = seq->pos;
     return SN_OK;
 }
@@ -421,12 +434,15 @@ sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *t
     memcpy(e->tokens, tokens, (size_t)n * sizeof(int32_t));
     sn_backend *be = seq->m->be;
     unsigned char *dst = e->kv;
-    for (int l = 0; l < seq->m->n_layers; l++) {
+    MLOCK(seq->m);
+    for (int l = 0; l < seq->m->n_layers && st == SN_OK; l++) {
         if (!seq->kv[l].k) continue;
-        if ((st = be->ops->to_host(be, dst, seq->kv[l].k, eb)) != SN_OK) goto out;
-        if ((st = be->ops->to_host(be, dst + eb, seq->kv[l].v, eb)) != SN_OK) goto out;
+        if ((st = be->ops->to_host(be, dst, seq->kv[l].k, eb)) != SN_OK) break;
+        if ((st = be->ops->to_host(be, dst + eb, seq->kv[l].v, eb)) != SN_OK) break;
         dst += 2 * eb;
     }
+    MUNLOCK(seq->m);
+    if (st != SN_OK) goto out;
     if (recurrent) {
         /* hand the request's checkpoints over (only those inside the entry) */
         int k = 0;
@@ -516,11 +532,14 @@ sn_status sn_rewind_new(const sn_seq *seq, sn_rewind **out)
     sn_status st = SN_OK;
     if (!r->conv || !r->S) { st = SN_FAIL(SN_E_NOMEM, "rewind: out of memory"); goto out; }
     sn_backend *be = seq->m->be;
-    for (int l = 0; l < r->n_layers; l++) {
+    MLOCK(seq->m);
+    for (int l = 0; l < r->n_layers && st == SN_OK; l++) {
         if (!seq->gdn[l].S) continue;
-        if ((st = be->ops->buf_alloc(be, r->cb ? r->cb : 4, &r->conv[l])) != SN_OK) goto out;
-        if ((st = be->ops->buf_alloc(be, r->sb, &r->S[l])) != SN_OK) goto out;
+        if ((st = be->ops->buf_alloc(be, r->cb ? r->cb : 4, &r->conv[l])) != SN_OK) break;
+        st = be->ops->buf_alloc(be, r->sb, &r->S[l]);
     }
+    MUNLOCK(seq->m);
+    if (st != SN_OK) goto out;
     *out = r;
     r = NULL;
 out:
@@ -532,10 +551,12 @@ void sn_rewind_free(sn_rewind *r)
 {
     if (!r) return;
     sn_backend *be = r->m->be;
+    MLOCK(r->m);
     for (int l = 0; l < r->n_layers; l++) {
         if (r->conv && r->conv[l]) be->ops->buf_free(be, r->conv[l]);
         if (r->S && r->S[l]) be->ops->buf_free(be, r->S[l]);
     }
+    MUNLOCK(r->m);
     free(r->conv);
     free(r->S);
     free(r);
@@ -545,13 +566,16 @@ sn_status sn_rewind_save(sn_rewind *r, const sn_seq *seq)
 {
     if (seq->m != r->m) return SN_FAIL(SN_E_INVALID, "rewind: the sequence belongs to another model");
     sn_backend *be = r->m->be;
-    for (int l = 0; l < r->n_layers; l++) {
+    sn_status st = SN_OK;
+    MLOCK(r->m);
+    for (int l = 0; l < r->n_layers && st == SN_OK; l++) {
         if (!r->S[l]) continue;
-        if (r->cb) SN_TRY(be->ops->copy(be, r->conv[l], seq->gdn[l].conv, r->cb));
-        SN_TRY(be->ops->copy(be, r->S[l], seq->gdn[l].S, r->sb));
+        if (r->cb && (st = be->ops->copy(be, r->conv[l], seq->gdn[l].conv, r->cb)) != SN_OK) break;
+        st = be->ops->copy(be, r->S[l], seq->gdn[l].S, r->sb);
     }
-    r->pos = seq->pos;
-    return SN_OK;
+    MUNLOCK(r->m);
+    if (st == SN_OK) r->pos = seq->pos;
+    return st;
 }
 
 sn_status sn_rewind_restore(const sn_rewind *r, sn_seq *seq, int pos)
@@ -568,13 +592,16 @@ sn_status sn_rewind_restore(const sn_rewind *r, sn_seq *seq, int pos)
         return SN_OK;
     }
     sn_backend *be = r->m->be;
-    for (int l = 0; l < r->n_layers; l++) {
+    sn_status st = SN_OK;
+    MLOCK(r->m);
+    for (int l = 0; l < r->n_layers && st == SN_OK; l++) {
         if (!r->S[l]) continue;
-        if (r->cb) SN_TRY(be->ops->copy(be, seq->gdn[l].conv, r->conv[l], r->cb));
-        SN_TRY(be->ops->copy(be, seq->gdn[l].S, r->S[l], r->sb));
+        if (r->cb && (st = be->ops->copy(be, seq->gdn[l].conv, r->conv[l], r->cb)) != SN_OK) break;
+        st = be->ops->copy(be, seq->gdn[l].S, r->S[l], r->sb);
     }
-    seq->pos = r->pos;
-    return SN_OK;
+    MUNLOCK(r->m);
+    if (st == SN_OK) seq->pos = r->pos;
+    return st;
 }
 
 int sn_rewind_pos(const sn_rewind *r) { return r->pos; }
