@@ -620,15 +620,24 @@ static sn_status hash_jobs(const char *root, hash_job *jobs, size_t n, int n_thr
     }
     if (started == 0)
         hash_worker(&p);   /* no thread could start: hash on this one */
+    /* Progress: a live line on a terminal (1), a log line every ~10 s
+     * otherwise (2), so a long verify of a big model is never silent. */
     if (show_progress) {
+        int ticks = 0;
         while (atomic_load(&p.done) < n) {
             struct timespec ts = { 0, 200 * 1000 * 1000 };
             nanosleep(&ts, NULL);
             uint64_t b = atomic_load(&p.progress);
-            fprintf(stderr, "\rmanifest: hashed %.2f / %.2f GB (%zu/%zu files)", (double)b / 1e9,
-                    (double)total_hint / 1e9, atomic_load(&p.done), n);
+            ticks++;
+            if (show_progress == 1)
+                fprintf(stderr, "\rmanifest: hashed %.2f / %.2f GB (%zu/%zu files)", (double)b / 1e9,
+                        (double)total_hint / 1e9, atomic_load(&p.done), n);
+            else if (ticks % 50 == 0)
+                fprintf(stderr, "manifest: hashed %.2f / %.2f GB (%zu/%zu files)\n", (double)b / 1e9,
+                        (double)total_hint / 1e9, atomic_load(&p.done), n);
         }
-        fputc('\n', stderr);
+        if (show_progress == 1)
+            fputc('\n', stderr);
     }
     for (int t = 0; t < started; t++)
         pthread_join(tid[t], NULL);
@@ -1010,8 +1019,8 @@ sn_status sn_manifest_gate(const char *model_dir, const sn_manifest_opts *opts, 
     if (st != SN_OK)
         goto out;
     double th = now_s();
-    int tty = !opts->quiet && isatty(STDERR_FILENO);
-    st = verify_dir(m, model_dir, opts->n_threads, tty, &rep.bytes);
+    int progress = opts->quiet ? 0 : isatty(STDERR_FILENO) ? 1 : 2;
+    st = verify_dir(m, model_dir, opts->n_threads, progress, &rep.bytes);
     rep.hash_seconds = now_s() - th;
     if (st != SN_OK)
         goto out;
