@@ -7,7 +7,9 @@
  *
  * Shapes are Qwen3.5-27B-like decode projections (MLX 4-bit, group 64,
  * bf16 scales): 5120x17408 (up/gate), 17408x5120 (down), 248320x5120
- * (lm_head). Results are appended to bench/results.log with the command. */
+ * (lm_head), each cycled over copies >= 1.5 GB so it streams from DRAM.
+ * SANCTUM_CPU_PREFETCH=rows overrides the kernels' prefetch distance.
+ * Results are appended to bench/results.log with the command. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,32 +141,46 @@ static double pool_overhead_us(int threads)
 
 /* ---- Q4 weights ---- */
 
+/* A decode step streams every weight once, from DRAM: a matrix that fits
+ * the last-level cache (300 MB on some server parts) would be measured
+ * from cache if called repeatedly, so the bench cycles through enough
+ * copies of each shape to exceed FOOTPRINT bytes. */
+#define FOOTPRINT ((size_t)1536 << 20)
+#define MAX_COPIES 64
+
 typedef struct {
-    sn_weight w;
+    sn_weight w[MAX_COPIES];
+    int n_copies;
     void *data, *scales, *biases;
-    size_t bytes;
+    size_t bytes; /* one copy: packed weights + scales + biases */
 } qweight;
 
 static int qweight_make(qweight *q, int64_t rows, int64_t cols, int group)
 {
     memset(q, 0, sizeof *q);
     size_t dbytes = (size_t)rows * cols / 2, ng = (size_t)rows * (cols / group);
-    q->data = aligned_alloc(64, (dbytes + 63) & ~(size_t)63);
-    q->scales = malloc(ng * 2);
-    q->biases = malloc(ng * 2);
+    q->bytes = dbytes + 2 * ng * 2;
+    q->n_copies = (int)((FOOTPRINT + q->bytes - 1) / q->bytes);
+    if (q->n_copies > MAX_COPIES)
+        q->n_copies = MAX_COPIES;
+    size_t dstride = (dbytes + 63) & ~(size_t)63;
+    q->data = aligned_alloc(64, dstride * q->n_copies);
+    q->scales = malloc(ng * 2 * q->n_copies);
+    q->biases = malloc(ng * 2 * q->n_copies);
     if (!q->data || !q->scales || !q->biases)
         return -1;
     uint64_t *d = q->data;
-    for (size_t i = 0; i < dbytes / 8; i++)
+    for (size_t i = 0; i < dstride * q->n_copies / 8; i++)
         d[i] = next64();
     uint16_t *s = q->scales, *b = q->biases;
-    for (size_t i = 0; i < ng; i++) {
+    for (size_t i = 0; i < ng * q->n_copies; i++) {
         s[i] = 0x3C00 | (uint16_t)(next64() & 0xFF); /* bf16 ~ 0.0078.. */
         b[i] = 0xBC00 | (uint16_t)(next64() & 0xFF);
     }
-    q->w = (sn_weight){ .dtype = SN_DT_Q4, .rows = rows, .cols = cols, .group = group, .data = q->data,
-                        .scales = q->scales, .qbiases = q->biases, .sdtype = SN_DT_BF16 };
-    q->bytes = dbytes + 2 * ng * 2;
+    for (int c = 0; c < q->n_copies; c++)
+        q->w[c] = (sn_weight){ .dtype = SN_DT_Q4, .rows = rows, .cols = cols, .group = group,
+                               .data = (char *)q->data + c * dstride, .scales = s + c * ng, .qbiases = b + c * ng,
+                               .sdtype = SN_DT_BF16 };
     return 0;
 }
 
@@ -266,8 +282,9 @@ int main(int argc, char **argv)
                     (long long)shapes[s][1]);
             return 1;
         }
-        float *x = malloc(sizeof(float) * T * q.w.cols), *y = malloc(sizeof(float) * T * q.w.rows);
-        for (int64_t i = 0; i < T * q.w.cols; i++)
+        const sn_weight *w0 = &q.w[0];
+        float *x = malloc(sizeof(float) * T * w0->cols), *y = malloc(sizeof(float) * T * w0->rows);
+        for (int64_t i = 0; i < T * w0->cols; i++)
             x[i] = (float)(next64() % 2001) / 1000.0f - 1.0f;
         for (int isa = 0; isa < SN_ISA_COUNT; isa++) {
             if ((only_isa >= 0 && isa != only_isa) || !sn_cpu_isa_supported((sn_isa)isa))
@@ -280,14 +297,14 @@ int main(int argc, char **argv)
                     fprintf(stderr, "bench_matmul: %s\n", sn_errmsg());
                     return 1;
                 }
-                if (be->ops->matmul(be, &q.w, 0, x, T, y) != SN_OK) { /* warm-up */
+                if (be->ops->matmul(be, &q.w[q.n_copies - 1], 0, x, T, y) != SN_OK) { /* warm-up */
                     fprintf(stderr, "bench_matmul: %s\n", sn_errmsg());
                     return 1;
                 }
                 int reps = 0;
                 double t0 = now(), dt;
                 do {
-                    be->ops->matmul(be, &q.w, 0, x, T, y);
+                    be->ops->matmul(be, &q.w[reps % q.n_copies], 0, x, T, y);
                     reps++;
                     dt = now() - t0;
                 } while (dt < min_time || reps < 2);
@@ -298,11 +315,11 @@ int main(int argc, char **argv)
                     snprintf(frac, sizeof frac, " = %3.0f%% of %.1f GB/s", 100 * gbs / bound, bound);
                 char line[256];
                 snprintf(line, sizeof line, "Q4 [%6lld x %5lld] %-6s %2d thr: %8.3f ms/call %6.1f GB/s%s%s",
-                         (long long)q.w.rows, (long long)q.w.cols, sn_isa_name((sn_isa)isa), tlist[ti], per * 1e3,
+                         (long long)w0->rows, (long long)w0->cols, sn_isa_name((sn_isa)isa), tlist[ti], per * 1e3,
                          gbs, frac, T > 1 ? "" : "");
                 if (T > 1)
                     snprintf(line + strlen(line), sizeof line - strlen(line), ", %.1f GFLOP/s",
-                             2.0 * q.w.rows * q.w.cols * T / per / 1e9);
+                             2.0 * w0->rows * w0->cols * T / per / 1e9);
                 printf("  %s\n", line);
                 if (log)
                     fprintf(log, "  %s\n", line);

@@ -605,6 +605,17 @@ sn_status sn_backend_cpu_new_isa(int n_threads, sn_isa isa, sn_backend **out)
      * took one thread from ~9 to ~15 GB/s; on Intel Xeon (Sapphire Rapids
      * class) the same prefetch cost 16-thread decode 25% (102 -> 83 GB/s). */
     be->pf_rows = sn_cpu_features_get()->vendor_amd ? 8 : 0;
+    const char *pf = getenv("SANCTUM_CPU_PREFETCH"); /* tuning knob: rows ahead, 0 = off */
+    if (pf && *pf) {
+        char *end;
+        long v = strtol(pf, &end, 10);
+        if (*end || v < 0 || v > 64) {
+            sn_pool_free(be->pool);
+            free(be);
+            return SN_FAIL(SN_E_INVALID, "SANCTUM_CPU_PREFETCH=%s: expected rows ahead in [0, 64]", pf);
+        }
+        be->pf_rows = (int)v;
+    }
     be->base.ops = &g_ops[isa];
     be->base.n_threads = sn_pool_size(be->pool);
     *out = &be->base;
