@@ -551,13 +551,19 @@ B = Server("--max-queue", "1", "--ctx", "4096", "--max-body-bytes", "65536", nam
 def queue_full_503_retry_after():
     socks = []
     body = json.dumps({"messages": msg("Long story."), "max_tokens": 30000, "temperature": 0, "stream": True, **NOEOS}).encode()
-    for _ in range(2):   # one running, one queued behind it
+    def send():
         s = socket.create_connection(("127.0.0.1", B.port))
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
         socks.append(s)
+    send()
     got = b""
     while b"data: " not in got:   # the first is generating (up to the 4096-token context)
         got += socks[0].recv(65536)
+    send()                        # the second waits in the one queue slot
+    t0 = time.time()
+    while json.loads(B.get("/health")[1])["queue_depth"] != 1:
+        assert time.time() - t0 < 10, "the second request never queued"
+        time.sleep(0.01)
     st, b, r = B.post({"messages": msg("x"), "max_tokens": 2})
     for s in socks:
         s.close()
