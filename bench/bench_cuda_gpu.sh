@@ -58,7 +58,7 @@ fi
 
 for cfg in qwen3_5_35b_a3b qwen3_5_27b; do
     t0=$(date +%s)
-    args=(--config "bench/configs/$cfg.json" --prefill 4096 --decode 128 --log "$out/results.log")
+    args=(--config "bench/configs/$cfg.json" --prefill 4096 --decode 64 --log "$out/results.log")
     [ "$quick" = quick ] && args=(--config "bench/configs/$cfg.json" --prefill 512 --decode 32 --layers 8 --log "$out/results.log")
     timeout 150 $BIN/bench_cuda "${args[@]}" >"$out/bench_$cfg.log" 2>&1
     add "bench $cfg rc=$? ($(($(date +%s) - t0)) s): $(grep -E 'decode \(graph\)|prefill [0-9]+ tokens' "$out/bench_$cfg.log" | tr -s ' ' | tr '\n' ';')"
