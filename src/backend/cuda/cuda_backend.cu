@@ -262,6 +262,9 @@ sn_status flush_step(cuda_be *cb)
 /* Submit one op: recorded inside a step, else run now. need: scratch bytes. */
 sn_status submit(cuda_be *cb, const rec &r, size_t need)
 {
+    /* the calling thread may not be the one that made the backend (a server
+     * worker): launches go to the thread's current device */
+    cudaSetDevice(cb->dev);
     SN_TRY(ensure_scratch(cb, need));
     if (cb->in_step && !cb->broken) {
         if (cb->n_recs == cb->cap_recs) {
@@ -530,6 +533,7 @@ sn_status cuda_to_host(sn_backend *b, void *host_dst, const void *src, size_t by
     if (!host_dst || !src)
         return SN_FAIL(SN_E_INVALID, "to_host: NULL buffer");
     SN_TRY(host_barrier(cb));
+    cudaSetDevice(cb->dev);
     CU_TRY(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cb->st), "to_host");
     CU_TRY(cudaStreamSynchronize(cb->st), "to_host");
     return SN_OK;
@@ -543,6 +547,7 @@ sn_status cuda_from_host(sn_backend *b, void *dst, const void *host_src, size_t 
     if (!dst || !host_src)
         return SN_FAIL(SN_E_INVALID, "from_host: NULL buffer");
     SN_TRY(host_barrier(cb));
+    cudaSetDevice(cb->dev);
     /* from pageable memory this returns once the bytes are staged, so the
      * caller may reuse host_src at once */
     CU_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cb->st), "from_host");
@@ -1020,6 +1025,7 @@ extern "C" sn_status sn_cuda_begin_step(sn_backend *b)
     cuda_be *cb = cb_of(b);
     if (cb->in_step)
         return SN_FAIL(SN_E_INVALID, "begin_step: a step is already open");
+    cudaSetDevice(cb->dev);
     cb->in_step = true;
     cb->broken = cb->prof; /* profiling times ops one by one: no graph */
     if (cb->broken)

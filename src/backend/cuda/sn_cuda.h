@@ -1,6 +1,7 @@
 /* CUDA-only entry points beyond the backend table (C API, for tests and
  * benchmarks). Every function takes a backend made by sn_backend_cuda_new;
- * passing another backend is a programmer error (asserted). */
+ * passing another backend is a programmer error (asserted). A backend is
+ * one stream: use it from one thread at a time (any thread). */
 #ifndef SANCTUM_SN_CUDA_H
 #define SANCTUM_SN_CUDA_H
 
@@ -40,8 +41,8 @@ void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *e
  * 32+ tokens as expert-grouped GEMMs (1, default) or per-token GEMVs (0). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
-/* Until backend.h carries these ops in its table, they are reachable here;
- * the table entries call the same functions. See cuda_backend.cu. */
+/* The optional table entries argmax, moe, begin_step and end_step of
+ * backend.h are these functions (callers normally use the table). */
 sn_status sn_cuda_argmax(sn_backend *be, const float *x, int rows, int n, int32_t *out_host);
 sn_status sn_cuda_moe(sn_backend *be, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
                       const float *logits, int top_k, int norm_topk, const float *x, int T, float *out);
