@@ -513,6 +513,34 @@ static void test_matmul_batch_invariance(void)
     }
 }
 
+/* Wide rows (the prefill row tile shrinks to its 16-row minimum) and more
+ * rows than a tile: several tiles per thread chunk, partial last tile. */
+static void test_matmul_wide_tiles(void)
+{
+    sn_backend *ref = backend_for(SN_ISA_SCALAR, 2);
+    for (size_t ii = 0; ii < 3; ii++) {
+        sn_backend *be = ii == 0 ? ref : backend_for(isas[ii], 2);
+        if (!be)
+            continue;
+        tw t;
+        tw_make(&t, SN_DT_Q4, 70, 65536, 64, SN_DT_BF16, 0); /* 2 threads: chunks of 18 rows = tiles of 16 + 2 */
+        check_mm_case(be, ref, &t, 0, 3, "Q4 wide");
+        float *x = malloc(sizeof(float) * 3 * 65536), yb[3 * 70], y1[70];
+        fill(x, 3 * 65536, -1, 1);
+        CHECK_OK(be->ops->matmul(be, &t.w, 0, x, 3, yb));
+        CHECK_OK(be->ops->matmul(be, &t.w, 0, x + 2 * 65536, 1, y1));
+        CHECK(memcmp(y1, yb + 2 * 70, sizeof y1) == 0);
+        free(x);
+        tw_free(&t);
+        tw_make(&t, SN_DT_BF16, 37, 20000, 0, SN_DT_F32, 0);
+        check_mm_case(be, ref, &t, 0, 2, "BF16 wide");
+        tw_free(&t);
+        if (be != ref)
+            sn_backend_free(be);
+    }
+    sn_backend_free(ref);
+}
+
 /* ---------- the other ops, each against a double reference ---------- */
 
 /* Elementwise / normalisation ops involve a few roundings each: */
@@ -964,6 +992,7 @@ int main(void)
     RUN(test_matmul_dense);
     RUN(test_matmul_experts_bias_errors);
     RUN(test_matmul_batch_invariance);
+    RUN(test_matmul_wide_tiles);
     RUN(test_embed);
     RUN(test_norms_elementwise);
     RUN(test_rope);

@@ -41,6 +41,7 @@ typedef struct {
     int T;
     float *y;                /* [T, rows] */
     int64_t pf_off;          /* software prefetch distance in bytes (0: none), see cpu_backend.c */
+    int64_t row_tile;        /* T > 1: rows whose weights stay in L2 while all of x streams past */
 } cpu_mm_args;
 
 typedef void (*cpu_mm_fn)(const cpu_mm_args *a, int64_t r0, int64_t r1);

@@ -113,10 +113,10 @@ AI void q_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int 
             a->y[(size_t)(t0 + t) * rows + r + i] = V_REDUCE(acc[i][t]) + bacc[i][t];
 }
 
-/* Rows are tiled so that, in a prefill, a tile's weights stay in L2 while
- * every token block streams past them; decode (T == 1) blocks RB rows to
- * keep enough independent FMA chains in flight. */
-#define ROW_TILE 16
+/* Prefill (T > 1): rows are tiled (a->row_tile) so that a tile's weights
+ * stay in L2 while every token block of x streams past them; x is re-read
+ * once per tile, so bigger tiles mean less x traffic. Decode (T == 1)
+ * blocks RB rows to keep enough independent FMA chains in flight. */
 AI void q_mm(const cpu_mm_args *a, int64_t r0, int64_t r1, const int bits)
 {
     if (a->T == 1) {
@@ -127,8 +127,8 @@ AI void q_mm(const cpu_mm_args *a, int64_t r0, int64_t r1, const int bits)
             q_tile(a, r, 0, 1, 1, bits);
         return;
     }
-    for (int64_t rt = r0; rt < r1; rt += ROW_TILE) {
-        int64_t re = rt + ROW_TILE < r1 ? rt + ROW_TILE : r1;
+    for (int64_t rt = r0; rt < r1; rt += a->row_tile) {
+        int64_t re = rt + a->row_tile < r1 ? rt + a->row_tile : r1;
         int t = 0;
         for (; t + TB_MAX <= a->T; t += TB_MAX)
             for (int64_t r = rt; r < re; r++)
@@ -222,8 +222,8 @@ AI void dense_mm(const cpu_mm_args *a, int64_t r0, int64_t r1, const sn_dtype dt
             dense_tile(a, r, 0, 1, 1, dt);
         return;
     }
-    for (int64_t rt = r0; rt < r1; rt += ROW_TILE) {
-        int64_t re = rt + ROW_TILE < r1 ? rt + ROW_TILE : r1;
+    for (int64_t rt = r0; rt < r1; rt += a->row_tile) {
+        int64_t re = rt + a->row_tile < r1 ? rt + a->row_tile : r1;
         int t = 0;
         for (; t + 4 <= a->T; t += 4)
             for (int64_t r = rt; r < re; r++)
