@@ -1,16 +1,24 @@
 /* Projections on the GPU: quantized/dense GEMV for decode (T <= 7), a
- * tensor-core GEMM with fused dequantization for prefill, the embedding
- * lookup, and the MoE expert FFN with routing on the device.
+ * tensor-core GEMM with fused dequantization for prefill (plus the optional
+ * cuBLAS route in cuda_blas.cu), the embedding lookup, and the MoE expert
+ * FFN with routing on the device (per-token GEMVs for decode, expert-grouped
+ * GEMMs for prefill).
  *
  * Decode is a pure memory stream (4.5 bits per weight against 32-bit
- * activations), so the GEMV is built around the bytes: each lane loads 16
- * bytes of one row per step (coalesced 512 B per warp), a warp works on 4
- * rows at once so every activation read from shared memory feeds 4 rows,
- * and the activation vector sits in shared memory in a lane-major order
- * (no bank conflicts for the 16-byte reads). Nibbles are turned into floats
- * two at a time with one LOP3: (w >> s) & 0x03C003C0 | 0x3C003C00 is a half2
- * holding 1 + q/16 for two nibbles, so sum(q*x) = 16*(sum(v*x) - sum(x)),
- * where v in [1, 2) keeps the fp32 sums free of cancellation. */
+ * activations), so the GEMV is built around the bytes: each lane streams 16
+ * bytes of a row per step (512 B per warp, coalesced) through a per-warp
+ * cp.async ring a few chunks deep; a warp works on 2 or 4 rows so each
+ * activation read from shared memory feeds several rows; the activation
+ * vector sits in shared memory in a lane-major order (no bank conflicts for
+ * the 16-byte reads) next to the sum of each chunk. Q4 nibbles become floats
+ * with one byte-permute each (0x3F00qq00 = 0.5 + q/256, see q4v), Q8 bytes
+ * two at a time through a half2 (1 + q/256, see qpair); in both forms the
+ * fp32 dot product of v and x minus the chunk sum gives sum(q*x) with ~20
+ * good bits, and the affine bias costs one FMA per chunk and row.
+ *
+ * Prefill: x is converted to fp16 once per call (rows scaled by a power of
+ * two); by default both operands are split so the GEMM is fp32-class
+ * (k_x_to_f16 explains the form), which the model fixtures need. */
 #include <string.h>
 
 #include <cuda_fp16.h>
