@@ -20,10 +20,12 @@
  *     at exit: evhttp_free(https); sn_tls_free(tls);  // tls outlives https
  *
  * Audit: each verified handshake writes one line to stderr
- *   "audit tls accept cn=<CN> peer=<addr>:<port>"
- * and each rejected client certificate one line
- *   "audit tls reject peer=<addr>:<port> reason=<X509 verify error> subject=<...>"
- * (no client certificate at all shows as reason=no client certificate). */
+ *   "audit tls accept cn=<CN> peer=<addr>:<port> proto=TLSv1.3 cipher=<name>"
+ * and each failed one (fatal alert sent or received) one line
+ *   "audit tls reject peer=<addr>:<port> reason=<X509 verify error> subject=<DN> alert=<desc>(sent)"
+ * (no client certificate at all shows as reason=no client certificate). The CN
+ * is sanitised to [A-Za-z0-9._@-] (other bytes become '_') before it is
+ * logged or returned. */
 #ifndef SANCTUM_SERVER_TLS_H
 #define SANCTUM_SERVER_TLS_H
 
