@@ -345,6 +345,75 @@ static void test_reply_reasoning_and_junk(void)
     CHECK(sn_chat_parse_reply(SN_CHAT_QWEN2, NULL, 3, false, &r) == SN_E_INVALID);
 }
 
+/* Streaming split == whole parse, whatever the chunking: everything
+ * streamed plus the rest from finish equals the parsed reasoning/content. */
+static int stream_check(sn_chat_format f, bool thinking, const char *t, size_t chunk)
+{
+    sn_chat_stream *s = NULL;
+    if (sn_chat_stream_new(f, thinking, &s) != SN_OK) return 0;
+    char rs[4096] = "", cs[4096] = "";
+    size_t rn = 0, cn = 0, n = strlen(t);
+    const char *r, *c;
+    size_t rl, cl;
+    int ok = 1;
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t k = n - i < chunk ? n - i : chunk;
+        if (sn_chat_stream_push(s, t + i, k, &r, &rl, &c, &cl) != SN_OK) ok = 0;
+        memcpy(rs + rn, r, rl); rn += rl;
+        memcpy(cs + cn, c, cl); cn += cl;
+    }
+    sn_chat_reply rep;
+    if (sn_chat_stream_finish(s, &r, &rl, &c, &cl, &rep) != SN_OK) { sn_chat_stream_free(s); return 0; }
+    memcpy(rs + rn, r, rl); rn += rl; rs[rn] = 0;
+    memcpy(cs + cn, c, cl); cn += cl; cs[cn] = 0;
+    if (strcmp(rs, rep.reasoning ? rep.reasoning : "") != 0 || strcmp(cs, rep.content) != 0) {
+        fprintf(stderr, "  stream(%s, thinking=%d, chunk=%zu) of \"%s\":\n    reasoning \"%s\" vs \"%s\"\n    content \"%s\" vs \"%s\"\n",
+                sn_chat_format_name(f), thinking, chunk, t, rs, rep.reasoning ? rep.reasoning : "", cs, rep.content);
+        ok = 0;
+    }
+    sn_chat_reply_free(&rep);
+    sn_chat_stream_free(s);
+    return ok;
+}
+
+static void test_reply_stream(void)
+{
+    static const char *texts[] = {
+        "", "Hello", "  Hello  world \n", "plan a\n\nplan b\n</think>\n\nAnswer.\n",
+        "<think>\nx\n</think>\n\ny", "  <think>unterminated", "<thi", "<b>bold</b> text", "a </thi",
+        "Sure.\n\n<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>\nafter",
+        "x <tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call> y <tool_call>broken",
+        "OK [TOOL_CALLS]f[ARGS]{\"a\": 1} tail", "[TOOL_CALLS]broken", "  \n ", "r</think>c</think>d",
+        "naïve 你好 </think> 🙂 <tool_", "<tool_call", "[TOOL_CAL",
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++)
+        for (int f = 0; f < 3; f++)
+            for (int th = 0; th < 2; th++)
+                for (size_t chunk = 1; chunk <= 9; chunk += 4)
+                    bad += !stream_check((sn_chat_format)f, th, texts[i], chunk);
+    CHECKF(bad == 0, "%d stream/parse disagreements", bad);
+    /* the deltas themselves: reasoning first, then content, markers never sent */
+    sn_chat_stream *s;
+    CHECK_OK(sn_chat_stream_new(SN_CHAT_QWEN3_5, true, &s));
+    const char *r, *c;
+    size_t rl, cl;
+    CHECK_OK(sn_chat_stream_push(s, "Let me ", 7, &r, &rl, &c, &cl));
+    CHECK(rl == 6 && memcmp(r, "Let me", 6) == 0 && cl == 0);   /* the space waits */
+    CHECK_OK(sn_chat_stream_push(s, "see.</th", 8, &r, &rl, &c, &cl));
+    CHECK(rl == 5 && memcmp(r, " see.", 5) == 0 && cl == 0);
+    CHECK_OK(sn_chat_stream_push(s, "ink>\n\nHi", 8, &r, &rl, &c, &cl));
+    CHECK(rl == 0 && cl == 2 && memcmp(c, "Hi", 2) == 0);
+    const char *call = " <tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+    CHECK_OK(sn_chat_stream_push(s, call, strlen(call), &r, &rl, &c, &cl));
+    CHECK(rl == 0 && cl == 0);
+    sn_chat_reply rep;
+    CHECK_OK(sn_chat_stream_finish(s, &r, &rl, &c, &cl, &rep));
+    CHECK(rl == 0 && cl == 0 && rep.n_calls == 1 && strcmp(rep.content, "Hi") == 0 && strcmp(rep.reasoning, "Let me see.") == 0);
+    sn_chat_reply_free(&rep);
+    sn_chat_stream_free(s);
+}
+
 static void test_format_for(void)
 {
     sn_chat_format f;
@@ -370,6 +439,7 @@ int main(void)
     RUN(test_errors);
     RUN(test_reply_roundtrip);
     RUN(test_reply_reasoning_and_junk);
+    RUN(test_reply_stream);
     RUN(test_format_for);
     return TEST_END();
 }

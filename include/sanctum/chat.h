@@ -83,4 +83,18 @@ typedef struct {
 sn_status sn_chat_parse_reply(sn_chat_format f, const char *text, size_t len, bool thinking, sn_chat_reply *out);
 void sn_chat_reply_free(sn_chat_reply *r);
 
+/* Streaming the same split (SSE reasoning_content / content deltas). Each
+ * push returns the reasoning and content text that is now certain (either
+ * may be empty; pointers valid until the next call). Text after a tool-call
+ * marker is held; finish parses the whole reply (into *reply, which the
+ * caller frees) and returns the unsent rest, so that everything streamed
+ * plus the rest equals reply->reasoning and reply->content exactly. */
+typedef struct sn_chat_stream sn_chat_stream;
+sn_status sn_chat_stream_new(sn_chat_format f, bool thinking, sn_chat_stream **out);
+sn_status sn_chat_stream_push(sn_chat_stream *s, const char *text, size_t n, const char **reasoning, size_t *rlen,
+                              const char **content, size_t *clen);
+sn_status sn_chat_stream_finish(sn_chat_stream *s, const char **reasoning, size_t *rlen, const char **content,
+                                size_t *clen, sn_chat_reply *reply);
+void sn_chat_stream_free(sn_chat_stream *s);
+
 #endif

@@ -239,15 +239,16 @@ sn_status sn_chat_parse_reply(sn_chat_format f, const char *text, size_t len, bo
     sn_status st = SN_OK;
     growbuf content = {0};
     gb_add(&content, "", 0);
-    if (f == SN_CHAT_QWEN3_5) {
+    /* Qwen3.5 reasoning: the text is inside a think block when the prompt
+     * opened one (thinking) or the text itself starts with <think>; the
+     * block runs to the first </think>, or to the end when cut off. */
+    if (f == SN_CHAT_QWEN3_5 && (thinking || sv_starts(sv_trim(t), "<think>"))) {
         size_t close = sv_find(t, "</think>", 0);
-        sv r = { NULL, 0 };
+        sv r = t;
+        rest = (sv){ t.p + t.n, 0 };
         if (close != SIZE_MAX) {
             r = (sv){ t.p, close };
             rest = (sv){ t.p + close + 8, t.n - close - 8 };
-        } else if (thinking) {
-            r = t;   /* still thinking when generation stopped */
-            rest = (sv){ t.p + t.n, 0 };
         }
         r = sv_trim(r);
         if (sv_starts(r, "<think>")) r = sv_trim((sv){ r.p + 7, r.n - 7 });
@@ -268,4 +269,151 @@ out:
     free(content.p);
     if (st != SN_OK) sn_chat_reply_free(out);
     return st;
+}
+
+/* ---- streaming: the same split, decided as text arrives ------------------
+ *
+ * Text is classified left to right. Whitespace at the start of a channel is
+ * dropped and whitespace inside is held until something follows it, so the
+ * streamed text is always the trimmed text so far; a tail that may be the
+ * start of a marker (<think>, </think>, <tool_call>, [TOOL_CALLS]) is held
+ * until it is decided. After a tool-call marker nothing more is streamed:
+ * sn_chat_stream_finish parses the whole reply and returns what remains. */
+
+enum { ST_START, ST_REASON, ST_CONTENT, ST_TOOLS };
+
+typedef struct {
+    growbuf out;        /* streamed so far */
+    size_t sent;        /* bytes of out already handed to the caller */
+    size_t pend;        /* start of held whitespace in the input, or SIZE_MAX */
+} channel;
+
+struct sn_chat_stream {
+    sn_chat_format f;
+    bool thinking;
+    int state;
+    growbuf all;        /* every byte pushed */
+    size_t i;           /* input classified up to here */
+    channel reason, content;
+};
+
+sn_status sn_chat_stream_new(sn_chat_format f, bool thinking, sn_chat_stream **out)
+{
+    if (!out || f > SN_CHAT_MISTRAL) return SN_FAIL(SN_E_INVALID, "sn_chat_stream_new: bad argument");
+    sn_chat_stream *s = calloc(1, sizeof *s);
+    if (!s) return SN_FAIL(SN_E_NOMEM, "chat stream: out of memory");
+    s->f = f;
+    s->thinking = thinking;
+    s->state = f == SN_CHAT_QWEN3_5 ? ST_START : ST_CONTENT;
+    s->reason.pend = s->content.pend = SIZE_MAX;
+    gb_add(&s->all, "", 0);
+    gb_add(&s->reason.out, "", 0);
+    gb_add(&s->content.out, "", 0);
+    *out = s;
+    return SN_OK;
+}
+
+void sn_chat_stream_free(sn_chat_stream *s)
+{
+    if (!s) return;
+    free(s->all.p);
+    free(s->reason.out.p);
+    free(s->content.out.p);
+    free(s);
+}
+
+/* 1: marker at i; 0: not; -1: the input ends inside a possible marker. */
+static int marker_at(const growbuf *a, size_t i, const char *m)
+{
+    if (a->p[i] != m[0]) return 0;
+    size_t ml = strlen(m), avail = a->n - i;
+    if (memcmp(a->p + i, m, avail < ml ? avail : ml) != 0) return 0;
+    return avail < ml ? -1 : 1;
+}
+
+static void chan_char(channel *c, const growbuf *a, size_t i)
+{
+    if (is_ws(a->p[i])) {
+        if (c->out.n && c->pend == SIZE_MAX) c->pend = i;   /* leading whitespace is dropped */
+        return;
+    }
+    if (c->pend != SIZE_MAX) {
+        gb_add(&c->out, a->p + c->pend, i - c->pend);
+        c->pend = SIZE_MAX;
+    }
+    gb_add(&c->out, a->p + i, 1);
+}
+
+static void classify(sn_chat_stream *s)
+{
+    const growbuf *a = &s->all;
+    const char *call = s->f == SN_CHAT_MISTRAL ? "[TOOL_CALLS]" : "<tool_call>";
+    while (s->i < a->n && s->state != ST_TOOLS) {
+        size_t i = s->i;
+        if (s->state == ST_START) {
+            if (is_ws(a->p[i])) { s->i++; continue; }
+            int m = marker_at(a, i, "<think>");
+            if (m < 0) return;
+            if (m > 0) s->i += 7;
+            s->state = (m > 0 || s->thinking) ? ST_REASON : ST_CONTENT;
+            continue;
+        }
+        if (s->state == ST_REASON) {
+            int m = marker_at(a, i, "</think>");
+            if (m < 0) return;
+            if (m > 0) { s->i += 8; s->state = ST_CONTENT; continue; }
+            chan_char(&s->reason, a, i);
+        } else {
+            int m = marker_at(a, i, call);
+            if (m < 0) return;
+            if (m > 0) { s->state = ST_TOOLS; return; }
+            chan_char(&s->content, a, i);
+        }
+        s->i++;
+    }
+}
+
+static void take(channel *c, const char **p, size_t *n)
+{
+    *p = c->out.p + c->sent;
+    *n = c->out.n - c->sent;
+    c->sent = c->out.n;
+}
+
+sn_status sn_chat_stream_push(sn_chat_stream *s, const char *text, size_t n, const char **reasoning, size_t *rlen,
+                              const char **content, size_t *clen)
+{
+    if (!s || (!text && n) || !reasoning || !rlen || !content || !clen)
+        return SN_FAIL(SN_E_INVALID, "sn_chat_stream_push: NULL argument");
+    gb_add(&s->all, text, n);
+    classify(s);
+    if (s->all.oom || s->reason.out.oom || s->content.out.oom) return SN_FAIL(SN_E_NOMEM, "chat stream: out of memory");
+    take(&s->reason, reasoning, rlen);
+    take(&s->content, content, clen);
+    return SN_OK;
+}
+
+/* The unsent rest of a final string whose beginning was streamed. */
+static void rest_of(channel *c, const char *final, const char **p, size_t *n)
+{
+    if (!final) final = "";   /* no reasoning in the reply */
+    size_t fl = strlen(final);
+    if (fl >= c->out.n && memcmp(final, c->out.p, c->out.n) == 0) {
+        *p = final + c->out.n;
+        *n = fl - c->out.n;
+    } else {
+        *p = "";   /* cannot happen: the stream only sends prefixes of the final split */
+        *n = 0;
+    }
+}
+
+sn_status sn_chat_stream_finish(sn_chat_stream *s, const char **reasoning, size_t *rlen, const char **content,
+                                size_t *clen, sn_chat_reply *reply)
+{
+    if (!s || !reasoning || !rlen || !content || !clen || !reply)
+        return SN_FAIL(SN_E_INVALID, "sn_chat_stream_finish: NULL argument");
+    SN_TRY(sn_chat_parse_reply(s->f, s->all.p, s->all.n, s->thinking, reply));
+    rest_of(&s->reason, reply->reasoning, reasoning, rlen);
+    rest_of(&s->content, reply->content, content, clen);
+    return SN_OK;
 }

@@ -32,6 +32,16 @@
 
 static sn_tokenizer *g_tok;
 
+typedef struct { char *p; size_t n; } growbuf_t;
+static void gb(growbuf_t *b, const char *s, size_t n)
+{
+    if (!n) return;
+    b->p = realloc(b->p, b->n + n);
+    if (!b->p) abort();
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+}
+
 static void require(int cond)
 {
     if (!cond) abort();
@@ -79,7 +89,34 @@ static void fuzz_encode(const uint8_t *d, size_t n, bool special)
     require(valid ? st == SN_OK : st == SN_E_INVALID);
     if (st == SN_OK) check_roundtrip((const char *)d, n, &ids);
     sn_ids_free(&ids);
-    /* the same bytes as a generated reply: never fails but for memory */
+    /* the same bytes as a generated reply: never fails but for memory, and
+     * streaming in chunks gives exactly the whole parse */
+    size_t chunk = n ? 1 + d[0] % 7 : 1;
+    bool has_nul = memchr(d, 0, n) != NULL;
+    for (int f = 0; f < 3 && !has_nul; f++) {
+        sn_chat_stream *cs;
+        require(sn_chat_stream_new((sn_chat_format)f, special, &cs) == SN_OK);
+        growbuf_t rs = {0}, co = {0};
+        const char *r, *c;
+        size_t rl, cl;
+        for (size_t i = 0; i < n; i += chunk) {
+            size_t k = n - i < chunk ? n - i : chunk;
+            require(sn_chat_stream_push(cs, (const char *)d + i, k, &r, &rl, &c, &cl) == SN_OK);
+            gb(&rs, r, rl);
+            gb(&co, c, cl);
+        }
+        sn_chat_reply rep;
+        require(sn_chat_stream_finish(cs, &r, &rl, &c, &cl, &rep) == SN_OK);
+        gb(&rs, r, rl);
+        gb(&co, c, cl);
+        const char *want_r = rep.reasoning ? rep.reasoning : "";
+        require(rs.n == strlen(want_r) && (rs.n == 0 || memcmp(rs.p, want_r, rs.n) == 0));
+        require(co.n == strlen(rep.content) && (co.n == 0 || memcmp(co.p, rep.content, co.n) == 0));
+        free(rs.p);
+        free(co.p);
+        sn_chat_reply_free(&rep);
+        sn_chat_stream_free(cs);
+    }
     for (int f = 0; f < 3; f++) {
         sn_chat_reply r;
         require(sn_chat_parse_reply((sn_chat_format)f, (const char *)d, n, special, &r) == SN_OK);
