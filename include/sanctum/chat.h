@@ -1,8 +1,15 @@
 /* Chat templates, rendered in C per architecture (no Jinja): byte-exact with
  * transformers' apply_chat_template for the shipped templates: Qwen3.5
  * (Qwen/Qwen3.5-4B), Qwen2.5-Instruct, and Mistral-Small-3.2-24B-Instruct-2506
- * (tekken V7 layout, including its default system prompt). The references are
- * tests/fixtures/chat/<format>.json (tools/python/templates/ holds the jinja). */
+ * (tekken V7 layout, including its default system prompt), tools and tool
+ * calls included. The references are tests/fixtures/chat/<format>.json and
+ * tests/fixtures/tokenizer/chat_tools.json (tools/python/templates/ holds
+ * the jinja).
+ *
+ * A server turns a request into prompt ids with sn_chat_encode (special
+ * tokens typed by a user stay text), and a generated reply back into
+ * reasoning / content / tool calls with sn_chat_parse_reply, or
+ * incrementally with sn_chat_stream for SSE. */
 #ifndef SANCTUM_CHAT_H
 #define SANCTUM_CHAT_H
 
