@@ -54,6 +54,7 @@ static sn_st *g_ref_st;
  * kernels may reduce in another order per shape, so there it means within
  * 1e-4 of the logit scale. */
 static bool g_cuda;
+static char g_run[512];   /* <build>/sanctum-run next to <build>/tests/ */
 static fx_ref g_ref;
 static sn_model *g_mlx, *g_hf;
 static int g_V;
@@ -549,8 +550,39 @@ out:
     if (system(path) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
-static int fixture_main(void)
+/* sanctum-run end to end: --ids of a prompt, --print-ids greedy == the
+ * reference continuation (up to an EOS id, where the tool stops). */
+static void test_cli_greedy(void)
 {
+    NEED_FIXTURE();
+    if (access(g_run, X_OK) != 0) SKIP("sanctum-run not built next to this test");
+    int i = g_ref.n > 1 ? 1 : 0, L = g_ref.len[i];
+    char *cmd = malloc((size_t)L * 12 + 1024);
+    size_t o = (size_t)sprintf(cmd, "%s --model " FX_DIR "/mlx --max-tokens %d --print-ids --threads 2%s --ids ", g_run,
+                               FX_GREEDY, g_cuda ? " --backend cuda" : "");
+    for (int t = 0; t < L; t++) o += (size_t)sprintf(cmd + o, "%s%d", t ? "," : "", g_ref.prompt[i][t]);
+    sprintf(cmd + o, " 2>/dev/null");
+    FILE *f = popen(cmd, "r");
+    CHECK(f != NULL);
+    int n = 0, id;
+    int32_t got[FX_GREEDY];
+    while (f && n < FX_GREEDY && fscanf(f, "%d", &id) == 1) got[n++] = id;
+    int rc = f ? pclose(f) : -1;
+    CHECKF(rc == 0, "sanctum-run exit status %d", rc);
+    const sn_model_info *in = sn_model_get_info(g_mlx);
+    bool stopped = false;
+    for (int e = 0; n > 0 && e < in->n_eos; e++) stopped = stopped || got[n - 1] == in->eos_ids[e];
+    CHECKF(n == FX_GREEDY || stopped, "sanctum-run printed %d ids", n);
+    CHECKF(memcmp(got, g_ref.greedy[i], (size_t)n * sizeof(int32_t)) == 0, "sanctum-run greedy ids differ from reference");
+    free(cmd);
+}
+
+static int fixture_main(int argc, char **argv)
+{
+    const char *self = argc > 0 ? argv[0] : "build/tests/x";
+    const char *slash = strstr(self, "/tests/");
+    if (slash) snprintf(g_run, sizeof g_run, "%.*s/sanctum-run", (int)(slash - self), self);
+    else snprintf(g_run, sizeof g_run, "build/sanctum-run");
     g_have = fx_load();
     if (!g_have) fprintf(stderr, "SKIP: %s fixture not available; model tests skipped\n", FX_DIR);
     else fprintf(stderr, "%s fixture on the %s backend\n", FX_DIR, g_cuda ? "CUDA" : "CPU");
@@ -566,6 +598,7 @@ static int fixture_main(void)
     RUN(test_batch_equals_single);
     RUN(test_snapshot_restore);
     RUN(test_quantize_at_load);
+    RUN(test_cli_greedy);
     fx_free();
     return TEST_END();
 }

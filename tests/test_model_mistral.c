@@ -3,4 +3,4 @@
 #define FIXTURE_ARCH "mistral"
 #include "test_model_common.h"
 
-int main(void) { return fixture_main(); }
+int main(int argc, char **argv) { return fixture_main(argc, argv); }
