@@ -347,6 +347,19 @@ static void test_crl_reload(void)
     CHECK(alice_ok == 200);
     CHECK(carol_still == 0);
     CHECKF(strstr(log, "reason=certificate revoked subject=/CN=carol") != NULL, "log: %s", log);
+
+    /* Server certificate rotation through the same reload: new SANs. */
+    CHECK(sn_tls_cert_covers(s.tls, "10.9.8.7") == SN_E_INVALID);
+    snprintf(cmd, sizeof cmd,
+             "cp '%s/crl.pem' '%s' && deploy/mtls-gen-certs.sh --out '%s' --host 127.0.0.1 --host 10.9.8.7 >/dev/null",
+             g_dir, crl, g_dir);
+    CHECK(system(cmd) == 0);
+    CHECK_OK(sn_tls_reload(s.tls));
+    CHECK_OK(sn_tls_cert_covers(s.tls, "10.9.8.7"));
+    capture_begin();
+    int rotated = tls_get(s.port, &alice, body, sizeof body);
+    capture_end();
+    CHECK(rotated == 200);
     server_stop(&s);
 }
 

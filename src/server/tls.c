@@ -25,8 +25,12 @@
 #include <openssl/x509v3.h>
 
 struct sn_tls {
+    /* The live context. sn_tls_reload builds a whole new one and swaps it
+     * under mu; every SSL holds its own reference to the context it was
+     * made from, so connections in flight are unaffected. */
+    pthread_mutex_t mu;
     SSL_CTX *ctx;
-    char *ca_path, *crl_path;   /* kept for sn_tls_reload */
+    char *cert_path, *key_path, *ca_path, *crl_path;   /* kept for sn_tls_reload */
     _Atomic uint64_t accepted;
     _Atomic uint64_t rejected;
 };
@@ -189,97 +193,19 @@ static const char *const TLS12_CIPHERS =
     "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256";
 static const char *const TLS13_SUITES = "TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_128_GCM_SHA256";
 
-/* Build a fresh trust store (client CA + CRL) from the saved paths and
- * swap it into the context: used at startup and by sn_tls_reload. Nothing
- * changes unless every file loads. */
-static sn_status install_trust(sn_tls *t)
+/* Build a complete server context from the saved paths. Used by
+ * sn_tls_new and sn_tls_reload, so a reload applies exactly the same
+ * policy as startup. */
+static sn_status build_ctx(sn_tls *t, SSL_CTX **out)
 {
     sn_status st = SN_OK;
     char why[256];
     STACK_OF(X509_NAME) *names = NULL;
-    ERR_clear_error();
-    X509_STORE *store = X509_STORE_new();
-    if (!store)
-        return SN_FAIL(SN_E_NOMEM, "X509_STORE_new failed");
-    if (X509_STORE_load_file(store, t->ca_path) != 1) {
-        st = SN_FAIL(SN_E_FORMAT, "%s: cannot load the client CA: %s", t->ca_path, ossl_err(why, sizeof why));
-        goto out;
-    }
-    names = SSL_load_client_CA_file(t->ca_path);
-    if (!names) {
-        st = SN_FAIL(SN_E_FORMAT, "%s: no CA certificate names: %s", t->ca_path, ossl_err(why, sizeof why));
-        goto out;
-    }
-    if (t->crl_path) {
-        X509_LOOKUP *lk = X509_STORE_add_lookup(store, X509_LOOKUP_file());
-        int n = lk ? X509_load_crl_file(lk, t->crl_path, X509_FILETYPE_PEM) : 0;
-        if (n <= 0) {
-            st = SN_FAIL(SN_E_FORMAT, "%s: no CRL loaded: %s", t->crl_path, ossl_err(why, sizeof why));
-            goto out;
-        }
-        /* Leaf check: our CA issues client certs directly. A CRL past its
-         * nextUpdate fails every handshake: stale revocation data is not
-         * trusted, so refresh it (deploy/mtls-gen-certs.sh). */
-        X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
-    }
-    SSL_CTX_set_cert_store(t->ctx, store);        /* frees the old store */
-    SSL_CTX_set_client_CA_list(t->ctx, names);    /* takes ownership */
-    return SN_OK;
-out:
-    sk_X509_NAME_pop_free(names, X509_NAME_free);
-    X509_STORE_free(store);
-    return st;
-}
-
-sn_status sn_tls_cert_covers(const sn_tls *t, const char *host)
-{
-    if (!t || !host)
-        return SN_FAIL(SN_E_INVALID, "sn_tls_cert_covers: NULL argument");
-    if (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0)
-        return SN_OK;
-    X509 *cert = SSL_CTX_get0_certificate(t->ctx);
-    if (!cert)
-        return SN_FAIL(SN_E_INVALID, "no server certificate loaded");
-    unsigned char bin[16];
-    int is_ip = inet_pton(AF_INET, host, bin) == 1 || inet_pton(AF_INET6, host, bin) == 1;
-    int ok = is_ip ? X509_check_ip_asc(cert, host, 0) == 1 : X509_check_host(cert, host, 0, 0, NULL) == 1;
-    if (ok)
-        return SN_OK;
-    char subj[160] = "?";
-    X509_NAME_oneline(X509_get_subject_name(cert), subj, sizeof subj);
-    return SN_FAIL(SN_E_INVALID, "the server certificate (%s) has no subjectAltName for %s %s; clients that check it "
-                                 "will refuse the connection (deploy/mtls-gen-certs.sh --host %s)",
-                   subj, is_ip ? "IP" : "DNS", host, host);
-}
-
-sn_status sn_tls_reload(sn_tls *t)
-{
-    if (!t)
-        return SN_FAIL(SN_E_INVALID, "sn_tls_reload: NULL");
-    return install_trust(t);
-}
-
-sn_status sn_tls_new(const sn_tls_opts *o, sn_tls **out)
-{
-    sn_status st = SN_OK;
-    char why[256];
-    sn_tls *t = NULL;
     *out = NULL;
-    if (!o || !o->cert || !o->key || !o->ca)
-        return SN_FAIL(SN_E_INVALID, "mTLS needs --tls-cert, --tls-key and --tls-ca");
-    pthread_once(&g_once, init_indices);
-    if (g_conn_idx < 0)
-        return SN_FAIL(SN_E_BACKEND, "SSL_get_ex_new_index failed");
     ERR_clear_error();
-    t = calloc(1, sizeof *t);
-    if (!t)
-        return SN_FAIL(SN_E_NOMEM, "out of memory");
-    t->ctx = SSL_CTX_new(TLS_server_method());
-    if (!t->ctx) {
-        st = SN_FAIL(SN_E_BACKEND, "SSL_CTX_new: %s", ossl_err(why, sizeof why));
-        goto out;
-    }
-    SSL_CTX *ctx = t->ctx;
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    if (!ctx)
+        return SN_FAIL(SN_E_BACKEND, "SSL_CTX_new: %s", ossl_err(why, sizeof why));
     SSL_CTX_set_app_data(ctx, t);
     if (SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) != 1 || SSL_CTX_set_cipher_list(ctx, TLS12_CIPHERS) != 1 ||
         SSL_CTX_set_ciphersuites(ctx, TLS13_SUITES) != 1) {
@@ -294,35 +220,129 @@ sn_status sn_tls_new(const sn_tls_opts *o, sn_tls **out)
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
     SSL_CTX_set_num_tickets(ctx, 0);
 
-    if (SSL_CTX_use_certificate_chain_file(ctx, o->cert) != 1) {
-        st = SN_FAIL(SN_E_FORMAT, "%s: cannot load the server certificate: %s", o->cert, ossl_err(why, sizeof why));
+    if (SSL_CTX_use_certificate_chain_file(ctx, t->cert_path) != 1) {
+        st = SN_FAIL(SN_E_FORMAT, "%s: cannot load the server certificate: %s", t->cert_path,
+                     ossl_err(why, sizeof why));
         goto out;
     }
-    if (SSL_CTX_use_PrivateKey_file(ctx, o->key, SSL_FILETYPE_PEM) != 1) {
-        st = SN_FAIL(SN_E_FORMAT, "%s: cannot load the server key: %s", o->key, ossl_err(why, sizeof why));
+    if (SSL_CTX_use_PrivateKey_file(ctx, t->key_path, SSL_FILETYPE_PEM) != 1) {
+        st = SN_FAIL(SN_E_FORMAT, "%s: cannot load the server key: %s", t->key_path, ossl_err(why, sizeof why));
         goto out;
     }
     if (SSL_CTX_check_private_key(ctx) != 1) {
-        st = SN_FAIL(SN_E_VERIFY, "%s does not match %s: %s", o->key, o->cert, ossl_err(why, sizeof why));
+        st = SN_FAIL(SN_E_VERIFY, "%s does not match %s: %s", t->key_path, t->cert_path, ossl_err(why, sizeof why));
         goto out;
     }
     X509 *srv = SSL_CTX_get0_certificate(ctx);
     if (srv && X509_cmp_current_time(X509_get0_notAfter(srv)) <= 0) {
-        st = SN_FAIL(SN_E_VERIFY, "%s: the server certificate has expired", o->cert);
+        st = SN_FAIL(SN_E_VERIFY, "%s: the server certificate has expired", t->cert_path);
         goto out;
     }
-    t->ca_path = strdup(o->ca);
-    t->crl_path = o->crl ? strdup(o->crl) : NULL;
-    if (!t->ca_path || (o->crl && !t->crl_path)) {
-        st = SN_FAIL(SN_E_NOMEM, "out of memory");
+    X509_STORE *store = SSL_CTX_get_cert_store(ctx);
+    if (X509_STORE_load_file(store, t->ca_path) != 1) {
+        st = SN_FAIL(SN_E_FORMAT, "%s: cannot load the client CA: %s", t->ca_path, ossl_err(why, sizeof why));
         goto out;
     }
-    st = install_trust(t);
-    if (st != SN_OK)
+    names = SSL_load_client_CA_file(t->ca_path);
+    if (!names) {
+        st = SN_FAIL(SN_E_FORMAT, "%s: no CA certificate names: %s", t->ca_path, ossl_err(why, sizeof why));
         goto out;
+    }
+    SSL_CTX_set_client_CA_list(ctx, names);   /* takes ownership */
+    if (t->crl_path) {
+        X509_LOOKUP *lk = X509_STORE_add_lookup(store, X509_LOOKUP_file());
+        int n = lk ? X509_load_crl_file(lk, t->crl_path, X509_FILETYPE_PEM) : 0;
+        if (n <= 0) {
+            st = SN_FAIL(SN_E_FORMAT, "%s: no CRL loaded: %s", t->crl_path, ossl_err(why, sizeof why));
+            goto out;
+        }
+        /* Leaf check: our CA issues client certs directly. A CRL past its
+         * nextUpdate fails every handshake: stale revocation data is not
+         * trusted, so refresh it (deploy/mtls-gen-certs.sh). */
+        X509_STORE_set_flags(store, X509_V_FLAG_CRL_CHECK);
+    }
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT | SSL_VERIFY_CLIENT_ONCE, verify_cb);
     SSL_CTX_set_verify_depth(ctx, 4);
     SSL_CTX_set_info_callback(ctx, info_cb);
+    *out = ctx;
+    ctx = NULL;
+out:
+    SSL_CTX_free(ctx);
+    return st;
+}
+
+/* The live context with a reference the caller must SSL_CTX_free. */
+static SSL_CTX *ctx_get(const sn_tls *ct)
+{
+    sn_tls *t = (sn_tls *)ct;
+    pthread_mutex_lock(&t->mu);
+    SSL_CTX *c = t->ctx;
+    SSL_CTX_up_ref(c);
+    pthread_mutex_unlock(&t->mu);
+    return c;
+}
+
+sn_status sn_tls_cert_covers(const sn_tls *t, const char *host)
+{
+    if (!t || !host)
+        return SN_FAIL(SN_E_INVALID, "sn_tls_cert_covers: NULL argument");
+    if (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0)
+        return SN_OK;
+    SSL_CTX *ctx = ctx_get(t);
+    X509 *cert = SSL_CTX_get0_certificate(ctx);
+    unsigned char bin[16];
+    int is_ip = inet_pton(AF_INET, host, bin) == 1 || inet_pton(AF_INET6, host, bin) == 1;
+    int ok = cert && (is_ip ? X509_check_ip_asc(cert, host, 0) == 1 : X509_check_host(cert, host, 0, 0, NULL) == 1);
+    char subj[160] = "?";
+    if (cert)
+        X509_NAME_oneline(X509_get_subject_name(cert), subj, sizeof subj);
+    SSL_CTX_free(ctx);
+    if (ok)
+        return SN_OK;
+    return SN_FAIL(SN_E_INVALID, "the server certificate (%s) has no subjectAltName for %s %s; clients that check it "
+                                 "will refuse the connection (deploy/mtls-gen-certs.sh --host %s)",
+                   subj, is_ip ? "IP" : "DNS", host, host);
+}
+
+sn_status sn_tls_reload(sn_tls *t)
+{
+    if (!t)
+        return SN_FAIL(SN_E_INVALID, "sn_tls_reload: NULL");
+    SSL_CTX *nctx = NULL;
+    SN_TRY(build_ctx(t, &nctx));
+    pthread_mutex_lock(&t->mu);
+    SSL_CTX *old = t->ctx;
+    t->ctx = nctx;
+    pthread_mutex_unlock(&t->mu);
+    SSL_CTX_free(old);   /* live connections keep their own references */
+    return SN_OK;
+}
+
+sn_status sn_tls_new(const sn_tls_opts *o, sn_tls **out)
+{
+    sn_status st = SN_OK;
+    sn_tls *t = NULL;
+    *out = NULL;
+    if (!o || !o->cert || !o->key || !o->ca)
+        return SN_FAIL(SN_E_INVALID, "mTLS needs --tls-cert, --tls-key and --tls-ca");
+    pthread_once(&g_once, init_indices);
+    if (g_conn_idx < 0)
+        return SN_FAIL(SN_E_BACKEND, "SSL_get_ex_new_index failed");
+    t = calloc(1, sizeof *t);
+    if (!t)
+        return SN_FAIL(SN_E_NOMEM, "out of memory");
+    pthread_mutex_init(&t->mu, NULL);
+    t->cert_path = strdup(o->cert);
+    t->key_path = strdup(o->key);
+    t->ca_path = strdup(o->ca);
+    t->crl_path = o->crl ? strdup(o->crl) : NULL;
+    if (!t->cert_path || !t->key_path || !t->ca_path || (o->crl && !t->crl_path)) {
+        st = SN_FAIL(SN_E_NOMEM, "out of memory");
+        goto out;
+    }
+    st = build_ctx(t, &t->ctx);
+    if (st != SN_OK)
+        goto out;
     *out = t;
     t = NULL;
 out:
@@ -335,12 +355,23 @@ void sn_tls_free(sn_tls *t)
     if (!t)
         return;
     SSL_CTX_free(t->ctx);
+    pthread_mutex_destroy(&t->mu);
+    free(t->cert_path);
+    free(t->key_path);
     free(t->ca_path);
     free(t->crl_path);
     free(t);
 }
 
-SSL_CTX *sn_tls_ctx(sn_tls *t) { return t ? t->ctx : NULL; }
+SSL_CTX *sn_tls_ctx(sn_tls *t)
+{
+    if (!t)
+        return NULL;
+    pthread_mutex_lock(&t->mu);
+    SSL_CTX *c = t->ctx;
+    pthread_mutex_unlock(&t->mu);
+    return c;
+}
 
 void sn_tls_stats(const sn_tls *t, uint64_t *accepted, uint64_t *rejected)
 {
@@ -375,7 +406,9 @@ static struct bufferevent *refusing_bev(struct event_base *base)
 static struct bufferevent *tls_bevcb(struct event_base *base, void *arg)
 {
     sn_tls *t = arg;
-    SSL *ssl = SSL_new(t->ctx);
+    SSL_CTX *ctx = ctx_get(t);
+    SSL *ssl = SSL_new(ctx);   /* takes its own reference to ctx */
+    SSL_CTX_free(ctx);
     if (!ssl) {
         fprintf(stderr, "tls: SSL_new failed; refusing the connection\n");
         ERR_clear_error();

@@ -59,14 +59,16 @@ void sn_tls_free(sn_tls *tls);
  * ::) cannot be checked and return SN_OK. Meant for a startup warning. */
 sn_status sn_tls_cert_covers(const sn_tls *tls, const char *host);
 
-/* Re-read --tls-ca and --tls-crl (e.g. on SIGHUP after
- * `mtls-gen-certs.sh --revoke NAME`) and use them for every handshake that
- * starts afterwards; connections already established keep going. Call it on
- * the event-loop thread. On failure (file unreadable or unparsable, message
- * names it) the old CA and CRL stay in force. */
+/* Re-read all four files (--tls-cert, --tls-key, --tls-ca, --tls-crl: e.g.
+ * on SIGHUP after `mtls-gen-certs.sh --revoke NAME` or a certificate
+ * rotation), build a new context with the same policy and use it for every
+ * handshake that starts afterwards; established connections keep going.
+ * Safe to call from any thread. On failure (the message names the file) the
+ * old context stays in force. */
 sn_status sn_tls_reload(sn_tls *tls);
 
-/* The context, e.g. for tests that drive SSL directly. Owned by tls. */
+/* The live context, e.g. for tests. Owned by tls; valid until the next
+ * sn_tls_reload. */
 SSL_CTX *sn_tls_ctx(sn_tls *tls);
 
 /* Make every connection accepted by `http` a TLS server connection
