@@ -970,6 +970,7 @@ static void test_memory_and_ctor(void)
     CHECK_OK(be->ops->copy(be, back, a, 1000));
     CHECK(back[0] == 0 && back[499] == 0 && back[500] == (char)500);
     CHECK_OK(be->ops->sync(be));
+    be->ops->buf_free(be, b);
     CHECK(be->ops->buf_alloc(be, SIZE_MAX - 10, &b) == SN_E_NOMEM);
     be->ops->buf_free(be, a);
     sn_backend_free(be);
