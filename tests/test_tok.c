@@ -614,6 +614,82 @@ static void test_mistral_regex_fix(void)
     sn_tok_free(fixed);
 }
 
+/* The stress corpus (corpus.txt.gz, ~390 KB) chunk by chunk against
+ * corpus_refs.json: ids count and FNV-1a 64 of the ids per chunk. */
+static uint64_t fnv_ids(const int32_t *ids, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 4; k++) h = (h ^ (((uint32_t)ids[i] >> (8 * k)) & 0xff)) * 0x100000001b3ull;
+    return h;
+}
+
+static char *g_corpus;
+static size_t g_corpus_len;
+
+static bool load_corpus(void)
+{
+    if (g_corpus) return true;
+    char cmd[256], path[128];
+    snprintf(path, sizeof path, "%s/corpus.txt", g_tmp);
+    snprintf(cmd, sizeof cmd, "gzip -dc " FX "/corpus.txt.gz > %s", path);
+    if (system(cmd) != 0) return false;
+    FILE *f = fopen(path, "rb");
+    if (!f) return false;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    g_corpus = malloc((size_t)n + 1);
+    g_corpus_len = fread(g_corpus, 1, (size_t)n, f);
+    g_corpus[g_corpus_len] = 0;
+    fclose(f);
+    return g_corpus_len == (size_t)n;
+}
+
+/* Returns the number of chunks compared (0 when the refs lack key). */
+static int check_corpus(sn_tokenizer *t, const char *key, bool parse_special)
+{
+    json_t *refs = load_json(FX "/corpus_refs.json");
+    json_t *chunks = json_object_get(refs, "chunks"), *want = json_object_get(refs, key);
+    int n = 0, bad = 0;
+    if (!json_array_size(want) || !load_corpus()) { json_decref(refs); return 0; }
+    CHECK(json_array_size(want) == json_array_size(chunks));
+    size_t i;
+    json_t *c;
+    json_array_foreach(chunks, i, c) {
+        size_t off = (size_t)json_integer_value(json_array_get(c, 0)), len = (size_t)json_integer_value(json_array_get(c, 1));
+        CHECK(off + len <= g_corpus_len);
+        if (off + len > g_corpus_len) break;
+        sn_ids ids = {0};
+        CHECK_OK(sn_tok_encode(t, g_corpus + off, len, parse_special, &ids));
+        char hex[20];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv_ids(ids.ids, ids.n));
+        json_t *w = json_array_get(want, i);
+        bool same = (json_int_t)ids.n == json_integer_value(json_array_get(w, 0)) &&
+                    strcmp(hex, json_string_value(json_array_get(w, 1))) == 0;
+        if (!same && bad++ < 3)
+            fprintf(stderr, "  %s corpus chunk %zu (bytes %zu..%zu) differs: %zu ids, want %lld; text starts \"%.60s\"\n", key,
+                    i, off, off + len, ids.n, (long long)json_integer_value(json_array_get(w, 0)), g_corpus + off);
+        CHECKF(same, "%s corpus chunk %zu", key, i);
+        sn_ids_free(&ids);
+        n++;
+    }
+    json_decref(refs);
+    return n;
+}
+
+static void test_qwen3_corpus(void)
+{
+    if (!g_qwen3) SKIP("Qwen3 tokenizer did not load");
+    json_t *refs = load_json(FX "/corpus_refs.json");
+    if (!refs) SKIP(FX "/corpus_refs.json not there yet (tools/python/make_tok_refs.py makes it)");
+    json_decref(refs);
+    double t0 = now_s();
+    int n = check_corpus(g_qwen3, "qwen3", true);
+    fprintf(stderr, "  %d corpus chunks (%zu bytes) match HF tokenizers, %.2f s\n", n, g_corpus_len, now_s() - t0);
+    CHECK(n >= 100);
+}
+
 /* The Qwen3 vocabulary recast as a tekken.json (rank = id, 1000 control
  * tokens, the tekken pattern), built as make_tok_refs.py builds it, against
  * ids from mistral_common / tiktoken: the tekken path on a real-size vocabulary. */
@@ -693,6 +769,13 @@ static void test_tekken_big_refs(void)
         }
         fprintf(stderr, "  %d strings compared with the tekken reference\n", cnt);
         CHECK(cnt >= 60);
+        json_t *cr = load_json(FX "/corpus_refs.json");
+        if (json_array_size(json_object_get(cr, "tekken"))) {
+            int nc = check_corpus(t, "tekken", false);
+            fprintf(stderr, "  %d corpus chunks match tiktoken\n", nc);
+            CHECK(nc >= 100);
+        }
+        json_decref(cr);
     }
     sn_tok_free(t);
     json_decref(refs);
@@ -762,6 +845,7 @@ int main(void)
     RUN(test_qwen3_refs);
     RUN(test_qwen35_pattern_refs);
     RUN(test_qwen3_roundtrip_and_stream);
+    RUN(test_qwen3_corpus);
     RUN(test_qwen3_special_handling);
     RUN(test_qwen3_invalid_utf8);
     RUN(test_detok_partial_chars);
@@ -773,6 +857,7 @@ int main(void)
     RUN(test_threads);
     RUN(test_mistral_regex_fix);
     sn_tok_free(g_qwen3);
+    free(g_corpus);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);

@@ -10,6 +10,11 @@ and writes, next to them:
   qwen3_pm_refs.json  [{"text", "ids"}]  the same vocabulary with the Qwen3.5
                       pre-tokenizer regex (\\p{M} joins letters), made by
                       editing the Split pattern exactly as test_tok.c does
+  corpus_refs.json    for corpus.txt.gz (make_tok_corpus.py) cut into ~2 KB
+                      chunks at newlines: {"chunks": [[offset, length]...],
+                      "qwen3": [[n_ids, fnv]...], "tekken": [[n_ids, fnv]...]}
+                      where fnv is FNV-1a 64 (hex) over the ids as
+                      little-endian uint32, so a mismatch names its chunk
   tekken_refs.json    [{"text", "ids"}]  a tekken.json built from the Qwen3
                       vocabulary (rank = id, 1000 control tokens, the tekken
                       pattern; test_tok.c builds the same file), encoded by
@@ -82,7 +87,7 @@ def tekken_refs(spec, strings, fx):
             import tiktoken
         except ImportError:
             print("tekken_refs.json skipped: neither mistral_common nor tiktoken is installed")
-            return
+            return None
         e = tiktoken.Encoding(name="qwen3-vocab-tekken", pat_str=TEKKEN_PATTERN, mergeable_ranks=ranks,
                               special_tokens={})
         enc, how = (lambda s: [r + N_SPECIAL for r in e.encode_ordinary(s)]), "tiktoken " + tiktoken.__version__
@@ -91,6 +96,25 @@ def tekken_refs(spec, strings, fx):
         json.dump(out, f, ensure_ascii=False, indent=0)
         f.write("\n")
     print("wrote tekken_refs.json (%d strings, %s)" % (len(out), how))
+    return enc
+
+
+def fnv_ids(ids):
+    h = 0xcbf29ce484222325
+    for i in ids:
+        for b in int(i).to_bytes(4, "little"):
+            h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
+def corpus_chunks(raw, size=2048):
+    chunks, off = [], 0
+    while off < len(raw):
+        nl = raw.find(b"\n", off + size)
+        end = len(raw) if nl < 0 else nl + 1
+        chunks.append((off, end - off))
+        off = end
+    return chunks
 
 
 def refs(tok, strings):
@@ -130,7 +154,24 @@ def main():
     diff = sum(1 for x, y in zip(r3, rpm) if x["ids"] != y["ids"])
     print("strings whose ids differ between the two patterns: %d" % diff)
     split["pattern"]["Regex"] = QWEN3_PATTERN
-    tekken_refs(spec, strings, fx)
+    tekken_enc = tekken_refs(spec, strings, fx)
+
+    cpath = os.path.join(fx, "corpus.txt.gz")
+    if os.path.exists(cpath):
+        raw = gzip.open(cpath).read()
+        chunks = corpus_chunks(raw)
+        out = {"chunks": [list(c) for c in chunks], "qwen3": [], "tekken": []}
+        for off, n in chunks:
+            t = raw[off:off + n].decode("utf-8")
+            ids = tok.encode(t, add_special_tokens=False).ids
+            out["qwen3"].append([len(ids), fnv_ids(ids)])
+            if tekken_enc:
+                ids = tekken_enc(t)
+                out["tekken"].append([len(ids), fnv_ids(ids)])
+        with open(os.path.join(fx, "corpus_refs.json"), "w") as f:
+            json.dump(out, f)
+            f.write("\n")
+        print("wrote corpus_refs.json (%d chunks, %d bytes)" % (len(chunks), len(raw)))
 
 
 if __name__ == "__main__":
