@@ -1,5 +1,6 @@
 /* Prompt cache: batch invariance (the proof min_fresh = 1 rests on), the
- * rewind and restore paths at every layer kind, at chunk boundaries and at
+ * rewind and restore paths at every layer kind, at chunk boundaries (63-65,
+ * 511-513) and at
  * prompt lengths 1, 2, 63, 64, 65, and byte-identical generations with the
  * cache cold or warm (repeat, a prefix that ends inside a message, two
  * continuations of one prefix, prewarm, min_fresh 2), LRU eviction under
@@ -11,7 +12,8 @@
 #define FOR_MODELS for (int mi = 0; mi < pf_n; mi++)
 #define PM (&pf_models[mi])
 
-static const int lens[] = { 1, 2, 63, 64, 65, 130, 600 };
+/* prompt lengths around the GDN chunk (64) and the forward step (512) */
+static const int lens[] = { 1, 2, 63, 64, 65, 130, 511, 512, 513, 600 };
 
 /* Logits of a prefix as one run, as pieces (7 at a time, and cut at 64),
  * and token by token: bitwise equal on every model and every position. */
