@@ -229,6 +229,12 @@ if start mtls "https://127.0.0.1:$TP" $(tls alice) -- --no-plain --port "$PP" --
         grep -q 'reason=certificate has expired' '$tmp/mtls.log' && grep -q 'reason=no client certificate' '$tmp/mtls.log'"
     check no_plain_nothing_on_plain_port bash -c "! [ -n \"\$(ss -ltnH 'sport = :$PP')\" ] &&
         [ \"\$(curl -s -m 5 -o /dev/null -w '%{http_code}' http://127.0.0.1:$PP/health)\" = 000 ]"
+    # revocation without a restart: revoke alice, SIGHUP, refused
+    deploy/mtls-gen-certs.sh --out "$certs" --revoke alice >/dev/null 2>>"$tmp/certs.err"
+    kill -HUP "$pid_mtls"; sleep 1
+    check sighup_reload_logged grep -q "audit tls reload ok" "$tmp/mtls.log"
+    check revoked_after_sighup_fails [ "$(code $(tls alice) "https://127.0.0.1:$TP/v1/models")" = 000 ]
+    check server_alive_after_sighup kill -0 "$pid_mtls"
     check plain_http_to_tls_port_fails bash -c "[ \"\$(curl -s -m 5 -o /dev/null -w '%{http_code}' http://127.0.0.1:$TP/health)\" != 200 ]"
 else
     bad mtls_server_starts "$(tail -n 3 "$tmp/mtls.log" | tr '\n' ' ')"

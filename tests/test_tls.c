@@ -363,6 +363,55 @@ static void test_crl_reload(void)
     server_stop(&s);
 }
 
+/* The same through SIGHUP and sn_tls_reload_on_sighup's thread. */
+static void test_sighup_reload(void)
+{
+    server s;
+    char body[256], cmd[512], crl[160];
+    snprintf(crl, sizeof crl, "%s/hup-crl.pem", g_dir);
+    snprintf(cmd, sizeof cmd, "deploy/mtls-gen-certs.sh --out '%s' --client dave >/dev/null && cp '%s/crl.pem' '%s'",
+             g_dir, g_dir, crl);
+    CHECK(system(cmd) == 0);
+    /* Block SIGHUP before the server thread exists, as main() does by
+     * calling sn_tls_reload_on_sighup before starting threads. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    if (server_start(&s, crl) != 0) {
+        CHECK(!"server start");
+        server_stop(&s);
+        return;
+    }
+    CHECK_OK(sn_tls_reload_on_sighup(s.tls));
+    CHECK_OK(sn_tls_reload_on_sighup(s.tls));   /* idempotent */
+    client_opts dave = { P(g_dir, "clients/dave.crt"), P(g_dir, "clients/dave.key"), 0, NULL };
+    capture_begin();
+    int before = tls_get(s.port, &dave, body, sizeof body);
+    snprintf(cmd, sizeof cmd, "deploy/mtls-gen-certs.sh --out '%s' --revoke dave >/dev/null && cp '%s/crl.pem' '%s'",
+             g_dir, g_dir, crl);
+    int revoked = system(cmd);
+    kill(getpid(), SIGHUP);
+    int reloaded = 0;
+    for (int i = 0; i < 50 && !reloaded; i++) {
+        usleep(50 * 1000);
+        FILE *f = fopen(g_log, "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f))
+            if (strstr(line, "audit tls reload ok"))
+                reloaded = 1;
+        if (f)
+            fclose(f);
+    }
+    int after = tls_get(s.port, &dave, body, sizeof body);
+    capture_end();
+    CHECK(before == 200);
+    CHECK(revoked == 0);
+    CHECK(reloaded);
+    CHECK(after == 0);
+    server_stop(&s);   /* cancels and joins the SIGHUP thread */
+}
+
 /* A client that connects and never starts the handshake is dropped by the
  * evhttp timeout: a TLS port must not be a slot-holding target. */
 static void test_idle_handshake_dropped(void)
@@ -477,6 +526,7 @@ int main(void)
         RUN(test_crl_is_what_rejects);
         RUN(test_idle_handshake_dropped);
         RUN(test_crl_reload);
+        RUN(test_sighup_reload);
     }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0)

@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,8 @@ struct sn_tls {
     pthread_mutex_t mu;
     SSL_CTX *ctx;
     char *cert_path, *key_path, *ca_path, *crl_path;   /* kept for sn_tls_reload */
+    pthread_t hup_tid;                                 /* sn_tls_reload_on_sighup */
+    int hup_started;
     _Atomic uint64_t accepted;
     _Atomic uint64_t rejected;
 };
@@ -318,6 +321,49 @@ sn_status sn_tls_reload(sn_tls *t)
     return SN_OK;
 }
 
+static void *hup_main(void *arg)
+{
+    sn_tls *t = arg;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGHUP);
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&set, &sig) != 0 || sig != SIGHUP)   /* sigwait is where sn_tls_free cancels us */
+            continue;
+        /* Not mid-reload: a cancel there would leak a half-built context. */
+        int old;
+        pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &old);
+        if (sn_tls_reload(t) == SN_OK)
+            fprintf(stderr, "audit tls reload ok: certificate, key, CA and CRL re-read (SIGHUP)\n");
+        else
+            fprintf(stderr, "audit tls reload FAILED, previous configuration stays: %s\n", sn_errmsg());
+        pthread_setcancelstate(old, NULL);
+    }
+    return NULL;
+}
+
+sn_status sn_tls_reload_on_sighup(sn_tls *t)
+{
+    if (!t)
+        return SN_FAIL(SN_E_INVALID, "sn_tls_reload_on_sighup: NULL");
+    if (t->hup_started)
+        return SN_OK;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGHUP);
+    /* Block it here so that threads created from now on inherit the mask
+     * and the signal is only ever taken by sigwait below. */
+    int e = pthread_sigmask(SIG_BLOCK, &set, NULL);
+    if (e != 0)
+        return SN_FAIL(SN_E_BACKEND, "pthread_sigmask: %s", strerror(e));
+    e = pthread_create(&t->hup_tid, NULL, hup_main, t);
+    if (e != 0)
+        return SN_FAIL(SN_E_BACKEND, "cannot start the SIGHUP thread: %s", strerror(e));
+    t->hup_started = 1;
+    return SN_OK;
+}
+
 sn_status sn_tls_new(const sn_tls_opts *o, sn_tls **out)
 {
     sn_status st = SN_OK;
@@ -354,6 +400,10 @@ void sn_tls_free(sn_tls *t)
 {
     if (!t)
         return;
+    if (t->hup_started) {
+        pthread_cancel(t->hup_tid);
+        pthread_join(t->hup_tid, NULL);
+    }
     SSL_CTX_free(t->ctx);
     pthread_mutex_destroy(&t->mu);
     free(t->cert_path);

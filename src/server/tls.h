@@ -67,6 +67,14 @@ sn_status sn_tls_cert_covers(const sn_tls *tls, const char *host);
  * old context stays in force. */
 sn_status sn_tls_reload(sn_tls *tls);
 
+/* Reload (as above) whenever the process gets SIGHUP, on a thread of its
+ * own that sigwait()s for it; one audit line per reload says whether it
+ * worked. SIGHUP is blocked in the calling thread, so call this before any
+ * other thread is started (every later thread inherits the mask; an earlier
+ * one could still take the signal's default action, termination). The
+ * thread stops in sn_tls_free. */
+sn_status sn_tls_reload_on_sighup(sn_tls *tls);
+
 /* The live context, e.g. for tests. Owned by tls; valid until the next
  * sn_tls_reload. */
 SSL_CTX *sn_tls_ctx(sn_tls *tls);
