@@ -454,6 +454,8 @@ int main(int argc, char **argv)
     if (c.tls_cert) {
         sn_tls_opts to = {c.tls_cert, c.tls_key, c.tls_ca, c.tls_crl};
         if (sn_tls_new(&to, &h.tls) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); goto out; }
+        /* SIGHUP re-reads cert, key, CA and CRL (revocation without a restart); set up before any thread starts. */
+        if (sn_tls_reload_on_sighup(h.tls) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); goto out; }
         /* A --tls-host outside the certificate's SANs still serves, but clients that check the name refuse it. */
         for (size_t i = 0; i < c.n_tls_hosts; i++)
             if (sn_tls_cert_covers(h.tls, c.tls_hosts[i]) != SN_OK)
