@@ -135,7 +135,9 @@ check_err() { # name expected_status body [path] [method]
     local code
     if [ -n "${5:-}" ]; then code=$(curl -s -o "$tmp/err.json" -w '%{http_code}' -X "$5" "$base${4:-/v1/chat/completions}")
     else code=$(curl -s -o "$tmp/err.json" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary "$3" "$base${4:-/v1/chat/completions}"); fi
-    if [ "$code" != "$2" ] || ! py 'isinstance(j["error"]["message"],str) and j["error"]["message"] and "type" in j["error"] and "param" in j["error"] and "code" in j["error"]' <"$tmp/err.json"; then
+    # Plain greps (no python per case): the body is compact JSON in a fixed key order.
+    if [ "$code" != "$2" ] || ! grep -q '^{"error":{"message":"[^"]' "$tmp/err.json" \
+       || ! grep -q '"type":"[a-z_]*","param":\(null\|"[^"]*"\),"code":' "$tmp/err.json"; then
         err_ok=0; echo "     $1: expected $2, got $code $(head -c 200 "$tmp/err.json")"
     fi
 }
