@@ -146,7 +146,11 @@ sn_status sn_detok_push(sn_detok *d, const sn_tokenizer *t, int32_t id, bool sho
     SN_ASSERT(d->n_pending < 4);
     /* A skipped special token leaves the byte stream untouched, as in
      * decode(skip_special_tokens=True). */
-    if ((t->flags[id] & TF_SPECIAL) && !show_special) return buf_reserve(out, out_len, out_cap, 0);
+    if ((t->flags[id] & TF_SPECIAL) && !show_special) {
+        SN_TRY(buf_reserve(out, out_len, out_cap, 0));
+        (*out)[*out_len] = 0;   /* the buffer is always a string, even when nothing was added */
+        return SN_OK;
+    }
     const char *p = t->blob + t->off[id];
     size_t n = t->len[id];
     char small[260];
