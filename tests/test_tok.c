@@ -281,6 +281,9 @@ static void test_detok_partial_chars(void)
     size_t n = 0, cap = 0;
     sn_detok d;
     sn_detok_init(&d);
+    /* a hidden special token into an empty buffer still leaves a string */
+    CHECK_OK(sn_detok_push(&d, g_qwen3, 151645, false, &out, &n, &cap));
+    CHECK(out && n == 0 && out[0] == 0);
     const unsigned char smile[] = { 0xf0, 0x9f, 0x98, 0x80 };
     for (int k = 0; k < 3; k++) {
         CHECK_OK(sn_detok_push(&d, g_qwen3, b[smile[k]], true, &out, &n, &cap));
