@@ -461,6 +461,8 @@ def malformed_corpus_never_crashes():
         (b'{"messages":[{"role":"user","content":"x"}],"n":3}', 400),
         (b'{"messages":[{"role":"user","content":"x"}],"n":"1"}', 400),
         (b'{"messages":[{"role":"user","content":"x"}],"logprobs":true}', 400),
+        (b'{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}}', 400),
+        (b'{"messages":[{"role":"user","content":"x"}],"response_format":"json"}', 400),
         (b'{"messages":[{"role":"user","content":"x"}],"logit_bias":{"abc":1}}', 400),
         (b'{"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":1000}}', 400),
         (b'{"messages":[{"role":"user","content":"x"}],"logit_bias":{"99999":1}}', 400),
@@ -505,6 +507,11 @@ def malformed_corpus_never_crashes():
     # Unknown routes, wrong methods.
     assert A.get("/nope")[0] == 404 and A.get("/v1/chat/completions")[0] == 405
     assert A.get("/health", "POST")[0] == 405 and A.get("/metrics", "DELETE")[0] == 405
+    mid = json.loads(A.get("/v1/models")[1])["data"][0]["id"]
+    st, b, _ = A.get("/v1/models/" + mid)
+    assert st == 200 and json.loads(b)["id"] == mid and json.loads(b)["object"] == "model"
+    st, b, _ = A.get("/v1/models/no-such-model")
+    assert st == 404 and json.loads(b)["error"]["code"] == "model_not_found"
     st, b, r = A.get("/v1/models", "PUT")
     assert st == 405 and r.getheader("Allow") == "GET" and json.loads(b)["error"]["code"] == "method_not_allowed"
 

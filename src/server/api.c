@@ -321,6 +321,14 @@ sn_status srv_chat_parse(const char *body, size_t len, srv_chat_req *r, srv_err 
         if (!json_is_array(v)) { st = BAD("tools", "'tools' must be an array"); goto out; }
         if (json_array_size(v) > 0) { st = BAD("tools", "tool calling is not supported"); goto out; }
     }
+    if ((v = opt(root, "response_format"))) {
+        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        if (!json_is_string(t)) { st = BAD("response_format", "'response_format' must be an object with a string 'type'"); goto out; }
+        if (strcmp(json_string_value(t), "text") != 0) {
+            st = BAD("response_format", "response_format '%.40s' is not supported (only 'text')", json_string_value(t));
+            goto out;
+        }
+    }
     if ((v = opt(root, "chat_template_kwargs"))) {
         if (!json_is_object(v)) { st = BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object"); goto out; }
         json_t *et = opt(v, "enable_thinking");
@@ -457,6 +465,12 @@ char *srv_usage_sse_cached(const srv_resp_meta *m, int prompt_tokens, int comple
     json_object_set_new(o, "choices", json_array());
     json_object_set_new(o, "usage", usage_obj(prompt_tokens, completion_tokens, cached_tokens));
     return sse(o);
+}
+
+char *srv_model_json(const char *model_id, long long created)
+{
+    return dump(json_pack("{s:s,s:s,s:I,s:s}", "id", model_id, "object", "model", "created", (json_int_t)created,
+                          "owned_by", "sanctum"));
 }
 
 char *srv_models_json(const char *model_id, long long created)

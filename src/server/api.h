@@ -81,7 +81,8 @@ char *srv_resp_json_cached(const srv_resp_meta *m, const char *text, size_t len,
                            int prompt_tokens, int completion_tokens, int cached_tokens);
 char *srv_usage_sse_cached(const srv_resp_meta *m, int prompt_tokens, int completion_tokens, int cached_tokens);
 
-/* GET /v1/models body. */
+/* GET /v1/models body, and GET /v1/models/{id}. */
 char *srv_models_json(const char *model_id, long long created);
+char *srv_model_json(const char *model_id, long long created);
 
 #endif

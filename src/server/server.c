@@ -89,6 +89,7 @@ struct srv {
     int n_bound;
     struct event *notify_ev, *sigterm_ev, *sigint_ev, *tick_ev;
     char *models_body;
+    char *model_body;             /* GET /v1/models/{id} */
     long long started_at;
 
     pthread_t worker;
@@ -315,6 +316,7 @@ static void job_complete(srv *s, srv_job *j)
 
     if (j->req) {
         if (!j->client_gone) track_flush(s, j->req);
+        if (!j->headers_sent) evhttp_add_header(evhttp_request_get_output_headers(j->req), "X-Request-Id", j->id);
         if (j->creq.stream && j->headers_sent) {
             struct evbuffer *b = evbuffer_new();
             if (b && !j->client_gone) {
@@ -567,7 +569,7 @@ static route_id route_of(const char *path)
 {
     if (!path) return R_OTHER;
     if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/chat/completions") == 0) return R_CHAT;
-    if (strcmp(path, "/v1/models") == 0) return R_MODELS;
+    if (strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/models/", 11) == 0) return R_MODELS;
     if (strcmp(path, "/health") == 0) return R_HEALTH;
     if (strcmp(path, "/metrics") == 0) return R_METRICS;
     return R_OTHER;
@@ -682,8 +684,18 @@ static void on_request(struct evhttp_request *req, void *arg)
         handle_chat(s, req, t0);
         return;
     case R_MODELS:
-        reply_body(s, req, 200, "application/json", s->models_body, strlen(s->models_body));
-        finish_sync(s, req, r, t0, 200);
+        if (strcmp(path, "/v1/models") == 0) {
+            reply_body(s, req, 200, "application/json", s->models_body, strlen(s->models_body));
+            finish_sync(s, req, r, t0, 200);
+        } else if (strcmp(path + 11, s->o.model_id) == 0) {   /* GET /v1/models/{id} */
+            reply_body(s, req, 200, "application/json", s->model_body, strlen(s->model_body));
+            finish_sync(s, req, r, t0, 200);
+        } else {
+            char msg[300];
+            snprintf(msg, sizeof msg, "the model '%.200s' does not exist; this server serves '%s'", path + 11,
+                     s->o.model_id);
+            sync_error(s, req, r, t0, 404, "invalid_request_error", "model_not_found", "model", msg);
+        }
         return;
     case R_HEALTH: {
         char body[512];
@@ -856,7 +868,8 @@ sn_status srv_run(const srv_opts *o)
     s->base = event_base_new();
     if (!s->base) { st = SN_FAIL(SN_E_IO, "server: event_base_new failed"); goto out; }
     s->models_body = srv_models_json(o->model_id, s->started_at);
-    if (!s->models_body) { st = SN_FAIL(SN_E_NOMEM, "server: out of memory"); goto out; }
+    s->model_body = srv_model_json(o->model_id, s->started_at);
+    if (!s->models_body || !s->model_body) { st = SN_FAIL(SN_E_NOMEM, "server: out of memory"); goto out; }
     s->notify_ev = event_new(s->base, -1, 0, on_notify, s);
     s->sigterm_ev = evsignal_new(s->base, SIGTERM, on_signal, s);
     s->sigint_ev = evsignal_new(s->base, SIGINT, on_signal, s);
@@ -918,6 +931,7 @@ out:
     if (s->tick_ev) event_free(s->tick_ev);
     if (s->base) event_base_free(s->base);
     free(s->models_body);
+    free(s->model_body);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
