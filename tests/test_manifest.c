@@ -495,6 +495,61 @@ static void test_gate_symlinks(void)
     fx_teardown(&f);
 }
 
+/* Pins: the loader's fd must be the file the gate hashed, unchanged. */
+static void test_gate_pins(void)
+{
+    fixture f;
+    char p[256], q[256];
+    if (fx_setup(&f) != 0) {
+        CHECK(!"fixture setup");
+        fx_teardown(&f);
+        return;
+    }
+    sn_manifest_opts o = { .manifest_path = f.manifest, .pubkey_path = f.pub, .quiet = 1 };
+    sn_manifest_pins *pins = NULL;
+    CHECK(sn_manifest_gate_pinned(f.model, &o, NULL, NULL) == SN_E_INVALID);
+    CHECK_OK(sn_manifest_gate_pinned(f.model, &o, NULL, &pins));
+    CHECK(pins != NULL);
+    snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", f.model);
+    int fd = open(p, O_RDONLY);
+    CHECK_OK(sn_manifest_pins_check_fd(pins, "model-00001-of-00002.safetensors", fd));
+    CHECK_OK(sn_manifest_pins_check_fd(pins, "./model-00001-of-00002.safetensors", fd));
+    /* the right fd under the wrong name */
+    CHECK(sn_manifest_pins_check_fd(pins, "config.json", fd) == SN_E_VERIFY);
+    CHECK(sn_manifest_pins_check_fd(pins, "README.md", fd) == SN_E_VERIFY);
+    CHECKF(strstr(sn_errmsg(), "README.md: not verified") != NULL, "%s", sn_errmsg());
+    CHECK(sn_manifest_pins_check_fd(pins, "../x", fd) == SN_E_INVALID);
+    /* written to after the gate (same inode): refused */
+    usleep(20 * 1000);   /* file timestamps tick coarsely */
+    CHECK(flip_byte(p, 7) == 0);
+    CHECK(flip_byte(p, 7) == 0);   /* content back as it was: only the state changed */
+    CHECK(sn_manifest_pins_check_fd(pins, "model-00001-of-00002.safetensors", fd) == SN_E_VERIFY);
+    CHECKF(strstr(sn_errmsg(), "model-00001-of-00002.safetensors: not the file") != NULL, "%s", sn_errmsg());
+    close(fd);
+    /* replaced by rename with identical bytes (new inode): refused */
+    snprintf(p, sizeof p, "%s/config.json", f.model);
+    snprintf(q, sizeof q, "%s/config.json.new", f.root);
+    CHECK(write_file(q, "{\"model_type\":\"qwen2\"}\n", 23, 0644) == 0);
+    CHECK(rename(q, p) == 0);
+    fd = open(p, O_RDONLY);
+    CHECK(sn_manifest_pins_check_fd(pins, "config.json", fd) == SN_E_VERIFY);
+    close(fd);
+    /* an untouched file still passes */
+    snprintf(p, sizeof p, "%s/tokenizer.json", f.model);
+    fd = open(p, O_RDONLY);
+    CHECK_OK(sn_manifest_pins_check_fd(pins, "tokenizer.json", fd));
+    close(fd);
+    sn_manifest_pins_free(pins);
+    sn_manifest_pins_free(NULL);
+    /* a failing gate leaves no pins */
+    snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", f.model);
+    CHECK(flip_byte(p, 3) == 0);
+    pins = (sn_manifest_pins *)&o;
+    CHECK(sn_manifest_gate_pinned(f.model, &o, NULL, &pins) == SN_E_VERIFY);
+    CHECK(pins == NULL);
+    fx_teardown(&f);
+}
+
 static void test_private_key_perms(void)
 {
     fixture f;
@@ -528,6 +583,7 @@ int main(void)
     RUN(test_gate_unlisted_weight);
     RUN(test_gate_coreutils_format);
     RUN(test_gate_symlinks);
+    RUN(test_gate_pins);
     RUN(test_private_key_perms);
     return TEST_END();
 }

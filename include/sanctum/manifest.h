@@ -24,7 +24,8 @@
  *      sub-directories too, must be listed, else SN_E_VERIFY naming it;
  *   5. hash every listed file on n_threads threads with streaming reads of a
  *      fixed buffer (never the whole file in memory): missing file is
- *      SN_E_MISSING naming it, a differing digest is SN_E_VERIFY naming it.
+ *      SN_E_MISSING naming it, a differing digest is SN_E_VERIFY naming it,
+ *      and so is a file that changed while it was being hashed.
  *
  * Everything here is thread-safe and reentrant; no function calls exit(). */
 #ifndef SANCTUM_MANIFEST_H
@@ -118,5 +119,20 @@ typedef struct sn_manifest_report {
 
 /* The whole gate (steps 1-5). report may be NULL. */
 sn_status sn_manifest_gate(const char *model_dir, const sn_manifest_opts *opts, sn_manifest_report *report);
+
+/* Pins close the gap between "the gate hashed the file" and "the loader
+ * mapped it": the gate records each hashed file's identity and state
+ * (device, inode, size, mtime, ctime, checked again after hashing), and the
+ * loader checks the fd it is about to mmap against them. A file replaced
+ * (rename, new inode) or written to (mtime/ctime) after the gate is refused.
+ * *pins is set only on SN_OK; free with sn_manifest_pins_free. */
+typedef struct sn_manifest_pins sn_manifest_pins;
+sn_status sn_manifest_gate_pinned(const char *model_dir, const sn_manifest_opts *opts, sn_manifest_report *report,
+                                  sn_manifest_pins **pins);
+/* rel: the path relative to the model dir, as in the manifest ("./" allowed).
+ * SN_E_VERIFY naming it when rel was not verified or fd is not that file in
+ * the state it was hashed in. */
+sn_status sn_manifest_pins_check_fd(const sn_manifest_pins *pins, const char *rel, int fd);
+void sn_manifest_pins_free(sn_manifest_pins *pins);
 
 #endif

@@ -167,7 +167,7 @@ out:
     return st;
 }
 
-static sn_status open_regular(const char *path, int *fd_out)
+static sn_status open_regular(const char *path, int *fd_out, struct stat *sb_out)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -181,13 +181,24 @@ static sn_status open_regular(const char *path, int *fd_out)
         return SN_FAIL(SN_E_INVALID, "%s: not a regular file", path);
     }
     *fd_out = fd;
+    if (sb_out)
+        *sb_out = sb;
     return SN_OK;
+}
+
+/* Same file, same content generation: inode identity plus size and both
+ * timestamps (ctime cannot be set back by an unprivileged writer). */
+static int same_file_state(const struct stat *a, const struct stat *b)
+{
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec &&
+           a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
 sn_status sn_sha256_file(const char *path, unsigned char out[32], uint64_t *bytes)
 {
     int fd = -1;
-    SN_TRY(open_regular(path, &fd));
+    SN_TRY(open_regular(path, &fd, NULL));
     unsigned char *buf = malloc(HASH_BUF_BYTES);
     if (!buf) {
         close(fd);
@@ -514,6 +525,7 @@ typedef struct hash_job {
     unsigned char got[32];
     uint64_t size_hint;       /* for scheduling: biggest first */
     uint64_t bytes;
+    struct stat sb;           /* state of the file that was hashed */
     sn_status st;
     char msg[512];
 } hash_job;
@@ -546,9 +558,14 @@ static void *hash_worker(void *arg)
             j->st = SN_FAIL(SN_E_RANGE, "%s/%s: path too long", p->root, j->rel);
         } else {
             int fd = -1;
-            j->st = open_regular(full, &fd);
+            j->st = open_regular(full, &fd, &j->sb);
             if (j->st == SN_OK) {
                 j->st = sha256_fd(fd, full, buf, HASH_BUF_BYTES, &p->stop, &p->progress, j->got, &j->bytes);
+                /* A file written to while we read it has no single digest. */
+                struct stat after;
+                if (j->st == SN_OK && (fstat(fd, &after) != 0 || !same_file_state(&j->sb, &after) ||
+                                       (uint64_t)after.st_size != j->bytes))
+                    j->st = SN_FAIL(SN_E_VERIFY, "%s: changed while it was being hashed", full);
                 close(fd);
             }
             if (j->st == SN_OK && j->want && memcmp(j->got, j->want, 32) != 0)
@@ -726,8 +743,82 @@ out:
 
 /* ----------------------------------------------------------------- verify */
 
+struct sn_manifest_pins {
+    sn_manifest_entry *v;     /* path + digest, sorted by path */
+    struct stat *sb;          /* [n] state of each file as hashed */
+    size_t n;
+};
+
+void sn_manifest_pins_free(sn_manifest_pins *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; i < p->n; i++)
+        free(p->v[i].path);
+    free(p->v);
+    free(p->sb);
+    free(p);
+}
+
+static sn_status pins_from_jobs(const hash_job *jobs, size_t n, sn_manifest_pins **out)
+{
+    sn_manifest_pins *p = calloc(1, sizeof *p);
+    if (!p)
+        return SN_FAIL(SN_E_NOMEM, "out of memory");
+    p->v = calloc(n ? n : 1, sizeof *p->v);
+    p->sb = calloc(n ? n : 1, sizeof *p->sb);
+    if (!p->v || !p->sb) {
+        sn_manifest_pins_free(p);
+        return SN_FAIL(SN_E_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++, p->n++) {
+        p->v[i].path = strdup(jobs[i].rel);
+        if (!p->v[i].path) {
+            sn_manifest_pins_free(p);
+            return SN_FAIL(SN_E_NOMEM, "out of memory");
+        }
+        memcpy(p->v[i].sha256, jobs[i].got, 32);
+        p->v[i].line = (int)i;   /* index into sb until sorted */
+    }
+    qsort(p->v, p->n, sizeof *p->v, cmp_entry_path);
+    /* Re-order sb to follow the sorted paths. */
+    struct stat *sorted = calloc(n ? n : 1, sizeof *sorted);
+    if (!sorted) {
+        sn_manifest_pins_free(p);
+        return SN_FAIL(SN_E_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < p->n; i++) {
+        sorted[i] = jobs[p->v[i].line].sb;
+        p->v[i].line = 0;
+    }
+    free(p->sb);
+    p->sb = sorted;
+    *out = p;
+    return SN_OK;
+}
+
+sn_status sn_manifest_pins_check_fd(const sn_manifest_pins *p, const char *rel, int fd)
+{
+    char norm[MAX_PATH_BYTES];
+    if (!p || !rel)
+        return SN_FAIL(SN_E_INVALID, "sn_manifest_pins_check_fd: NULL argument");
+    const char *why = check_rel_path(rel, strlen(rel), norm);
+    if (why)
+        return SN_FAIL(SN_E_INVALID, "%s: %s", rel, why);
+    sn_manifest_entry key = { .path = norm };
+    const sn_manifest_entry *e = bsearch(&key, p->v, p->n, sizeof *p->v, cmp_entry_path);
+    if (!e)
+        return SN_FAIL(SN_E_VERIFY, "%s: not verified by the manifest", norm);
+    struct stat now;
+    if (fstat(fd, &now) != 0)
+        return SN_FAIL(SN_E_IO, "%s: fstat: %s", norm, strerror(errno));
+    if (!same_file_state(&p->sb[e - p->v], &now))
+        return SN_FAIL(SN_E_VERIFY, "%s: not the file the manifest gate hashed (replaced or modified since)", norm);
+    return SN_OK;
+}
+
 static sn_status verify_dir(const sn_manifest *m, const char *model_dir, int n_threads, int show_progress,
-                            uint64_t *bytes_hashed)
+                            uint64_t *bytes_hashed, sn_manifest_pins **pins)
 {
     sn_status st = SN_OK;
     path_list files = { 0 };
@@ -766,6 +857,8 @@ static sn_status verify_dir(const sn_manifest *m, const char *model_dir, int n_t
         jobs[i].want = m->entries[i].sha256;
     }
     st = hash_jobs(model_dir, jobs, m->n, n_threads, show_progress, bytes_hashed);
+    if (st == SN_OK && pins)
+        st = pins_from_jobs(jobs, m->n, pins);
 out:
     free(listed);
     free(jobs);
@@ -777,7 +870,7 @@ sn_status sn_manifest_verify_dir(const sn_manifest *m, const char *model_dir, in
 {
     if (!m || !model_dir)
         return SN_FAIL(SN_E_INVALID, "sn_manifest_verify_dir: NULL manifest or model dir");
-    return verify_dir(m, model_dir, n_threads, 0, bytes_hashed);
+    return verify_dir(m, model_dir, n_threads, 0, bytes_hashed, NULL);
 }
 
 /* ---------------------------------------------------------------- ed25519 */
@@ -950,7 +1043,8 @@ out:
 
 /* ------------------------------------------------------------------- gate */
 
-sn_status sn_manifest_gate(const char *model_dir, const sn_manifest_opts *opts, sn_manifest_report *report)
+static sn_status gate(const char *model_dir, const sn_manifest_opts *opts, sn_manifest_report *report,
+                      sn_manifest_pins **pins)
 {
     sn_status st = SN_OK;
     unsigned char *text = NULL, *sigbuf = NULL;
@@ -1020,7 +1114,7 @@ sn_status sn_manifest_gate(const char *model_dir, const sn_manifest_opts *opts, 
         goto out;
     double th = now_s();
     int progress = opts->quiet ? 0 : isatty(STDERR_FILENO) ? 1 : 2;
-    st = verify_dir(m, model_dir, opts->n_threads, progress, &rep.bytes);
+    st = verify_dir(m, model_dir, opts->n_threads, progress, &rep.bytes, pins);
     rep.hash_seconds = now_s() - th;
     if (st != SN_OK)
         goto out;
@@ -1039,4 +1133,18 @@ out:
     free(text);
     sn_manifest_free(m);
     return st;
+}
+
+sn_status sn_manifest_gate(const char *model_dir, const sn_manifest_opts *opts, sn_manifest_report *report)
+{
+    return gate(model_dir, opts, report, NULL);
+}
+
+sn_status sn_manifest_gate_pinned(const char *model_dir, const sn_manifest_opts *opts, sn_manifest_report *report,
+                                  sn_manifest_pins **pins)
+{
+    if (!pins)
+        return SN_FAIL(SN_E_INVALID, "sn_manifest_gate_pinned: NULL pins");
+    *pins = NULL;
+    return gate(model_dir, opts, report, pins);
 }
