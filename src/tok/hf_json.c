@@ -9,7 +9,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#define MAX_IDS (1 << 24)
+#define MAX_IDS (1 << 21)   /* 2M ids: real vocabularies stay under 300k; bounds what a hostile file can make us allocate */
 
 /* The tekken pre-tokenizer pattern, which transformers' fix_mistral_regex
  * puts in place of the (wrong) Split regex shipped in Mistral tokenizer.json
