@@ -84,6 +84,34 @@ static double cpu_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Seconds of one forward of rows tokens at position ~n (best of 3): what a
+ * verify pass costs against a one-token step on this machine. */
+static double fwd_cost(sn_model *m, const int32_t *p, int n, int rows)
+{
+    sn_seq *seq = NULL;
+    double best = 0;
+    int vocab = sn_model_get_info(m)->vocab_size;
+    float *lg = malloc(sizeof(float) * (size_t)rows * (size_t)vocab);
+    sn_snapshot *snap = NULL;
+    if (!lg || sn_seq_new(m, n + rows + 8, &seq) != SN_OK || sn_forward(m, seq, p, n, NULL, false) != SN_OK ||
+        sn_seq_snapshot(seq, &snap) != SN_OK)
+        goto out;
+    for (int r = 0; r < 3; r++) {
+        if (sn_seq_restore(seq, snap) != SN_OK) goto out;
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        if (sn_forward(m, seq, p, rows, lg, rows > 1) != SN_OK) goto out;
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double t = (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+        if (!best || t < best) best = t;
+    }
+out:
+    sn_snapshot_free(snap);
+    sn_seq_free(seq);
+    free(lg);
+    return best;
+}
+
 static sn_pld_ctl g_ctl[3];   /* per mode, kept across prompts as the server keeps one */
 
 static sn_status run(sn_model *m, const sn_tokenizer *tok, const int32_t *p, int n, int max_tokens, int mode,
@@ -183,6 +211,8 @@ int main(int argc, char **argv)
     fprintf(stderr, "bench_pld: %s (%s, %d layers), task %s, %d prompts, max_tokens %d\n", info->name,
             info->model_type, info->n_layers, task, n_prompts, max_tokens);
     for (int mode = 0; mode < 3; mode++) sn_pld_ctl_init(&g_ctl[mode], mode == 1);
+    double c1 = fwd_cost(m, prompts[0].ids, (int)prompts[0].n, 1), c6 = fwd_cost(m, prompts[0].ids, (int)prompts[0].n, 6);
+    fprintf(stderr, "  forward cost: 1 row %.2f ms, 6 rows %.2f ms (%.2fx)\n", c1 * 1e3, c6 * 1e3, c1 > 0 ? c6 / c1 : 0);
     double best[3] = { 0, 0, 0 };
     ratio1 = calloc((size_t)reps, sizeof(double));
     ratio2 = calloc((size_t)reps, sizeof(double));
@@ -240,12 +270,13 @@ int main(int argc, char **argv)
     snprintf(line, sizeof line,
              "bench_pld %s (%s, %d layers, %s, %d threads) task=%s%s: decode %.1f tok/s without PLD, %.1f with "
              "(%.2fx; adaptive: %ld drafted, %.0f%% accepted), %.1f with full drafts (%.2fx; %.0f%% accepted, "
-             "forwards %ld vs %ld: %.2fx bound at a flat verify cost); per CPU-second: %.2f, %.2f (%.2fx), %.2f (%.2fx) "
+             "forwards %ld vs %ld: %.2fx bound at a flat verify cost, %.2fx at this machine's 6-row/1-row cost %.2f); per CPU-second: %.2f, %.2f (%.2fx), %.2f (%.2fx) "
              "decode tok/cpu-s; %ld tokens identical in all modes",
              info->name, info->model_type, info->n_layers, backend == SN_BACKEND_CUDA ? "cuda" : "cpu", threads, task,
              copy ? (words > 8 ? " (long copy)" : "") : "", best[0], best[1], med1, last[1].drafted,
              acc1 * 100, best[2], med2, acc2 * 100, last[2].forwards, last[0].forwards,
-             last[2].forwards ? (double)last[0].forwards / last[2].forwards : 0, cr[0], cr[1], cr[1] / cr[0], cr[2],
+             last[2].forwards ? (double)last[0].forwards / last[2].forwards : 0,
+             last[2].forwards && c1 > 0 ? (double)last[0].forwards / last[2].forwards / (c6 / c1) : 0, c1 > 0 ? c6 / c1 : 0, cr[0], cr[1], cr[1] / cr[0], cr[2],
              cr[2] / cr[0], last[0].tokens + n_prompts);
     printf("%s\n", line);
     if (log_path && *log_path) {
