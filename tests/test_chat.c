@@ -234,6 +234,29 @@ static void test_errors(void)
     CHECK(sn_chat_render(SN_CHAT_MISTRAL, tool, 2, NULL, &s) == SN_E_INVALID);
     CHECK(sn_chat_render((sn_chat_format)42, two_users, 2, NULL, &s) == SN_E_INVALID);
     CHECK(s == NULL);
+    /* tools and tool calls */
+    sn_chat_msg u[] = { { .role = "user", .content = "u" } };
+    sn_chat_opts bad_tools = { .tools = "{\"not\": \"an array\"}" };
+    CHECK(sn_chat_render(SN_CHAT_QWEN2, u, 1, &bad_tools, &s) == SN_E_INVALID && strstr(sn_errmsg(), "array"));
+    bad_tools.tools = "[{";
+    CHECK(sn_chat_render(SN_CHAT_QWEN3_5, u, 1, &bad_tools, &s) == SN_E_INVALID && strstr(sn_errmsg(), "JSON"));
+    sn_chat_tool_call noname = { .arguments = "{}" }, list_args = { .name = "f", .arguments = "[1]" },
+                      bad_json = { .name = "f", .arguments = "{\"a\": }" }, short_id = { .id = "abc", .name = "f", .arguments = "{}" };
+    sn_chat_msg c1[] = { { .role = "user", .content = "u" }, { .role = "assistant", .tool_calls = &noname, .n_tool_calls = 1 } };
+    CHECK(sn_chat_render(SN_CHAT_QWEN3_5, c1, 2, NULL, &s) == SN_E_INVALID && strstr(sn_errmsg(), "no name"));
+    c1[1].tool_calls = &list_args;
+    CHECK(sn_chat_render(SN_CHAT_QWEN3_5, c1, 2, NULL, &s) == SN_E_INVALID && strstr(sn_errmsg(), "JSON object"));
+    CHECK_OK(sn_chat_render(SN_CHAT_QWEN2, c1, 2, NULL, &s));   /* Qwen2.5 prints any JSON */
+    CHECK(s && strstr(s, "\"arguments\": [1]}") != NULL);
+    free(s);
+    s = NULL;
+    c1[1].tool_calls = &bad_json;
+    CHECK(sn_chat_render(SN_CHAT_QWEN2, c1, 2, NULL, &s) == SN_E_INVALID && strstr(sn_errmsg(), "message 1, tool call 0"));
+    c1[1].tool_calls = &short_id;
+    CHECK(sn_chat_render(SN_CHAT_MISTRAL, c1, 2, NULL, &s) == SN_E_INVALID && strstr(sn_errmsg(), "9 characters"));
+    sn_chat_msg c2[] = { { .role = "user", .content = "u", .tool_calls = &short_id, .n_tool_calls = 1 } };
+    CHECK(sn_chat_render(SN_CHAT_QWEN2, c2, 1, NULL, &s) == SN_E_INVALID && strstr(sn_errmsg(), "only assistant"));
+    CHECK(s == NULL);
 }
 
 /* The assistant part of a rendered conversation whose last turn is the
