@@ -947,6 +947,33 @@ static void test_gdn(void)
     }
 }
 
+/* ---------- argmax (optional op, the engine's greedy pick) ---------- */
+
+static void test_argmax(void)
+{
+    sn_backend *be = backend_for(sn_cpu_best_isa(), 2);
+    if (!be)
+        return;
+    CHECK(be->ops->argmax != NULL);
+    enum { R = 4, N = 1001 };
+    float x[R * N];
+    fill(x, R * N, -1, 1);
+    x[0 * N + 500] = 5; /* plain maximum */
+    x[1 * N + 7] = 3;
+    x[1 * N + 900] = 3; /* tie: the first wins */
+    x[2 * N + 0] = NAN;
+    x[2 * N + 1] = 2; /* NaN never wins */
+    x[3 * N + N - 1] = INFINITY;
+    int32_t id[R] = { -9, -9, -9, -9 };
+    CHECK_OK(be->ops->argmax(be, x, R, N, id));
+    CHECK(id[0] == 500 && id[1] == 7 && id[2] == 1 && id[3] == N - 1);
+    for (int i = 0; i < N; i++)
+        x[i] = NAN;
+    CHECK(be->ops->argmax(be, x, 1, N, id) == SN_E_RANGE);
+    CHECK(be->ops->argmax(be, x, 1, 0, id) == SN_E_INVALID);
+    sn_backend_free(be);
+}
+
 /* ---------- memory ops, constructors ---------- */
 
 static void test_memory_and_ctor(void)
@@ -999,6 +1026,7 @@ int main(void)
     RUN(test_rope);
     RUN(test_attention);
     RUN(test_gdn);
+    RUN(test_argmax);
     RUN(test_memory_and_ctor);
     return TEST_END();
 }

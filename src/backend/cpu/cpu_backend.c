@@ -582,6 +582,41 @@ static sn_status cpu_gdn(sn_backend *b, const sn_gdn_dims *d, const float *qkv, 
     return SN_OK;
 }
 
+/* ---------------- argmax (optional op) ---------------- */
+
+typedef struct {
+    const float *x;
+    int n;
+    int32_t *out;
+    int all_nan; /* set (racy but idempotent) when some row has no number */
+} argmax_job;
+
+static void argmax_body(void *ctx, int64_t r0, int64_t r1, int tid)
+{
+    argmax_job *j = ctx;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = j->x + (size_t)r * j->n;
+        int best = -1;
+        for (int i = 0; i < j->n; i++)
+            if (!isnan(x[i]) && (best < 0 || x[i] > x[best]))
+                best = i; /* strict >: the first maximum wins ties */
+        j->out[r] = best;
+        if (best < 0)
+            __atomic_store_n(&j->all_nan, 1, __ATOMIC_RELAXED);
+    }
+}
+
+static sn_status cpu_argmax(sn_backend *b, const float *x, int rows, int n, int32_t *out)
+{
+    if (rows < 0 || n <= 0 || (rows > 0 && (!x || !out)))
+        return SN_FAIL(SN_E_INVALID, "argmax: rows=%d n=%d", rows, n);
+    argmax_job j = { x, n, out, 0 };
+    sn_pool_for(be_of(b)->pool, rows, 1, argmax_body, &j);
+    if (j.all_nan)
+        return SN_FAIL(SN_E_RANGE, "argmax: a row of %d values is all NaN", n);
+    return SN_OK;
+}
+
 /* ---------------- construction ---------------- */
 
 #define CPU_OPS(NAME)                                                                                       \
@@ -591,7 +626,7 @@ static sn_status cpu_gdn(sn_backend *b, const sn_gdn_dims *d, const float *qkv, 
         .upload_weight = cpu_upload_weight, .sync = cpu_sync, .matmul = cpu_matmul, .embed = cpu_embed,     \
         .rmsnorm = cpu_rmsnorm, .add = cpu_add, .swiglu = cpu_swiglu, .rope = cpu_rope,                     \
         .attention = cpu_attention, .kv_write = cpu_kv_write, .gdn = cpu_gdn,                               \
-        .gated_rmsnorm = cpu_gated_rmsnorm, .mul_sigmoid = cpu_mul_sigmoid,                                 \
+        .gated_rmsnorm = cpu_gated_rmsnorm, .mul_sigmoid = cpu_mul_sigmoid, .argmax = cpu_argmax,           \
     }
 
 static const sn_backend_ops g_ops[SN_ISA_COUNT] = {
