@@ -8,6 +8,8 @@
 #include <pthread.h>
 
 #include "pcache_fixtures.h"
+#include "server/api.h"
+#include "server/metrics.h"
 
 #define FOR_MODELS for (int mi = 0; mi < pf_n; mi++)
 #define PM (&pf_models[mi])
@@ -434,6 +436,52 @@ static void test_threads(void)
     sn_pcache_free(pc);
 }
 
+/* The server side: the "pld" request field, usage.prompt_tokens_details
+ * and the /metrics counters. */
+static void test_server_fields(void)
+{
+    srv_chat_req r;
+    srv_err e;
+    const char *b1 = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"pld\":false}";
+    CHECK_OK(srv_chat_parse(b1, strlen(b1), &r, &e));
+    CHECK(r.no_pld);
+    srv_chat_req_free(&r);
+    const char *b2 = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    CHECK_OK(srv_chat_parse(b2, strlen(b2), &r, &e));
+    CHECK(!r.no_pld);
+    srv_chat_req_free(&r);
+    const char *b3 = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"pld\":1}";
+    CHECK(srv_chat_parse(b3, strlen(b3), &r, &e) == SN_E_INVALID && !strcmp(e.param, "pld"));
+    srv_resp_meta meta = { "chatcmpl-x", 1, "m", "fp" };
+    char *j = srv_resp_json_cached(&meta, "ok", 2, "stop", 40, 3, 32);
+    CHECK(j && strstr(j, "\"prompt_tokens\":40") && strstr(j, "\"prompt_tokens_details\":{\"cached_tokens\":32}"));
+    free(j);
+    j = srv_usage_sse_cached(&meta, 40, 3, 17);
+    CHECK(j && strstr(j, "\"cached_tokens\":17"));
+    free(j);
+    j = srv_resp_json(&meta, "ok", 2, "stop", 40, 3);
+    CHECK(j && strstr(j, "\"cached_tokens\":0"));
+    free(j);
+    srv_metrics *m = NULL;
+    CHECK_OK(srv_metrics_new(&m));
+    srv_infer_sample s1 = { .stop_reason = "stop", .prompt_tokens = 40, .completion_tokens = 3, .ttft_s = 0.1,
+                            .pcache_used = true, .cached_tokens = 32, .pld_drafted = 10, .pld_accepted = 7 };
+    srv_infer_sample s2 = { .stop_reason = "stop", .prompt_tokens = 40, .completion_tokens = 3, .ttft_s = 0.1,
+                            .pcache_used = true };
+    srv_infer_sample s3 = { .stop_reason = "stop", .prompt_tokens = 40, .completion_tokens = 3, .ttft_s = 0.1 };
+    srv_metrics_inference(m, &s1);
+    srv_metrics_inference(m, &s2);
+    srv_metrics_inference(m, &s3);
+    char *t = NULL;
+    size_t len = 0;
+    CHECK_OK(srv_metrics_render(m, &t, &len));
+    CHECK(t && strstr(t, "\nsanctum_mlx_prompt_cache_hits_total 1\n") && strstr(t, "\nsanctum_mlx_prompt_cache_misses_total 1\n") &&
+          strstr(t, "\nsanctum_mlx_prompt_cache_cached_tokens_total 32\n") &&
+          strstr(t, "\nsanctum_mlx_pld_drafted_tokens_total 10\n") && strstr(t, "\nsanctum_mlx_pld_accepted_tokens_total 7\n"));
+    free(t);
+    srv_metrics_free(m);
+}
+
 int main(void)
 {
     if (!pf_setup()) {
@@ -451,6 +499,7 @@ int main(void)
     RUN(test_lru_budget);
     RUN(test_bad_args);
     RUN(test_threads);
+    RUN(test_server_fields);
     pf_teardown();
     return TEST_END();
 }
