@@ -546,6 +546,36 @@ def metrics_series():
             float(val)
             assert name.startswith("sanctum_mlx_"), l
 
+@test
+def idle_and_partial_connections_do_not_wedge():
+    socks = []
+    for i in range(300):   # idle sockets and half-sent requests (slowloris)
+        s = socket.create_connection(("127.0.0.1", A.port))
+        if i % 2:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"mess")
+        socks.append(s)
+    t0 = time.perf_counter()
+    assert A.get("/health")[0] == 200
+    assert time.perf_counter() - t0 < 0.5
+    st, b, _ = A.post({"messages": msg("Hi"), "max_tokens": 2})
+    assert st == 200, b
+    for s in socks:
+        s.close()
+    assert A.alive()
+
+@test
+def one_log_line_per_request():
+    lines = [l for l in A.tail(100000).splitlines() if l.startswith("req ")]
+    assert len(lines) > 50
+    for l in lines:
+        kv = dict(f.split("=", 1) for f in l.split()[1:] if "=" in f)
+        assert {"route", "method", "status", "client", "total_ms"} <= set(kv), l
+        if kv["route"] == "/v1/chat/completions" and "id" in kv:
+            assert kv["id"].startswith("chatcmpl-")
+            assert {"prompt_tokens", "completion_tokens", "finish", "queue_ms", "ttft_ms"} <= set(kv), l
+    ids = [l.split()[1] for l in lines if l.split()[1].startswith("id=")]
+    assert len(ids) == len(set(ids)), "a request logged twice"
+
 A_rc = A.stop()
 
 @test
