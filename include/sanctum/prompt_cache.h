@@ -4,7 +4,8 @@
  *
  * KV caches can be cut at any position, the GatedDeltaNet conv + recurrent
  * states cannot: an entry therefore holds the KV rows of all its tokens once
- * and the recurrent state at a few checkpoints (every ckpt_every tokens, at
+ * and the recurrent state at a few checkpoints (every ckpt_every tokens up
+ * to 4 x ckpt_every, then two per doubling of the position, at
  * the first and the last message boundary the caller names, at the end of
  * the prompt, and at the end of the sequence). A request resumes from the
  * nearest checkpoint at or below the common prefix (any position for models

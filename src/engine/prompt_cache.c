@@ -227,6 +227,19 @@ static int resume_pos(const pc_entry *e, bool recurrent, int L, int limit, int *
     return 0;
 }
 
+/* Regular checkpoints thin out geometrically: every ckpt_every tokens up to
+ * 4 x ckpt_every, then two per doubling of the position (1536, 2048, 3072,
+ * 4096, ... for 256). A recurrent checkpoint of a large hybrid model is
+ * ~100 MB, so a long prompt keeps O(log n) of them, not n / 256. */
+static bool regular_ckpt(int p, int every)
+{
+    if (p <= 4 * every) return true;
+    int pow2 = 1;
+    while (pow2 <= p / 2) pow2 *= 2;
+    int spacing = pow2 / 2 > every ? pow2 / 2 : every;
+    return p % spacing == 0;
+}
+
 static int cmp_int(const void *a, const void *b)
 {
     int x = *(const int *)a, y = *(const int *)b;
@@ -273,8 +286,9 @@ sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int
     bool recurrent = r->gdn_bytes > 0;
     int limit = n_prompt - pc->o.min_fresh;
 
-    /* The plan: every ckpt_every tokens (a divisor of the prefill chunk,
-     * so these cost no extra forward), the end of the prompt (where the
+    /* The plan: every ckpt_every tokens, thinning out with the position
+     * (regular_ckpt; multiples of 256 are where a 512-token prefill chunk
+     * or its half ends), the end of the prompt (where the
      * prefill stops anyway), and of the caller's message bounds only the
      * first and the last: every other stop splits a prefill chunk, and on
      * a CPU each split costs about one more pass over the weights. The
@@ -284,7 +298,8 @@ sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int
         int cap = n_prompt / pc->o.ckpt_every + 4;
         r->plan = malloc((size_t)cap * sizeof *r->plan);
         if (!r->plan) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory"); goto out; }
-        for (int p = pc->o.ckpt_every; p <= n_prompt; p += pc->o.ckpt_every) r->plan[r->n_plan++] = p;
+        for (int p = pc->o.ckpt_every; p <= n_prompt; p += pc->o.ckpt_every)
+            if (regular_ckpt(p, pc->o.ckpt_every)) r->plan[r->n_plan++] = p;
         int first = 0, last = 0;
         for (int i = 0; i < n_bounds; i++) {
             int b = bounds[i];
