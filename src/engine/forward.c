@@ -199,9 +199,9 @@ static sn_status head_finish(sn_model *m, const head_row *rows, int nr, const in
     return SN_OK;
 }
 
-/* A step whose head fits one lm_head call (every decode step) runs inside
- * begin_step/end_step when the backend has them, so CUDA can replay it as
- * one graph; logits and ids reach the host only after end_step. */
+/* A decode step (one token per sequence) runs inside begin_step/end_step
+ * when the backend has them, so CUDA can replay it as one graph; logits and
+ * ids reach the host only after end_step. */
 static sn_status run_step(sn_model *m, const step *st)
 {
     head_row rows[SN_STEP_TOKENS];
@@ -217,8 +217,12 @@ static sn_status run_step(sn_model *m, const step *st)
         }
     }
     int32_t ids[SN_LOGIT_ROWS];
-    bool have_ids = false, one_head = nr <= SN_LOGIT_ROWS;
-    bool graph = one_head && OPS->begin_step && OPS->end_step;
+    bool have_ids = false, one_head = nr <= SN_LOGIT_ROWS, decode = true;
+    for (int i = 0; i < st->n_items; i++) decode = decode && st->it[i].n == 1;
+    /* only pure decode steps: they repeat with positions shifted by one,
+     * which is what a recorded graph can replay; a prefill chunk would be
+     * captured once and never replayed */
+    bool graph = decode && one_head && OPS->begin_step && OPS->end_step;
     if (graph) SN_TRY(OPS->begin_step(BE));
     sn_status s = run_layers(m, st);
     if (s == SN_OK && one_head && nr) s = head_compute(m, rows, nr, ids, &have_ids);
