@@ -18,7 +18,12 @@
  *     starting with { or [ is also a tool call's arguments), every format,
  *     with or without tools; guarded encode decodes back to NFC(prompt)
  *   3 loader: the payload as a tokenizer file (memfd), then a small encode
- * SN_FUZZ_TOKENIZER overrides the tokenizer path. */
+ * SN_FUZZ_TOKENIZER overrides the tokenizer path.
+ *
+ * Results (2026-11-29, 2-core box, Qwen3 tokenizer.json): about 1.5 M runs
+ * over several sessions as the target grew (last: 170 k runs in 240 s,
+ * coverage 2864 edges, 943 corpus entries); no crash, leak or UB report
+ * after fixing a NULL passed to memcmp in sn_chat_stream_finish. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
