@@ -84,7 +84,7 @@ static double cpu_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Seconds of one forward of rows tokens at position ~n (best of 3): what a
+/* Seconds of one forward of rows tokens at position ~n (best of 9): what a
  * verify pass costs against a one-token step on this machine. */
 static double fwd_cost(sn_model *m, const int32_t *p, int n, int rows)
 {
@@ -96,7 +96,7 @@ static double fwd_cost(sn_model *m, const int32_t *p, int n, int rows)
     if (!lg || sn_seq_new(m, n + rows + 8, &seq) != SN_OK || sn_forward(m, seq, p, n, NULL, false) != SN_OK ||
         sn_seq_snapshot(seq, &snap) != SN_OK)
         goto out;
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < 9; r++) {
         if (sn_seq_restore(seq, snap) != SN_OK) goto out;
         struct timespec a, b;
         clock_gettime(CLOCK_MONOTONIC, &a);
