@@ -974,6 +974,176 @@ static void test_argmax(void)
     sn_backend_free(be);
 }
 
+/* ---------- MoE (optional ops moe + add_gated) ---------- */
+
+/* The model's generic path (qwen3_5_moe.c without a moe op), built from
+ * this backend's own ops: fp32 softmax, first-index top-k, renormalised;
+ * per expert in ascending order its rows in token order; scale, then add.
+ * The fused op must give exactly these bits. */
+static void moe_generic(sn_backend *be, const tw *g, const tw *u, const tw *d, const float *lg, int k, bool norm,
+                        const float *x, int T, float *y)
+{
+    int E = (int)g->w.n_experts, I = (int)g->w.rows, H = (int)g->w.cols;
+    int32_t *sel = malloc(sizeof(int32_t) * T * k);
+    float *sw = malloc(sizeof(float) * T * k), *xe = malloc(sizeof(float) * T * H);
+    float *gg = malloc(sizeof(float) * T * I), *uu = malloc(sizeof(float) * T * I), *aa = malloc(sizeof(float) * T * I);
+    float *oo = malloc(sizeof(float) * T * H);
+    int *tok = malloc(sizeof(int) * T);
+    float *tw_ = malloc(sizeof(float) * T);
+    for (int t = 0; t < T; t++) {
+        const float *l = lg + (size_t)t * E;
+        float mx = l[0], sum = 0, tot = 0;
+        for (int e = 1; e < E; e++)
+            mx = fmaxf(mx, l[e]);
+        for (int e = 0; e < E; e++)
+            sum += expf(l[e] - mx);
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++)
+                    taken |= sel[t * k + i] == e;
+                if (!taken && (best < 0 || l[e] > l[best]))
+                    best = e;
+            }
+            sel[t * k + j] = best;
+            sw[t * k + j] = expf(l[best] - mx) / sum;
+        }
+        for (int j = 0; j < k; j++)
+            tot += sw[t * k + j];
+        if (norm)
+            for (int j = 0; j < k; j++)
+                sw[t * k + j] = sw[t * k + j] / tot;
+    }
+    memset(y, 0, sizeof(float) * T * H);
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < k; j++)
+                if (sel[t * k + j] == e) {
+                    tok[n] = t;
+                    tw_[n] = sw[t * k + j];
+                    memcpy(xe + (size_t)n * H, x + (size_t)t * H, sizeof(float) * H);
+                    n++;
+                }
+        if (!n)
+            continue;
+        CHECK_OK(be->ops->matmul(be, &g->w, e, xe, n, gg));
+        CHECK_OK(be->ops->matmul(be, &u->w, e, xe, n, uu));
+        CHECK_OK(be->ops->swiglu(be, gg, uu, (size_t)n * I, aa));
+        CHECK_OK(be->ops->matmul(be, &d->w, e, aa, n, oo));
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < H; i++) {
+                float p = oo[(size_t)r * H + i] * tw_[r];
+                y[(size_t)tok[r] * H + i] = y[(size_t)tok[r] * H + i] + p;
+            }
+    }
+    free(sel); free(sw); free(xe); free(gg); free(uu); free(aa); free(oo); free(tok); free(tw_);
+}
+
+static void test_moe(void)
+{
+    for (size_t ii = 0; ii < 3; ii++) {
+        sn_backend *be = backend_for(isas[ii], 3);
+        if (!be)
+            continue;
+        CHECK(be->ops->moe && be->ops->add_gated);
+        const int E = 6, I = 64, H = 128;
+        tw g, u, d;
+        tw_make(&g, SN_DT_Q4, I, H, 64, SN_DT_BF16, E);
+        tw_make(&u, SN_DT_Q4, I, H, 32, SN_DT_BF16, E); /* other group: its own x preparation */
+        tw_make(&d, SN_DT_Q8, H, I, 32, SN_DT_F16, E);
+        enum { TM = 9 };
+        float x[TM * 128], lg[TM * 6], y[TM * 128], yr[TM * 128], y1[128];
+        fill(x, sizeof x / 4, -1, 1);
+        fill(lg, sizeof lg / 4, -3, 3);
+        lg[6 + 2] = lg[6 + 4]; /* a tie in token 1: the lower index wins */
+        const int Ts[] = { 1, 3, 9 };
+        for (int ti = 0; ti < 3; ti++)
+            for (int k = 1; k <= 3; k += 2)
+                for (int norm = 0; norm < 2; norm++) {
+                    int T = Ts[ti];
+                    CHECK_OK(be->ops->moe(be, &g.w, &u.w, &d.w, lg, k, norm, x, T, y));
+                    moe_generic(be, &g, &u, &d, lg, k, norm, x, T, yr);
+                    CHECKF(memcmp(y, yr, sizeof(float) * T * H) == 0, "%s moe T=%d k=%d norm=%d: differs from the "
+                           "generic path", be->ops->name, T, k, norm);
+                }
+        /* batch invariance: token 5 alone == row 5 of the batch of 9 */
+        CHECK_OK(be->ops->moe(be, &g.w, &u.w, &d.w, lg, 3, true, x, 9, y));
+        CHECK_OK(be->ops->moe(be, &g.w, &u.w, &d.w, lg + 5 * E, 3, true, x + 5 * H, 1, y1));
+        CHECK(memcmp(y1, y + 5 * H, sizeof y1) == 0);
+        /* against double precision: routing and the expert MLPs from the MLX definition */
+        double worst = 0, mx = 0;
+        for (int t = 0; t < 9; t++) {
+            double p[6], s = 0, m = -1e300, o[128] = { 0 };
+            for (int e = 0; e < E; e++)
+                m = fmax(m, lg[t * E + e]);
+            for (int e = 0; e < E; e++)
+                s += (p[e] = exp(lg[t * E + e] - m));
+            int sel[3];
+            double tot = 0;
+            for (int j = 0; j < 3; j++) {
+                int best = -1;
+                for (int e = 0; e < E; e++) {
+                    int taken = 0;
+                    for (int i = 0; i < j; i++)
+                        taken |= sel[i] == e;
+                    if (!taken && (best < 0 || p[e] > p[best]))
+                        best = e;
+                }
+                sel[j] = best;
+                tot += p[best] / s;
+            }
+            for (int j = 0; j < 3; j++) {
+                int e = sel[j];
+                double a[64];
+                for (int r = 0; r < I; r++) {
+                    double gv = 0, uv = 0;
+                    for (int c = 0; c < H; c++) {
+                        gv += w_at(&g.w, e, r, c) * x[t * H + c];
+                        uv += w_at(&u.w, e, r, c) * x[t * H + c];
+                    }
+                    a[r] = gv / (1 + exp(-gv)) * uv;
+                }
+                for (int r = 0; r < H; r++) {
+                    double dv = 0;
+                    for (int c = 0; c < I; c++)
+                        dv += w_at(&d.w, e, r, c) * a[c];
+                    o[r] += p[e] / s / tot * dv;
+                }
+            }
+            for (int r = 0; r < H; r++) {
+                worst = fmax(worst, fabs(y[t * H + r] - o[r]));
+                mx = fmax(mx, fabs(o[r]));
+            }
+        }
+        /* fp32 through two chained matmuls and a product: relative to the output scale */
+        CHECKF(worst <= 1e-4 * mx, "%s moe vs double: %.3g (scale %.3g)", be->ops->name, worst, mx);
+
+        /* add_gated: y += sigmoid(g) * x, scale then add */
+        float gl[3] = { -1.5f, 0.0f, 4.0f }, ya[3 * 128], yb[3 * 128];
+        fill(ya, 3 * 128, -1, 1);
+        memcpy(yb, ya, sizeof ya);
+        CHECK_OK(be->ops->add_gated(be, ya, x, gl, 3, 128));
+        for (int t = 0; t < 3; t++) {
+            float sg = 1.0f / (1.0f + expf(-gl[t]));
+            for (int i = 0; i < 128; i++) {
+                float p = x[t * 128 + i] * sg;
+                yb[t * 128 + i] = yb[t * 128 + i] + p;
+            }
+        }
+        CHECK(memcmp(ya, yb, sizeof ya) == 0);
+
+        CHECK(be->ops->moe(be, &g.w, &u.w, &d.w, lg, 7, true, x, 1, y) == SN_E_INVALID); /* k > E */
+        CHECK(be->ops->moe(be, &g.w, &d.w, &d.w, lg, 2, true, x, 1, y) == SN_E_SHAPE);
+        CHECK(strstr(sn_errmsg(), "do not chain") != NULL);
+        tw_free(&g);
+        tw_free(&u);
+        tw_free(&d);
+        sn_backend_free(be);
+    }
+}
+
 /* ---------- memory ops, constructors ---------- */
 
 static void test_memory_and_ctor(void)
@@ -1027,6 +1197,7 @@ int main(void)
     RUN(test_attention);
     RUN(test_gdn);
     RUN(test_argmax);
+    RUN(test_moe);
     RUN(test_memory_and_ctor);
     return TEST_END();
 }

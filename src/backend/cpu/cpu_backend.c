@@ -12,18 +12,9 @@
 #include "backend/cpu/cpu_internal.h"
 #include "sanctum/threadpool.h"
 
-typedef struct {
-    sn_backend base;
-    sn_pool *pool;
-    const cpu_kernels *k;
-    float *scratch;
-    size_t scratch_cap; /* floats */
-    int pf_rows;        /* GEMV software prefetch distance in rows (0: off) */
-} cpu_be;
-
 static cpu_be *be_of(sn_backend *b) { return (cpu_be *)b; }
 
-static sn_status scratch_get(cpu_be *be, size_t n_floats, float **out)
+sn_status cpu_scratch_get(cpu_be *be, size_t n_floats, float **out)
 {
     if (n_floats > be->scratch_cap) {
         size_t bytes = (n_floats * sizeof(float) + 63) & ~(size_t)63;
@@ -85,7 +76,7 @@ static sn_status cpu_sync(sn_backend *b) { return SN_OK; }
 
 /* ---------------- weights ---------------- */
 
-static sn_status mat_resolve(const sn_weight *w, int expert, cpu_mat *m)
+sn_status cpu_mat_resolve(const sn_weight *w, int expert, cpu_mat *m)
 {
     if (!w || !w->data)
         return SN_FAIL(SN_E_INVALID, "matmul: weight without data");
@@ -140,102 +131,125 @@ static sn_status mat_resolve(const sn_weight *w, int expert, cpu_mat *m)
 static sn_status cpu_upload_weight(sn_backend *b, sn_weight *w)
 {
     cpu_mat m;
-    return mat_resolve(w, 0, &m); /* used in place: nothing to copy */
+    return cpu_mat_resolve(w, 0, &m); /* used in place: nothing to copy */
+}
+
+/* ---------------- matmul ---------------- */
+
+void cpu_mm_plan_for(const cpu_be *be, const cpu_mat *m, cpu_mm_plan *p)
+{
+    const cpu_kernels *k = be->k;
+    bool quant = m->bits != 0;
+    if (quant && m->group % k->min_group != 0)
+        k = &cpu_kernels_ref; /* an unusual group: the oracle is still correct */
+    p->fn = m->dtype == SN_DT_Q4 ? k->mm_q4 : m->dtype == SN_DT_Q8 ? k->mm_q8 : k->mm_dense;
+    p->prep = !quant ? NULL : m->dtype == SN_DT_Q4 ? k->prep_q4 : k->prep_q8;
+    p->gsum = quant && k->wants_gsum;
+    p->pf_off = be->pf_rows * (int64_t)m->row_bytes;
+    /* Prefill row tile: ~512 KB of weights (half a Zen 4 L2, a quarter of a
+     * Sapphire Rapids L2), at least 16 rows. Every tile re-reads all of x,
+     * so the tile size sets x traffic: 16-row tiles made a 64-token
+     * 17408-column GEMM move 4.4 MB of x per 16 rows. */
+    size_t wrow = m->row_bytes + (quant ? 2 * (size_t)m->n_groups * m->s_size : 0);
+    int64_t tile = (int64_t)((512u << 10) / wrow);
+    p->row_tile = tile < 16 ? 16 : tile > 1024 ? 1024 : tile;
+}
+
+size_t cpu_mm_prep_floats(const cpu_mm_plan *p, const cpu_mat *m, int64_t T)
+{
+    return (p->prep ? (size_t)T * m->cols : 0) + (p->gsum ? (size_t)T * m->n_groups : 0);
+}
+
+void cpu_mm_prep_rows(const cpu_mm_plan *p, const cpu_mat *m, const float *x, int64_t t0, int64_t t1, float *xp,
+                      float *gsum)
+{
+    for (int64_t t = t0; t < t1; t++) {
+        const float *xt = x + (size_t)t * m->cols;
+        if (p->prep)
+            p->prep(xt, m->cols, xp + (size_t)t * m->cols);
+        if (p->gsum) {
+            for (int64_t g = 0; g < m->n_groups; g++) {
+                float s = 0.0f;
+                for (int i = 0; i < m->group; i++)
+                    s += xt[g * m->group + i];
+                gsum[(size_t)t * m->n_groups + g] = s;
+            }
+        }
+    }
+}
+
+void cpu_mm_run_rows(const cpu_mm_plan *p, const cpu_mm_args *a, const float *bias, int64_t r0, int64_t r1)
+{
+    p->fn(a, r0, r1);
+    if (bias) {
+        int64_t rows = a->m->rows;
+        for (int t = 0; t < a->T; t++)
+            for (int64_t r = r0; r < r1; r++)
+                a->y[(size_t)t * rows + r] += bias[r];
+    }
 }
 
 /* ---------------- matmul ---------------- */
 
 typedef struct {
-    const cpu_kernels *k;
-    cpu_mm_fn fn;
+    cpu_mm_plan plan;
     cpu_mm_args a;
     const float *bias;
-    void (*prep)(const float *, int64_t, float *);
     float *xp, *gsum;
 } mm_job;
 
 static void mm_prep_body(void *ctx, int64_t t0, int64_t t1, int tid)
 {
     mm_job *j = ctx;
-    const cpu_mat *m = j->a.m;
-    for (int64_t t = t0; t < t1; t++) {
-        const float *x = j->a.x + (size_t)t * m->cols;
-        if (j->prep)
-            j->prep(x, m->cols, j->xp + (size_t)t * m->cols);
-        if (j->gsum) {
-            for (int64_t g = 0; g < m->n_groups; g++) {
-                float s = 0.0f;
-                for (int i = 0; i < m->group; i++)
-                    s += x[g * m->group + i];
-                j->gsum[(size_t)t * m->n_groups + g] = s;
-            }
-        }
-    }
+    cpu_mm_prep_rows(&j->plan, j->a.m, j->a.x, t0, t1, j->xp, j->gsum);
 }
 
 static void mm_body(void *ctx, int64_t r0, int64_t r1, int tid)
 {
     mm_job *j = ctx;
-    j->fn(&j->a, r0, r1);
-    if (j->bias) {
-        int64_t rows = j->a.m->rows;
-        for (int t = 0; t < j->a.T; t++)
-            for (int64_t r = r0; r < r1; r++)
-                j->a.y[(size_t)t * rows + r] += j->bias[r];
-    }
+    cpu_mm_run_rows(&j->plan, &j->a, j->bias, r0, r1);
 }
 
 static sn_status cpu_matmul(sn_backend *b, const sn_weight *w, int expert, const float *x, int T, float *y)
 {
     cpu_be *be = be_of(b);
     cpu_mat m;
-    SN_TRY(mat_resolve(w, expert, &m));
+    SN_TRY(cpu_mat_resolve(w, expert, &m));
     if (T < 0)
         return SN_FAIL(SN_E_INVALID, "matmul: T=%d", T);
     if (T == 0)
         return SN_OK;
     if (!x || !y)
         return SN_FAIL(SN_E_INVALID, "matmul: NULL activation");
-    mm_job j = { .k = be->k, .bias = w->bias };
-    j.a = (cpu_mm_args){ .m = &m, .x = x, .T = T, .y = y, .pf_off = be->pf_rows * (int64_t)m.row_bytes };
-    const cpu_kernels *k = be->k;
-    bool quant = m.bits != 0;
-    if (quant && m.group % k->min_group != 0)
-        k = &cpu_kernels_ref; /* an unusual group: the oracle is still correct */
-    j.fn = m.dtype == SN_DT_Q4 ? k->mm_q4 : m.dtype == SN_DT_Q8 ? k->mm_q8 : k->mm_dense;
-    if (quant) {
-        j.prep = m.dtype == SN_DT_Q4 ? k->prep_q4 : k->prep_q8;
-        size_t need = (j.prep ? (size_t)T * m.cols : 0) + (k->wants_gsum ? (size_t)T * m.n_groups : 0);
-        if (need) {
-            float *s;
-            SN_TRY(scratch_get(be, need, &s));
-            if (j.prep)
-                j.xp = s;
-            if (k->wants_gsum)
-                j.gsum = s + (j.prep ? (size_t)T * m.cols : 0);
-            sn_pool_for(be->pool, T, (1 << 14) / m.cols + 1, mm_prep_body, &j);
-            j.a.xp = j.xp;
-            j.a.gsum = j.gsum;
-        }
+    mm_job j = { .bias = w->bias };
+    cpu_mm_plan_for(be, &m, &j.plan);
+    j.a = (cpu_mm_args){ .m = &m, .x = x, .T = T, .y = y, .pf_off = j.plan.pf_off, .row_tile = j.plan.row_tile };
+    size_t need = cpu_mm_prep_floats(&j.plan, &m, T);
+    if (need) {
+        float *s;
+        SN_TRY(cpu_scratch_get(be, need, &s));
+        j.xp = j.plan.prep ? s : NULL;
+        j.gsum = j.plan.gsum ? s + (j.plan.prep ? (size_t)T * m.cols : 0) : NULL;
+        sn_pool_for(be->pool, T, (1 << 14) / m.cols + 1, mm_prep_body, &j);
+        j.a.xp = j.xp;
+        j.a.gsum = j.gsum;
     }
-    /* Prefill row tile: ~512 KB of weights (half a Zen 4 L2, a quarter of a
-     * Sapphire Rapids L2), at least 16 rows. Every tile re-reads all of x,
-     * so the tile size sets x traffic: 16-row tiles made a 64-token
-     * 17408-column GEMM move 4.4 MB of x per 16 rows. */
-    size_t wrow = m.row_bytes + (quant ? 2 * (size_t)m.n_groups * m.s_size : 0);
-    int64_t tile = (int64_t)((512u << 10) / wrow);
-    j.a.row_tile = tile < 16 ? 16 : tile > 1024 ? 1024 : tile;
-    /* Enough work per chunk (~64K multiply-adds) that scheduling is noise.
-     * Prefill rows all cost the same: two chunks per thread (a late thread's
-     * second chunk can still be taken by another) keep the chunks, and so
-     * the row tiles inside them, large. */
-    int64_t grain = (1 << 16) / (m.cols * (int64_t)T) + 1;
+    sn_pool_for(be->pool, m.rows, cpu_mm_grain(be, &m, T), mm_body, &j);
+    return SN_OK;
+}
+
+/* Enough work per chunk (~64K multiply-adds) that scheduling is noise.
+ * Prefill rows all cost the same: two chunks per thread (a late thread's
+ * second chunk can still be taken by another) keep the chunks, and so the
+ * row tiles inside them, large. */
+int64_t cpu_mm_grain(const cpu_be *be, const cpu_mat *m, int64_t T)
+{
+    int64_t grain = (1 << 16) / (m->cols * T) + 1;
     if (T > 1) {
-        int64_t half = (m.rows + 2 * sn_pool_size(be->pool) - 1) / (2 * sn_pool_size(be->pool));
+        int64_t half = (m->rows + 2 * sn_pool_size(be->pool) - 1) / (2 * sn_pool_size(be->pool));
         grain = half > grain ? half : grain;
     }
-    sn_pool_for(be->pool, m.rows, grain, mm_body, &j);
-    return SN_OK;
+    return grain;
 }
 
 /* ---------------- embed ---------------- */
@@ -256,7 +270,7 @@ static void embed_body(void *ctx, int64_t t0, int64_t t1, int tid)
 static sn_status cpu_embed(sn_backend *b, const sn_weight *w, const int32_t *ids, int T, float *y)
 {
     cpu_mat m;
-    SN_TRY(mat_resolve(w, 0, &m));
+    SN_TRY(cpu_mat_resolve(w, 0, &m));
     if (w->n_experts)
         return SN_FAIL(SN_E_SHAPE, "embed: weight is an expert stack");
     if (T < 0 || (T > 0 && (!ids || !y)))
@@ -498,13 +512,13 @@ static sn_status cpu_attention(sn_backend *b, const float *q, const sn_kv_view *
     int64_t per_key = (int64_t)G * D;
     if (T == 1) {
         j.n_chunks = (pos0 + CPU_ATTN_CHUNK) / CPU_ATTN_CHUNK; /* ceil((pos0+1)/CHUNK) */
-        SN_TRY(scratch_get(be, (size_t)Hkv * j.n_chunks * j.part_sz, &j.part));
+        SN_TRY(cpu_scratch_get(be, (size_t)Hkv * j.n_chunks * j.part_sz, &j.part));
         sn_pool_for(be->pool, (int64_t)Hkv * j.n_chunks, (1 << 14) / (per_key * CPU_ATTN_CHUNK) + 1, attn_chunk_body,
                     &j);
         sn_pool_for(be->pool, Hkv, 1, attn_merge_body, &j);
         return SN_OK;
     }
-    SN_TRY(scratch_get(be, (size_t)sn_pool_size(be->pool) * j.part_sz, &j.part));
+    SN_TRY(cpu_scratch_get(be, (size_t)sn_pool_size(be->pool) * j.part_sz, &j.part));
     /* Items cost in proportion to their position: dynamic chunks absorb that. */
     sn_pool_for(be->pool, (int64_t)T * Hkv, (1 << 14) / (per_key * ((int64_t)pos0 + 1)) + 1, attn_seq_body, &j);
     return SN_OK;
@@ -575,7 +589,7 @@ static sn_status cpu_gdn(sn_backend *b, const sn_gdn_dims *d, const float *qkv, 
     c.g = (cpu_gdn_job){ .d = d, .conv_dim = (int)conv_dim, .key_dim = (int)key_dim, .T = T,
                          .l2_eps = d->norm_eps > 0.0f ? d->norm_eps : 1e-6f, .qkv = qkv, .a = a, .b = bb,
                          .conv_w = conv_w, .A_log = A_log, .dt_bias = dt_bias, .st = st, .out = out };
-    SN_TRY(scratch_get(be, (size_t)T * conv_dim, &c.g.c));
+    SN_TRY(cpu_scratch_get(be, (size_t)T * conv_dim, &c.g.c));
     sn_pool_for(be->pool, conv_dim, (1 << 13) / ((int64_t)T * d->conv_k) + 16, gdn_conv_body, &c);
     sn_pool_for(be->pool, 2 * (int64_t)T * d->n_k_heads, (1 << 12) / d->dk + 1, gdn_l2_body, &c);
     sn_pool_for(be->pool, d->n_v_heads, 1, gdn_head_body, &c);
@@ -627,6 +641,7 @@ static sn_status cpu_argmax(sn_backend *b, const float *x, int rows, int n, int3
         .rmsnorm = cpu_rmsnorm, .add = cpu_add, .swiglu = cpu_swiglu, .rope = cpu_rope,                     \
         .attention = cpu_attention, .kv_write = cpu_kv_write, .gdn = cpu_gdn,                               \
         .gated_rmsnorm = cpu_gated_rmsnorm, .mul_sigmoid = cpu_mul_sigmoid, .argmax = cpu_argmax,           \
+        .moe = cpu_moe, .add_gated = cpu_add_gated,                                                         \
     }
 
 static const sn_backend_ops g_ops[SN_ISA_COUNT] = {

@@ -61,6 +61,46 @@ typedef struct {
     void (*scale)(float *y, float a, int64_t n);                  /* y *= a */
 } cpu_kernels;
 
+/* The CPU backend object (cpu_backend.c), shared with moe.c. */
+struct sn_pool;
+typedef struct {
+    sn_backend base;
+    struct sn_pool *pool;
+    const cpu_kernels *k;
+    float *scratch;
+    size_t scratch_cap; /* floats */
+    int pf_rows;        /* GEMV software prefetch distance in rows (0: off) */
+} cpu_be;
+
+/* The one scratch buffer, grown to n_floats (64-byte aligned); valid until
+ * the next call. */
+sn_status cpu_scratch_get(cpu_be *be, size_t n_floats, float **out);
+/* Validate w and resolve expert e into m (SN_E_SHAPE / _RANGE / ... with a message). */
+sn_status cpu_mat_resolve(const sn_weight *w, int expert, cpu_mat *m);
+
+/* How one matrix is multiplied: kernel, x preparation, blocking. */
+typedef struct {
+    cpu_mm_fn fn;
+    void (*prep)(const float *x, int64_t cols, float *xp); /* NULL: x used as is */
+    int gsum;                                             /* kernel reads group sums */
+    int64_t pf_off, row_tile;
+} cpu_mm_plan;
+void cpu_mm_plan_for(const cpu_be *be, const cpu_mat *m, cpu_mm_plan *p);
+/* Floats of xp + gsum for T rows of x (0 when the kernel reads x as is). */
+size_t cpu_mm_prep_floats(const cpu_mm_plan *p, const cpu_mat *m, int64_t T);
+/* Prepare rows [t0, t1) of x into xp [T, cols] and gsum [T, n_groups]. */
+void cpu_mm_prep_rows(const cpu_mm_plan *p, const cpu_mat *m, const float *x, int64_t t0, int64_t t1, float *xp,
+                      float *gsum);
+/* Output rows [r0, r1) of a->y, plus the linear bias when given. */
+void cpu_mm_run_rows(const cpu_mm_plan *p, const cpu_mm_args *a, const float *bias, int64_t r0, int64_t r1);
+/* Row grain of a parallel matmul. */
+int64_t cpu_mm_grain(const cpu_be *be, const cpu_mat *m, int64_t T);
+
+/* Optional MoE ops (moe.c). */
+sn_status cpu_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
+                  const float *logits, int top_k, bool norm_topk, const float *x, int T, float *out);
+sn_status cpu_add_gated(sn_backend *b, float *y, const float *x, const float *g, int T, int n);
+
 extern const cpu_kernels cpu_kernels_ref;
 extern const cpu_kernels cpu_kernels_avx2;
 extern const cpu_kernels cpu_kernels_avx512;
