@@ -165,6 +165,61 @@ static void test_top_p_before_temperature(void)
     sn_sampler_free(s);
 }
 
+/* Reference kept set: full sort (prob desc, id asc), keep while the mass
+ * strictly above is below p. */
+static const float *g_ref_probs;
+static int ref_cmp(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (g_ref_probs[x] != g_ref_probs[y]) return g_ref_probs[x] > g_ref_probs[y] ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+static void test_top_p_matches_sorted_reference(void)
+{
+    /* Tied and near-tied logits across a 4000-token vocab; the drawn set at
+     * a high temperature must be exactly the reference kept set. */
+    enum { V = 4000 };
+    float *l = malloc(sizeof(float) * V), *tmp = malloc(sizeof(float) * V), *pr = malloc(sizeof(float) * V);
+    int32_t *idx = malloc(sizeof(int32_t) * V);
+    int *seen = calloc(V, sizeof(int));
+    sn_rng r;
+    sn_rng_seed(&r, 5);
+    for (int i = 0; i < V; i++) l[i] = (float)(sn_rng_uniform(&r) * 2.0);
+    for (int i = 0; i < 12; i++) l[(i * 331) % V] = 9.0f + (float)(i % 3);   /* three tied groups of 4 */
+    /* The 12 peaks hold ~96% of the mass: these p values keep 1..12 tokens,
+     * cutting inside the tied groups too. */
+    static const float ps[] = {0.3f, 0.5f, 0.62f, 0.8f, 0.9f, 0.95f};
+    for (size_t pi = 0; pi < sizeof ps / sizeof *ps; pi++) {
+        float topp = ps[pi];
+        double mx = -1e30, sum = 0;
+        for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+        for (int i = 0; i < V; i++) { pr[i] = expf(l[i] - (float)mx); sum += pr[i]; }
+        for (int i = 0; i < V; i++) { pr[i] = (float)(pr[i] / sum); idx[i] = i; }
+        g_ref_probs = pr;
+        qsort(idx, V, sizeof *idx, ref_cmp);
+        double above = 0;
+        int keep = 0;
+        while (keep < V && above < topp) above += pr[idx[keep++]];
+        CHECK(keep >= 1 && keep <= 12);
+        sn_sampler *s = mk(50.0f, topp, 0, 0, 0, 0, true, 11, V);
+        memset(seen, 0, sizeof(int) * V);
+        for (int d = 0; d < 400 * keep; d++) {
+            memcpy(tmp, l, sizeof(float) * V);
+            int32_t id;
+            CHECK_OK(sn_sampler_sample(s, tmp, &id));
+            seen[id]++;
+        }
+        int n_seen = 0, missing = 0;
+        for (int i = 0; i < V; i++) n_seen += seen[i] > 0;
+        for (int k = 0; k < keep; k++) missing += seen[idx[k]] == 0;
+        CHECKF(n_seen == keep && missing == 0, "top_p %.2f: reference keeps %d, drew %d distinct, %d kept never drawn",
+               topp, keep, n_seen, missing);
+        sn_sampler_free(s);
+    }
+    free(l); free(tmp); free(pr); free(idx); free(seen);
+}
+
 static void test_seed_same_sequence(void)
 {
     enum { V = 1000, N = 200 };
@@ -252,6 +307,7 @@ int main(void)
     RUN(test_presence_frequency);
     RUN(test_temperature_distribution);
     RUN(test_top_p_before_temperature);
+    RUN(test_top_p_matches_sorted_reference);
     RUN(test_seed_same_sequence);
     RUN(test_logit_bias);
     RUN(test_params_check);

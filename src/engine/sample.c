@@ -212,16 +212,49 @@ static int argmax(const float *x, int n)
     return best;
 }
 
-/* Descending by probability, ties by id so the order (and the draw) is
- * reproducible whatever qsort does with equal keys. */
-static _Thread_local const float *t_sort_probs;
-static int cmp_desc(const void *a, const void *b)
+/* Rank order for top-p: higher probability first, ties by lower id, so the
+ * kept set and the draw are reproducible. */
+static inline bool ranks_before(const float *pr, int32_t a, int32_t b)
 {
-    int32_t ia = *(const int32_t *)a, ib = *(const int32_t *)b;
-    float pa = t_sort_probs[ia], pb = t_sort_probs[ib];
-    if (pa > pb) return -1;
-    if (pa < pb) return 1;
-    return (ia > ib) - (ia < ib);
+    return pr[a] > pr[b] || (pr[a] == pr[b] && a < b);
+}
+
+static void sift_down(int32_t *h, int n, int i, const float *pr)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && ranks_before(pr, h[l], h[m])) m = l;
+        if (r < n && ranks_before(pr, h[r], h[m])) m = r;
+        if (m == i) return;
+        int32_t t = h[i]; h[i] = h[m]; h[m] = t;
+        i = m;
+    }
+}
+
+/* Moves the top-ranked tokens of cand[0,nc) to the front, in rank order,
+ * until their mass reaches p (mlx-lm keeps a token when the mass strictly
+ * above it is below p); returns how many. A heap costs O(nc + k log nc)
+ * where a full sort costs O(nc log nc): with a peaked distribution k is a
+ * handful while nc can be tens of thousands. */
+static int top_p_select(int32_t *cand, int nc, const float *pr, float p)
+{
+    for (int i = nc / 2 - 1; i >= 0; i--) sift_down(cand, nc, i, pr);
+    int n = nc, keep = 0;
+    double above = 0.0;
+    while (n > 0 && above < p) {
+        int32_t top = cand[0];
+        cand[0] = cand[n - 1];
+        cand[n - 1] = top;      /* popped tokens collect at the tail, best last */
+        n--;
+        sift_down(cand, n, 0, pr);
+        above += pr[top];
+        keep++;
+    }
+    for (int i = 0; i < keep / 2; i++) {   /* tail -> rank order */
+        int32_t t = cand[nc - 1 - i]; cand[nc - 1 - i] = cand[nc - keep + i]; cand[nc - keep + i] = t;
+    }
+    memmove(cand, cand + nc - keep, (size_t)keep * sizeof *cand);
+    return keep;
 }
 
 sn_status sn_sampler_sample(sn_sampler *s, float *logits, int32_t *out_id)
@@ -254,23 +287,14 @@ sn_status sn_sampler_sample(sn_sampler *s, float *logits, int32_t *out_id)
     /* Candidates. With top-p, a token whose probability is below (1-p)/n is
      * always cut (all such tokens together weigh less than 1-p, so they sit
      * in the discarded ascending tail); skipping them before the sort keeps
-     * the sort small without changing the result. */
+     * the selection small without changing the result. */
     float p = s->p.top_p;
     int nc = 0;
     if (p < 1.0f) {
         float floor_p = (1.0f - p) / (float)n;
         for (int i = 0; i < n; i++)
             if (s->probs[i] >= floor_p && s->probs[i] > 0.0f) s->cand[nc++] = i;
-        t_sort_probs = s->probs;
-        qsort(s->cand, (size_t)nc, sizeof *s->cand, cmp_desc);
-        /* mlx-lm keeps a token when the ascending cumulative probability up to
-         * and including it exceeds 1-p, i.e. when the mass strictly above it
-         * is below p. */
-        double above = 0.0;
-        int keep = 0;
-        while (keep < nc && above < p) above += s->probs[s->cand[keep++]];
-        if (keep == 0) keep = 1;
-        nc = keep;
+        if (nc > 0) nc = top_p_select(s->cand, nc, s->probs, p);
     } else {
         for (int i = 0; i < n; i++)
             if (s->probs[i] > 0.0f) s->cand[nc++] = i;
