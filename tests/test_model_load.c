@@ -18,7 +18,7 @@
 enum { H = 64, V = 128, NL = 4, HQ = 2, HKV = 1, HD = 32, HK = 1, HV = 2, DK = 32, DV = 32, KC = 4, FF = 64 };
 #define CONV (2 * HK * DK + HV * DV)
 
-typedef enum { MUT_NONE, MUT_REQUANT8, MUT_MISSING, MUT_SHAPE, MUT_DTYPE, MUT_MODEL_TYPE, MUT_TRUNCATE, MUT_BAD_JSON } mutation;
+typedef enum { MUT_NONE, MUT_REQUANT8, MUT_Q_OK, MUT_Q_NOBIAS, MUT_Q_SCALES, MUT_Q_BITS, MUT_CONV, MUT_MISSING, MUT_SHAPE, MUT_DTYPE, MUT_MODEL_TYPE, MUT_TRUNCATE, MUT_BAD_JSON } mutation;
 
 static char g_root[256];
 static char g_run[512];   /* <build>/sanctum-run, next to this test's <build>/tests/ */
@@ -155,6 +155,26 @@ static int write_ckpt(const char *sub, mutation mut, char *dir, size_t cap)
             free(sc);
             free(bi);
             if (qs != SN_OK) return -1;
+        }
+        if (mut == MUT_CONV && !strcmp(t->name, "model.layers.2.linear_attn.conv1d.weight")) {
+            t->shape[1] = 2; /* [C, 2, K]: neither the HF nor the MLX layout; the data has room */
+            t->shape[2] = KC / 2;
+        }
+        if (mut >= MUT_Q_OK && mut <= MUT_Q_BITS && !strcmp(t->name, "model.layers.0.mlp.gate_proj.weight")) {
+            /* this one matrix stored MLX-quantized (4-bit, group 64) */
+            static uint32_t pk[FF * H / 8];
+            static uint16_t sc[FF * 2], bi[FF * 2];
+            if (sn_q_quantize(t->data, FF, H, 4, 64, SN_DT_BF16, pk, sc, bi) != SN_OK) return -1;
+            int64_t wsh[2] = { FF, H / 8 }, ssh[2] = { FF, 1 };
+            if (mut == MUT_Q_BITS) wsh[1] = H * 3 / 32; /* a 3-bit packing */
+            if (mut == MUT_Q_SCALES) ssh[0] = FF - 1; /* (a [FF, 2] would be a valid group-32 file) */
+            char n2[160];
+            if (sn_st_writer_add(w, t->name, SN_DT_U32, 2, wsh, pk) != SN_OK) return -1;
+            snprintf(n2, sizeof n2, "model.layers.0.mlp.gate_proj.scales");
+            if (sn_st_writer_add(w, n2, SN_DT_BF16, 2, ssh, sc) != SN_OK) return -1;
+            snprintf(n2, sizeof n2, "model.layers.0.mlp.gate_proj.biases");
+            if (mut != MUT_Q_NOBIAS && sn_st_writer_add(w, n2, SN_DT_BF16, 2, ssh, bi) != SN_OK) return -1;
+            continue;
         }
         if (sn_st_writer_add(w, t->name, dt, t->nd, t->shape, data) != SN_OK) {
             sn_st_writer_free(w);
@@ -299,6 +319,57 @@ static void test_unknown_model_type(void) { expect_bad("mtype", MUT_MODEL_TYPE, 
 static void test_truncated(void) { expect_bad("trunc", MUT_TRUNCATE, SN_E_FORMAT, "model.safetensors"); }
 static void test_bad_json(void) { expect_bad("json", MUT_BAD_JSON, SN_E_FORMAT, "config.json"); }
 
+/* One matrix MLX-quantized inside a raw checkpoint loads (quantization is
+ * per tensor, decided by ".scales") and matches the dense model closely. */
+static void test_mixed_quantized(void)
+{
+    char dir[512], gdir[512];
+    CHECK(write_ckpt("qok", MUT_Q_OK, dir, sizeof dir) == 0);
+    CHECK(write_ckpt("good", MUT_NONE, gdir, sizeof gdir) == 0);
+    sn_model *m = NULL, *g = NULL;
+    sn_load_opts o = { .n_threads = 1 };
+    CHECK_OK(sn_model_load(dir, &o, &m));
+    CHECK_OK(sn_model_load(gdir, &o, &g));
+    if (m && g) {
+        CHECK(m->layers[0].gate.dtype == SN_DT_Q4 && m->layers[0].up.dtype == SN_DT_F32);
+        sn_seq *a = NULL, *b = NULL;
+        CHECK_OK(sn_seq_new(m, 8, &a));
+        CHECK_OK(sn_seq_new(g, 8, &b));
+        int32_t ids[3] = { 1, 2, 3 };
+        float la[V], lb[V];
+        CHECK_OK(sn_forward(m, a, ids, 3, la, false));
+        CHECK_OK(sn_forward(g, b, ids, 3, lb, false));
+        float md = 0, mx = 0;
+        for (int i = 0; i < V; i++) {
+            md = fmaxf(md, fabsf(la[i] - lb[i]));
+            mx = fmaxf(mx, fabsf(lb[i]));
+        }
+        /* one 4-bit matrix moves the logits, but not wholesale */
+        CHECKF(md > 0 && md < 0.5f * fmaxf(1.0f, mx), "max diff %g, scale %g", md, mx);
+        sn_seq_free(a);
+        sn_seq_free(b);
+    }
+    sn_model_free(m);
+    sn_model_free(g);
+}
+
+static void test_quant_missing_biases(void)
+{
+    expect_bad("qnobias", MUT_Q_NOBIAS, SN_E_MISSING, "model.layers.0.mlp.gate_proj.biases");
+}
+static void test_quant_bad_scales(void)
+{
+    expect_bad("qscales", MUT_Q_SCALES, SN_E_SHAPE, "model.layers.0.mlp.gate_proj.scales");
+}
+static void test_quant_bad_bits(void)
+{
+    expect_bad("qbits", MUT_Q_BITS, SN_E_SHAPE, "model.layers.0.mlp.gate_proj.weight");
+}
+static void test_conv_bad_shape(void)
+{
+    expect_bad("conv", MUT_CONV, SN_E_SHAPE, "model.layers.2.linear_attn.conv1d.weight: expected shape [128, 1, 4] or [128, 4, 1]");
+}
+
 static void test_missing_dir(void)
 {
     sn_model *m = NULL;
@@ -324,6 +395,11 @@ int main(int argc, char **argv)
     RUN(test_unknown_model_type);
     RUN(test_truncated);
     RUN(test_bad_json);
+    RUN(test_mixed_quantized);
+    RUN(test_quant_missing_biases);
+    RUN(test_quant_bad_scales);
+    RUN(test_quant_bad_bits);
+    RUN(test_conv_bad_shape);
     RUN(test_missing_dir);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_root);
