@@ -1050,8 +1050,22 @@ static void test_moe(void)
         CHECK(be->ops->moe && be->ops->add_gated);
         const int E = 6, I = 64, H = 128;
         tw g, u, d;
+        /* mixed layouts, each with its own x preparation: Q4 g64 / Q8 g32 / BF16 */
         tw_make(&g, SN_DT_Q4, I, H, 64, SN_DT_BF16, E);
-        tw_make(&u, SN_DT_Q4, I, H, 32, SN_DT_BF16, E); /* other group: its own x preparation */
+        tw_make(&u, SN_DT_Q8, I, H, 32, SN_DT_BF16, E);
+        tw_make(&d, SN_DT_BF16, H, I, 0, SN_DT_F32, E);
+        {
+            float x0[3 * 128], lg0[3 * 6], ya[3 * 128], yr0[3 * 128];
+            fill(x0, sizeof x0 / 4, -1, 1);
+            fill(lg0, sizeof lg0 / 4, -3, 3);
+            CHECK_OK(be->ops->moe(be, &g.w, &u.w, &d.w, lg0, 2, true, x0, 3, ya));
+            moe_generic(be, &g, &u, &d, lg0, 2, true, x0, 3, yr0);
+            CHECKF(memcmp(ya, yr0, sizeof ya) == 0, "%s moe Q4/Q8/BF16 experts differ from the generic path",
+                   be->ops->name);
+        }
+        tw_free(&u);
+        tw_free(&d);
+        tw_make(&u, SN_DT_Q4, I, H, 32, SN_DT_BF16, E); /* same kernel, other group: own group sums */
         tw_make(&d, SN_DT_Q8, H, I, 32, SN_DT_F16, E);
         enum { TM = 9 };
         float x[TM * 128], lg[TM * 6], y[TM * 128], yr[TM * 128], y1[128];

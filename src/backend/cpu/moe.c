@@ -218,7 +218,7 @@ sn_status cpu_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, con
                 + (size_t)Smax * H * 2                /* xg, o */
                 + (size_t)Smax * I * 3                /* g, u, act */
                 + cpu_mm_prep_floats(&pg, &mg, Smax) + (up_own ? cpu_mm_prep_floats(&pu, &mu, Smax) : 0) +
-                cpu_mm_prep_floats(&pd, &md, Smax) + 16 * 8; /* alignment slack */
+                cpu_mm_prep_floats(&pd, &md, Smax) + 16 * 16; /* 16 regions, each padded to 16 floats */
     float *base;
     if ((st = cpu_scratch_get(be, fl + ints, &base)) != SN_OK)
         goto out;
@@ -229,8 +229,10 @@ sn_status cpu_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, con
     float *sel_w = TAKE((size_t)Smax), *xg = TAKE((size_t)Smax * H), *o = TAKE((size_t)Smax * H);
     float *g = TAKE((size_t)Smax * I), *u = TAKE((size_t)Smax * I), *act = TAKE((size_t)Smax * I);
     float *xpg = pg.prep ? TAKE((size_t)Smax * H) : NULL, *gsg = pg.gsum ? TAKE((size_t)Smax * mg.n_groups) : NULL;
-    float *xpu = up_own && pu.prep ? TAKE((size_t)Smax * H) : xpg;
-    float *gsu = up_own && pu.gsum ? TAKE((size_t)Smax * mu.n_groups) : gsg;
+    /* up shares the gate's preparation unless its plan differs; a kernel
+     * given an xp reads it instead of x, so "none" must stay NULL */
+    float *xpu = !up_own ? xpg : pu.prep ? TAKE((size_t)Smax * H) : NULL;
+    float *gsu = !up_own ? gsg : pu.gsum ? TAKE((size_t)Smax * mu.n_groups) : NULL;
     float *xpd = pd.prep ? TAKE((size_t)Smax * I) : NULL, *gsd = pd.gsum ? TAKE((size_t)Smax * md.n_groups) : NULL;
 #undef TAKE
 
