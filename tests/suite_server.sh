@@ -667,6 +667,14 @@ def grace_expiry_cancels_and_exits_0():
     got = b""
     while b"data: " not in got:
         got += s.recv(65536)
+    # A non-streaming request waits behind it in the queue.
+    q = socket.create_connection(("127.0.0.1", C.port))
+    qbody = json.dumps({"messages": msg("Queued."), "max_tokens": 30000, "temperature": 0, **NOEOS}).encode()
+    q.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(qbody) + qbody)
+    t1 = time.time()
+    while json.loads(C.get("/health")[1])["queue_depth"] != 1:
+        assert time.time() - t1 < 10, "the second request never queued"
+        time.sleep(0.01)
     t0 = time.time()
     C.p.send_signal(signal.SIGTERM)
     s.settimeout(30)
@@ -675,10 +683,18 @@ def grace_expiry_cancels_and_exits_0():
         if not d:
             break
         got += d
+    q.settimeout(30)
+    qgot = b""
+    while True:
+        d = q.recv(65536)
+        if not d:
+            break
+        qgot += d
     rc = C.p.wait(30)
     assert rc == 0, rc
     assert time.time() - t0 < 10, "grace not enforced"
     assert b'"code":"shutting_down"' in got and b"data: [DONE]" in got, got[-300:]
+    assert qgot.startswith(b"HTTP/1.1 503") and b'"code":"shutting_down"' in qgot, qgot[:300]
 
 @test
 def startup_refusals_and_binding():

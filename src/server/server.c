@@ -312,7 +312,11 @@ static void job_complete(srv *s, srv_job *j)
     const char *finish = j->gen.finish ? j->gen.finish : "stop";
     if (j->evcon) evhttp_connection_set_closecb(j->evcon, NULL, NULL);
     if (!ok && j->result != SN_E_CANCELLED) status = j->err.http_status;
-    if (j->client_gone || j->result == SN_E_CANCELLED || strcmp(finish, "cancelled") == 0) status = 499;
+    bool cancelled = j->result == SN_E_CANCELLED || strcmp(finish, "cancelled") == 0;
+    /* Cancelled: the client left (499, nginx's "client closed request"), or
+     * the shutdown grace ran out with the client still waiting (503). */
+    if (j->client_gone) status = 499;
+    else if (cancelled) status = 503;
 
     if (j->req) {
         if (!j->client_gone) track_flush(s, j->req);
@@ -350,11 +354,10 @@ static void job_complete(srv *s, srv_job *j)
         } else if (j->client_gone) {
             /* Detached request: this frees it without writing. */
             evhttp_send_reply_end(j->req);
-        } else if (!ok) {
-            if (j->result == SN_E_CANCELLED) {
-                srv_err_set(&j->err, 503, "server_error", "cancelled", NULL, "the request was cancelled (server shutting down)");
-                status = 503;
-            }
+        } else if (!ok || cancelled) {
+            if (cancelled)
+                srv_err_set(&j->err, 503, "server_error", "shutting_down", NULL,
+                            "the request was cancelled: the server is shutting down");
             reply_error(s, j->req, &j->err);
         } else if (j->creq.stream) {
             /* Streaming request that finished before anything was sent
