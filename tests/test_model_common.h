@@ -599,6 +599,9 @@ static int fixture_main(int argc, char **argv)
     RUN(test_snapshot_restore);
     RUN(test_quantize_at_load);
     RUN(test_cli_greedy);
+#ifdef FIXTURE_EXTRA
+    FIXTURE_EXTRA();
+#endif
     fx_free();
     return TEST_END();
 }
