@@ -102,7 +102,6 @@ static sn_status engine_run(void *ctx, srv_job *job, const srv_chat_req *req, sr
 {
     engine *e = ctx;
     sn_status st = SN_OK;
-    char *prompt = NULL;
     sn_ids ids = {0};
     sn_chat_msg *msgs = calloc(req->n_msgs, sizeof *msgs);
     if (!msgs) return SN_FAIL(SN_E_NOMEM, "out of memory for %zu messages", req->n_msgs);
@@ -111,8 +110,9 @@ static sn_status engine_run(void *ctx, srv_job *job, const srv_chat_req *req, sr
         msgs[i].content = req->msgs[i].content;
     }
     sn_chat_opts co = {.add_generation_prompt = true, .enable_thinking = req->enable_thinking};
-    if ((st = sn_chat_render(e->fmt, msgs, req->n_msgs, &co, &prompt)) != SN_OK) goto out;
-    if ((st = sn_tok_encode(e->tok, prompt, strlen(prompt), true, &ids)) != SN_OK) goto out;
+    /* sn_chat_encode keeps special tokens a user typed (<|im_end|>, [INST]) as
+     * plain text: only the template's own markers become control tokens. */
+    if ((st = sn_chat_encode(e->tok, e->fmt, msgs, req->n_msgs, &co, &ids)) != SN_OK) goto out;
     int max_ctx = sn_seq_max_ctx(e->seq);
     if (ids.n == 0) { st = SN_FAIL(SN_E_INVALID, "the rendered prompt is empty"); goto out; }
     if (ids.n + 1 > (size_t)max_ctx) {
@@ -150,7 +150,6 @@ static sn_status engine_run(void *ctx, srv_job *job, const srv_chat_req *req, sr
     out->decode_s = r.decode_s;
 out:
     free(msgs);
-    free(prompt);
     sn_ids_free(&ids);
     return st;
 }
@@ -341,7 +340,7 @@ static const char *base_name(const char *dir)
 static sn_status prewarm(engine *e, const char *path)
 {
     sn_status st = SN_OK;
-    char *text = NULL, *prompt = NULL;
+    char *text = NULL;
     sn_chat_msg *msgs = NULL;
     json_t *root = NULL;
     sn_ids ids = {0};
@@ -390,8 +389,7 @@ static sn_status prewarm(engine *e, const char *path)
     msgs[n_msgs].role = "user";
     msgs[n_msgs].content = ".";
     sn_chat_opts co = {.add_generation_prompt = false};
-    if ((st = sn_chat_render(e->fmt, msgs, n_msgs + 1, &co, &prompt)) != SN_OK) goto out;
-    if ((st = sn_tok_encode(e->tok, prompt, strlen(prompt), true, &ids)) != SN_OK) goto out;
+    if ((st = sn_chat_encode(e->tok, e->fmt, msgs, n_msgs + 1, &co, &ids)) != SN_OK) goto out;
     int bounds[MAX_MSG_BOUNDS];
     int nb = msg_bounds(e, ids.ids, ids.n, bounds);
     int n = nb > 0 ? bounds[nb - 1] : (int)ids.n;   /* cut where the placeholder turn opens */
@@ -402,7 +400,6 @@ static sn_status prewarm(engine *e, const char *path)
 out:
     sn_seq_reset(e->seq);
     sn_ids_free(&ids);
-    free(prompt);
     free(msgs);
     json_decref(root);
     free(text);
