@@ -259,9 +259,8 @@ static int longest_prompt(void)
 /* Greedy through next_id (argmax on the backend where it has the op, no
  * logits to the host) gives the reference continuations; with logits
  * requested too, the id is the argmax of those logits. */
-static void test_greedy_ids(void)
+static void greedy_ids_pass(const char *what)
 {
-    NEED_FIXTURE();
     for (int i = 0; i < g_ref.n; i++) {
         int L = g_ref.len[i];
         sn_seq *s = NULL;
@@ -269,16 +268,30 @@ static void test_greedy_ids(void)
         CHECK_OK(sn_seq_new(g_mlx, L + FX_GREEDY + 1, &s));
         CHECK_OK(sn_forward_greedy(g_mlx, s, g_ref.prompt[i], L, &out[0]));
         for (int t = 1; t < FX_GREEDY; t++) CHECK_OK(sn_forward_greedy(g_mlx, s, &out[t - 1], 1, &out[t]));
-        CHECKF(memcmp(out, g_ref.greedy[i], sizeof out) == 0, "prompt %d: next_id greedy differs from reference", i);
+        CHECKF(memcmp(out, g_ref.greedy[i], sizeof out) == 0, "%s, prompt %d: next_id greedy differs from reference",
+               what, i);
         sn_seq_reset(s);
         float *lg = malloc(sizeof(float) * (size_t)L * g_V);
         int32_t id = -1;
         sn_batch_item b = { .seq = s, .tokens = g_ref.prompt[i], .n = L, .logits = lg, .all_logits = true, .next_id = &id };
         CHECK_OK(sn_forward_batch(g_mlx, &b, 1));
-        CHECK(id == argmax(lg + (size_t)(L - 1) * g_V, g_V) && id == out[0]);
+        CHECKF(id == argmax(lg + (size_t)(L - 1) * g_V, g_V) && id == out[0], "%s, prompt %d: next_id != argmax", what, i);
         free(lg);
         sn_seq_free(s);
     }
+}
+
+static void test_greedy_ids(void)
+{
+    NEED_FIXTURE();
+    greedy_ids_pass("backend argmax");
+    /* the host fallback: the backend table without its argmax op */
+    const sn_backend_ops *orig = g_mlx->be->ops;
+    sn_backend_ops noarg = *orig;
+    noarg.argmax = NULL;
+    g_mlx->be->ops = &noarg;
+    greedy_ids_pass("host argmax");
+    g_mlx->be->ops = orig;
 }
 
 /* Compares the per-layer states of two sequences at the same position
