@@ -60,6 +60,7 @@ struct srv_job {
     struct evhttp_connection *evcon;
     bool headers_sent;
     bool client_gone;
+    bool collect_failed;          /* non-stream text could not be kept (out of memory) */
     char *full;                   /* non-stream: accumulated text */
     size_t full_len, full_cap;
     srv_job *live_prev, *live_next;
@@ -310,6 +311,12 @@ static void job_complete(srv *s, srv_job *j)
     srv_resp_meta meta = {j->id, (long long)time(NULL), s->o.model_id, s->o.fingerprint};
     bool ok = j->result == SN_OK;
     const char *finish = j->gen.finish ? j->gen.finish : "stop";
+    if (j->collect_failed) {
+        ok = false;
+        j->result = SN_E_NOMEM;
+        finish = "stop";
+        srv_err_set(&j->err, 500, "server_error", NULL, NULL, "out of memory collecting the completion");
+    }
     if (j->evcon) evhttp_connection_set_closecb(j->evcon, NULL, NULL);
     if (!ok && j->result != SN_E_CANCELLED) status = j->err.http_status;
     bool cancelled = j->result == SN_E_CANCELLED || strcmp(finish, "cancelled") == 0;
@@ -470,10 +477,8 @@ static void job_progress(srv *s, srv_job *j)
             }
         } else if (text_len > 0) {
             if (buf_append(&j->full, &j->full_len, &j->full_cap, text, text_len) != SN_OK) {
+                j->collect_failed = true;     /* answered 500 at the end */
                 atomic_store(&j->cancel, 1);
-                pthread_mutex_lock(&s->mu);
-                srv_err_set(&j->err, 500, "server_error", NULL, NULL, "out of memory collecting the completion");
-                pthread_mutex_unlock(&s->mu);
             }
         }
     }
