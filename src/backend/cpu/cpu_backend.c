@@ -36,6 +36,7 @@ static void cpu_destroy(sn_backend *b)
     cpu_be *be = be_of(b);
     sn_pool_free(be->pool);
     free(be->scratch);
+    free(be->moe_seg);
     free(be);
 }
 

@@ -70,6 +70,8 @@ typedef struct {
     float *scratch;
     size_t scratch_cap; /* floats */
     int pf_rows;        /* GEMV software prefetch distance in rows (0: off) */
+    void *moe_seg;      /* moe.c's per-expert segment table, grown on demand */
+    size_t moe_seg_cap; /* bytes */
 } cpu_be;
 
 /* The one scratch buffer, grown to n_floats (64-byte aligned); valid until

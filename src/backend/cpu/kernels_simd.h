@@ -65,7 +65,7 @@ AI void q_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int 
     }
     for (int64_t g = 0; g < ng; g++) {
         /* Software prefetch a few rows ahead where the driver asks for it
-         * (a->pf_off, by CPU vendor); past the matrix end it is a harmless hint. */
+         * (a->pf_off, see cpu_backend.c); past the matrix end it is a harmless hint. */
         if (a->pf_off)
 #pragma GCC unroll 8
             for (int i = 0; i < RB; i++)

@@ -207,9 +207,15 @@ sn_status cpu_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, con
     cpu_mm_plan_for(be, &mu, &pu);
     cpu_mm_plan_for(be, &md, &pd);
     bool up_own = !same_plan(&pg, &mg, &pu, &mu);
-    seg = malloc(sizeof *seg * 2 * (size_t)E);
-    if (!seg)
-        return SN_FAIL(SN_E_NOMEM, "moe: %lld segments", (long long)(2 * E));
+    size_t seg_bytes = sizeof *seg * 2 * (size_t)E;
+    if (seg_bytes > be->moe_seg_cap) { /* once per model: decode allocates nothing */
+        void *ns = realloc(be->moe_seg, seg_bytes);
+        if (!ns)
+            return SN_FAIL(SN_E_NOMEM, "moe: %lld segments", (long long)(2 * E));
+        be->moe_seg = ns;
+        be->moe_seg_cap = seg_bytes;
+    }
+    seg = be->moe_seg;
 
     /* scratch layout for a block of n <= MOE_TBLK tokens, S = n*k rows */
     const int64_t Smax = (int64_t)MOE_TBLK * top_k;
@@ -321,7 +327,6 @@ sn_status cpu_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, con
         sn_pool_for(be->pool, n, (1 << 12) / H + 1, combine_body, &cj);
     }
 out:
-    free(seg);
     return st;
 }
 
