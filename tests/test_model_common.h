@@ -20,6 +20,7 @@
 #ifndef TEST_MODEL_COMMON_H
 #define TEST_MODEL_COMMON_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -447,6 +448,47 @@ static void test_batch_equals_single(void)
     }
 }
 
+/* Sequences of one model driven from several threads at once (the server's
+ * shape): every thread's greedy continuation is the reference one. */
+typedef struct {
+    int prompt;
+    bool ok;
+} thr_arg;
+
+static void *thr_main(void *p)
+{
+    thr_arg *a = p;
+    int i = a->prompt, L = g_ref.len[i];
+    sn_seq *s = NULL;
+    int32_t out[FX_GREEDY];
+    a->ok = false;
+    if (sn_seq_new(g_mlx, L + FX_GREEDY + 1, &s) != SN_OK) return NULL;
+    bool ok = sn_forward_greedy(g_mlx, s, g_ref.prompt[i], L, &out[0]) == SN_OK;
+    for (int t = 1; ok && t < FX_GREEDY; t++) ok = sn_forward_greedy(g_mlx, s, &out[t - 1], 1, &out[t]) == SN_OK;
+    sn_snapshot *snap = NULL;
+    ok = ok && sn_seq_snapshot(s, &snap) == SN_OK && sn_seq_restore(s, snap) == SN_OK;
+    sn_snapshot_free(snap);
+    sn_seq_free(s);
+    a->ok = ok && memcmp(out, g_ref.greedy[i], sizeof out) == 0;
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    NEED_FIXTURE();
+    enum { NT = 4 };
+    pthread_t th[NT];
+    thr_arg args[NT];
+    for (int t = 0; t < NT; t++) {
+        args[t] = (thr_arg){ t % g_ref.n, false };
+        CHECK(pthread_create(&th[t], NULL, thr_main, &args[t]) == 0);
+    }
+    for (int t = 0; t < NT; t++) {
+        pthread_join(th[t], NULL);
+        CHECKF(args[t].ok, "thread %d (prompt %d): continuation differs or a call failed", t, args[t].prompt);
+    }
+}
+
 /* Snapshot after the prompt; greedy; restore (same seq and a fresh one);
  * greedy again: identical continuations. */
 static void test_snapshot_restore(void)
@@ -610,6 +652,7 @@ static int fixture_main(int argc, char **argv)
     RUN(test_chunked_prefill);
     RUN(test_batch_equals_single);
     RUN(test_snapshot_restore);
+    RUN(test_threads);
     RUN(test_quantize_at_load);
     RUN(test_cli_greedy);
 #ifdef FIXTURE_EXTRA
