@@ -359,6 +359,58 @@ static void test_lru_budget(void)
     sn_seq_free(s);
 }
 
+/* Entries share their common prefix: two continuations of a 512-token
+ * prefix cost about one prefix, the prefix-only entry they extend goes, and
+ * the accounting returns to zero when the pool is cleared. */
+static void test_sharing(void)
+{
+    FOR_MODELS {
+        int V = PM->vocab < 500 ? PM->vocab : 500;
+        int32_t A[600], B[600];
+        pf_tokens(A, 576, 201 + (uint64_t)mi, 0, V);
+        memcpy(B, A, 512 * sizeof(int32_t));
+        pf_tokens(B + 512, 64, 202 + (uint64_t)mi, 0, V);
+        sn_seq *s = NULL;
+        CHECK_OK(sn_seq_new(PM->m, 1024, &s));
+        sn_pcache_opts o;
+        sn_pcache_opts_default(&o);
+        o.ckpt_every = 64;
+        sn_pcache *pc = NULL;
+        CHECK_OK(sn_pcache_new(PM->m, &o, &pc));
+        sn_pcache_stats st;
+        CHECK_OK(sn_pcache_prewarm(pc, PM->m, s, A, 512, NULL, 0));
+        sn_pcache_get_stats(pc, &st);
+        uint64_t prefix = st.bytes;
+        CHECK_OK(sn_pcache_prewarm(pc, PM->m, s, A, 576, NULL, 0));
+        CHECK_OK(sn_pcache_prewarm(pc, PM->m, s, B, 576, NULL, 0));
+        sn_pcache_get_stats(pc, &st);
+        CHECKF(st.entries == 2, "%s: %llu entries", PM->name, (unsigned long long)st.entries);
+        CHECKF(st.bytes < prefix * 3 / 2, "%s: two continuations take %llu bytes, the prefix alone %llu", PM->name,
+               (unsigned long long)st.bytes, (unsigned long long)prefix);
+        CHECK(st.hits == 2 && st.cached_tokens == 1024);
+        /* both continuations resume past the shared part, bit-exactly */
+        sn_gen_params pcold, pwarm;
+        gen_params(&pcold, NULL, 8);
+        gen_params(&pwarm, pc, 8);
+        pf_out c = { 0 }, w = { 0 };
+        for (int k = 0; k < 2; k++) {
+            int32_t *P = k ? B : A;
+            pf_tokens(P + 576, 10, 203, 0, V);
+            pf_gen(PM->m, 1024, P, 586, &pcold, &c);
+            pf_gen(PM->m, 1024, P, 586, &pwarm, &w);
+            CHECKF(pf_same(&c, &w), "%s: continuation %d differs", PM->name, k);
+            CHECKF(w.res.cached_tokens == 576, "%s: continuation %d cached %d", PM->name, k, w.res.cached_tokens);
+        }
+        sn_pcache_clear(pc);
+        sn_pcache_get_stats(pc, &st);
+        CHECK(st.entries == 0 && st.bytes == 0);
+        pf_out_free(&c);
+        pf_out_free(&w);
+        sn_pcache_free(pc);
+        sn_seq_free(s);
+    }
+}
+
 static void test_bad_args(void)
 {
     pf_model *pm = &pf_models[0];
@@ -511,6 +563,7 @@ int main(void)
     RUN(test_generate_cold_warm);
     RUN(test_bounds_and_min_fresh);
     RUN(test_lru_budget);
+    RUN(test_sharing);
     RUN(test_bad_args);
     RUN(test_threads);
     RUN(test_server_fields);

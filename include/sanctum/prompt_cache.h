@@ -11,6 +11,8 @@
  * nearest checkpoint at or below the common prefix (any position for models
  * without GatedDeltaNet layers) and computes the rest, at least min_fresh
  * tokens so the last prompt token's logits come from a forward pass.
+ * Entries share their common prefixes (reference-counted segments), so a
+ * long system prompt used by many conversations is stored once.
  *
  * min_fresh = 1 relies on the backend being batch invariant (a token gives
  * the same bits alone or inside a run of many: tests/test_prompt_cache.c

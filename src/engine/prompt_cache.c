@@ -74,16 +74,33 @@ static int n_attn_layers(const sn_seq *s)
     return n;
 }
 
-/* ---- pool --------------------------------------------------------------- */
+/* ---- pool ---------------------------------------------------------------
+ *
+ * Entries share their prefixes: an entry is a chain of segments, each
+ * holding the KV rows [a, b) and the recurrent checkpoints in (a, b] of the
+ * request that made it. A request that resumes at r from an entry takes
+ * references to that entry's segments up to r and adds one segment of its
+ * own, [r, n). So ten conversations over one long system prompt, or the
+ * turns of one conversation, store the shared part once. Segments are
+ * reference counted; the pool's bytes are those of the live segments. */
+
+typedef struct {
+    int refs;
+    int a, b;                 /* KV rows [a, b) */
+    unsigned char *kv;        /* per attention layer: K rows [a, b) then V rows [a, b) */
+    int n_ck;
+    int *ck_pos;              /* ascending checkpoint positions in (a, b] (recurrent models only) */
+    unsigned char *ck;        /* [n_ck][gdn_bytes] */
+    size_t bytes;
+} pc_seg;
 
 typedef struct pc_entry {
     int32_t *tokens;          /* [n] the tokens whose state this entry holds */
     int n;
-    unsigned char *kv;        /* per attention layer: K rows [n, row] then V rows [n, row] */
-    int n_ck;
-    int *ck_pos;              /* [n_ck] ascending checkpoint positions (GDN models only) */
-    unsigned char *ck;        /* [n_ck][gdn_bytes] */
-    size_t bytes;
+    pc_seg **segs;            /* [n_segs] contiguous: segs[0]->a == 0, segs[i]->a == ends[i-1] */
+    int *ends;                /* rows of segs[i] this entry uses (<= segs[i]->b); ends[n_segs-1] == n */
+    int n_segs;
+    size_t own_bytes;         /* tokens and arrays (the segments are counted on their own) */
     struct pc_entry *prev, *next;  /* LRU list: head = most recently used */
 } pc_entry;
 
@@ -96,13 +113,18 @@ struct sn_pcache {
     uint64_t n_entries, hits, misses, cached_tokens, evictions;
 };
 
-/* Planned and captured checkpoints of one request. */
+/* One request: the segments it resumed through (referenced), its plan and
+ * the checkpoints it captured past the resume point. */
 struct sn_pcache_req {
     sn_pcache *pc;
     size_t gdn_bytes;         /* 0: model without recurrent layers */
+    int start;                /* resume position: rows below it live in segs */
+    pc_seg **segs;            /* referenced segments covering [0, start) */
+    int *ends;
+    int n_segs;
     int *plan;                /* ascending positions to capture during prefill */
     int n_plan;
-    int *ck_pos;              /* captured (and inherited) checkpoints, ascending */
+    int *ck_pos;              /* captured checkpoints (> start), ascending */
     unsigned char *ck;        /* [n_ck][gdn_bytes] */
     int n_ck, cap_ck;
 };
@@ -136,13 +158,24 @@ sn_status sn_pcache_new(sn_model *m, const sn_pcache_opts *o, sn_pcache **out)
     return SN_OK;
 }
 
-static void entry_free(pc_entry *e)
+/* Under pc->lock. */
+static void seg_unref(sn_pcache *pc, pc_seg *g)
+{
+    if (!g || --g->refs > 0) return;
+    pc->bytes -= g->bytes;
+    free(g->kv);
+    free(g->ck_pos);
+    free(g->ck);
+    free(g);
+}
+
+static void entry_free(sn_pcache *pc, pc_entry *e)
 {
     if (!e) return;
+    for (int i = 0; i < e->n_segs; i++) seg_unref(pc, e->segs[i]);
     free(e->tokens);
-    free(e->kv);
-    free(e->ck_pos);
-    free(e->ck);
+    free(e->segs);
+    free(e->ends);
     free(e);
 }
 
@@ -167,9 +200,9 @@ static void lru_push_front(sn_pcache *pc, pc_entry *e)
 static void entry_drop(sn_pcache *pc, pc_entry *e)
 {
     lru_unlink(pc, e);
-    pc->bytes -= e->bytes;
+    pc->bytes -= e->own_bytes;
     pc->n_entries--;
-    entry_free(e);
+    entry_free(pc, e);
 }
 
 void sn_pcache_clear(sn_pcache *pc)
@@ -209,22 +242,26 @@ static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
     return i;
 }
 
+/* The largest checkpoint of e at or below cap (0: none). */
+static int entry_ck_below(const pc_entry *e, int cap)
+{
+    for (int i = e->n_segs - 1; i >= 0; i--) {
+        const pc_seg *g = e->segs[i];
+        int lim = e->ends[i] < cap ? e->ends[i] : cap;
+        for (int k = g->n_ck - 1; k >= 0; k--)
+            if (g->ck_pos[k] <= lim) return g->ck_pos[k];
+    }
+    return 0;
+}
+
 /* Where seq could resume from e for a prompt whose common prefix with e is
- * L and which must leave limit tokens or fewer cached; ck_index gets the
- * checkpoint used (-1: none needed). Returns the position, 0 when unusable. */
-static int resume_pos(const pc_entry *e, bool recurrent, int L, int limit, int *ck_index)
+ * L and which must leave at least min_fresh tokens: 0 when unusable. */
+static int resume_pos(const pc_entry *e, bool recurrent, int L, int limit)
 {
     int cap = L < limit ? L : limit;
     if (cap > e->n) cap = e->n;
-    *ck_index = -1;
     if (cap <= 0) return 0;
-    if (!recurrent) return cap;
-    for (int i = e->n_ck - 1; i >= 0; i--)
-        if (e->ck_pos[i] <= cap && e->ck_pos[i] > 0) {
-            *ck_index = i;
-            return e->ck_pos[i];
-        }
-    return 0;
+    return recurrent ? entry_ck_below(e, cap) : cap;
 }
 
 /* Regular checkpoints thin out geometrically: every ckpt_every tokens up to
@@ -246,25 +283,28 @@ static int cmp_int(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static sn_status req_add_ck(sn_pcache_req *r, int pos, const unsigned char *data)
+/* Copies rows [a, b) of every attention layer of seq from segment g (which
+ * starts at g->a <= a). Under the model lock. */
+static sn_status seg_restore(sn_seq *seq, const pc_seg *g, int b)
 {
-    if (r->n_ck == r->cap_ck) {
-        int nc = r->cap_ck ? r->cap_ck * 2 : 8;
-        int *np = realloc(r->ck_pos, (size_t)nc * sizeof *np);
-        if (!np) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for checkpoints");
-        r->ck_pos = np;
-        unsigned char *nd = realloc(r->ck, (size_t)nc * r->gdn_bytes);
-        if (!nd) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for %d checkpoints", nc);
-        r->ck = nd;
-        r->cap_ck = nc;
+    sn_backend *be = seq->m->be;
+    size_t rf = seq->kv_row_floats, row = rf * sizeof(float), gb = (size_t)(g->b - g->a) * row;
+    size_t nb = (size_t)(b - g->a) * row;
+    const unsigned char *src = g->kv;
+    for (int l = 0; l < seq->m->n_layers; l++) {
+        if (!seq->kv[l].k) continue;
+        SN_TRY(be->ops->from_host(be, seq->kv[l].k + (size_t)g->a * rf, src, nb));
+        SN_TRY(be->ops->from_host(be, seq->kv[l].v + (size_t)g->a * rf, src + gb, nb));
+        src += 2 * gb;
     }
-    /* positions arrive ascending (inherited first, then prefill order);
-     * a repeated position replaces nothing, it is simply skipped */
-    if (r->n_ck && r->ck_pos[r->n_ck - 1] >= pos) return SN_OK;
-    r->ck_pos[r->n_ck] = pos;
-    memcpy(r->ck + (size_t)r->n_ck * r->gdn_bytes, data, r->gdn_bytes);
-    r->n_ck++;
     return SN_OK;
+}
+
+static const unsigned char *seg_ck(const pc_seg *g, int pos, size_t gdn_bytes)
+{
+    for (int k = 0; k < g->n_ck; k++)
+        if (g->ck_pos[k] == pos) return g->ck + (size_t)k * gdn_bytes;
+    return NULL;
 }
 
 sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int n_prompt, const int *bounds,
@@ -288,12 +328,12 @@ sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int
 
     /* The plan: every ckpt_every tokens, thinning out with the position
      * (regular_ckpt; multiples of 256 are where a 512-token prefill chunk
-     * or its half ends), the end of the prompt (where the
-     * prefill stops anyway), and of the caller's message bounds only the
-     * first and the last: every other stop splits a prefill chunk, and on
-     * a CPU each split costs about one more pass over the weights. The
-     * first bound is where a shared system prompt ends; the last is where
-     * the newest turn starts (a repeat of this prompt resumes there). */
+     * or its half ends), the end of the prompt (where the prefill stops
+     * anyway), and of the caller's message bounds only the first and the
+     * last: every other stop splits a prefill chunk, and on a CPU each
+     * split costs about one more pass over the weights. The first bound is
+     * where a shared system prompt ends; the last is where the newest turn
+     * starts (a repeat of this prompt resumes there). */
     if (recurrent) {
         int cap = n_prompt / pc->o.ckpt_every + 4;
         r->plan = malloc((size_t)cap * sizeof *r->plan);
@@ -319,35 +359,40 @@ sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int
 
     pthread_mutex_lock(&pc->lock);
     pc_entry *best = NULL;
-    int best_pos = 0, best_ck = -1;
+    int best_pos = 0;
     for (pc_entry *e = pc->head; e; e = e->next) {
-        int ck, pos = resume_pos(e, recurrent, lcp(e->tokens, e->n, prompt, n_prompt), limit, &ck);
+        int pos = resume_pos(e, recurrent, lcp(e->tokens, e->n, prompt, n_prompt), limit);
         if (pos > best_pos) {  /* ties go to the more recently used (earlier in the list) */
             best = e;
             best_pos = pos;
-            best_ck = ck;
         }
     }
     if (best) {
-        int na = n_attn_layers(seq);
-        size_t row = seq->kv_row_floats * sizeof(float), kb = (size_t)best_pos * row, eb = (size_t)best->n * row;
-        sn_backend *be = seq->m->be;
-        const unsigned char *src = best->kv;
+        /* the segments below best_pos, the last one cut there */
+        int k = 0;
+        while (best->ends[k] < best_pos) k++;
+        r->segs = malloc((size_t)(k + 1) * sizeof *r->segs);
+        r->ends = malloc((size_t)(k + 1) * sizeof *r->ends);
+        if (!r->segs || !r->ends) st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory");
         MLOCK(seq->m);
-        for (int l = 0, a = 0; l < seq->m->n_layers && st == SN_OK && a < na; l++) {
-            if (!seq->kv[l].k) continue;
-            if ((st = be->ops->from_host(be, seq->kv[l].k, src, kb)) != SN_OK) break;
-            if ((st = be->ops->from_host(be, seq->kv[l].v, src + eb, kb)) != SN_OK) break;
-            src += 2 * eb;
-            a++;
+        for (int i = 0; st == SN_OK && i <= k; i++) {
+            int end = i == k ? best_pos : best->ends[i];
+            st = seg_restore(seq, best->segs[i], end);
         }
-        if (st == SN_OK && recurrent) st = gdn_from_host(seq, best->ck + (size_t)best_ck * r->gdn_bytes);
+        if (st == SN_OK && recurrent) {
+            const unsigned char *ck = seg_ck(best->segs[k], best_pos, r->gdn_bytes);
+            st = ck ? gdn_from_host(seq, ck)
+                    : SN_FAIL(SN_E_INVALID, "prompt cache: no checkpoint at %d (internal)", best_pos);
+        }
         MUNLOCK(seq->m);
-        /* The request inherits the checkpoints it resumed through, so its
-         * own entry can stand in for the one it extends. */
-        for (int i = 0; st == SN_OK && recurrent && i <= best_ck; i++)
-            st = req_add_ck(r, best->ck_pos[i], best->ck + (size_t)i * r->gdn_bytes);
         if (st == SN_OK) {
+            for (int i = 0; i <= k; i++) {
+                r->segs[i] = best->segs[i];
+                r->segs[i]->refs++;
+                r->ends[i] = i == k ? best_pos : best->ends[i];
+            }
+            r->n_segs = k + 1;
+            r->start = best_pos;
             seq->pos = best_pos;
             lru_unlink(pc, best);
             lru_push_front(pc, best);
@@ -381,17 +426,16 @@ int sn_pcache_next_stop(const sn_pcache_req *r, int pos, int end)
 
 static sn_status capture_now(sn_pcache_req *r, const sn_seq *seq)
 {
-    if (r->n_ck && r->ck_pos[r->n_ck - 1] >= seq->pos) return SN_OK;
-    /* grow first so the state can be copied straight into place */
+    if (seq->pos <= r->start || (r->n_ck && r->ck_pos[r->n_ck - 1] >= seq->pos)) return SN_OK;
     if (r->n_ck == r->cap_ck) {
-        unsigned char *tmp = malloc(r->gdn_bytes);
-        if (!tmp) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for a checkpoint");
-        MLOCK(seq->m);
-        sn_status st = gdn_to_host(seq, tmp);
-        MUNLOCK(seq->m);
-        if (st == SN_OK) st = req_add_ck(r, seq->pos, tmp);
-        free(tmp);
-        return st;
+        int nc = r->cap_ck ? r->cap_ck * 2 : 8;
+        int *np = realloc(r->ck_pos, (size_t)nc * sizeof *np);
+        if (!np) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for checkpoints");
+        r->ck_pos = np;
+        unsigned char *nd = realloc(r->ck, (size_t)nc * r->gdn_bytes);
+        if (!nd) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for %d checkpoints", nc);
+        r->ck = nd;
+        r->cap_ck = nc;
     }
     MLOCK(seq->m);
     sn_status st = gdn_to_host(seq, r->ck + (size_t)r->n_ck * r->gdn_bytes);
@@ -409,14 +453,18 @@ sn_status sn_pcache_capture(sn_pcache_req *r, const sn_seq *seq)
     return SN_OK;
 }
 
-/* True when e adds nothing once the new entry (tokens, checkpoints) is in. */
-static bool covered_by(const pc_entry *e, const int32_t *tokens, int n, const int *ck_pos, int n_ck, bool recurrent)
+/* True when old adds nothing once e is in: its tokens are a prefix of e's
+ * and every checkpoint it offers, e offers too. */
+static bool covered_by(const pc_entry *old, const pc_entry *e, bool recurrent)
 {
-    if (e->n > n || lcp(e->tokens, e->n, tokens, n) != e->n) return false;
+    if (old->n > e->n || lcp(old->tokens, old->n, e->tokens, e->n) != old->n) return false;
     if (!recurrent) return true;
-    for (int i = 0, j = 0; i < e->n_ck; i++) {
-        while (j < n_ck && ck_pos[j] < e->ck_pos[i]) j++;
-        if (j == n_ck || ck_pos[j] != e->ck_pos[i]) return false;
+    for (int i = 0; i < old->n_segs; i++) {
+        const pc_seg *g = old->segs[i];
+        for (int k = 0; k < g->n_ck && g->ck_pos[k] <= old->ends[i]; k++) {
+            int p = g->ck_pos[k];
+            if (entry_ck_below(e, p) != p) return false;
+        }
     }
     return true;
 }
@@ -429,69 +477,120 @@ sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *t
     if (n < 1 || pc->o.budget_bytes == 0) return SN_OK;
     if (n > n_tokens) return SN_FAIL(SN_E_INVALID, "prompt cache: the sequence is at %d but only %d tokens were given",
                                      n, n_tokens);
+    if (n < r->start) return SN_FAIL(SN_E_INVALID, "prompt cache: the sequence went back below its resume point");
     bool recurrent = r->gdn_bytes > 0;
+    {
+        /* what this request adds must fit the budget on its own */
+        size_t add = (size_t)n_attn_layers(seq) * 2 * (size_t)(n - r->start) * seq->kv_row_floats * sizeof(float) +
+                     (size_t)(r->n_ck + 1) * r->gdn_bytes + (size_t)n * sizeof(int32_t);
+        if (add > pc->o.budget_bytes) return SN_OK;
+    }
     if (recurrent) SN_TRY(capture_now(r, seq));
-    int na = n_attn_layers(seq);
-    size_t row = seq->kv_row_floats * sizeof(float), eb = (size_t)n * row;
-    size_t kv_bytes = (size_t)na * 2 * eb;
-    size_t bytes = sizeof(pc_entry) + (size_t)n * sizeof(int32_t) + kv_bytes +
-                   (size_t)r->n_ck * (r->gdn_bytes + sizeof(int));
-    if (bytes > pc->o.budget_bytes) return SN_OK;  /* would evict everything and still not fit */
-
     sn_status st = SN_OK;
+    pc_seg *g = NULL;
     pc_entry *e = calloc(1, sizeof *e);
     if (!e) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory");
+    int ns = r->n_segs + (n > r->start ? 1 : 0);
     e->n = n;
-    e->bytes = bytes;
     e->tokens = malloc((size_t)n * sizeof(int32_t));
-    e->kv = malloc(kv_bytes ? kv_bytes : 1);
-    if (!e->tokens || !e->kv) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for %zu bytes", bytes); goto out; }
+    e->segs = calloc((size_t)ns, sizeof *e->segs);
+    e->ends = calloc((size_t)ns, sizeof *e->ends);
+    if (!e->tokens || !e->segs || !e->ends) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory"); goto out; }
     memcpy(e->tokens, tokens, (size_t)n * sizeof(int32_t));
-    sn_backend *be = seq->m->be;
-    unsigned char *dst = e->kv;
-    MLOCK(seq->m);
-    for (int l = 0; l < seq->m->n_layers && st == SN_OK; l++) {
-        if (!seq->kv[l].k) continue;
-        if ((st = be->ops->to_host(be, dst, seq->kv[l].k, eb)) != SN_OK) break;
-        if ((st = be->ops->to_host(be, dst + eb, seq->kv[l].v, eb)) != SN_OK) break;
-        dst += 2 * eb;
-    }
-    MUNLOCK(seq->m);
-    if (st != SN_OK) goto out;
-    if (recurrent) {
-        /* hand the request's checkpoints over (only those inside the entry) */
+    e->own_bytes = sizeof *e + (size_t)n * sizeof(int32_t) + (size_t)ns * (sizeof *e->segs + sizeof *e->ends);
+    if (n > r->start) {
+        /* this request's own rows and checkpoints */
+        int na = n_attn_layers(seq);
+        size_t rf = seq->kv_row_floats, gb = (size_t)(n - r->start) * rf * sizeof(float);
+        g = calloc(1, sizeof *g);
+        if (!g) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory"); goto out; }
+        g->refs = 1;
+        g->a = r->start;
+        g->b = n;
+        g->kv = malloc(na ? (size_t)na * 2 * gb : 1);
+        if (!g->kv) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for %zu bytes of KV", (size_t)na * 2 * gb); goto out; }
+        sn_backend *be = seq->m->be;
+        unsigned char *dst = g->kv;
+        MLOCK(seq->m);
+        for (int l = 0; l < seq->m->n_layers && st == SN_OK; l++) {
+            if (!seq->kv[l].k) continue;
+            if ((st = be->ops->to_host(be, dst, seq->kv[l].k + (size_t)g->a * rf, gb)) != SN_OK) break;
+            st = be->ops->to_host(be, dst + gb, seq->kv[l].v + (size_t)g->a * rf, gb);
+            dst += 2 * gb;
+        }
+        MUNLOCK(seq->m);
+        if (st != SN_OK) goto out;
         int k = 0;
         while (k < r->n_ck && r->ck_pos[k] <= n) k++;
-        e->n_ck = k;
-        e->ck_pos = r->ck_pos;
-        e->ck = r->ck;
+        g->n_ck = k;
+        g->ck_pos = r->ck_pos;
+        g->ck = r->ck;
         r->ck_pos = NULL;
         r->ck = NULL;
         r->n_ck = r->cap_ck = 0;
+        g->bytes = sizeof *g + (size_t)na * 2 * gb + (size_t)k * (r->gdn_bytes + sizeof(int));
     }
+    /* the entry takes over the request's references */
+    for (int i = 0; i < r->n_segs; i++) {
+        e->segs[i] = r->segs[i];
+        e->ends[i] = r->ends[i];
+    }
+    r->n_segs = 0;
+    if (g) {
+        e->segs[ns - 1] = g;
+        e->ends[ns - 1] = n;
+    }
+    e->n_segs = ns;
 
     pthread_mutex_lock(&pc->lock);
+    if (g) pc->bytes += g->bytes;
+    g = NULL;
+    pc->bytes += e->own_bytes;
+    pc->n_entries++;
     for (pc_entry *o = pc->head, *nx; o; o = nx) {
         nx = o->next;
-        if (covered_by(o, e->tokens, e->n, e->ck_pos, e->n_ck, recurrent)) entry_drop(pc, o);
+        if (covered_by(o, e, recurrent)) entry_drop(pc, o);
     }
-    while (pc->tail && pc->bytes + e->bytes > pc->o.budget_bytes) {
+    /* LRU eviction; what the new entry shares with others stays counted
+     * until the last entry using it goes */
+    while (pc->tail && pc->bytes > pc->o.budget_bytes) {
         entry_drop(pc, pc->tail);
         pc->evictions++;
     }
-    lru_push_front(pc, e);
-    pc->bytes += e->bytes;
-    pc->n_entries++;
+    if (pc->bytes > pc->o.budget_bytes) {
+        /* alone it does not fit: keep nothing */
+        pc->bytes -= e->own_bytes;
+        pc->n_entries--;
+        entry_free(pc, e);
+    } else {
+        lru_push_front(pc, e);
+    }
     pthread_mutex_unlock(&pc->lock);
     e = NULL;
 out:
-    entry_free(e);
+    if (g) {
+        free(g->kv);
+        free(g);
+    }
+    if (e) {
+        /* not in the pool: give back the references it took over */
+        pthread_mutex_lock(&pc->lock);
+        entry_free(pc, e);
+        pthread_mutex_unlock(&pc->lock);
+    }
     return st;
 }
 
 void sn_pcache_req_free(sn_pcache_req *r)
 {
     if (!r) return;
+    if (r->n_segs) {
+        pthread_mutex_lock(&r->pc->lock);
+        for (int i = 0; i < r->n_segs; i++) seg_unref(r->pc, r->segs[i]);
+        pthread_mutex_unlock(&r->pc->lock);
+    }
+    free(r->segs);
+    free(r->ends);
     free(r->plan);
     free(r->ck_pos);
     free(r->ck);
