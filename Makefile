@@ -41,6 +41,7 @@ all: $(BUILD)/libsanctum.a $(BUILD)/sanctum-mlx $(TOOLS)
 lib: $(BUILD)/libsanctum.a
 $(BUILD)/libsanctum.a: $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(@D)
+	@rm -f $@   # rebuilt whole, so a deleted source leaves no stale member behind
 	ar rcs $@ $^
 
 $(BUILD)/obj/%.o: %.c
