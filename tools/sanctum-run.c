@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sanctum/chat.h"
 #include "sanctum/model.h"
@@ -138,8 +139,11 @@ static int parse_ids(const char *s, sn_ids *out)
     return 0;
 }
 
+static int g_load_pct = -1;  /* progress shown on the terminal, -1: none */
+
 static int fail(const char *what, sn_status s)
 {
+    if (g_load_pct >= 0 && g_load_pct < 100) fprintf(stderr, "\r\033[K"); /* the error replaces the bar */
     fprintf(stderr, "sanctum-run: %s: %s (%s)\n", what, sn_errmsg(), sn_status_name(s));
     return 1;
 }
@@ -183,6 +187,19 @@ out:
     return rc;
 }
 
+/* Load progress on a terminal: one line rewritten in place, cleared at the end. */
+static void load_progress(void *ud, double frac)
+{
+    int *last = ud;
+    int pct = (int)(frac * 100.0);
+    if (pct < 0) pct = 0;
+    if (pct == *last) return;
+    *last = pct;
+    if (pct >= 100) fprintf(stderr, "\r\033[K");
+    else fprintf(stderr, "\rsanctum-run: loading %d%%", pct);
+    fflush(stderr);
+}
+
 static bool is_eos(const sn_model_info *in, int32_t id)
 {
     for (int i = 0; i < in->n_eos; i++)
@@ -208,6 +225,10 @@ int main(int argc, char **argv)
     size_t dlen = 0, dcap = 0;
 
     sn_load_opts lo = { .backend = a.backend, .gpu = a.gpu, .n_threads = a.threads, .quantize_bits = a.quantize };
+    if (isatty(2)) {
+        lo.progress = load_progress;
+        lo.progress_ud = &g_load_pct;
+    }
     double t0 = now_s();
     if ((s = sn_model_load(a.model, &lo, &m)) != SN_OK) { rc = fail("loading model", s); goto out; }
     const sn_model_info *info = sn_model_get_info(m);

@@ -23,6 +23,10 @@ typedef struct {
     int n_threads;            /* CPU threads; <=0: one per core */
     int quantize_bits;        /* 0: as stored; 4 or 8: quantize raw HF weights at load */
     int64_t memory_limit_mb;  /* 0: no limit; else refuse a model whose weights exceed it */
+    /* Optional: progress of the load in [0, 1] (binding and quantizing layer
+     * by layer, then the upload), for a terminal bar or log milestones. */
+    void (*progress)(void *ud, double frac);
+    void *progress_ud;
 } sn_load_opts;
 
 typedef struct {

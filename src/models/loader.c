@@ -696,12 +696,16 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
             int k = m->layers[l].kind == SN_LAYER_LINEAR ? ON_LINEAR : ON_ATTN;
             if (!(b->on & k)) continue;
             if ((s = bind_one(&L, b, l, (char *)&m->layers[l])) != SN_OK) goto out;
+            if (opts->progress)
+                opts->progress(opts->progress_ud, 0.9 * (double)(i * (size_t)m->n_layers + (size_t)l + 1) /
+                                                      (double)(m->impl->n_binds * (size_t)m->n_layers));
         }
     }
     if (!m->lm_head.data) m->lm_head = m->embed; /* tied embeddings */
     if ((s = upload_all(m)) != SN_OK) goto out;
     if ((s = workspace_alloc(m)) != SN_OK) goto out;
 
+    if (opts->progress) opts->progress(opts->progress_ud, 1.0);
     base_name(dir, m->name, sizeof m->name);
     snprintf(m->model_type, sizeof m->model_type, "%s", sn_arch_name(c->arch));
     sn_model_info *in = &m->info;
