@@ -219,12 +219,12 @@ sn_status cpu_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, con
 
     /* scratch layout for a block of n <= MOE_TBLK tokens, S = n*k rows */
     const int64_t Smax = (int64_t)MOE_TBLK * top_k;
-    size_t ints = (size_t)Smax * 3 + (size_t)E + 1; /* sel_e, slot, row_tok, start */
+    size_t ints = (size_t)Smax * 3 + 2 * ((size_t)E + 1); /* sel_e, slot, row_tok, start, cur */
     size_t fl = (size_t)Smax                         /* sel_w */
                 + (size_t)Smax * H * 2                /* xg, o */
                 + (size_t)Smax * I * 3                /* g, u, act */
                 + cpu_mm_prep_floats(&pg, &mg, Smax) + (up_own ? cpu_mm_prep_floats(&pu, &mu, Smax) : 0) +
-                cpu_mm_prep_floats(&pd, &md, Smax) + 16 * 16; /* 16 regions, each padded to 16 floats */
+                cpu_mm_prep_floats(&pd, &md, Smax) + 17 * 16; /* 17 regions, each padded to 16 floats */
     float *base;
     if ((st = cpu_scratch_get(be, fl + ints, &base)) != SN_OK)
         goto out;
@@ -232,6 +232,7 @@ sn_status cpu_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, con
 #define TAKE(n) (p += (((n) + 15) & ~(size_t)15), p - (((n) + 15) & ~(size_t)15))
     int32_t *sel_e = (int32_t *)TAKE((size_t)Smax), *slot = (int32_t *)TAKE((size_t)Smax);
     int32_t *row_tok = (int32_t *)TAKE((size_t)Smax), *start = (int32_t *)TAKE((size_t)E + 1);
+    int32_t *cur = (int32_t *)TAKE((size_t)E + 1);
     float *sel_w = TAKE((size_t)Smax), *xg = TAKE((size_t)Smax * H), *o = TAKE((size_t)Smax * H);
     float *g = TAKE((size_t)Smax * I), *u = TAKE((size_t)Smax * I), *act = TAKE((size_t)Smax * I);
     float *xpg = pg.prep ? TAKE((size_t)Smax * H) : NULL, *gsg = pg.gsum ? TAKE((size_t)Smax * mg.n_groups) : NULL;
@@ -254,16 +255,13 @@ sn_status cpu_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, con
             start[sel_e[i] + 1]++;
         for (int64_t e = 0; e < E; e++)
             start[e + 1] += start[e];
-        for (int64_t e = 0, at = 0; e < E; e++) {
-            /* tokens of expert e in ascending order: one pass over the selections */
-            for (int t = 0; t < n; t++)
-                for (int s = 0; s < top_k; s++)
-                    if (sel_e[(size_t)t * top_k + s] == e) {
-                        row_tok[at] = t;
-                        slot[(size_t)t * top_k + s] = (int32_t)at;
-                        at++;
-                    }
-        }
+        memcpy(cur, start, sizeof(int32_t) * (size_t)E);
+        for (int t = 0; t < n; t++) /* t ascending: each group fills in token order */
+            for (int s = 0; s < top_k; s++) {
+                int32_t at = cur[sel_e[(size_t)t * top_k + s]]++;
+                row_tok[at] = t;
+                slot[(size_t)t * top_k + s] = at;
+            }
         int64_t S = (int64_t)n * top_k;
 
         gather_job gj = { xb, xg, row_tok, H, &pg, up_own ? &pu : NULL, &mg, &mu, xpg, gsg, xpu, gsu };
