@@ -370,6 +370,21 @@ static void test_conv_bad_shape(void)
     expect_bad("conv", MUT_CONV, SN_E_SHAPE, "model.layers.2.linear_attn.conv1d.weight: expected shape [128, 1, 4] or [128, 4, 1]");
 }
 
+/* memory_limit_mb refuses weights above it, with the sizes in the message. */
+static void test_memory_limit(void)
+{
+    const char *dir = "tests/fixtures/qwen3_5/hf"; /* 3.2 MB of F32 weights */
+    if (access(dir, R_OK) != 0) SKIP("qwen3_5 fixture not present");
+    sn_model *m = NULL;
+    sn_load_opts o = { .n_threads = 1, .memory_limit_mb = 1 };
+    sn_status s = sn_model_load(dir, &o, &m);
+    CHECK(s == SN_E_RANGE && m == NULL);
+    CHECKF(strstr(sn_errmsg(), "memory limit of 1 MB") != NULL, "message: %s", sn_errmsg());
+    o.memory_limit_mb = 64;
+    CHECK_OK(sn_model_load(dir, &o, &m));
+    sn_model_free(m);
+}
+
 static void test_missing_dir(void)
 {
     sn_model *m = NULL;
@@ -400,6 +415,7 @@ int main(int argc, char **argv)
     RUN(test_quant_bad_scales);
     RUN(test_quant_bad_bits);
     RUN(test_conv_bad_shape);
+    RUN(test_memory_limit);
     RUN(test_missing_dir);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_root);
