@@ -697,6 +697,51 @@ def grace_expiry_cancels_and_exits_0():
     assert qgot.startswith(b"HTTP/1.1 503") and b'"code":"shutting_down"' in qgot, qgot[:300]
 
 @test
+def mtls_disconnect_frees_worker():
+    import ssl
+    certs = os.path.join(TMP, "certs")
+    r = subprocess.run(["bash", "deploy/mtls-gen-certs.sh", "--out", certs, "--client", "alice"], capture_output=True)
+    assert r.returncode == 0, r.stderr[-300:]
+    tport = free_port()
+    E = Server("--tls-cert", f"{certs}/server.crt", "--tls-key", f"{certs}/server.key", "--tls-ca", f"{certs}/ca.crt",
+               "--tls-port", str(tport), name="E")
+    ctx = ssl.create_default_context(cafile=f"{certs}/ca.crt")
+    ctx.load_cert_chain(f"{certs}/clients/alice.crt", f"{certs}/clients/alice.key")
+    try:
+        for stream in (False, True):
+            before = metric(E, 'sanctum_mlx_inference_requests_total{stop_reason="cancelled"}')
+            raw = socket.create_connection(("127.0.0.1", tport))
+            t = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+            body = json.dumps({"messages": msg("Tell me a long story."), "max_tokens": 30000, "temperature": 0,
+                               "stream": stream, **NOEOS}).encode()
+            t.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            if stream:
+                got = b""
+                while got.count(b"data: ") < 2:
+                    got += t.recv(65536)
+            else:
+                time.sleep(0.5)
+            # close_notify, then FIN: unread bytes sit in front of the FIN.
+            t.settimeout(0.5)
+            try:
+                t.unwrap()      # sends close_notify; the server will not answer it mid-generation
+            except (OSError, ValueError):
+                pass
+            t.close()
+            raw.close()
+            t0 = time.time()
+            st, b, _ = E.post({"messages": msg("Hi"), "max_tokens": 2})
+            assert st == 200 and time.time() - t0 < 5.0, f"stream={stream}: worker busy {time.time() - t0:.1f}s"
+            for _ in range(50):
+                if metric(E, 'sanctum_mlx_inference_requests_total{stop_reason="cancelled"}') > before:
+                    break
+                time.sleep(0.1)
+            assert metric(E, 'sanctum_mlx_inference_requests_total{stop_reason="cancelled"}') > before, stream
+        assert "cn=alice" in E.tail(200)
+    finally:
+        assert E.stop() == 0
+
+@test
 def startup_refusals_and_binding():
     exe = os.path.join(BUILD, "sanctum-mlx")
     # A model + KV cache over --memory-limit-mb is refused with a message naming the sizes.

@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -260,9 +261,10 @@ static void on_conn_close(struct evhttp_connection *evcon, void *arg)
     j->evcon = NULL;
 }
 
-/* Did the peer close its end? A zero-byte peek means FIN; data or EAGAIN
- * means it is still there. Catches a disconnect within one flush even while
- * evhttp is not reading the socket. */
+/* Did the peer close its end? POLLRDHUP reports the FIN even when unread
+ * bytes sit in front of it (a TLS close_notify, a pipelined request), which
+ * a zero-byte MSG_PEEK would miss. Runs after every flush and every tick,
+ * because evhttp stops reading a connection once its request is in. */
 static bool peer_closed(srv_job *j)
 {
     if (!j->req || !j->evcon) return true;
@@ -270,11 +272,9 @@ static bool peer_closed(srv_job *j)
     if (!bev) return true;
     evutil_socket_t fd = bufferevent_getfd(bev);
     if (fd < 0) return true;
-    char c;
-    ssize_t k = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (k == 0) return true;
-    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
-    return false;
+    struct pollfd pfd = {.fd = fd, .events = POLLRDHUP};
+    if (poll(&pfd, 1, 0) < 0) return false;   /* EINTR and the like: look again next time */
+    return (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 static void mark_gone(srv_job *j)
