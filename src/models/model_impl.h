@@ -24,10 +24,11 @@
 /* Rows of one forward step (all sequences of a batch together). Prefill
  * longer than this is cut into chunks; it bounds the workspace. */
 #define SN_STEP_TOKENS 512
-/* Rows of the lm_head per call when many logits are wanted. */
-#define SN_LOGIT_ROWS 32
 /* Sequences in one batch step. */
 #define SN_MAX_BATCH 64
+/* Rows of the lm_head per call when many logits are wanted; equal to the
+ * batch limit so a decode step of any batch is one head call (one graph). */
+#define SN_LOGIT_ROWS SN_MAX_BATCH
 
 typedef struct {
     sn_layer_kind kind;      /* LINEAR (GatedDeltaNet) or FULL/SLIDING attention */
