@@ -489,6 +489,43 @@ static void test_threads(void)
     }
 }
 
+/* A decode step of many sequences at different positions (more than one
+ * lm_head call's worth before, now the batch limit) == each alone. */
+static void test_batch_many(void)
+{
+    NEED_FIXTURE();
+    enum { NS = 40 };
+    int pi = longest_prompt();
+    sn_seq *s[NS] = { 0 };
+    sn_batch_item items[NS];
+    int32_t tok[NS], ids[NS];
+    float *lg = malloc(sizeof(float) * (size_t)NS * g_V), *one = malloc(sizeof(float) * g_V);
+    for (int i = 0; i < NS; i++) {
+        int L = 1 + (i * 3) % (g_ref.len[pi] - 1);
+        CHECK_OK(sn_seq_new(g_mlx, L + 2, &s[i]));
+        CHECK_OK(sn_forward(g_mlx, s[i], g_ref.prompt[pi], L, NULL, false));
+        tok[i] = g_ref.prompt[pi][L];
+        items[i] = (sn_batch_item){ .seq = s[i], .tokens = &tok[i], .n = 1, .logits = lg + (size_t)i * g_V,
+                                    .next_id = &ids[i] };
+    }
+    CHECK_OK(sn_forward_batch(g_mlx, items, NS));
+    for (int i = 0; i < NS; i++) {
+        int L = 1 + (i * 3) % (g_ref.len[pi] - 1);
+        sn_seq *a = NULL;
+        CHECK_OK(sn_seq_new(g_mlx, L + 2, &a));
+        CHECK_OK(sn_forward(g_mlx, a, g_ref.prompt[pi], L + 1, one, false));
+        CHECKF(same(lg + (size_t)i * g_V, one, (size_t)g_V), "sequence %d (L=%d): batched decode differs", i, L);
+        CHECK(ids[i] == argmax(one, g_V));
+        /* the batched row equals the reference row of the full prompt too */
+        float scale = fmaxf(1.0f, max_abs(g_ref.logits[pi] + (size_t)L * g_V, (size_t)g_V));
+        CHECK(max_diff(one, g_ref.logits[pi] + (size_t)L * g_V, (size_t)g_V) <= TOL_REF * scale);
+        sn_seq_free(a);
+    }
+    for (int i = 0; i < NS; i++) sn_seq_free(s[i]);
+    free(lg);
+    free(one);
+}
+
 /* Snapshot after the prompt; greedy; restore (same seq and a fresh one);
  * greedy again: identical continuations. */
 static void test_snapshot_restore(void)
@@ -651,6 +688,7 @@ static int fixture_main(int argc, char **argv)
     RUN(test_prompt_lengths);
     RUN(test_chunked_prefill);
     RUN(test_batch_equals_single);
+    RUN(test_batch_many);
     RUN(test_snapshot_restore);
     RUN(test_threads);
     RUN(test_quantize_at_load);
