@@ -403,6 +403,57 @@ static void test_chunked_prefill(void)
     sn_seq_free(s);
 }
 
+/* Runs longer than one internal step (512 rows) are split by
+ * sn_forward_batch itself, also across the items of a batch: a 1100-token
+ * sequence in one call == fed in pieces of 300, and a batch of it with a
+ * 700-token sequence (the split falls inside the second) == each alone. */
+static void test_long_runs(void)
+{
+    NEED_FIXTURE();
+    enum { LA = 1100, LB = 700 };
+    int32_t *ids = malloc(sizeof(int32_t) * LA);
+    for (int t = 0, k = 0; t < LA; t++, k++) {
+        /* the fixture prompts, concatenated and repeated: in-vocabulary ids */
+        int p = (k / 150) % g_ref.n, L = g_ref.len[p];
+        ids[t] = g_ref.prompt[p][k % L];
+    }
+    float *whole = malloc(sizeof(float) * (size_t)LA * g_V), *parts = malloc(sizeof(float) * (size_t)LA * g_V);
+    float *lb = malloc(sizeof(float) * (size_t)LB * g_V), *lb1 = malloc(sizeof(float) * (size_t)LB * g_V);
+    sn_seq *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(sn_seq_new(g_mlx, LA, &a));
+    CHECK_OK(sn_seq_new(g_mlx, LA, &b));
+    CHECK_OK(sn_seq_new(g_mlx, LB, &c));
+    if (!a || !b || !c) goto out;
+    CHECK_OK(sn_forward(g_mlx, a, ids, LA, whole, true));
+    for (int at = 0; at < LA; at += 300) {
+        int n = LA - at < 300 ? LA - at : 300;
+        CHECK_OK(sn_forward(g_mlx, b, ids + at, n, parts + (size_t)at * g_V, true));
+    }
+    CHECK(sn_seq_pos(a) == LA && sn_seq_pos(b) == LA);
+    CHECKF(same(whole, parts, (size_t)LA * g_V), "1100 tokens at once vs in pieces of 300 differ (max %g)",
+           max_diff(whole, parts, (size_t)LA * g_V));
+    sn_seq_reset(a);
+    sn_batch_item items[2] = {
+        { .seq = a, .tokens = ids, .n = LA, .logits = parts, .all_logits = true },
+        { .seq = c, .tokens = ids + 50, .n = LB, .logits = lb, .all_logits = true },
+    };
+    CHECK_OK(sn_forward_batch(g_mlx, items, 2));
+    CHECK(sn_seq_pos(a) == LA && sn_seq_pos(c) == LB);
+    CHECK(same(whole, parts, (size_t)LA * g_V));
+    sn_seq_reset(c);
+    CHECK_OK(sn_forward(g_mlx, c, ids + 50, LB, lb1, true));
+    CHECK(same(lb, lb1, (size_t)LB * g_V));
+out:
+    sn_seq_free(a);
+    sn_seq_free(b);
+    sn_seq_free(c);
+    free(ids);
+    free(whole);
+    free(parts);
+    free(lb);
+    free(lb1);
+}
+
 /* Several sequences in one batched step give exactly what each gives alone. */
 static void test_batch_equals_single(void)
 {
@@ -689,6 +740,7 @@ static int fixture_main(int argc, char **argv)
     RUN(test_chunked_prefill);
     RUN(test_batch_equals_single);
     RUN(test_batch_many);
+    RUN(test_long_runs);
     RUN(test_snapshot_restore);
     RUN(test_threads);
     RUN(test_quantize_at_load);
