@@ -59,7 +59,7 @@ $(BUILD)/%: tools/%.c $(SERVER_OBJ) $(BUILD)/libsanctum.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(SERVER_OBJ) $(BUILD)/libsanctum.a $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/harness.h $(SERVER_OBJ) $(BUILD)/libsanctum.a
+$(BUILD)/tests/%: tests/%.c $(wildcard tests/*.h) $(SERVER_OBJ) $(BUILD)/libsanctum.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(SERVER_OBJ) $(BUILD)/libsanctum.a $(LDLIBS)
 
