@@ -115,6 +115,15 @@ typedef struct sn_config {
  * generation_config.json) or a path to a config.json. */
 sn_status sn_config_load(const char *dir_or_file, sn_config **out);
 
+/* sn_config_load of a model directory the manifest gate verified
+ * (sn_manifest_gate_pinned): config.json and generation_config.json are
+ * opened through sn_manifest_pins_open and checked again after the read, so
+ * a file replaced, written to or removed since the gate (or present but not
+ * listed) is refused with SN_E_VERIFY naming it. pins == NULL is
+ * sn_config_load. */
+typedef struct sn_manifest_pins sn_manifest_pins;
+sn_status sn_config_load_pinned(const char *dir, const sn_manifest_pins *pins, sn_config **out);
+
 /* Parse config JSON from memory; label names it in errors. gen_json (may be
  * NULL) is the generation_config.json text. */
 sn_status sn_config_parse(const char *json, size_t len, const char *label,

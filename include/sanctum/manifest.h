@@ -133,6 +133,14 @@ sn_status sn_manifest_gate_pinned(const char *model_dir, const sn_manifest_opts 
  * SN_E_VERIFY naming it when rel was not verified or fd is not that file in
  * the state it was hashed in. */
 sn_status sn_manifest_pins_check_fd(const sn_manifest_pins *pins, const char *rel, int fd);
+/* Open model_dir/rel read-only and check the fd against the pins before the
+ * caller reads or maps a byte of it (the loader's way in: safetensors
+ * shards and index, config.json, generation_config.json, the tokenizer).
+ * *fd (caller closes) is set only on SN_OK. A file that does not exist is
+ * SN_E_MISSING when the manifest does not list it (an optional file that is
+ * simply absent) and SN_E_VERIFY when it does (verified, then removed); an
+ * existing file the manifest does not list is SN_E_VERIFY. */
+sn_status sn_manifest_pins_open(const sn_manifest_pins *pins, const char *model_dir, const char *rel, int *fd);
 void sn_manifest_pins_free(sn_manifest_pins *pins);
 
 #endif

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "sanctum/backend.h"
+#include "sanctum/manifest.h"
 
 typedef struct sn_model sn_model;
 typedef struct sn_seq sn_seq;
@@ -27,6 +28,14 @@ typedef struct {
      * by layer, then the upload), for a terminal bar or log milestones. */
     void (*progress)(void *ud, double frac);
     void *progress_ud;
+    /* Optional: pins from sn_manifest_gate_pinned on this same dir. Then
+     * config.json, generation_config.json, the safetensors index and every
+     * shard are opened through them (checked after open, before a byte is
+     * read or mapped), and after the weights are bound and uploaded every
+     * shard is checked again: a file replaced, written to, removed or added
+     * since the gate fails the load with SN_E_VERIFY naming it. Only
+     * borrowed during sn_model_load. */
+    const sn_manifest_pins *pins;
 } sn_load_opts;
 
 typedef struct {

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sanctum/manifest.h"
 #include "sanctum/status.h"
 #include "sanctum/tensor.h"
 
@@ -41,6 +42,20 @@ typedef struct sn_st sn_st;
 
 /* Open a directory or a single file (see above). */
 sn_status sn_st_open(const char *dir_or_file, sn_st **out);
+
+/* sn_st_open of a model directory whose files the manifest gate verified
+ * (sn_manifest_gate_pinned): the index and every shard are opened through
+ * sn_manifest_pins_open, so each is checked after open and before it is read
+ * or mapped; a file replaced, written to or removed since the gate, and any
+ * file the manifest did not list, is refused with SN_E_VERIFY naming it.
+ * The shards' fds stay open (one per shard) for sn_st_recheck_pins; the
+ * pins are not kept. pins == NULL is plain sn_st_open. */
+sn_status sn_st_open_pinned(const char *dir, const sn_manifest_pins *pins, sn_st **out);
+
+/* After the weights were used (uploaded, repacked): every shard of a pinned
+ * open is still in the state the gate hashed (SN_E_VERIFY naming it if not),
+ * so what was read from the maps is what was verified. */
+sn_status sn_st_recheck_pins(const sn_st *st, const sn_manifest_pins *pins);
 
 /* Parse a whole safetensors file image already in memory (no copy: bytes
  * must outlive the handle). label names it in errors. Used by the fuzzer

@@ -7,12 +7,14 @@
  * GDN dims, MoE sizes) are required instead: guessing them silently would
  * produce a model of the wrong shape. */
 #include "sanctum/config.h"
+#include "sanctum/manifest.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "sanctum/quant.h"
 
@@ -523,6 +525,57 @@ static sn_status read_text(const char *path, char **buf, size_t *len, bool optio
     *buf = b;
     *len = n;
     return SN_OK;
+}
+
+/* rel inside dir through the manifest pins: checked after open, and again
+ * after the read so the text parsed is the text the gate hashed. An absent
+ * optional file the manifest does not list leaves *buf NULL. */
+static sn_status read_text_pinned(const sn_manifest_pins *pins, const char *dir, const char *rel, char **buf,
+                                  size_t *len, bool optional)
+{
+    *buf = NULL;
+    *len = 0;
+    int fd;
+    sn_status rc = sn_manifest_pins_open(pins, dir, rel, &fd);
+    if (rc == SN_E_MISSING && optional) return SN_OK;
+    if (rc != SN_OK) return rc;
+    char *b = malloc(CFG_MAX_FILE + 1);
+    size_t n = 0;
+    if (!b) rc = SN_FAIL(SN_E_NOMEM, "%s/%s: out of memory", dir, rel);
+    while (rc == SN_OK && n < CFG_MAX_FILE + 1) {
+        ssize_t r = read(fd, b + n, CFG_MAX_FILE + 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) rc = SN_FAIL(SN_E_IO, "%s/%s: read failed: %s", dir, rel, strerror(errno));
+        else if (r == 0) break;
+        else n += (size_t)r;
+    }
+    if (rc == SN_OK && n > CFG_MAX_FILE) rc = SN_FAIL(SN_E_FORMAT, "%s/%s: larger than %u bytes", dir, rel, CFG_MAX_FILE);
+    if (rc == SN_OK) rc = sn_manifest_pins_check_fd(pins, rel, fd);
+    close(fd);
+    if (rc != SN_OK) { free(b); return rc; }
+    b[n] = 0;
+    *buf = b;
+    *len = n;
+    return SN_OK;
+}
+
+sn_status sn_config_load_pinned(const char *dir, const sn_manifest_pins *pins, sn_config **out)
+{
+    if (!pins) return sn_config_load(dir, out);
+    *out = NULL;
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return SN_FAIL(SN_E_IO, "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return SN_FAIL(SN_E_INVALID, "%s: a pinned load needs the model directory the manifest covers", dir);
+    char *cj = NULL, *gj = NULL, label[4096];
+    size_t cl = 0, gl = 0;
+    snprintf(label, sizeof label, "%s/config.json", dir);
+    sn_status rc = read_text_pinned(pins, dir, "config.json", &cj, &cl, false);
+    if (rc == SN_OK) rc = read_text_pinned(pins, dir, "generation_config.json", &gj, &gl, true);
+    if (rc == SN_OK) rc = sn_config_parse(cj, cl, label, gj, gl, out);
+    free(cj);
+    free(gj);
+    return rc;
 }
 
 sn_status sn_config_load(const char *dir_or_file, sn_config **out)

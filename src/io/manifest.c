@@ -797,23 +797,72 @@ static sn_status pins_from_jobs(const hash_job *jobs, size_t n, sn_manifest_pins
     return SN_OK;
 }
 
+/* The pin of rel (normalised into norm), or NULL with *st set: SN_E_INVALID
+ * for a path the manifest could never list, SN_OK when merely not pinned. */
+static const struct stat *pin_find(const sn_manifest_pins *p, const char *rel, char norm[MAX_PATH_BYTES],
+                                   sn_status *st)
+{
+    *st = SN_OK;
+    const char *why = check_rel_path(rel, strlen(rel), norm);
+    if (why) {
+        *st = SN_FAIL(SN_E_INVALID, "%s: %s", rel, why);
+        return NULL;
+    }
+    sn_manifest_entry key = { .path = norm };
+    const sn_manifest_entry *e = bsearch(&key, p->v, p->n, sizeof *p->v, cmp_entry_path);
+    return e ? &p->sb[e - p->v] : NULL;
+}
+
 sn_status sn_manifest_pins_check_fd(const sn_manifest_pins *p, const char *rel, int fd)
 {
     char norm[MAX_PATH_BYTES];
     if (!p || !rel)
         return SN_FAIL(SN_E_INVALID, "sn_manifest_pins_check_fd: NULL argument");
-    const char *why = check_rel_path(rel, strlen(rel), norm);
-    if (why)
-        return SN_FAIL(SN_E_INVALID, "%s: %s", rel, why);
-    sn_manifest_entry key = { .path = norm };
-    const sn_manifest_entry *e = bsearch(&key, p->v, p->n, sizeof *p->v, cmp_entry_path);
-    if (!e)
+    sn_status st;
+    const struct stat *pin = pin_find(p, rel, norm, &st);
+    if (st != SN_OK)
+        return st;
+    if (!pin)
         return SN_FAIL(SN_E_VERIFY, "%s: not verified by the manifest", norm);
     struct stat now;
     if (fstat(fd, &now) != 0)
         return SN_FAIL(SN_E_IO, "%s: fstat: %s", norm, strerror(errno));
-    if (!same_file_state(&p->sb[e - p->v], &now))
-        return SN_FAIL(SN_E_VERIFY, "%s: not the file the manifest gate hashed (replaced or modified since)", norm);
+    if (!same_file_state(pin, &now))
+        return SN_FAIL(SN_E_VERIFY,
+                       "model file %s changed after the manifest was verified (not the file the gate hashed: "
+                       "replaced, or written to since)", norm);
+    return SN_OK;
+}
+
+sn_status sn_manifest_pins_open(const sn_manifest_pins *p, const char *model_dir, const char *rel, int *fd_out)
+{
+    char norm[MAX_PATH_BYTES], full[MAX_PATH_BYTES];
+    if (!p || !model_dir || !rel || !fd_out)
+        return SN_FAIL(SN_E_INVALID, "sn_manifest_pins_open: NULL argument");
+    *fd_out = -1;
+    sn_status st;
+    const struct stat *pin = pin_find(p, rel, norm, &st);
+    if (st != SN_OK)
+        return st;
+    if ((size_t)snprintf(full, sizeof full, "%s/%s", model_dir, norm) >= sizeof full)
+        return SN_FAIL(SN_E_RANGE, "%s/%s: path too long", model_dir, norm);
+    /* O_NONBLOCK: a FIFO put in the file's place must not hang the load
+     * before fstat shows it is not the pinned regular file. */
+    int fd = open(full, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        int e = errno;
+        if ((e == ENOENT || e == ENOTDIR) && pin)
+            return SN_FAIL(SN_E_VERIFY, "model file %s changed after the manifest was verified (verified, now gone)",
+                           norm);
+        if (e == ENOENT || e == ENOTDIR)
+            return SN_FAIL(SN_E_MISSING, "%s: no such file (and not listed in the manifest)", full);
+        return SN_FAIL(SN_E_IO, "%s: cannot open: %s", full, strerror(e));
+    }
+    if ((st = sn_manifest_pins_check_fd(p, norm, fd)) != SN_OK) {
+        close(fd);
+        return st;
+    }
+    *fd_out = fd;
     return SN_OK;
 }
 

@@ -4,6 +4,7 @@
  * {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {..}},
  * then the data buffer; offsets are relative to the start of the buffer. */
 #include "sanctum/safetensors.h"
+#include "sanctum/manifest.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -18,11 +19,15 @@
 
 /* A dimension larger than this is a corrupt header, not a tensor. */
 #define ST_MAX_DIM ((int64_t)1 << 40)
+/* model.safetensors.index.json of the largest checkpoints is a few MB. */
+#define ST_MAX_INDEX (64u << 20)
 
 typedef struct {
     char *path;
     void *map;       /* mmap of the whole file; NULL for an in-memory image */
     size_t size;
+    int fd;          /* pinned open: kept open so sn_st_recheck_pins can fstat it; else -1 */
+    char *rel;       /* pinned open: name relative to the model dir; else NULL */
 } st_file;
 
 typedef struct {
@@ -37,6 +42,9 @@ struct sn_st {
     st_meta *meta;     /* __metadata__ of the first file that has one */
     size_t n_meta;
     size_t data_bytes;
+    /* During sn_st_open_pinned only: every file is opened through the pins. */
+    const sn_manifest_pins *pins;
+    const char *pin_dir;
 };
 
 /* ---- small helpers ------------------------------------------------------ */
@@ -234,24 +242,39 @@ out:
     return rc;
 }
 
-static sn_status add_file(sn_st *st, const char *path, void *map, size_t size)
+/* On success the file (map, fd, rel) belongs to st; on failure nothing was taken. */
+static sn_status add_file(sn_st *st, const char *path, void *map, size_t size, int fd, const char *rel)
 {
     st_file *nf = realloc(st->files, (size_t)(st->n_files + 1) * sizeof *nf);
     if (!nf) return SN_FAIL(SN_E_NOMEM, "%s: out of memory", path);
     st->files = nf;
     st_file *f = &st->files[st->n_files];
     f->path = strdup(path);
-    if (!f->path) return SN_FAIL(SN_E_NOMEM, "%s: out of memory", path);
+    f->rel = rel ? strdup(rel) : NULL;
+    if (!f->path || (rel && !f->rel)) {
+        free(f->path);
+        free(f->rel);
+        return SN_FAIL(SN_E_NOMEM, "%s: out of memory", path);
+    }
     f->map = map;
     f->size = size;
+    f->fd = fd;
     st->n_files++;
     return SN_OK;
 }
 
-static sn_status map_file(sn_st *st, const char *path)
+/* rel: the file's name inside the model dir, used to find its pin. */
+static sn_status map_file(sn_st *st, const char *path, const char *rel)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return SN_FAIL(SN_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
+    if (st->pins) {
+        /* Checked after open, before the mmap: a file swapped in after the
+         * manifest gate hashed the original is refused here. */
+        SN_TRY(sn_manifest_pins_open(st->pins, st->pin_dir, rel, &fd));
+    } else {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return SN_FAIL(SN_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int e = errno;
@@ -266,10 +289,16 @@ static sn_status map_file(sn_st *st, const char *path)
     }
     void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
-    close(fd);
+    /* A pinned file keeps its fd so that sn_st_recheck_pins can prove, after
+     * the weights were used (uploaded, repacked), that nobody wrote to it. */
+    if (map == MAP_FAILED || !st->pins) close(fd);
     if (map == MAP_FAILED) return SN_FAIL(SN_E_IO, "%s: mmap failed: %s", path, strerror(e));
-    sn_status rc = add_file(st, path, map, (size_t)sb.st_size);
-    if (rc != SN_OK) { munmap(map, (size_t)sb.st_size); return rc; }
+    sn_status rc = add_file(st, path, map, (size_t)sb.st_size, st->pins ? fd : -1, st->pins ? rel : NULL);
+    if (rc != SN_OK) {
+        munmap(map, (size_t)sb.st_size);
+        if (st->pins) close(fd);
+        return rc;
+    }
     return parse_image(st, map, (size_t)sb.st_size, st->files[st->n_files - 1].path);
 }
 
@@ -296,7 +325,7 @@ sn_status sn_st_open_mem(const void *bytes, size_t len, const char *label, sn_st
     *out = NULL;
     sn_st *st;
     SN_TRY(st_alloc(&st));
-    sn_status rc = add_file(st, label ? label : "<memory>", NULL, len);
+    sn_status rc = add_file(st, label ? label : "<memory>", NULL, len, -1, NULL);
     if (rc == SN_OK) rc = parse_image(st, bytes, len, st->files[0].path);
     if (rc == SN_OK) rc = finish(st);
     if (rc != SN_OK) { sn_st_close(st); return rc; }
@@ -316,16 +345,11 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 /* Sharded checkpoint: open each file the weight_map names, then make sure
  * every listed tensor is really in the file the index says. */
-static sn_status open_index(sn_st *st, const char *dir, const char *index_path)
+static sn_status open_index(sn_st *st, const char *dir, const char *index_path, json_t *root)
 {
     sn_status rc = SN_OK;
-    json_error_t jerr;
     const char **names = NULL;
     size_t n_names = 0;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return SN_FAIL(SN_E_FORMAT, "%s: invalid JSON at line %d column %d: %s", index_path, jerr.line,
-                       jerr.column, jerr.text);
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(wm) || json_object_size(wm) == 0) {
         rc = SN_FAIL(SN_E_FORMAT, "%s: missing or empty \"weight_map\" object", index_path);
@@ -354,7 +378,7 @@ static sn_status open_index(sn_st *st, const char *dir, const char *index_path)
         if (i && strcmp(names[i], names[i - 1]) == 0) continue;
         char *p = path_join(dir, names[i]);
         if (!p) { rc = SN_FAIL(SN_E_NOMEM, "%s: out of memory", index_path); goto out; }
-        rc = map_file(st, p);
+        rc = map_file(st, p, names[i]);
         free(p);
         if (rc != SN_OK) goto out;
     }
@@ -377,7 +401,45 @@ static sn_status open_index(sn_st *st, const char *dir, const char *index_path)
     }
 out:
     free(names);
-    json_decref(root);
+    return rc;
+}
+
+/* The index JSON through an fd the pins vouch for, before and after the
+ * read (a write during the read would change mtime/ctime). *root is NULL
+ * when the index is absent and the manifest does not list one. */
+static sn_status load_index_pinned(sn_st *st, const char *index_path, json_t **root)
+{
+    *root = NULL;
+    int fd;
+    sn_status rc = sn_manifest_pins_open(st->pins, st->pin_dir, "model.safetensors.index.json", &fd);
+    if (rc == SN_E_MISSING) return SN_OK;
+    if (rc != SN_OK) return rc;
+    /* Read whole (jansson's fd reader goes byte by byte), size-capped. */
+    struct stat sb;
+    char *buf = NULL;
+    size_t len = 0;
+    if (fstat(fd, &sb) != 0) rc = SN_FAIL(SN_E_IO, "%s: cannot stat: %s", index_path, strerror(errno));
+    else if (sb.st_size > ST_MAX_INDEX) rc = SN_FAIL(SN_E_FORMAT, "%s: %lld bytes is larger than the %u an index may take",
+                                                     index_path, (long long)sb.st_size, ST_MAX_INDEX);
+    else if (!(buf = malloc((size_t)sb.st_size + 1))) rc = SN_FAIL(SN_E_NOMEM, "%s: out of memory", index_path);
+    while (rc == SN_OK && len < (size_t)sb.st_size) {
+        ssize_t r = read(fd, buf + len, (size_t)sb.st_size - len);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) rc = SN_FAIL(SN_E_IO, "%s: read: %s", index_path, strerror(errno));
+        else if (r == 0) rc = SN_FAIL(SN_E_IO, "%s: shorter than its size while reading", index_path);
+        else len += (size_t)r;
+    }
+    /* After the read: the bytes parsed are the bytes the gate hashed. */
+    if (rc == SN_OK) rc = sn_manifest_pins_check_fd(st->pins, "model.safetensors.index.json", fd);
+    close(fd);
+    if (rc == SN_OK) {
+        json_error_t jerr;
+        *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+        if (!*root) rc = SN_FAIL(SN_E_FORMAT, "%s: invalid JSON at line %d column %d: %s", index_path, jerr.line,
+                                 jerr.column, jerr.text);
+    }
+    free(buf);
+    if (rc != SN_OK) { json_decref(*root); *root = NULL; }
     return rc;
 }
 
@@ -387,12 +449,21 @@ static sn_status open_dir(sn_st *st, const char *dir)
     if (!p) return SN_FAIL(SN_E_NOMEM, "out of memory");
     struct stat sb;
     sn_status rc;
-    if (stat(p, &sb) == 0) {
-        rc = open_index(st, dir, p);
-        free(p);
-        return rc;
+    json_t *root = NULL;
+    if (st->pins) {
+        rc = load_index_pinned(st, p, &root);
+    } else if (stat(p, &sb) == 0) {
+        json_error_t jerr;
+        root = json_load_file(p, JSON_REJECT_DUPLICATES, &jerr);
+        rc = root ? SN_OK : SN_FAIL(SN_E_FORMAT, "%s: invalid JSON at line %d column %d: %s", p, jerr.line,
+                                    jerr.column, jerr.text);
+    } else {
+        rc = SN_OK;
     }
+    if (rc == SN_OK && root) rc = open_index(st, dir, p, root);
+    json_decref(root);
     free(p);
+    if (rc != SN_OK || root) return rc;
     /* No index: every model*.safetensors in the directory, the glob mlx-lm
      * uses; other files (adapters.safetensors of a LoRA) are not weights. */
     DIR *d = opendir(dir);
@@ -420,7 +491,7 @@ static sn_status open_dir(sn_st *st, const char *dir)
         qsort(files, nf, sizeof *files, cmp_str);
         for (size_t i = 0; i < nf && rc == SN_OK; i++) {
             char *fp = path_join(dir, files[i]);
-            rc = fp ? map_file(st, fp) : SN_FAIL(SN_E_NOMEM, "out of memory");
+            rc = fp ? map_file(st, fp, files[i]) : SN_FAIL(SN_E_NOMEM, "out of memory");
             free(fp);
         }
     }
@@ -441,11 +512,44 @@ sn_status sn_st_open(const char *dir_or_file, sn_st **out)
     if (S_ISDIR(sb.st_mode)) {
         rc = open_dir(st, dir_or_file);
     } else {
-        rc = map_file(st, dir_or_file);
+        rc = map_file(st, dir_or_file, NULL);
         if (rc == SN_OK) rc = finish(st);
     }
     if (rc != SN_OK) { sn_st_close(st); return rc; }
     *out = st;
+    return SN_OK;
+}
+
+sn_status sn_st_open_pinned(const char *dir, const sn_manifest_pins *pins, sn_st **out)
+{
+    if (!pins) return sn_st_open(dir, out);
+    *out = NULL;
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return SN_FAIL(SN_E_IO, "%s: %s", dir, strerror(errno));
+    /* Pins name files relative to the model directory the gate verified. */
+    if (!S_ISDIR(sb.st_mode))
+        return SN_FAIL(SN_E_INVALID, "%s: a pinned open needs the model directory the manifest covers", dir);
+    sn_st *st;
+    SN_TRY(st_alloc(&st));
+    st->pins = pins;
+    st->pin_dir = dir;
+    sn_status rc = open_dir(st, dir);
+    st->pins = NULL;   /* not kept: the caller owns them */
+    st->pin_dir = NULL;
+    if (rc != SN_OK) { sn_st_close(st); return rc; }
+    *out = st;
+    return SN_OK;
+}
+
+sn_status sn_st_recheck_pins(const sn_st *st, const sn_manifest_pins *pins)
+{
+    if (!st || !pins) return SN_FAIL(SN_E_INVALID, "sn_st_recheck_pins: NULL argument");
+    for (int i = 0; i < st->n_files; i++) {
+        const st_file *f = &st->files[i];
+        if (f->fd < 0 || !f->rel)
+            return SN_FAIL(SN_E_INVALID, "%s: not opened with sn_st_open_pinned", f->path);
+        SN_TRY(sn_manifest_pins_check_fd(pins, f->rel, f->fd));
+    }
     return SN_OK;
 }
 
@@ -456,7 +560,9 @@ void sn_st_close(sn_st *st)
     free(st->t);
     for (int i = 0; i < st->n_files; i++) {
         if (st->files[i].map) munmap(st->files[i].map, st->files[i].size);
+        if (st->files[i].fd >= 0) close(st->files[i].fd);
         free(st->files[i].path);
+        free(st->files[i].rel);
     }
     free(st->files);
     for (size_t i = 0; i < st->n_meta; i++) { free(st->meta[i].key); free(st->meta[i].value); }

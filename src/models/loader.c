@@ -642,7 +642,7 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
     if (!m) return SN_FAIL(SN_E_NOMEM, "model: out of memory");
     pthread_mutex_init(&m->lock, NULL);
     loader L = { .m = m, .quantize_bits = opts->quantize_bits };
-    sn_status s = sn_config_load(dir, &m->cfg);
+    sn_status s = sn_config_load_pinned(dir, opts->pins, &m->cfg);
     if (s != SN_OK) goto out;
     const sn_config *c = m->cfg;
     m->impl = sn_arch_find(c->arch);
@@ -651,7 +651,7 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
         goto out;
     }
     if (m->impl->check && (s = m->impl->check(c)) != SN_OK) goto out;
-    if ((s = sn_st_open(dir, &m->st)) != SN_OK) goto out;
+    if ((s = sn_st_open_pinned(dir, opts->pins, &m->st)) != SN_OK) goto out;
     if (opts->memory_limit_mb > 0 && sn_st_data_bytes(m->st) > (size_t)opts->memory_limit_mb << 20) {
         s = SN_FAIL(SN_E_RANGE, "%s: weights take %zu MB, above the memory limit of %lld MB", dir,
                     sn_st_data_bytes(m->st) >> 20, (long long)opts->memory_limit_mb);
@@ -703,6 +703,9 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
     }
     if (!m->lm_head.data) m->lm_head = m->embed; /* tied embeddings */
     if ((s = upload_all(m)) != SN_OK) goto out;
+    /* The binds read (quantized, repacked) and the upload copied bytes from
+     * the maps: a shard written to during that would not show at open time. */
+    if (opts->pins && (s = sn_st_recheck_pins(m->st, opts->pins)) != SN_OK) goto out;
     if ((s = workspace_alloc(m)) != SN_OK) goto out;
 
     if (opts->progress) opts->progress(opts->progress_ud, 1.0);
