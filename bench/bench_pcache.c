@@ -11,8 +11,9 @@
  * Estimate printed with the figures: the tail's share of a cold prefill
  * (tail x cold seconds per token) + copying the restored state (KV rows of
  * the prefix + one recurrent checkpoint) at the measured memcpy rate. Not
- * a strict bound: a cold run also carries the per-chunk overheads. The issue's goal is <= 30 ms warm for a 2k prefix on an H200; the
- * CPU figure is for comparison with cold on the same machine.
+ * a strict bound: a cold run also carries the per-chunk overheads. The
+ * issue's goal is <= 30 ms warm for a 2k prefix on an H200; the CPU figure
+ * is for comparison with cold on the same machine.
  *
  * Usage: bench_pcache --model DIR --tokenizer FILE [--prefix 2048] [--tail 32]
  *        [--reps 3] [--threads N] [--backend cpu|cuda] [--log bench/results.log]
