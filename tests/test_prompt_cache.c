@@ -411,6 +411,78 @@ static void test_sharing(void)
     }
 }
 
+/* Random use of a small pool (prompts built from three shared bases with
+ * random cuts and tails, a budget that forces evictions): every restore
+ * gives the cold logits bit for bit, the pool never ends a commit over its
+ * budget, and clearing it returns the byte count to zero (no segment leaks
+ * or double frees in the reference counting). */
+static void test_pool_random(void)
+{
+    FOR_MODELS {
+        if (strncmp(PM->name, "synth_", 6) != 0) continue;   /* the four architectures once */
+        int V = PM->vocab < 500 ? PM->vocab : 500;
+        int32_t base[3][300], P[400];
+        for (int b = 0; b < 3; b++) pf_tokens(base[b], 300, 301 + (uint64_t)b, 0, V);
+        float *cold = malloc(sizeof(float) * (size_t)PM->vocab), *warm = malloc(sizeof(float) * (size_t)PM->vocab);
+        sn_seq *s = NULL, *c = NULL;
+        CHECK_OK(sn_seq_new(PM->m, 512, &s));
+        CHECK_OK(sn_seq_new(PM->m, 512, &c));
+        /* budget: about three 250-token entries */
+        sn_pcache_opts o;
+        sn_pcache_opts_default(&o);
+        o.ckpt_every = 32;
+        sn_pcache *pc = NULL;
+        CHECK_OK(sn_pcache_new(PM->m, &o, &pc));
+        CHECK_OK(sn_pcache_prewarm(pc, PM->m, s, base[0], 250, NULL, 0));
+        sn_pcache_stats st;
+        sn_pcache_get_stats(pc, &st);
+        sn_pcache_free(pc);
+        o.budget_bytes = st.bytes * 3;
+        CHECK_OK(sn_pcache_new(PM->m, &o, &pc));
+        uint64_t x = 77 + (uint64_t)mi;
+        int hits = 0;
+        for (int it = 0; it < 40; it++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            int b = (int)((x >> 33) % 3), cut = 1 + (int)((x >> 40) % 299), tail = 1 + (int)((x >> 20) % 80);
+            memcpy(P, base[b], (size_t)cut * sizeof(int32_t));
+            pf_tokens(P + cut, tail, x, 0, V);
+            int n = cut + tail;
+            sn_seq_reset(c);
+            CHECK_OK(sn_forward(PM->m, c, P, n, cold, false));
+            sn_seq_reset(s);
+            sn_pcache_req *r = NULL;
+            int cached = -1;
+            CHECK_OK(sn_pcache_begin(pc, s, P, n, NULL, 0, &r, &cached));
+            CHECK(cached >= 0 && cached < n);
+            hits += cached > 0;
+            for (int i = cached; i < n;) {
+                int end = sn_pcache_next_stop(r, i, n);
+                CHECK_OK(sn_forward(PM->m, s, P + i, end - i, end == n ? warm : NULL, false));
+                CHECK_OK(sn_pcache_capture(r, s));
+                i = end;
+            }
+            CHECKF(!memcmp(cold, warm, sizeof(float) * (size_t)PM->vocab), "%s: iteration %d (base %d cut %d tail %d, "
+                   "cached %d) differs from cold", PM->name, it, b, cut, tail, cached);
+            CHECK_OK(sn_pcache_commit(r, s, P, n));
+            sn_pcache_req_free(r);
+            sn_pcache_get_stats(pc, &st);
+            CHECKF(st.bytes <= o.budget_bytes, "%s: %llu bytes over the budget %zu", PM->name,
+                   (unsigned long long)st.bytes, o.budget_bytes);
+        }
+        sn_pcache_get_stats(pc, &st);
+        CHECKF(hits >= 20 && st.evictions > 0, "%s: %d hits, %llu evictions", PM->name, hits,
+               (unsigned long long)st.evictions);
+        sn_pcache_clear(pc);
+        sn_pcache_get_stats(pc, &st);
+        CHECK(st.bytes == 0 && st.entries == 0);
+        sn_pcache_free(pc);
+        sn_seq_free(s);
+        sn_seq_free(c);
+        free(cold);
+        free(warm);
+    }
+}
+
 static void test_bad_args(void)
 {
     pf_model *pm = &pf_models[0];
@@ -564,6 +636,7 @@ int main(void)
     RUN(test_bounds_and_min_fresh);
     RUN(test_lru_budget);
     RUN(test_sharing);
+    RUN(test_pool_random);
     RUN(test_bad_args);
     RUN(test_threads);
     RUN(test_server_fields);
