@@ -18,6 +18,15 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* Register tiles are declared with these fixed sizes, never [RB][TB]:
+ * with RB/TB as (inlined constant) parameters such arrays are VLAs, which
+ * GCC places on an alloca'd stack block even after full unrolling, so
+ * every FMA went through memory. Fixed-size arrays indexed by unrolled
+ * constants are split into registers. */
+#define K_RMAX 8
+#define K_TMAX 4
+_Static_assert(RB_GEMV <= K_RMAX && TB_MAX <= K_TMAX, "tile larger than K_RMAX x K_TMAX");
+
 AI float k_load_scale(const uint8_t *p, sn_dtype dt, int64_t i)
 {
     uint16_t h;
@@ -39,37 +48,46 @@ static void KNAME(prep_q4)(const float *x, int64_t cols, float *xp)
         }
 }
 
-/* RB consecutive rows from r, TB consecutive tokens from t0. */
-AI void q_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int TB, const int bits)
+/* RB consecutive rows from r, TB consecutive tokens from t0. GS is the
+ * number of steps per group when known at compile time (the supported
+ * groups 32/64/128), so the step loop unrolls and every accumulator lives
+ * in a register (a runtime step count made GCC keep dlo/dhi on the stack
+ * and reload row pointers from it: half the GEMV time); GS == 0 reads it
+ * from the matrix. The arithmetic is the same either way. */
+AI void q_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int TB, const int bits, const int GS)
 {
     const cpu_mat *m = a->m;
     const int64_t cols = m->cols, ng = m->n_groups, rows = m->rows;
-    const int steps = m->group / (2 * VW);
+    const int steps = GS ? GS : m->group / (2 * VW);
     const int step_bytes = bits == 4 ? VW : 2 * VW;
+    const size_t gbytes = (size_t)steps * step_bytes, rb = m->row_bytes;
+    const size_t sstride = (size_t)ng * m->s_size;
     const sn_dtype sdt = m->sdtype;
-    V acc[RB][TB], dlo[RB][TB], dhi[RB][TB];
-    float bacc[RB][TB];
-    const uint8_t *w[RB], *sp[RB], *bp[RB];
+    const int64_t pf = a->pf_off;
+    V acc[K_RMAX][K_TMAX];
+    float bacc[K_RMAX][K_TMAX];
+    const uint8_t *w0 = m->data + (size_t)r * rb;
+    const uint8_t *s0 = m->scales + (size_t)r * sstride, *b0 = m->qbiases + (size_t)r * sstride;
     const float *xp = a->xp ? a->xp + (size_t)t0 * cols : a->x + (size_t)t0 * cols;
     const float *gs = a->gsum + (size_t)t0 * ng;
 #pragma GCC unroll 8
-    for (int i = 0; i < RB; i++) {
-        w[i] = m->data + (size_t)(r + i) * m->row_bytes;
-        sp[i] = m->scales + (size_t)(r + i) * ng * m->s_size;
-        bp[i] = m->qbiases + (size_t)(r + i) * ng * m->s_size;
+    for (int i = 0; i < RB; i++)
 #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) {
             acc[i][t] = V_ZERO();
             bacc[i][t] = 0.0f;
         }
-    }
     for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *wg = w0 + (size_t)g * gbytes;
+        const float *xg = xp + g * m->group;
+        V dlo[K_RMAX][K_TMAX], dhi[K_RMAX][K_TMAX];
         /* Software prefetch a few rows ahead where the driver asks for it
-         * (a->pf_off, see cpu_backend.c); past the matrix end it is a harmless hint. */
-        if (a->pf_off)
+         * (a->pf_off, see cpu_backend.c); past the matrix end it is a
+         * harmless hint. One per 64-byte line, not one per group. */
+        if (pf && ((g * gbytes) & 63) == 0)
 #pragma GCC unroll 8
             for (int i = 0; i < RB; i++)
-                _mm_prefetch((const char *)w[i] + (size_t)(g * steps) * step_bytes + a->pf_off, _MM_HINT_T0);
+                _mm_prefetch((const char *)wg + i * rb + pf, _MM_HINT_T0);
 #pragma GCC unroll 8
         for (int i = 0; i < RB; i++)
 #pragma GCC unroll 8
@@ -77,28 +95,34 @@ AI void q_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int 
                 dlo[i][t] = V_ZERO();
                 dhi[i][t] = V_ZERO();
             }
+#pragma GCC unroll 8
         for (int s = 0; s < steps; s++) {
-            const int64_t col = g * m->group + (int64_t)s * 2 * VW;
+            /* x of this step, loaded once for all RB rows */
+            V x0[K_TMAX], x1[K_TMAX];
+#pragma GCC unroll 8
+            for (int t = 0; t < TB; t++) {
+                x0[t] = V_LOAD(xg + (size_t)t * cols + s * 2 * VW);
+                x1[t] = V_LOAD(xg + (size_t)t * cols + s * 2 * VW + VW);
+            }
 #pragma GCC unroll 8
             for (int i = 0; i < RB; i++) {
                 V ql, qh;
-                const uint8_t *wp = w[i] + (size_t)(g * steps + s) * step_bytes;
+                const uint8_t *wp = wg + i * rb + (size_t)s * step_bytes;
                 if (bits == 4)
                     Q4_DECODE(wp, ql, qh);
                 else
                     Q8_DECODE(wp, ql, qh);
 #pragma GCC unroll 8
                 for (int t = 0; t < TB; t++) {
-                    const float *xt = xp + (size_t)t * cols + col;
-                    dlo[i][t] = V_FMA(ql, V_LOAD(xt), dlo[i][t]);
-                    dhi[i][t] = V_FMA(qh, V_LOAD(xt + VW), dhi[i][t]);
+                    dlo[i][t] = V_FMA(ql, x0[t], dlo[i][t]);
+                    dhi[i][t] = V_FMA(qh, x1[t], dhi[i][t]);
                 }
             }
         }
 #pragma GCC unroll 8
         for (int i = 0; i < RB; i++) {
-            V sv = V_SET1(k_load_scale(sp[i], sdt, g));
-            float bv = k_load_scale(bp[i], sdt, g);
+            V sv = V_SET1(k_load_scale(s0 + i * sstride, sdt, g));
+            float bv = k_load_scale(b0 + i * sstride, sdt, g);
 #pragma GCC unroll 8
             for (int t = 0; t < TB; t++) {
                 acc[i][t] = V_FMA(V_ADD(dlo[i][t], dhi[i][t]), sv, acc[i][t]);
@@ -117,14 +141,14 @@ AI void q_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int 
  * stay in L2 while every token block of x streams past them; x is re-read
  * once per tile, so bigger tiles mean less x traffic. Decode (T == 1)
  * blocks RB rows to keep enough independent FMA chains in flight. */
-AI void q_mm(const cpu_mm_args *a, int64_t r0, int64_t r1, const int bits)
+AI void q_mm_gs(const cpu_mm_args *a, int64_t r0, int64_t r1, const int bits, const int GS)
 {
     if (a->T == 1) {
         int64_t r = r0;
         for (; r + RB_GEMV <= r1; r += RB_GEMV)
-            q_tile(a, r, 0, RB_GEMV, 1, bits);
+            q_tile(a, r, 0, RB_GEMV, 1, bits, GS);
         for (; r < r1; r++)
-            q_tile(a, r, 0, 1, 1, bits);
+            q_tile(a, r, 0, 1, 1, bits, GS);
         return;
     }
     for (int64_t rt = r0; rt < r1; rt += a->row_tile) {
@@ -132,16 +156,28 @@ AI void q_mm(const cpu_mm_args *a, int64_t r0, int64_t r1, const int bits)
         int t = 0;
         for (; t + TB_MAX <= a->T; t += TB_MAX)
             for (int64_t r = rt; r < re; r++)
-                q_tile(a, r, t, 1, TB_MAX, bits);
+                q_tile(a, r, t, 1, TB_MAX, bits, GS);
         for (; t + 4 <= a->T; t += 4)
             for (int64_t r = rt; r < re; r++)
-                q_tile(a, r, t, 1, 4, bits);
+                q_tile(a, r, t, 1, 4, bits, GS);
         for (; t + 2 <= a->T; t += 2)
             for (int64_t r = rt; r < re; r++)
-                q_tile(a, r, t, 1, 2, bits);
+                q_tile(a, r, t, 1, 2, bits, GS);
         for (; t < a->T; t++)
             for (int64_t r = rt; r < re; r++)
-                q_tile(a, r, t, 1, 1, bits);
+                q_tile(a, r, t, 1, 1, bits, GS);
+    }
+}
+
+/* One instantiation per supported group (32/64/128 columns), plus a
+ * generic one for any other multiple of 2*VW. */
+AI void q_mm(const cpu_mm_args *a, int64_t r0, int64_t r1, const int bits)
+{
+    switch (a->m->group / (2 * VW)) {
+    case 32 / (2 * VW): q_mm_gs(a, r0, r1, bits, 32 / (2 * VW)); break;
+    case 64 / (2 * VW): q_mm_gs(a, r0, r1, bits, 64 / (2 * VW)); break;
+    case 128 / (2 * VW): q_mm_gs(a, r0, r1, bits, 128 / (2 * VW)); break;
+    default: q_mm_gs(a, r0, r1, bits, 0); break;
     }
 }
 
@@ -167,8 +203,8 @@ AI void dense_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const 
     const cpu_mat *m = a->m;
     const int64_t cols = m->cols, rows = m->rows;
     const int64_t nv = cols / VW, vend = nv * VW;
-    V acc0[RB][TB], acc1[RB][TB];
-    const uint8_t *w[RB];
+    V acc0[K_RMAX][K_TMAX], acc1[K_RMAX][K_TMAX];
+    const uint8_t *w[K_RMAX];
     const float *x = a->x + (size_t)t0 * cols;
 #pragma GCC unroll 8
     for (int i = 0; i < RB; i++) {
