@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sanctum/chat.h"
 #include "sanctum/generate.h"
@@ -421,6 +422,32 @@ static sn_status seq_full_bytes(engine *e, size_t *out)
     return SN_OK;
 }
 
+/* The tokenizer under the manifest pins (as sn_tok_load picks it in a
+ * directory: tekken.json, else tokenizer.json): the pinned fd is checked,
+ * the tokenizer reads that same open file through /proc/self/fd (a rename
+ * over the path cannot redirect it), and the pin is checked again after the
+ * read, so the text parsed is the text the gate hashed. */
+static sn_status tok_load_pinned(const char *dir, const sn_manifest_pins *pins, const char *model_type,
+                                 sn_tokenizer **out)
+{
+    const char *rel = "tekken.json";
+    int fd = -1;
+    sn_status st = sn_manifest_pins_open(pins, dir, rel, &fd);
+    if (st == SN_E_MISSING) st = sn_manifest_pins_open(pins, dir, rel = "tokenizer.json", &fd);
+    if (st != SN_OK) return st;
+    char path[64], msg[1024];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    if ((st = sn_tok_load(path, model_type, out)) != SN_OK) {
+        snprintf(msg, sizeof msg, "%s", sn_errmsg());
+        st = SN_FAIL(st, "%s/%s (read as %s): %s", dir, rel, path, msg);
+    } else if ((st = sn_manifest_pins_check_fd(pins, rel, fd)) != SN_OK) {
+        sn_tok_free(*out);
+        *out = NULL;
+    }
+    close(fd);
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     cli c;
@@ -436,6 +463,7 @@ int main(int argc, char **argv)
     engine e = {0};
     hooks h = {.c = &c};
     char model_id[256], fingerprint[320];
+    sn_manifest_pins *pins = NULL;   /* from the manifest gate, held until the model and tokenizer are loaded */
 
     if (srv_metrics_new(&metrics) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); return 1; }
     if (sn_auth_new(c.auth_token_file, &h.auth) != SN_OK) {
@@ -459,14 +487,15 @@ int main(int argc, char **argv)
                 fprintf(stderr, "sanctum-mlx: WARNING: %s\n", sn_errmsg());
     }
 
-    /* The manifest gate runs before a single weight byte is mapped. */
+    /* The manifest gate runs before a single weight byte is mapped; its pins
+     * make the loader refuse any file that is not the one the gate hashed. */
     if (c.manifest) {
         sn_manifest_opts mo = {.manifest_path = c.manifest, .sig_path = c.manifest_sig,
                                .pubkey_path = c.manifest_pubkey, .require_signed = c.require_signed,
                                .n_threads = c.threads};
         sn_manifest_report rep;
         fprintf(stderr, "sanctum-mlx: verifying %s against %s\n", c.model_dir, c.manifest);
-        if (sn_manifest_gate(c.model_dir, &mo, &rep) != SN_OK) {
+        if (sn_manifest_gate_pinned(c.model_dir, &mo, &rep, &pins) != SN_OK) {
             fprintf(stderr, "sanctum-mlx: manifest verification failed: %s\n", sn_errmsg());
             goto out;
         }
@@ -480,17 +509,20 @@ int main(int argc, char **argv)
 
     double t0 = now_s();
     sn_load_opts lo = {.backend = c.backend, .gpu = c.gpu, .n_threads = c.threads,
-                       .memory_limit_mb = c.memory_limit_mb};
+                       .memory_limit_mb = c.memory_limit_mb, .pins = pins};
     fprintf(stderr, "sanctum-mlx: loading %s\n", c.model_dir);
     if (sn_model_load(c.model_dir, &lo, &e.model) != SN_OK) {
         fprintf(stderr, "sanctum-mlx: cannot load model %s: %s\n", c.model_dir, sn_errmsg());
         goto out;
     }
     e.info = sn_model_get_info(e.model);
-    if (sn_tok_load(c.model_dir, e.info->model_type, &e.tok) != SN_OK) {
+    if ((pins ? tok_load_pinned(c.model_dir, pins, e.info->model_type, &e.tok)
+              : sn_tok_load(c.model_dir, e.info->model_type, &e.tok)) != SN_OK) {
         fprintf(stderr, "sanctum-mlx: cannot load the tokenizer of %s: %s\n", c.model_dir, sn_errmsg());
         goto out;
     }
+    sn_manifest_pins_free(pins);
+    pins = NULL;
     if (sn_chat_format_for(e.info->model_type, &e.fmt) != SN_OK) {
         fprintf(stderr, "sanctum-mlx: no chat template for %s: %s\n", e.info->model_type, sn_errmsg());
         goto out;
@@ -559,6 +591,7 @@ int main(int argc, char **argv)
     }
     rc = 0;
 out:
+    sn_manifest_pins_free(pins);
     sn_pcache_free(e.pcache);
     sn_seq_free(e.seq);
     sn_tok_free(e.tok);
