@@ -202,6 +202,36 @@ cp "$tmp/manifest" "$tmp/nosig"
 check server_refuses_missing_signature refuse nosig "nosig.sig" --port "$(free_port)" \
     --manifest "$tmp/nosig" --manifest-pubkey "$key.pub"
 
+# A weight file swapped between the gate and the load: strace holds each
+# thread's first open of config.json for 3 s (its counters are per thread:
+# a hash worker's open in the gate, then the main thread's in the loader);
+# while the loader waits, an identical copy of the first weight file is
+# renamed over it. The bytes still match the manifest, but it is not the file the
+# gate hashed: the loader must refuse it (pins), before mapping it.
+if command -v strace >/dev/null && [ "$msize" -lt $((512 * 1024 * 1024)) ] &&
+   strace -f -qq -o /dev/null -e trace=none true 2>/dev/null; then
+    sm=$tmp/swapmodel
+    cp -rL "$model" "$sm"
+    "$signer" create --model "$sm" > "$tmp/swap.manifest" 2>/dev/null
+    "$signer" sign --key "$key" "$tmp/swap.manifest" 2>/dev/null
+    SP=$(free_port)
+    timeout 120 strace -f -qq -o /dev/null -P "$sm/config.json" -e trace=openat \
+        -e inject=openat:delay_enter=3000000:when=1 "$server" --model "$sm" --port "$SP" \
+        --manifest "$tmp/swap.manifest" --manifest-pubkey "$key.pub" >"$tmp/swap.log" 2>&1 &
+    swap_pid=$!
+    for _ in $(seq 1 300); do grep -q "manifest ok" "$tmp/swap.log" && break; sleep 0.1; done
+    cp "$sm/$first" "$tmp/swapcopy" && mv "$tmp/swapcopy" "$sm/$first"
+    wait "$swap_pid"; swap_rc=$?
+    why="exit $swap_rc: $(tail -n 2 "$tmp/swap.log" | tr '\n' ' ')"
+    check server_refuses_weight_swapped_after_gate bash -c "[ $swap_rc -ne 0 ] && [ $swap_rc -ne 124 ] &&
+        grep -q 'manifest ok' '$tmp/swap.log' &&
+        grep -q -- 'model file $first changed after the manifest was verified' '$tmp/swap.log'"
+    check swapped_server_bound_nothing bash -c "! [ -n \"\$(ss -ltnH 'sport = :$SP')\" ]"
+    rm -rf "$sm"
+else
+    echo "  SKIP weight swapped after the gate: needs strace (ptrace allowed) and a model under 512 MB"
+fi
+
 # ----------------------------------------------------------------- mTLS
 certs=$tmp/certs
 deploy/mtls-gen-certs.sh --out "$certs" --host 127.0.0.1 --host localhost --client alice --client bob \
