@@ -278,6 +278,42 @@ static void test_shard_written_in_place(void)
     fx_teardown(&f);
 }
 
+/* Written in place while the load runs (after the shard was opened and
+ * mapped, from the progress callback): the loader's recheck after binding
+ * and upload refuses it. */
+typedef struct {
+    const char *path;
+    int done;
+} midload;
+
+static void write_during_load(void *ud, double frac)
+{
+    midload *w = ud;
+    if (w->done || frac >= 1.0) return;
+    usleep(20 * 1000);
+    w->done = flip_byte(w->path, 64) == 0 && flip_byte(w->path, 64) == 0 ? 1 : -1;
+}
+
+static void test_written_during_load(void)
+{
+    fixture f;
+    char p[256];
+    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    path_in(p, sizeof p, &f, SHARD1);
+    midload w = { .path = p };
+    sn_load_opts lo = { .backend = SN_BACKEND_CPU, .n_threads = 1, .pins = f.pins,
+                        .progress = write_during_load, .progress_ud = &w };
+    sn_model *m = NULL;
+    sn_status s = sn_model_load(f.model, &lo, &m);
+    CHECK(w.done == 1);
+    CHECKF(s == SN_E_VERIFY, "got %s: %s", sn_status_name(s), sn_errmsg());
+    CHECKF(strstr(sn_errmsg(), "model file " SHARD1 " changed after the manifest was verified") != NULL, "%s",
+           sn_errmsg());
+    CHECK(m == NULL);
+    sn_model_free(m);
+    fx_teardown(&f);
+}
+
 /* The JSON files the loader reads are pinned as well. */
 static void test_config_and_index(void)
 {
@@ -436,6 +472,7 @@ int main(void)
     RUN(test_shard_replaced);
     RUN(test_identical_copy_renamed_over);
     RUN(test_shard_written_in_place);
+    RUN(test_written_during_load);
     RUN(test_config_and_index);
     RUN(test_shard_added);
     RUN(test_st_recheck);
