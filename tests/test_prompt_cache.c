@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include "pcache_fixtures.h"
+#include "sanctum/chat.h"
 #include "server/api.h"
 #include "server/metrics.h"
 
@@ -249,6 +250,115 @@ static void test_generate_cold_warm(void)
         pf_out_free(&cb);
         sn_pcache_free(pc);
     }
+}
+
+/* Real chat prompts on the trained default model (its own tokenizer and
+ * template): a cached conversation, then one whose prefix with it ends in
+ * the middle of the user message, then a second turn; with the message
+ * starts (<|im_start|>) as bounds, as the server passes them. */
+static int chat_ids(const sn_tokenizer *t, const char *sys, const char *user, const char *a1, const char *u2,
+                    int32_t *out, int cap, int *bounds, int *nb)
+{
+    sn_chat_msg m[4];
+    memset(m, 0, sizeof m);
+    m[0].role = "system";
+    m[0].content = sys;
+    m[1].role = "user";
+    m[1].content = user;
+    int n = 2;
+    if (a1) {
+        m[2].role = "assistant";
+        m[2].content = a1;
+        m[3].role = "user";
+        m[3].content = u2;
+        n = 4;
+    }
+    sn_chat_opts co = { .add_generation_prompt = true };
+    sn_ids ids = { 0 };
+    sn_chat_format f;
+    if (sn_chat_format_for("qwen3_5", &f) != SN_OK || sn_chat_encode(t, f, m, (size_t)n, &co, &ids) != SN_OK ||
+        (int)ids.n > cap) {
+        sn_ids_free(&ids);
+        return -1;
+    }
+    int32_t start = sn_tok_find(t, "<|im_start|>");
+    *nb = 0;
+    for (size_t i = 1; i < ids.n; i++)
+        if (ids.ids[i] == start && *nb < 16) bounds[(*nb)++] = (int)i;
+    memcpy(out, ids.ids, ids.n * sizeof(int32_t));
+    int len = (int)ids.n;
+    sn_ids_free(&ids);
+    return len;
+}
+
+static void test_chat_default_model(void)
+{
+    pf_model *pm = NULL;
+    for (int i = 0; i < pf_n; i++)
+        if (!strcmp(pf_models[i].name, "default")) pm = &pf_models[i];
+    if (!pm) SKIP("models/default not present");
+    sn_tokenizer *t = NULL;
+    CHECK_OK(sn_tok_load("models/default", "qwen3_5", &t));
+    if (!t) return;
+    const char *sys = "You are a concise assistant. Answer with only what is asked, in lower case, and never add "
+                      "a greeting or an explanation to the answer you give.";
+    const char *u1 = "Repeat exactly: apple banana cherry grape lemon mango melon orange peach pear plum berry red "
+                     "green blue yellow black white";
+    const char *u2 = "Repeat exactly: apple banana cherry grape lemon mango melon orange dog cat bird fish";
+    int32_t A[512], B[512], C[512];
+    int ba[16], bb[16], bc[16], na, nb, nc;
+    int la = chat_ids(t, sys, u1, NULL, NULL, A, 512, ba, &na);
+    int lb = chat_ids(t, sys, u2, NULL, NULL, B, 512, bb, &nb);
+    CHECK(la > 0 && lb > 0);
+    if (la <= 0 || lb <= 0) goto out;
+    int common = 0;
+    while (common < la && common < lb && A[common] == B[common]) common++;
+    CHECKF(common > bb[0] + 4 && common < lb - 8, "the shared prefix (%d) should end inside the user message (%d..%d)",
+           common, bb[0], lb);
+    sn_pcache_opts o;
+    sn_pcache_opts_default(&o);
+    o.ckpt_every = 16;   /* so one falls inside the user message */
+    sn_pcache *pc = NULL;
+    CHECK_OK(sn_pcache_new(pm->m, &o, &pc));
+    sn_gen_params pcold, pwarm;
+    gen_params(&pcold, NULL, 24);
+    gen_params(&pwarm, pc, 24);
+    pf_out c = { 0 }, w = { 0 }, a = { 0 };
+    pwarm.msg_bounds = ba;
+    pwarm.n_msg_bounds = na;
+    pf_gen(pm->m, 1024, A, la, &pwarm, &a);
+    pf_gen(pm->m, 1024, A, la, &pcold, &c);
+    CHECK(pf_same(&a, &c));
+    /* B shares A's prefix up to the middle of the user message */
+    pwarm.msg_bounds = bb;
+    pwarm.n_msg_bounds = nb;
+    pf_gen(pm->m, 1024, B, lb, &pcold, &c);
+    pf_gen(pm->m, 1024, B, lb, &pwarm, &w);
+    CHECKF(pf_same(&c, &w), "prefix ending inside a user message: warm differs");
+    CHECKF(w.res.cached_tokens > bb[0] && w.res.cached_tokens <= common, "cached %d (message starts at %d, common %d)",
+           w.res.cached_tokens, bb[0], common);
+    fprintf(stderr, "  default model: prompt %d tokens, shares %d with the cached one (user message from %d), "
+            "resumed at %d\n", lb, common, bb[0], w.res.cached_tokens);
+    /* the second turn of A's conversation, with A's answer */
+    char *ans = a.text ? a.text : "";
+    int lc = chat_ids(t, sys, u1, ans, "Now in uppercase.", C, 512, bc, &nc);
+    CHECK(lc > la);
+    if (lc > la) {
+        pwarm.msg_bounds = bc;
+        pwarm.n_msg_bounds = nc;
+        pf_gen(pm->m, 1024, C, lc, &pcold, &c);
+        pf_gen(pm->m, 1024, C, lc, &pwarm, &w);
+        CHECKF(pf_same(&c, &w), "second turn: warm differs");
+        CHECKF(w.res.cached_tokens >= la - 8, "second turn cached only %d of the first turn's %d", w.res.cached_tokens, la);
+        fprintf(stderr, "  default model: second turn %d tokens, resumed at %d (first turn %d + %d generated)\n", lc,
+                w.res.cached_tokens, la, a.res.completion_tokens);
+    }
+    pf_out_free(&a);
+    pf_out_free(&c);
+    pf_out_free(&w);
+    sn_pcache_free(pc);
+out:
+    sn_tok_free(t);
 }
 
 /* Message bounds become checkpoints; min_fresh 2 leaves two tokens. */
@@ -634,6 +744,7 @@ int main(void)
     RUN(test_pool_restore_lengths);
     RUN(test_generate_cold_warm);
     RUN(test_bounds_and_min_fresh);
+    RUN(test_chat_default_model);
     RUN(test_lru_budget);
     RUN(test_sharing);
     RUN(test_pool_random);
