@@ -3,11 +3,11 @@
  * the entry that shares the longest common prefix (LCP) with its prompt.
  *
  * KV caches can be cut at any position, the GatedDeltaNet conv + recurrent
- * states cannot: an entry therefore holds the KV rows of all its tokens once
- * and the recurrent state at a few checkpoints (every ckpt_every tokens up
- * to 4 x ckpt_every, then two per doubling of the position, at
- * the first and the last message boundary the caller names, at the end of
- * the prompt, and at the end of the sequence). A request resumes from the
+ * states cannot: an entry therefore holds the KV rows of all its tokens and
+ * the recurrent state at a few checkpoints (every ckpt_every tokens up to
+ * 4 x ckpt_every, then two per doubling of the position, at the first and
+ * the last message boundary the caller names, at the end of the prompt,
+ * and at the end of the sequence). A request resumes from the
  * nearest checkpoint at or below the common prefix (any position for models
  * without GatedDeltaNet layers) and computes the rest, at least min_fresh
  * tokens so the last prompt token's logits come from a forward pass.
@@ -20,7 +20,8 @@
  * of the seed (T_q >= 2), kept as a knob (SANCTUM_PCACHE_MIN_FRESH).
  *
  * The pool is bounded by budget_bytes with LRU eviction and is safe to use
- * from several threads (one mutex; the copies in and out run under it). */
+ * from several threads (one pool mutex; copies to and from backend memory
+ * run under the model lock). */
 #ifndef SANCTUM_PROMPT_CACHE_H
 #define SANCTUM_PROMPT_CACHE_H
 

@@ -3,7 +3,8 @@
  * This file reads the sequence state directly (models/model_impl.h) rather
  * than through sn_seq_snapshot: a snapshot copies every KV row below the
  * position, so one per checkpoint would cost O(checkpoints x length). Here
- * an entry keeps its KV rows once and only the small recurrent state per
+ * every KV row is kept once (in the segment of the request that computed
+ * it, shared by the entries that extend it) plus the recurrent state per
  * checkpoint, and a restore copies the KV prefix up to the chosen
  * checkpoint plus that checkpoint's recurrent state. */
 #include "sanctum/prompt_cache.h"
