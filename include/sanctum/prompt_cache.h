@@ -72,8 +72,9 @@ void sn_pcache_get_stats(sn_pcache *pc, sn_pcache_stats *out);
  *                       sn_seq_pos(seq) tokens of tokens[]) into the pool.
  *
  * bounds: positions (token counts) where a chat message starts or ends;
- * may be NULL; the first and the last become checkpoints. The request keeps no pointer into the pool, so eviction by
- * other threads meanwhile is harmless. */
+ * may be NULL; the first and the last become checkpoints. The request
+ * holds references to the segments it resumed through, so eviction by
+ * other threads meanwhile is harmless; sn_pcache_req_free drops them. */
 sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int n_prompt, const int *bounds,
                           int n_bounds, sn_pcache_req **out, int *cached);
 int sn_pcache_next_stop(const sn_pcache_req *r, int pos, int end);
