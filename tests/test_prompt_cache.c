@@ -720,12 +720,14 @@ static void test_server_fields(void)
     srv_metrics_inference(m, &s1);
     srv_metrics_inference(m, &s2);
     srv_metrics_inference(m, &s3);
+    srv_metrics_prompt_cache(m, 3, 123456);
     char *t = NULL;
     size_t len = 0;
     CHECK_OK(srv_metrics_render(m, &t, &len));
     CHECK(t && strstr(t, "\nsanctum_mlx_prompt_cache_hits_total 1\n") && strstr(t, "\nsanctum_mlx_prompt_cache_misses_total 1\n") &&
           strstr(t, "\nsanctum_mlx_prompt_cache_cached_tokens_total 32\n") &&
-          strstr(t, "\nsanctum_mlx_pld_drafted_tokens_total 10\n") && strstr(t, "\nsanctum_mlx_pld_accepted_tokens_total 7\n"));
+          strstr(t, "\nsanctum_mlx_pld_drafted_tokens_total 10\n") && strstr(t, "\nsanctum_mlx_pld_accepted_tokens_total 7\n") &&
+          strstr(t, "\nsanctum_mlx_prompt_cache_entries 3\n") && strstr(t, "\nsanctum_mlx_prompt_cache_bytes 123456\n"));
     free(t);
     srv_metrics_free(m);
 }

@@ -60,6 +60,7 @@ typedef struct {
     sn_pld_opts pld_opts;       /* SANCTUM_MLX_PLD_* */
     sn_pld_ctl pld_ctl;         /* draft-length estimates, kept across requests (one worker thread) */
     int32_t msg_marker;         /* token that opens a chat message (<|im_start|>, [INST]); -1: none */
+    srv_metrics *metrics;       /* for the pool gauges */
 } engine;
 
 /* Message boundaries of a prompt for the prompt cache: the position of
@@ -142,6 +143,11 @@ static sn_status engine_run(void *ctx, srv_job *job, const srv_chat_req *req, sr
     sn_gen_result r;
     st = sn_generate(e->model, e->tok, e->seq, ids.ids, (int)ids.n, &gp, emit_cb, &r);
     out->pcache_used = e->pcache != NULL;
+    if (e->pcache && e->metrics) {
+        sn_pcache_stats ps;
+        sn_pcache_get_stats(e->pcache, &ps);
+        srv_metrics_prompt_cache(e->metrics, (unsigned long long)ps.entries, (unsigned long long)ps.bytes);
+    }
     out->cached_tokens = r.cached_tokens;
     out->pld_drafted = r.pld_drafted;
     out->pld_accepted = r.pld_accepted;
@@ -398,6 +404,11 @@ static sn_status prewarm(engine *e, const char *path)
     if ((st = sn_pcache_prewarm(e->pcache, e->model, e->seq, ids.ids, n, bounds, nb > 0 ? nb - 1 : 0)) != SN_OK)
         goto out;
     fprintf(stderr, "sanctum-mlx: prewarmed the prompt cache with %d tokens from %s\n", n, path);
+    if (e->metrics) {
+        sn_pcache_stats ps;
+        sn_pcache_get_stats(e->pcache, &ps);
+        srv_metrics_prompt_cache(e->metrics, (unsigned long long)ps.entries, (unsigned long long)ps.bytes);
+    }
 out:
     sn_seq_reset(e->seq);
     sn_ids_free(&ids);
@@ -550,6 +561,7 @@ int main(int argc, char **argv)
     }
     if (sn_pld_opts_from_env(&e.pld_opts) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); goto out; }
     e.pld = c.pld;
+    e.metrics = metrics;
     sn_pld_ctl_init(&e.pld_ctl, e.pld_opts.adaptive);
     e.msg_marker = sn_tok_find(e.tok, e.fmt == SN_CHAT_MISTRAL ? "[INST]" : "<|im_start|>");
     if (c.prompt_cache_mb > 0) {

@@ -45,6 +45,7 @@ struct srv_metrics {
     uint64_t infer_requests[N_STOP];
     uint64_t completion_tokens, prompt_tokens;
     uint64_t pcache_hits, pcache_misses, pcache_cached_tokens, pld_drafted, pld_accepted;
+    uint64_t pcache_entries, pcache_bytes;
     histo infer_dur, tps, ctoks, ttft, qwait;
     double startup_manifest, startup_model;
     bool have_manifest, have_model;
@@ -150,6 +151,14 @@ void srv_metrics_inference(srv_metrics *m, const srv_infer_sample *s)
         if (s->completion_tokens > 1 && s->decode_s > 0)
             histo_observe(&m->tps, (s->completion_tokens - 1) / s->decode_s);
     }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_prompt_cache(srv_metrics *m, unsigned long long entries, unsigned long long bytes)
+{
+    pthread_mutex_lock(&m->mu);
+    m->pcache_entries = entries;
+    m->pcache_bytes = bytes;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -276,9 +285,16 @@ sn_status srv_metrics_render(srv_metrics *m, char **out, size_t *len)
                   "sanctum_mlx_prompt_cache_misses_total %llu\n"
                   "# HELP sanctum_mlx_prompt_cache_cached_tokens_total Prompt tokens restored instead of computed.\n"
                   "# TYPE sanctum_mlx_prompt_cache_cached_tokens_total counter\n"
-                  "sanctum_mlx_prompt_cache_cached_tokens_total %llu\n",
+                  "sanctum_mlx_prompt_cache_cached_tokens_total %llu\n"
+                  "# HELP sanctum_mlx_prompt_cache_entries Sequences held in the prompt-cache pool.\n"
+                  "# TYPE sanctum_mlx_prompt_cache_entries gauge\n"
+                  "sanctum_mlx_prompt_cache_entries %llu\n"
+                  "# HELP sanctum_mlx_prompt_cache_bytes Host memory of the prompt-cache pool.\n"
+                  "# TYPE sanctum_mlx_prompt_cache_bytes gauge\n"
+                  "sanctum_mlx_prompt_cache_bytes %llu\n",
               (unsigned long long)m->pcache_hits, (unsigned long long)m->pcache_misses,
-              (unsigned long long)m->pcache_cached_tokens);
+              (unsigned long long)m->pcache_cached_tokens, (unsigned long long)m->pcache_entries,
+              (unsigned long long)m->pcache_bytes);
     sb_printf(&b, "# HELP sanctum_mlx_pld_drafted_tokens_total Prompt lookup draft tokens verified.\n"
                   "# TYPE sanctum_mlx_pld_drafted_tokens_total counter\n"
                   "sanctum_mlx_pld_drafted_tokens_total %llu\n"

@@ -37,6 +37,8 @@ void srv_metrics_inference(srv_metrics *m, const srv_infer_sample *s);
 
 void srv_metrics_startup(srv_metrics *m, const char *phase, double seconds);
 void srv_metrics_model_loaded(srv_metrics *m, int loaded);
+/* Prompt-cache pool size after a request (gauges). */
+void srv_metrics_prompt_cache(srv_metrics *m, unsigned long long entries, unsigned long long bytes);
 /* Queue depth right now (gauge, sampled at render time by the caller). */
 void srv_metrics_queue_depth(srv_metrics *m, int depth);
 
