@@ -11,6 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "tok/tok_text.h"
+
 typedef struct {
     char *p;
     size_t n, cap;
@@ -21,18 +23,7 @@ typedef struct {
 
 static void sb_add(sbuf *b, const char *s, size_t n)
 {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        char *p = realloc(b->p, c);
-        if (!p) { b->oom = true; return; }
-        b->p = p;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
+    if (!b->oom && !tok_text_append(&b->p, &b->n, &b->cap, s, n, 256)) b->oom = true;
 }
 
 static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tok/tok_text.h"
+
 typedef struct { const char *p; size_t n; } sv;
 
 typedef struct {
@@ -18,18 +20,7 @@ typedef struct {
 
 static void gb_add(growbuf *b, const char *s, size_t n)
 {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 128;
-        while (c < b->n + n + 1) c *= 2;
-        char *p = realloc(b->p, c);
-        if (!p) { b->oom = true; return; }
-        b->p = p;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
+    if (!b->oom && !tok_text_append(&b->p, &b->n, &b->cap, s, n, 128)) b->oom = true;
 }
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }

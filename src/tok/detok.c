@@ -6,6 +6,7 @@
  * String::from_utf8_lossy, which Hugging Face's ByteLevel decoder uses;
  * streaming and whole decoding therefore produce the same text. */
 #include "tok/tok_internal.h"
+#include "tok/tok_text.h"
 
 #include <string.h>
 
@@ -62,13 +63,8 @@ size_t tok_utf8_check(const char *s, size_t n)
 
 static sn_status buf_reserve(char **out, size_t *len, size_t *cap, size_t extra)
 {
-    if (*len + extra + 1 <= *cap && *out) return SN_OK;
-    size_t c = *cap ? *cap : 64;
-    while (c < *len + extra + 1) c *= 2;
-    char *p = realloc(*out, c);
-    if (!p) return SN_FAIL(SN_E_NOMEM, "detokenizer: out of memory (%zu bytes)", c);
-    *out = p;
-    *cap = c;
+    size_t failed = tok_text_reserve(out, len, cap, extra, 64);
+    if (failed) return SN_FAIL(SN_E_NOMEM, "detokenizer: out of memory (%zu bytes)", failed);
     return SN_OK;
 }
 
