@@ -23,17 +23,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "sanctum/generate.h"
 #include "sanctum/model.h"
 #include "sanctum/prompt_cache.h"
 #include "sanctum/tokenizer.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
 static int32_t rand_id(int hi)
@@ -53,9 +47,9 @@ static double memcpy_gbs(void)
     memset(b, 2, n);
     double best = 1e9;
     for (int r = 0; r < 3; r++) {
-        double t = now_s();
+        double t = bench_now();
         memcpy(b, a, n);
-        t = now_s() - t;
+        t = bench_now() - t;
         if (t < best) best = t;
     }
     volatile char sink = b[n / 2];
@@ -63,12 +57,6 @@ static double memcpy_gbs(void)
     free(a);
     free(b);
     return n / best / 1e9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 int main(int argc, char **argv)
@@ -143,7 +131,7 @@ int main(int argc, char **argv)
                 r.prompt_tokens - r.cached_tokens);
     }
     sn_pcache_get_stats(pc, &st);
-    qsort(warm, (size_t)reps, sizeof *warm, cmp_d);
+    qsort(warm, (size_t)reps, sizeof *warm, bench_cmp_double);
     double med = warm[reps / 2];
     /* estimate: the tail at the cold per-token rate + copying the restored
      * state (KV rows + one recurrent checkpoint; measured at the end of the
@@ -160,18 +148,7 @@ int main(int argc, char **argv)
              tail, cold * 1e3, med * 1e3, cold / med, cached, bound * 1e3, state_bytes / 1e6, gbs,
              (unsigned long long)st.entries, st.bytes / 1e6);
     printf("%s\n", line);
-    if (log_path && *log_path) {
-        FILE *f = fopen(log_path, "a");
-        if (f) {
-            char ts[32];
-            time_t t = time(NULL);
-            strftime(ts, sizeof ts, "%Y-%m-%dT%H:%MZ", gmtime(&t));
-            fprintf(f, "%s %s | cmd:", ts, line);
-            for (int i = 0; i < argc; i++) fprintf(f, " %s", argv[i]);
-            fputc('\n', f);
-            fclose(f);
-        }
-    }
+    bench_log_line(log_path, line, argc, argv);
     rc = 0;
 done:
     free(ids);

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_common.h"
 #include "sanctum/chat.h"
 #include "sanctum/generate.h"
 #include "sanctum/model.h"
@@ -44,12 +45,6 @@ static const char *WORDS[] = {
     "quiet", "run", "walk", "jump", "read", "write", "sing", "play", "open", "close", "build", "find", "keep", "make",
 };
 #define N_WORDS (sizeof WORDS / sizeof WORDS[0])
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_rand(void)
@@ -256,12 +251,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "  round %d: off %.1f tok/s, pld %.1f tok/s, pld-full %.1f tok/s\n", rep,
                 t[0].tokens / t[0].decode_s, t[1].tokens / t[1].decode_s, t[2].tokens / t[2].decode_s);
     }
-    qsort(ratio1, (size_t)reps, sizeof(double), cmp_d);
-    qsort(ratio2, (size_t)reps, sizeof(double), cmp_d);
+    qsort(ratio1, (size_t)reps, sizeof(double), bench_cmp_double);
+    qsort(ratio2, (size_t)reps, sizeof(double), bench_cmp_double);
     double med1 = ratio1[reps / 2], med2 = ratio2[reps / 2];
     double cr[3];
     for (int md = 0; md < 3; md++) {
-        qsort(cpu_rate[md], (size_t)reps, sizeof(double), cmp_d);
+        qsort(cpu_rate[md], (size_t)reps, sizeof(double), bench_cmp_double);
         cr[md] = cpu_rate[md][reps / 2];
     }
     char line[1024];
@@ -279,18 +274,7 @@ int main(int argc, char **argv)
              last[2].forwards && c1 > 0 ? (double)last[0].forwards / last[2].forwards / (c6 / c1) : 0, c1 > 0 ? c6 / c1 : 0, cr[0], cr[1], cr[1] / cr[0], cr[2],
              cr[2] / cr[0], last[0].tokens + n_prompts);
     printf("%s\n", line);
-    if (log_path && *log_path) {
-        FILE *f = fopen(log_path, "a");
-        if (f) {
-            char ts[32];
-            time_t tt = time(NULL);
-            strftime(ts, sizeof ts, "%Y-%m-%dT%H:%MZ", gmtime(&tt));
-            fprintf(f, "%s %s | cmd:", ts, line);
-            for (int i = 0; i < argc; i++) fprintf(f, " %s", argv[i]);
-            fputc('\n', f);
-            fclose(f);
-        }
-    }
+    bench_log_line(log_path, line, argc, argv);
     rc = 0;
 done:
     free(ratio1);

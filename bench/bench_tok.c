@@ -19,6 +19,7 @@
 #include <time.h>
 #include <utf8proc.h>
 
+#include "bench_common.h"
 #include "sanctum/tokenizer.h"
 
 static const char *WORDS[] = {
@@ -109,13 +110,6 @@ static char *read_text(const char *path, size_t size)
     return t;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int main(int argc, char **argv)
 {
     const char *tok_path = NULL, *file = NULL;
@@ -133,17 +127,17 @@ int main(int argc, char **argv)
     size_t len = strlen(text);
 
     sn_tokenizer *t = NULL;
-    double t0 = now_s();
+    double t0 = bench_now();
     if (sn_tok_load(tok_path, NULL, &t) != SN_OK) { fprintf(stderr, "load: %s\n", sn_errmsg()); return 1; }
-    double load_s = now_s() - t0;
+    double load_s = bench_now() - t0;
 
     sn_ids ids = {0};
     double cold = 0, warm = 1e9;
     for (int pass = 0; pass < 4; pass++) {
         ids.n = 0;
-        t0 = now_s();
+        t0 = bench_now();
         if (sn_tok_encode(t, text, len, false, &ids) != SN_OK) { fprintf(stderr, "encode: %s\n", sn_errmsg()); return 1; }
-        double s = now_s() - t0;
+        double s = bench_now() - t0;
         if (pass == 0) cold = s;
         else if (s < warm) warm = s;
     }
