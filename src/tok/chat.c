@@ -292,6 +292,15 @@ static sn_status parse_args(const sn_chat_tool_call *c, size_t i, size_t k, cons
     return SN_OK;
 }
 
+/* The templates that render a call as name + arguments (qwen2, mistral) need
+ * the arguments; the same check and message for both. */
+static sn_status parse_required_args(const sn_chat_tool_call *c, size_t i, size_t k, const char *fmt, json_t **out)
+{
+    SN_TRY(parse_args(c, i, k, fmt, out));
+    if (!*out) return SN_FAIL(SN_E_INVALID, "chat (%s): message %zu, tool call %zu has no arguments", fmt, i, k);
+    return SN_OK;
+}
+
 /* Parses the tools option: NULL when absent; must be an array. */
 static sn_status parse_tools(const sn_chat_opts *o, const char *fmt, json_t **out)
 {
@@ -494,8 +503,7 @@ static sn_status render_qwen2(sbuf *b, const sn_chat_msg *msgs, size_t n, const 
             for (size_t k = 0; k < m->n_tool_calls; k++) {
                 const sn_chat_tool_call *c = &m->tool_calls[k];
                 json_t *args;
-                SN_TRY(parse_args(c, i, k, "qwen2", &args));
-                if (!args) return SN_FAIL(SN_E_INVALID, "chat (qwen2): message %zu, tool call %zu has no arguments", i, k);
+                SN_TRY(parse_required_args(c, i, k, "qwen2", &args));
                 sb_str(b, "\n<tool_call>\n{\"name\": \"");
                 sb_content(b, sp_of(c->name));
                 sb_str(b, "\", \"arguments\": ");
@@ -598,8 +606,7 @@ static sn_status render_mistral(sbuf *b, const sn_chat_msg *msgs, size_t n, cons
                 if (!tc->id || utf8_chars(tc->id) != 9)
                     return SN_FAIL(SN_E_INVALID, "chat (mistral): message %zu, tool call %zu: the id must be 9 characters", i, k);
                 json_t *args;
-                SN_TRY(parse_args(tc, i, k, "mistral", &args));
-                if (!args) return SN_FAIL(SN_E_INVALID, "chat (mistral): message %zu, tool call %zu has no arguments", i, k);
+                SN_TRY(parse_required_args(tc, i, k, "mistral", &args));
                 sb_str(b, "[TOOL_CALLS]");
                 sb_content(b, sp_of(tc->name));
                 sb_str(b, "[CALL_ID]");
