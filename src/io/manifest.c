@@ -1002,14 +1002,51 @@ static int starts_with(const unsigned char *b, size_t n, const char *pfx)
     return n >= pl && memcmp(b, pfx, pl) == 0;
 }
 
+/* The PEM half of both key loaders: parse, insist on ED25519, take the raw
+ * bytes (the 32-byte seed of a private key, the 32-byte public key). One
+ * path for both so the type check and the OpenSSL error reporting cannot
+ * drift apart. */
+static sn_status pem_ed25519_raw(const char *path, const unsigned char *buf, size_t len, int is_private,
+                                 unsigned char *raw, size_t raw_len)
+{
+    sn_status st = SN_OK;
+    char why[256];
+    EVP_PKEY *key = NULL;
+    ERR_clear_error();
+    BIO *bio = BIO_new_mem_buf(buf, (int)len);
+    if (bio) key = is_private ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : PEM_read_bio_PUBKEY(bio, NULL, NULL, NULL);
+    if (!key) {
+        st = is_private ? SN_FAIL(SN_E_FORMAT, "%s: not a PEM private key or a raw 32-byte ed25519 seed: %s", path,
+                                  ossl_reason(why, sizeof why, "PEM_read_bio_PrivateKey failed"))
+                        : SN_FAIL(SN_E_FORMAT, "%s: not a PEM public key: %s", path,
+                                  ossl_reason(why, sizeof why, "PEM_read_bio_PUBKEY failed"));
+        goto out;
+    }
+    if (EVP_PKEY_get_id(key) != EVP_PKEY_ED25519) {
+        st = SN_FAIL(SN_E_UNSUPPORTED, "%s: key type %s, expected ED25519", path, OBJ_nid2sn(EVP_PKEY_get_id(key)));
+        goto out;
+    }
+    size_t got = raw_len;
+    if (is_private) {
+        if (EVP_PKEY_get_raw_private_key(key, raw, &got) != 1 || got != raw_len)
+            st = SN_FAIL(SN_E_FORMAT, "%s: cannot extract the ed25519 seed: %s", path,
+                         ossl_reason(why, sizeof why, "EVP_PKEY_get_raw_private_key failed"));
+    } else {
+        if (EVP_PKEY_get_raw_public_key(key, raw, &got) != 1 || got != raw_len)
+            st = SN_FAIL(SN_E_FORMAT, "%s: cannot extract the raw public key: %s", path,
+                         ossl_reason(why, sizeof why, "EVP_PKEY_get_raw_public_key failed"));
+    }
+out:
+    EVP_PKEY_free(key);
+    BIO_free(bio);
+    return st;
+}
+
 sn_status sn_ed25519_load_private(const char *path, unsigned char seed[SN_ED25519_SEED_BYTES])
 {
     sn_status st = SN_OK;
     unsigned char *buf = NULL;
     size_t len = 0;
-    char why[256];
-    BIO *bio = NULL;
-    EVP_PKEY *key = NULL;
     struct stat sb;
     if (stat(path, &sb) != 0)
         return SN_FAIL(errno == ENOENT ? SN_E_MISSING : SN_E_IO, "%s: %s", path, strerror(errno));
@@ -1018,31 +1055,10 @@ sn_status sn_ed25519_load_private(const char *path, unsigned char seed[SN_ED2551
         return SN_FAIL(SN_E_INVALID, "%s: private key is accessible by group/others (mode %03o); chmod 600 it",
                        path, (unsigned)(sb.st_mode & 0777));
     SN_TRY(sn_manifest_read_file(path, 64 * 1024, &buf, &len));
-    if (len == SN_ED25519_SEED_BYTES && !starts_with(buf, len, "-----")) {
+    if (len == SN_ED25519_SEED_BYTES && !starts_with(buf, len, "-----"))
         memcpy(seed, buf, SN_ED25519_SEED_BYTES);
-        goto out;
-    }
-    ERR_clear_error();
-    bio = BIO_new_mem_buf(buf, (int)len);
-    key = bio ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
-    if (!key) {
-        st = SN_FAIL(SN_E_FORMAT, "%s: not a PEM private key or a raw 32-byte ed25519 seed: %s", path,
-                     ossl_reason(why, sizeof why, "PEM_read_bio_PrivateKey failed"));
-        goto out;
-    }
-    if (EVP_PKEY_get_id(key) != EVP_PKEY_ED25519) {
-        st = SN_FAIL(SN_E_UNSUPPORTED, "%s: key type %s, expected ED25519", path, OBJ_nid2sn(EVP_PKEY_get_id(key)));
-        goto out;
-    }
-    size_t sl = SN_ED25519_SEED_BYTES;
-    if (EVP_PKEY_get_raw_private_key(key, seed, &sl) != 1 || sl != SN_ED25519_SEED_BYTES) {
-        st = SN_FAIL(SN_E_FORMAT, "%s: cannot extract the ed25519 seed: %s", path,
-                     ossl_reason(why, sizeof why, "EVP_PKEY_get_raw_private_key failed"));
-        goto out;
-    }
-out:
-    EVP_PKEY_free(key);
-    BIO_free(bio);
+    else
+        st = pem_ed25519_raw(path, buf, len, 1, seed, SN_ED25519_SEED_BYTES);
     if (buf) {
         OPENSSL_cleanse(buf, len);
         free(buf);
@@ -1055,42 +1071,16 @@ sn_status sn_ed25519_load_public(const char *path, unsigned char pub[SN_ED25519_
     sn_status st = SN_OK;
     unsigned char *buf = NULL;
     size_t len = 0;
-    char why[256];
-    BIO *bio = NULL;
-    EVP_PKEY *key = NULL;
     SN_TRY(sn_manifest_read_file(path, 64 * 1024, &buf, &len));
-    if (len == SN_ED25519_PUB_BYTES && !starts_with(buf, len, "-----")) {
+    if (len == SN_ED25519_PUB_BYTES && !starts_with(buf, len, "-----"))
         memcpy(pub, buf, SN_ED25519_PUB_BYTES);
-        goto out;
-    }
-    if (!starts_with(buf, len, "-----BEGIN")) {
+    else if (!starts_with(buf, len, "-----BEGIN"))
         st = SN_FAIL(SN_E_FORMAT, "%s: %zu bytes; an ed25519 public key is 32 raw bytes or PEM", path, len);
-        goto out;
-    }
-    ERR_clear_error();
-    bio = BIO_new_mem_buf(buf, (int)len);
-    key = bio ? PEM_read_bio_PUBKEY(bio, NULL, NULL, NULL) : NULL;
-    if (!key) {
-        st = SN_FAIL(SN_E_FORMAT, "%s: not a PEM public key: %s", path,
-                     ossl_reason(why, sizeof why, "PEM_read_bio_PUBKEY failed"));
-        goto out;
-    }
-    if (EVP_PKEY_get_id(key) != EVP_PKEY_ED25519) {
-        st = SN_FAIL(SN_E_UNSUPPORTED, "%s: key type %s, expected ED25519", path, OBJ_nid2sn(EVP_PKEY_get_id(key)));
-        goto out;
-    }
-    size_t pl = SN_ED25519_PUB_BYTES;
-    if (EVP_PKEY_get_raw_public_key(key, pub, &pl) != 1 || pl != SN_ED25519_PUB_BYTES)
-        st = SN_FAIL(SN_E_FORMAT, "%s: cannot extract the raw public key: %s", path,
-                     ossl_reason(why, sizeof why, "EVP_PKEY_get_raw_public_key failed"));
-out:
-    EVP_PKEY_free(key);
-    BIO_free(bio);
+    else
+        st = pem_ed25519_raw(path, buf, len, 0, pub, SN_ED25519_PUB_BYTES);
     free(buf);
     return st;
 }
-
-/* ------------------------------------------------------------------- gate */
 
 static sn_status gate(const char *model_dir, const sn_manifest_opts *opts, sn_manifest_report *report,
                       sn_manifest_pins **pins)
