@@ -2,6 +2,7 @@
  * table, and the evhttp glue on a real listener bound to a non-loopback
  * address of this machine (so the loopback bypass does not hide a hole). */
 #include "harness.h"
+#include "evhttp_test.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -245,12 +246,6 @@ static void on_request(struct evhttp_request *req, void *arg)
     evbuffer_free(b);
 }
 
-static void *server_main(void *arg)
-{
-    event_base_dispatch(((server *)arg)->base);
-    return NULL;
-}
-
 static int server_start(server *s, const char *addr)
 {
     memset(s, 0, sizeof *s);
@@ -261,27 +256,12 @@ static int server_start(server *s, const char *addr)
         return -1;
     evhttp_set_gencb(s->http, on_request, s);
     evhttp_set_allowed_methods(s->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST);
-    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(s->http, addr, 0);
-    if (!bs)
-        return -1;
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl);
-    s->port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    return pthread_create(&s->tid, NULL, server_main, s) == 0 ? 0 : -1;
+    return test_http_listen(s->base, s->http, addr, &s->port, &s->tid);
 }
 
 static void server_stop(server *s)
 {
-    if (s->base) {
-        event_base_loopexit(s->base, NULL);
-        if (s->tid)
-            pthread_join(s->tid, NULL);
-    }
-    if (s->http)
-        evhttp_free(s->http);
-    if (s->base)
-        event_base_free(s->base);
+    test_http_close(s->base, s->http, s->tid);
     sn_auth_free(s->auth);
 }
 
@@ -290,11 +270,8 @@ static void server_stop(server *s)
 static int http_do(const char *addr, int port, const char *method, const char *path, const char *extra_headers,
                    char *body, size_t cap)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    inet_pton(AF_INET, addr, &sa.sin_addr);
-    struct timeval tv = { 5, 0 };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in sa;
+    int fd = test_tcp_socket(addr, port, 5, &sa);
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
         close(fd);
         return 0;

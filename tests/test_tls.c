@@ -4,6 +4,7 @@
  * the request handler counts what reached HTTP, and that count must not
  * move for a rejected client. */
 #include "harness.h"
+#include "evhttp_test.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -59,12 +60,6 @@ static void on_request(struct evhttp_request *req, void *arg)
     evbuffer_free(b);
 }
 
-static void *server_main(void *arg)
-{
-    event_base_dispatch(((server *)arg)->base);
-    return NULL;
-}
-
 static int server_start(server *s, const char *crl)
 {
     memset(s, 0, sizeof *s);
@@ -80,27 +75,12 @@ static int server_start(server *s, const char *crl)
     sn_tls_attach(s->tls, s->http);
     evhttp_set_gencb(s->http, on_request, s);
     evhttp_set_timeout(s->http, 2);   /* short, so the idle-handshake test is quick */
-    struct evhttp_bound_socket *bs = evhttp_bind_socket_with_handle(s->http, "127.0.0.1", 0);
-    if (!bs)
-        return -1;
-    struct sockaddr_in sa;
-    socklen_t sl = sizeof sa;
-    getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&sa, &sl);
-    s->port = ntohs(sa.sin_port);
-    return pthread_create(&s->tid, NULL, server_main, s) == 0 ? 0 : -1;
+    return test_http_listen(s->base, s->http, "127.0.0.1", &s->port, &s->tid);
 }
 
 static void server_stop(server *s)
 {
-    if (s->base) {
-        event_base_loopexit(s->base, NULL);
-        if (s->tid)
-            pthread_join(s->tid, NULL);
-    }
-    if (s->http)
-        evhttp_free(s->http);
-    if (s->base)
-        event_base_free(s->base);
+    test_http_close(s->base, s->http, s->tid);
     sn_tls_free(s->tls);
 }
 
@@ -135,11 +115,8 @@ static int tls_get(int port, const client_opts *co, char *body, size_t cap)
         fprintf(stderr, "  client cannot load %s\n", co->cert);
         goto out;
     }
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    struct timeval tv = { 5, 0 };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in sa;
+    fd = test_tcp_socket("127.0.0.1", port, 5, &sa);
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
         goto out;
     ssl = SSL_new(ctx);
@@ -274,11 +251,8 @@ static void test_plain_to_tls_port(void)
         server_stop(&s);
         return;
     }
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s.port) };
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    struct timeval tv = { 5, 0 };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in sa;
+    int fd = test_tcp_socket("127.0.0.1", s.port, 5, &sa);
     char resp[512] = { 0 };
     capture_begin();
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
@@ -422,11 +396,8 @@ static void test_idle_handshake_dropped(void)
         server_stop(&s);
         return;
     }
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)s.port) };
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    struct timeval tv = { 10, 0 };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in sa;
+    int fd = test_tcp_socket("127.0.0.1", s.port, 10, &sa);
     CHECK(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
