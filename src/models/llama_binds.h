@@ -4,19 +4,10 @@
 #ifndef SN_LLAMA_BINDS_H
 #define SN_LLAMA_BINDS_H
 
-#include <stddef.h>
-
-#include "models/model_impl.h"
-
-#define LY(f) offsetof(sn_layer, f)
-#define MD(f) offsetof(sn_model, f)
+#include "models/binds_common.h"
 
 #define LLAMA_BINDS(BIAS)                                                                              \
-    { "model.embed_tokens", BIND_EMBED, ON_GLOBAL, MD(embed), DIM_V, DIM_H, false, false, LAYOUT_ANY }, \
-    { "model.norm", BIND_NORM, ON_GLOBAL, MD(final_norm), DIM_H, DIM_1, false, false, LAYOUT_ANY },    \
-    { "lm_head", BIND_LINEAR, ON_GLOBAL, MD(lm_head), DIM_V, DIM_H, true, false, LAYOUT_ANY },         \
-    { "model.layers.%d.input_layernorm", BIND_NORM, ON_ALL, LY(in_norm), DIM_H, DIM_1, false, false, LAYOUT_ANY }, \
-    { "model.layers.%d.post_attention_layernorm", BIND_NORM, ON_ALL, LY(post_norm), DIM_H, DIM_1, false, false, LAYOUT_ANY }, \
+    DECODER_FRAME_BINDS,                                                                               \
     { "model.layers.%d.self_attn.q_proj", BIND_LINEAR, ON_ATTN, LY(wq), DIM_QD, DIM_H, false, BIAS, LAYOUT_ANY }, \
     { "model.layers.%d.self_attn.k_proj", BIND_LINEAR, ON_ATTN, LY(wk), DIM_KVD, DIM_H, false, BIAS, LAYOUT_ANY }, \
     { "model.layers.%d.self_attn.v_proj", BIND_LINEAR, ON_ATTN, LY(wv), DIM_KVD, DIM_H, false, BIAS, LAYOUT_ANY }, \

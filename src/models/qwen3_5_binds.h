@@ -3,19 +3,10 @@
 #ifndef SN_QWEN3_5_BINDS_H
 #define SN_QWEN3_5_BINDS_H
 
-#include <stddef.h>
-
-#include "models/model_impl.h"
-
-#define LY(f) offsetof(sn_layer, f)
-#define MD(f) offsetof(sn_model, f)
+#include "models/binds_common.h"
 
 #define QWEN3_5_COMMON_BINDS                                                                           \
-    { "model.embed_tokens", BIND_EMBED, ON_GLOBAL, MD(embed), DIM_V, DIM_H, false, false, LAYOUT_ANY },            \
-    { "model.norm", BIND_NORM, ON_GLOBAL, MD(final_norm), DIM_H, DIM_1, false, false, LAYOUT_ANY },                \
-    { "lm_head", BIND_LINEAR, ON_GLOBAL, MD(lm_head), DIM_V, DIM_H, true, false, LAYOUT_ANY },                  \
-    { "model.layers.%d.input_layernorm", BIND_NORM, ON_ALL, LY(in_norm), DIM_H, DIM_1, false, false, LAYOUT_ANY }, \
-    { "model.layers.%d.post_attention_layernorm", BIND_NORM, ON_ALL, LY(post_norm), DIM_H, DIM_1, false, false, LAYOUT_ANY }, \
+    DECODER_FRAME_BINDS,                                                                               \
     { "model.layers.%d.linear_attn.in_proj_qkv", BIND_LINEAR, ON_LINEAR, LY(in_qkv), DIM_CONV, DIM_H, false, false, LAYOUT_ANY }, \
     { "model.layers.%d.linear_attn.in_proj_z", BIND_LINEAR, ON_LINEAR, LY(in_z), DIM_VD, DIM_H, false, false, LAYOUT_ANY }, \
     { "model.layers.%d.linear_attn.in_proj_b", BIND_LINEAR, ON_LINEAR, LY(in_b), DIM_HV, DIM_H, false, false, LAYOUT_ANY }, \
