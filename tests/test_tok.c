@@ -327,22 +327,31 @@ static void test_detok_partial_chars(void)
     free(out);
 }
 
-/* A tiny GPT-2-style tokenizer.json: ByteLevel with its own regex and
- * add_prefix_space, merges in the "a b" string form, added tokens with
- * lstrip / rstrip / single_word / normalized. */
-static void test_hf_small_features(void)
+/* The GPT-2 byte-level alphabet as a BPE vocab: byte b is id b, spelled as
+ * the character ByteLevel maps it to (printable bytes as themselves, the
+ * others shifted to U+0100 and up, so space is "\xc4\xa0"). */
+static json_t *byte_level_vocab(void)
 {
-    /* byte-level alphabet: printable ASCII maps to itself, space -> "Ġ" (U+0120) */
     json_t *vocab = json_object();
-    int id = 0, extra = 0;
+    int extra = 0;
     for (int b = 0; b < 256; b++) {
         bool self = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
         int cp = self ? b : 256 + extra++;
         char u[8];
         utf8proc_ssize_t k = utf8proc_encode_char(cp, (utf8proc_uint8_t *)u);
         u[k] = 0;
-        json_object_set_new(vocab, u, json_integer(id++));
+        json_object_set_new(vocab, u, json_integer(b));
     }
+    return vocab;
+}
+
+/* A tiny GPT-2-style tokenizer.json: ByteLevel with its own regex and
+ * add_prefix_space, merges in the "a b" string form, added tokens with
+ * lstrip / rstrip / single_word / normalized. */
+static void test_hf_small_features(void)
+{
+    json_t *vocab = byte_level_vocab();
+    int id = 256;
     const char *extra_tokens[] = { "\xc4\xa0h", "\xc4\xa0hi", "ab", "abc" };
     for (int i = 0; i < 4; i++) json_object_set_new(vocab, extra_tokens[i], json_integer(id++));
     json_t *merges = json_pack("[s,s,s,s]", "\xc4\xa0 h", "\xc4\xa0h i", "a b", "ab c");
@@ -581,16 +590,7 @@ static void test_threads(void)
  * tekken pattern, which splits "HelloWorld" at the case change. */
 static void test_mistral_regex_fix(void)
 {
-    json_t *vocab = json_object();
-    int id = 0, extra = 0;
-    for (int b = 0; b < 256; b++) {
-        bool self = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-        int cp = self ? b : 256 + extra++;
-        char u[8];
-        utf8proc_ssize_t k = utf8proc_encode_char(cp, (utf8proc_uint8_t *)u);
-        u[k] = 0;
-        json_object_set_new(vocab, u, json_integer(id++));
-    }
+    json_t *vocab = byte_level_vocab();
     json_object_set_new(vocab, "oW", json_integer(256));
     json_t *root = json_pack("{s:{s:s,s:[{s:s,s:{s:s},s:s,s:b},{s:s,s:b,s:b}]},s:{s:s,s:o,s:[s]}}",
                              "pre_tokenizer", "type", "Sequence", "pretokenizers",
