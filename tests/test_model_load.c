@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "harness.h"
 #include "models/model_impl.h"
 #include "sanctum/model.h"
@@ -385,6 +387,52 @@ static void test_memory_limit(void)
     sn_model_free(m);
 }
 
+/* Copies fixture dir src to <g_root>/sub with text_config.<key> (or the
+ * root's) set to val; the weights are linked, not copied. */
+static int fixture_with(const char *src, const char *sub, const char *key, json_int_t val, char *dir, size_t cap)
+{
+    char path[600], target[600];
+    snprintf(dir, cap, "%s/%s", g_root, sub);
+    mkdir(dir, 0700);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    json_t *root = json_load_file(path, 0, NULL);
+    if (!root) return -1;
+    json_t *tc = json_object_get(root, "text_config");
+    json_object_set_new(json_is_object(tc) ? tc : root, key, json_integer(val));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int rc = json_dump_file(root, path, JSON_INDENT(1));
+    json_decref(root);
+    if (!realpath(src, target)) return -1;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    size_t tl = strlen(target);
+    snprintf(target + tl, sizeof target - tl, "/model.safetensors");
+    unlink(path);
+    return rc || symlink(target, path) ? -1 : 0;
+}
+
+/* Regression: the workspace was sized by config dims no tensor confirms. A
+ * MoE model has no dense MLP, so its intermediate_size is unchecked; 2^30
+ * there asked for a 4 TB workspace (an ASan abort, NOMEM without ASan). */
+static void test_unbound_dim_does_not_size_workspace(void)
+{
+    const char *src = "tests/fixtures/qwen3_5_moe/mlx";
+    if (access(src, R_OK) != 0) SKIP("qwen3_5_moe fixture not present");
+    char dir[512];
+    CHECK(fixture_with(src, "moe_big_i", "intermediate_size", (json_int_t)1 << 30, dir, sizeof dir) == 0);
+    sn_model *m = NULL;
+    sn_load_opts o = { .n_threads = 1 };
+    CHECK_OK(sn_model_load(dir, &o, &m));
+    if (!m) return;
+    for (int i = 0; i < 6; i++) CHECKF(m->ws.w[i] <= 4096, "workspace slot %d is %lld floats wide", i, (long long)m->ws.w[i]);
+    sn_seq *s = NULL;
+    CHECK_OK(sn_seq_new(m, 16, &s));
+    int32_t ids[3] = { 1, 2, 3 }, next = -1;
+    CHECK_OK(sn_forward_greedy(m, s, ids, 3, &next));
+    CHECK(next >= 0 && next < sn_model_get_info(m)->vocab_size);
+    sn_seq_free(s);
+    sn_model_free(m);
+}
+
 static void test_missing_dir(void)
 {
     sn_model *m = NULL;
@@ -417,6 +465,7 @@ int main(int argc, char **argv)
     RUN(test_conv_bad_shape);
     RUN(test_memory_limit);
     RUN(test_missing_dir);
+    RUN(test_unbound_dim_does_not_size_workspace);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_root);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_root);

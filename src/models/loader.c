@@ -187,6 +187,11 @@ typedef struct {
     sn_model *m;
     name_map map;
     int quantize_bits;
+    /* dims some bound tensor's shape confirmed; the workspace is sized by
+     * these only, so a config value no tensor checks (a MoE model's unused
+     * intermediate_size, attention dims of an all-linear qwen3_5) cannot
+     * ask for an absurd allocation */
+    bool bound[DIM_COUNT];
 } loader;
 
 static sn_status vec_f32(loader *L, const char *name, int64_t n, bool shift, float **out)
@@ -537,10 +542,11 @@ static sn_status rope_setup(sn_model *m)
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-static sn_status workspace_alloc(sn_model *m)
+static sn_status workspace_alloc(sn_model *m, const bool *bound)
 {
     sn_workspace *ws = &m->ws;
-    const int64_t *D = m->dims;
+    int64_t D[DIM_COUNT];
+    for (int i = 0; i < DIM_COUNT; i++) D[i] = bound[i] ? m->dims[i] : 0;
     int64_t T = SN_STEP_TOKENS;
     /* slot use: attention q,gate,k,v,o | gdn qkv,z,a,b,out,gated | mlp g,u,act | moe see blocks */
     int64_t w[6] = {
@@ -690,12 +696,14 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
         if (b->layout == LAYOUT_HF && m->info.mlx_layout) continue;
         if (b->on == ON_GLOBAL) {
             if ((s = bind_one(&L, b, 0, (char *)m)) != SN_OK) goto out;
+            L.bound[b->d0] = L.bound[b->d1] = true;
             continue;
         }
         for (int l = 0; l < m->n_layers; l++) {
             int k = m->layers[l].kind == SN_LAYER_LINEAR ? ON_LINEAR : ON_ATTN;
             if (!(b->on & k)) continue;
             if ((s = bind_one(&L, b, l, (char *)&m->layers[l])) != SN_OK) goto out;
+            L.bound[b->d0] = L.bound[b->d1] = true;
             if (opts->progress)
                 opts->progress(opts->progress_ud, 0.9 * (double)(i * (size_t)m->n_layers + (size_t)l + 1) /
                                                       (double)(m->impl->n_binds * (size_t)m->n_layers));
@@ -706,7 +714,10 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
     /* The binds read (quantized, repacked) and the upload copied bytes from
      * the maps: a shard written to during that would not show at open time. */
     if (opts->pins && (s = sn_st_recheck_pins(m->st, opts->pins)) != SN_OK) goto out;
-    if ((s = workspace_alloc(m)) != SN_OK) goto out;
+    /* QGD = 2*QD and IM2 = 2*IM: a bound one confirms the other */
+    L.bound[DIM_QD] |= L.bound[DIM_QGD];
+    L.bound[DIM_IM] |= L.bound[DIM_IM2];
+    if ((s = workspace_alloc(m, L.bound)) != SN_OK) goto out;
 
     if (opts->progress) opts->progress(opts->progress_ud, 1.0);
     base_name(dir, m->name, sizeof m->name);
