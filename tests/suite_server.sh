@@ -129,11 +129,13 @@ def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
 
 class Server:
-    def __init__(self, *flags, name="srv"):
+    def __init__(self, *flags, name="srv", nofile=None):
         self.port = free_port()
         self.log = open(os.path.join(TMP, f"{name}-{self.port}.log"), "w+")
+        limit = (lambda: __import__("resource").setrlimit(__import__("resource").RLIMIT_NOFILE, (nofile, nofile))) \
+            if nofile else None
         self.p = subprocess.Popen([os.path.join(BUILD, "sanctum-mlx"), "--model", MODEL, "--port", str(self.port),
-                                   *flags], stdout=self.log, stderr=subprocess.STDOUT)
+                                   *flags], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=limit)
         t0 = time.time()
         while time.time() - t0 < 60:
             if self.p.poll() is not None:
@@ -467,6 +469,9 @@ def malformed_corpus_never_crashes():
         (b'{"messages":[{"role":"user","content":"x"}],"logit_bias":{"5":1000}}', 400),
         (b'{"messages":[{"role":"user","content":"x"}],"logit_bias":{"99999":1}}', 400),
         (b'{"messages":[{"role":"user","content":"x"}],"logit_bias":[1]}', 400),
+        (b'{"messages":[{"role":"user","content":"x"}],"logit_bias":{" 5":1}}', 400),
+        (b'{"messages":[{"role":"user","content":"x"}],"logit_bias":{"+5":1}}', 400),
+        (b'{"messages":[{"role":"user","content":"x"}],"logit_bias":{"-0":1}}', 400),
         (b'{"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"enable_thinking":"no"}}', 400),
         (b'{"messages":[{"role":"user","content":"x"}],"model":42}', 400),
         (b'{"messages":[{"role":"user","content":"x"}],"model":"gpt-4"}', 404),
@@ -513,7 +518,50 @@ def malformed_corpus_never_crashes():
     st, b, _ = A.get("/v1/models/no-such-model")
     assert st == 404 and json.loads(b)["error"]["code"] == "model_not_found"
     st, b, r = A.get("/v1/models", "PUT")
-    assert st == 405 and r.getheader("Allow") == "GET" and json.loads(b)["error"]["code"] == "method_not_allowed"
+    assert st == 405 and r.getheader("Allow") == "GET, HEAD" and json.loads(b)["error"]["code"] == "method_not_allowed"
+
+@test
+def head_has_no_body_and_keepalive_survives():
+    # Regression: HEAD got a 405 whose JSON body was written after the
+    # headers (evhttp 2.1 does not drop it), so the next response on the
+    # kept-alive connection started with stray bytes.
+    s = socket.create_connection(("127.0.0.1", A.port), timeout=5)
+    s.sendall(b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\nHEAD /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n"
+              b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    got = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+    s.close()
+    parts = got.split(b"\r\n\r\n")
+    assert parts[0].startswith(b"HTTP/1.1 200") and b"Content-Length: " in parts[0], got[:300]
+    assert parts[1].startswith(b"HTTP/1.1 405") and b"Allow: POST" in parts[1], got[:600]
+    assert parts[2].startswith(b"HTTP/1.1 200") and json.loads(parts[3])["status"] == "ok", got[-400:]
+    st, b, r = A.get("/v1/models", "HEAD")
+    assert st == 200 and b == b"" and int(r.getheader("Content-Length")) == len(A.get("/v1/models")[1])
+
+@test
+def conflicting_content_lengths_refused():
+    # Regression: two Content-Length headers that disagree were served by the
+    # first one, and the rest of the body ran as a second request (smuggling).
+    smuggled = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+    body = json.dumps({"messages": msg("Hi"), "max_tokens": 2}).encode()
+    s = socket.create_connection(("127.0.0.1", A.port), timeout=10)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nContent-Length: %d\r\n\r\n"
+              % (len(body), len(body) + len(smuggled)) + body + smuggled)
+    got = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+    s.close()
+    assert got.startswith(b"HTTP/1.1 400") and b'"code":"bad_framing"' in got, got[:300]
+    assert got.count(b"HTTP/1.1 ") == 1, got[:600]
+    st, b, _ = A.post(body, headers={"Content-Length": str(len(body))})
+    assert st == 200, b[:200]
 
 @test
 def metrics_series():
@@ -695,6 +743,53 @@ def grace_expiry_cancels_and_exits_0():
     assert time.time() - t0 < 10, "grace not enforced"
     assert b'"code":"shutting_down"' in got and b"data: [DONE]" in got, got[-300:]
     assert qgot.startswith(b"HTTP/1.1 503") and b'"code":"shutting_down"' in qgot, qgot[:300]
+
+@test
+def out_of_descriptors_sheds_with_503_and_recovers():
+    # Regression: with every descriptor held by idle clients, accept() failed
+    # with EMFILE, the connection stayed in the backlog and the event loop spun
+    # at full CPU with new clients hanging. Now they get a quick 503 and the
+    # server serves again once the idle clients leave.
+    F = Server("--max-queue", "4", name="F", nofile=64)
+    try:
+        idle = []
+        for _ in range(80):
+            s = socket.create_connection(("127.0.0.1", F.port), timeout=5)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            idle.append(s)
+        time.sleep(0.5)
+        def cpu():
+            with open(f"/proc/{F.p.pid}/stat") as f:
+                v = f.read().rsplit(")", 1)[1].split()
+            return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
+        c0 = cpu(); time.sleep(1.0); spent = cpu() - c0
+        assert spent < 0.3, f"event loop spinning: {spent:.2f} s CPU in 1 s while out of descriptors"
+        t0 = time.time()
+        s = socket.create_connection(("127.0.0.1", F.port), timeout=5)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while True:
+            d = s.recv(4096)
+            if not d:
+                break
+            got += d
+        s.close()
+        assert got.startswith(b"HTTP/1.1 503") and b'"code":"overloaded"' in got, got[:200]
+        assert time.time() - t0 < 2, "the refused client waited"
+        for s in idle:
+            s.close()
+        t0 = time.time()
+        while True:
+            try:
+                if F.get("/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.time() - t0 < 5, "no recovery after the idle clients left"
+            time.sleep(0.1)
+        assert F.p.poll() is None
+    finally:
+        assert F.stop() == 0
 
 @test
 def mtls_disconnect_frees_worker():

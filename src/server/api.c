@@ -226,7 +226,8 @@ static sn_status parse_logit_bias(json_t *root, srv_chat_req *r, srv_err *err)
     json_object_foreach(lb, key, v) {
         char *end;
         long id = strtol(key, &end, 10);
-        if (!key[0] || *end || id < 0 || id > INT32_MAX)
+        /* digits only: strtol alone would take " 5", "+5" and "-0" */
+        if (key[0] < '0' || key[0] > '9' || *end || id < 0 || id > INT32_MAX)
             return BAD("logit_bias", "'logit_bias' key '%.40s' is not a token id", key);
         if (!json_is_number(v)) return BAD("logit_bias", "'logit_bias[%ld]' must be a number", id);
         double b = json_number_value(v);

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,7 +33,10 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <event2/listener.h>
 #include <event2/thread.h>
+
+#include <fcntl.h>
 
 #define SRV_MAX_HTTP 8
 #define SRV_MAX_BOUND 32
@@ -114,6 +118,14 @@ struct srv {
     double flush_deadline;        /* drain: how long to wait for them */
     unsigned long long n_req;
     uint64_t id_salt;
+    /* Out of descriptors: one held back so a pending connection can still
+     * be accepted and told 503 (else the listener stays readable and the
+     * loop spins on EMFILE); listeners paused until paused_until. */
+    int reserve_fd;
+    bool accept_paused;
+    double paused_until;
+    double accept_warned_at;
+    unsigned long long accept_shed;
 };
 
 static double now_s(void)
@@ -161,8 +173,17 @@ static void add_common_headers(srv *s, struct evhttp_request *req, const char *c
 static void reply_body(srv *s, struct evhttp_request *req, int status, const char *ctype, const char *body, size_t len)
 {
     add_common_headers(s, req, ctype);
-    struct evbuffer *b = evbuffer_new();
-    if (b) evbuffer_add(b, body, len);
+    struct evbuffer *b = NULL;
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+        /* evhttp 2.1 would write a body after a HEAD response's headers
+         * (the next response on a kept-alive connection would start with
+         * it): send the length only. */
+        char cl[32];
+        snprintf(cl, sizeof cl, "%zu", len);
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Length", cl);
+    } else if ((b = evbuffer_new())) {
+        evbuffer_add(b, body, len);
+    }
     const char *reason = status == 200 ? "OK" : status == 400 ? "Bad Request" : status == 404 ? "Not Found"
                        : status == 405 ? "Method Not Allowed" : status == 413 ? "Payload Too Large"
                        : status == 503 ? "Service Unavailable" : status == 500 ? "Internal Server Error" : NULL;
@@ -659,6 +680,22 @@ static void handle_chat(srv *s, struct evhttp_request *req, double t0)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Two Content-Length headers that disagree: evhttp framed the body by the
+ * first one, a proxy in front may have used the other, and the bytes left
+ * over would be read as a second request (request smuggling). RFC 9112
+ * section 6.3 makes this an unrecoverable framing error. */
+static bool conflicting_lengths(struct evhttp_request *req)
+{
+    const char *first = NULL;
+    struct evkeyvalq *h = evhttp_request_get_input_headers(req);
+    for (struct evkeyval *kv = h->tqh_first; kv; kv = kv->next.tqe_next) {
+        if (strcasecmp(kv->key, "Content-Length") != 0) continue;
+        if (!first) first = kv->value;
+        else if (strcmp(first, kv->value) != 0) return true;
+    }
+    return false;
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     srv *s = arg;
@@ -668,6 +705,12 @@ static void on_request(struct evhttp_request *req, void *arg)
     route_id r = route_of(path);
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
 
+    if (conflicting_lengths(req)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
+        sync_error(s, req, r, t0, 400, "invalid_request_error", "bad_framing", NULL,
+                   "conflicting Content-Length headers");
+        return;
+    }
     if (s->o.admit && !s->o.admit(s->o.hook_ud, req)) {
         finish_sync(s, req, r, t0, 401);
         return;
@@ -679,8 +722,9 @@ static void on_request(struct evhttp_request *req, void *arg)
         return;
     }
     bool want_post = r == R_CHAT;
-    if ((want_post && m != EVHTTP_REQ_POST) || (!want_post && m != EVHTTP_REQ_GET)) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", want_post ? "POST" : "GET");
+    /* HEAD is GET without the body (RFC 9110 section 9.3.2). */
+    if ((want_post && m != EVHTTP_REQ_POST) || (!want_post && m != EVHTTP_REQ_GET && m != EVHTTP_REQ_HEAD)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", want_post ? "POST" : "GET, HEAD");
         char msg[160];
         snprintf(msg, sizeof msg, "method %s is not allowed on %s (use %s)", method_name(m), k_route_names[r],
                  want_post ? "POST" : "GET");
@@ -758,6 +802,70 @@ sn_status srv_http_new(srv *s, struct evhttp **out)
     return SN_OK;
 }
 
+/* The listener's error callback gets evhttp's own argument, not ours, so
+ * the one server of this process is found here (set by srv_run). */
+static srv *g_accept_srv;
+
+static const char k_shed_reply[] =
+    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    "Connection: close\r\nContent-Length: 124\r\n\r\n"
+    "{\"error\":{\"message\":\"the server is out of connections; retry later\",\"type\":\"server_error\",\"param\":null,"
+    "\"code\":\"overloaded\"}}";
+
+/* accept() failed for a reason other than EAGAIN/EINTR. On EMFILE/ENFILE
+ * the pending connection stays in the backlog, so the listener is readable
+ * again at once: give up the reserve descriptor, take the waiting
+ * connections one at a time and answer each a short 503 (best effort, the
+ * socket is fresh so the write fits), then pause accepting for 100 ms so a
+ * flood cannot spin the loop. Any other error just pauses. */
+static void on_accept_error(struct evconnlistener *lev, void *arg)
+{
+    (void)arg;
+    int err = EVUTIL_SOCKET_ERROR();
+    srv *s = g_accept_srv;
+    if (!s) return;
+    unsigned long long shed = 0;
+    if ((err == EMFILE || err == ENFILE) && s->reserve_fd >= 0) {
+        evutil_socket_t lfd = evconnlistener_get_fd(lev);
+        for (int i = 0; i < 64; i++) {
+            close(s->reserve_fd);
+            s->reserve_fd = -1;
+            int c = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (c >= 0) {
+                ssize_t w = send(c, k_shed_reply, sizeof k_shed_reply - 1, MSG_NOSIGNAL);
+                (void)w;
+                /* Closing with the request unread would send a reset that
+                 * can destroy the reply at the client: drop what came. */
+                shutdown(c, SHUT_WR);
+                char sink[4096];
+                while (recv(c, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
+                close(c);
+                shed++;
+            }
+            s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            if (c < 0 || s->reserve_fd < 0) break;
+        }
+    }
+    s->accept_shed += shed;
+    double now = now_s();
+    if (now - s->accept_warned_at >= 5.0) {
+        s->accept_warned_at = now;
+        fprintf(stderr, "sanctum-mlx: accept failed: %s; %llu connection(s) refused with 503 so far; pausing accepts "
+                        "100 ms\n", strerror(err), s->accept_shed);
+    }
+    for (int i = 0; i < s->n_bound; i++) evconnlistener_disable(evhttp_bound_socket_get_listener(s->bound[i]));
+    s->accept_paused = true;
+    s->paused_until = now + 0.1;
+}
+
+static void resume_accepting(srv *s)
+{
+    if (!s->accept_paused || now_s() < s->paused_until) return;
+    if (s->reserve_fd < 0) s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    for (int i = 0; i < s->n_bound; i++) evconnlistener_enable(evhttp_bound_socket_get_listener(s->bound[i]));
+    s->accept_paused = false;
+}
+
 static bool is_loopback_host(const char *host)
 {
     if (strcmp(host, "localhost") == 0 || strcmp(host, "::1") == 0) return true;
@@ -784,6 +892,7 @@ sn_status srv_http_bind(srv *s, struct evhttp *http, const char *host, int port,
                 strerror(err));
         return SN_OK;
     }
+    evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(b), on_accept_error);
     s->bound[s->n_bound] = b;
     s->bound_http[s->n_bound] = http;
     s->n_bound++;
@@ -832,7 +941,10 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     (void)what;
     for (srv_job *j = s->live; j; j = j->live_next)
         if (!j->client_gone && peer_closed(j)) mark_gone(j);
-    if (!s->draining) return;
+    if (!s->draining) {
+        resume_accepting(s);
+        return;
+    }
     if (s->n_live == 0) {
         double now = now_s();
         if (s->flush_deadline == 0) s->flush_deadline = now + 2.0;
@@ -858,6 +970,8 @@ sn_status srv_run(const srv_opts *o)
     srv *s = calloc(1, sizeof *s);
     if (!s) return SN_FAIL(SN_E_NOMEM, "server: out of memory");
     s->o = *o;
+    s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    g_accept_srv = s;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     atomic_init(&s->q_len, 0);
@@ -940,6 +1054,8 @@ out:
     if (s->base) event_base_free(s->base);
     free(s->models_body);
     free(s->model_body);
+    if (s->reserve_fd >= 0) close(s->reserve_fd);
+    g_accept_srv = NULL;
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
