@@ -517,6 +517,11 @@ def malformed_corpus_never_crashes():
     assert st == 200 and json.loads(b)["id"] == mid and json.loads(b)["object"] == "model"
     st, b, _ = A.get("/v1/models/no-such-model")
     assert st == 404 and json.loads(b)["error"]["code"] == "model_not_found"
+    # Percent-encoded paths route like their decoded form (was 404).
+    assert A.get("/v1/%6dodels")[0] == 200 and A.get("/%68ealth?x=1")[0] == 200
+    st, b, _ = A.get("/v1/models/" + "".join("%%%02X" % c for c in mid.encode()))
+    assert st == 200 and json.loads(b)["id"] == mid
+    assert A.get("/health%00")[0] == 404 and A.get("/v1/models/%00")[0] == 404
     st, b, r = A.get("/v1/models", "PUT")
     assert st == 405 and r.getheader("Allow") == "GET, HEAD" and json.loads(b)["error"]["code"] == "method_not_allowed"
 

@@ -696,12 +696,29 @@ static bool conflicting_lengths(struct evhttp_request *req)
     return false;
 }
 
+static void serve(srv *s, struct evhttp_request *req, const char *path, double t0);
+
+/* Routes match the percent-decoded path ("/v1/%6dodels" is "/v1/models",
+ * and a model id with a slash arrives as %2F); a path that decodes to a NUL
+ * matches nothing. */
 static void on_request(struct evhttp_request *req, void *arg)
 {
     srv *s = arg;
     double t0 = now_s();
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+    const char *raw = uri ? evhttp_uri_get_path(uri) : NULL;
+    size_t n = 0;
+    char *path = raw ? evhttp_uridecode(raw, 0, &n) : NULL;
+    if (path && strlen(path) != n) {
+        free(path);
+        path = NULL;
+    }
+    serve(s, req, path ? path : raw, t0);
+    free(path);
+}
+
+static void serve(srv *s, struct evhttp_request *req, const char *path, double t0)
+{
     route_id r = route_of(path);
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
 
