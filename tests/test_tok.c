@@ -415,6 +415,60 @@ static void test_hf_small_features(void)
     sn_tok_free(t);
 }
 
+/* Regression: the pre-tokenizer regex (from the file, untrusted) ran with
+ * PCRE2's default limits, so a pattern with stacked quantifiers took ~4 ms
+ * per call and seconds per few KB of input (quadratic and worse). Now a
+ * call may spend a base plus a few steps per remaining byte: such a pattern
+ * fails with an error naming the regex, while a real pattern on a long run
+ * still encodes. */
+static sn_tokenizer *split_tok(const char *pattern)
+{
+    json_t *root = json_pack("{s:{s:s,s:[{s:s,s:{s:s},s:s},{s:s,s:b,s:b}]},s:{s:s},s:{s:s,s:o,s:[]}}",
+                             "pre_tokenizer", "type", "Sequence", "pretokenizers", "type", "Split", "pattern",
+                             "Regex", pattern, "behavior", "Isolated", "type", "ByteLevel", "add_prefix_space", 0,
+                             "use_regex", 0, "decoder", "type", "ByteLevel", "model", "type", "BPE", "vocab",
+                             byte_level_vocab(), "merges");
+    char path[128];
+    snprintf(path, sizeof path, "%s/split_re.json", g_tmp);
+    sn_tokenizer *t = NULL;
+    if (!root || json_dump_file(root, path, 0) != 0 || sn_tok_load(path, NULL, &t) != SN_OK) t = NULL;
+    json_decref(root);
+    return t;
+}
+
+static void test_regex_backtracking_limited(void)
+{
+    const char *bad[] = { "(?:a|a)+b|.", "(?:a+a+a+)b|.", "(?:a*a*a*a*)b|." };
+    size_t n = 3000;
+    char *text = malloc(n);
+    memset(text, 'a', n);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        sn_tokenizer *t = split_tok(bad[i]);
+        CHECKF(t != NULL, "pattern %s: %s", bad[i], sn_errmsg());
+        if (!t) continue;
+        sn_ids v = {0};
+        sn_status st = sn_tok_encode(t, text, n, false, &v);
+        CHECKF(st == SN_E_RANGE, "pattern %s: got %s", bad[i], sn_status_name(st));
+        CHECKF(strstr(sn_errmsg(), "backtracks") != NULL, "message: %s", sn_errmsg());
+        sn_ids_free(&v);
+        sn_tok_free(t);
+    }
+    free(text);
+    /* the GPT-2 style whitespace rule on a 256 KB run of spaces is fine */
+    sn_tokenizer *t = split_tok("'s|'t| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+");
+    CHECK(t != NULL);
+    if (!t) return;
+    n = 256 << 10;
+    text = malloc(n);
+    memset(text, ' ', n);
+    sn_ids v = {0};
+    CHECK_OK(sn_tok_encode(t, text, n, false, &v));
+    CHECK(v.n > 0);
+    sn_ids_free(&v);
+    free(text);
+    sn_tok_free(t);
+}
+
 static void test_tekken(void)
 {
     /* 256 byte ranks, then merges; default_vocab_size leaves out the last rank ("hello") */
@@ -856,6 +910,7 @@ int main(void)
     RUN(test_tekken);
     RUN(test_tekken_big_refs);
     RUN(test_load_errors);
+    RUN(test_regex_backtracking_limited);
     RUN(test_chat_encode_guarded);
     RUN(test_threads);
     RUN(test_mistral_regex_fix);

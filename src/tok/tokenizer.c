@@ -406,8 +406,22 @@ typedef struct {
     const sn_tok_range *plain;   /* byte ranges of the input where special tokens stay text */
     size_t n_plain;
     pcre2_match_data *md;
+    pcre2_match_context *mc;     /* explicit backtracking limits, see TOK_MATCH_BASE */
     sn_ids *out;
 } enc_ctx;
+
+/* Backtracking bounds for the pre-tokenizer regex, which comes from the
+ * tokenizer file and so is untrusted. A real pattern spends a few steps
+ * per byte of what remains of the piece (a run of 4 MB of spaces through
+ * `\s+(?!\S)` takes ~2 per byte), so each call may spend a base plus
+ * TOK_MATCH_PER_BYTE per remaining byte; a catastrophic pattern (nested
+ * quantifiers, stacked a*a*a*) outgrows that on its first call and the
+ * encode fails with an error instead of spinning. Depth and heap bound the
+ * interpreter when JIT is unavailable. */
+#define TOK_MATCH_BASE 1000000u
+#define TOK_MATCH_PER_BYTE 16u
+#define TOK_DEPTH_LIMIT 100000u
+#define TOK_HEAP_LIMIT_KB (64u * 1024u)
 
 /* May a special token occupying [a, b) of the original input match? */
 static bool special_ok(const enc_ctx *c, size_t a, size_t b)
@@ -540,12 +554,19 @@ static sn_status pretok(const enc_ctx *c, int stage, const char *s, size_t n)
     int beh = t->split_behavior[stage];
     size_t pos = 0, last = 0;
     while (pos <= n) {
-        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, c->md, NULL);
+        size_t lim = TOK_MATCH_BASE + TOK_MATCH_PER_BYTE * (n - pos);
+        pcre2_set_match_limit(c->mc, lim > UINT32_MAX ? UINT32_MAX : (uint32_t)lim);
+        int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, c->md, c->mc);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            return SN_FAIL(SN_E_INVALID, "tokenizer: pre-tokenizer regex failed: %s", (char *)msg);
+            bool limit = rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT ||
+                         rc == PCRE2_ERROR_JIT_STACKLIMIT;
+            return SN_FAIL(limit ? SN_E_RANGE : SN_E_INVALID,
+                           "tokenizer: pre-tokenizer regex %d failed at byte %zu of a %zu-byte piece: %s%s", stage,
+                           pos, n, (char *)msg,
+                           limit ? " (the tokenizer file's pattern backtracks catastrophically)" : "");
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
         size_t a = ov[0], b = ov[1];
@@ -649,7 +670,14 @@ static sn_status encode(const sn_tokenizer *t, const char *text, size_t len, boo
     if (bad < len) return SN_FAIL(SN_E_INVALID, "tokenizer input: invalid UTF-8 at byte %zu of %zu", bad, len);
     enc_ctx c = { .t = t, .parse_special = parse_special, .plain = plain, .n_plain = n_plain, .out = out };
     c.md = pcre2_match_data_create(1, NULL);
-    if (!c.md) return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory");
+    c.mc = pcre2_match_context_create(NULL);
+    if (!c.md || !c.mc) {
+        pcre2_match_data_free(c.md);
+        pcre2_match_context_free(c.mc);
+        return SN_FAIL(SN_E_NOMEM, "tokenizer: out of memory");
+    }
+    pcre2_set_depth_limit(c.mc, TOK_DEPTH_LIMIT);
+    pcre2_set_heap_limit(c.mc, TOK_HEAP_LIMIT_KB);
     sn_status st = SN_OK;
     size_t pos = 0, ms, me;
     int32_t id;
@@ -661,6 +689,7 @@ static sn_status encode(const sn_tokenizer *t, const char *text, size_t len, boo
     st = encode_segment(&c, text + pos, len - pos, special_ok(&c, pos, len));
 out:
     pcre2_match_data_free(c.md);
+    pcre2_match_context_free(c.mc);
     return st;
 }
 
