@@ -268,6 +268,35 @@ static void test_qwen2(void)
     c = NULL;
     CHECK(parse_with(QWEN2, "num_attention_heads", "12", &c) == SN_E_RANGE);  /* 12 % 4 ok, 1024 % 12 != 0 */
     CHECK(c == NULL);
+    /* Regression: qwen2 ignored layer_types, so a list of the wrong length
+     * or with unknown entries loaded silently (HF refuses both). */
+    CHECK(parse_with(QWEN2, "layer_types", "[\"full_attention\",\"full_attention\",\"full_attention\"]", &c) ==
+              SN_E_FORMAT &&
+          strstr(sn_errmsg(), "list of 4"));
+    CHECK(parse_with(QWEN2, "layer_types",
+                     "[\"full_attention\",\"linear_attention\",\"full_attention\",\"full_attention\"]", &c) ==
+              SN_E_FORMAT &&
+          strstr(sn_errmsg(), "layer_types[1]") && strstr(sn_errmsg(), "linear_attention"));
+    CHECK(parse_with(QWEN2, "layer_types", "[\"full_attention\",1,\"full_attention\",\"full_attention\"]", &c) ==
+              SN_E_FORMAT &&
+          strstr(sn_errmsg(), "not a string"));
+    CHECK(c == NULL);
+    /* sliding_attention without use_sliding_window is full attention in HF */
+    const char *sl = "[\"full_attention\",\"full_attention\",\"sliding_attention\",\"sliding_attention\"]";
+    CHECK_OK(parse_with(QWEN2, "layer_types", sl, &c));
+    CHECK(c && c->layer_kind[3] == SN_LAYER_FULL);
+    sn_config_free(c);
+    c = NULL;
+    json_t *w = json_loads(QWEN2, 0, NULL);
+    json_object_set_new(w, "use_sliding_window", json_true());
+    json_object_set_new(w, "sliding_window", json_integer(4096));
+    json_object_set_new(w, "layer_types", json_loads(sl, 0, NULL));
+    s = json_dumps(w, 0);
+    json_decref(w);
+    CHECK(sn_config_parse(s, strlen(s), "sw.json", NULL, 0, &c) == SN_E_UNSUPPORTED &&
+          strstr(sn_errmsg(), "layer 2 is sliding_attention"));
+    CHECK(c == NULL);
+    free(s);
 }
 
 static void test_mistral(void)

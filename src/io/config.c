@@ -188,7 +188,31 @@ static sn_status parse_layers(sn_config *c, const fields *tf)
     if (c->arch == SN_ARCH_MISTRAL) {
         SN_TRY(get_i(tf, "sliding_window", false, 0, 1, 1 << 30, &c->sliding_window));
     }
-    if (lt && c->arch != SN_ARCH_QWEN2) {
+    if (lt && c->arch == SN_ARCH_QWEN2) {
+        /* qwen2 runs full attention everywhere; HF's only other layer type
+         * for it, sliding_attention, takes effect just when
+         * use_sliding_window is true (HF drops sliding_window otherwise).
+         * A malformed list is refused as HF's validation refuses it. */
+        bool found = false, use_sw = false;
+        SN_TRY(get_bool(tf, "use_sliding_window", &found, &use_sw));
+        json_t *sw = get(tf, "sliding_window");
+        if (!json_is_array(lt) || json_array_size(lt) != (size_t)c->n_layers)
+            return SN_FAIL(SN_E_FORMAT, "%s: \"%slayer_types\" must be a list of %d strings", tf->label, tf->prefix,
+                           c->n_layers);
+        for (int i = 0; i < c->n_layers; i++) {
+            const char *s = json_string_value(json_array_get(lt, (size_t)i));
+            bool full = s && !strcmp(s, "full_attention"), sliding = s && !strcmp(s, "sliding_attention");
+            if (!full && !sliding)
+                return SN_FAIL(SN_E_FORMAT, "%s: \"%slayer_types[%d]\" = %s is not a layer type of qwen2", tf->label,
+                               tf->prefix, i, s ? s : "(not a string)");
+            if (sliding && use_sw && sw)
+                return SN_FAIL(SN_E_UNSUPPORTED, "%s: layer %d is sliding_attention with use_sliding_window: "
+                               "windowed attention is not implemented for qwen2", tf->label, i);
+            c->layer_kind[i] = SN_LAYER_FULL;
+        }
+        return SN_OK;
+    }
+    if (lt) {
         if (!json_is_array(lt) || json_array_size(lt) != (size_t)c->n_layers)
             return SN_FAIL(SN_E_FORMAT, "%s: \"%slayer_types\" must be a list of %d strings", tf->label, tf->prefix,
                            c->n_layers);
