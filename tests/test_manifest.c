@@ -252,6 +252,17 @@ static void fx_teardown(fixture *f)
         fprintf(stderr, "  could not remove %s\n", f->root);
 }
 
+/* A fixture that cannot be built fails the test, which stops there (like
+ * SKIP, it returns from the test function). */
+#define FX_SETUP_OR_RETURN(f)                                                                          \
+    do {                                                                                               \
+        if (fx_setup(f) != 0) {                                                                        \
+            CHECK(!"fixture setup");                                                                   \
+            fx_teardown(f);                                                                            \
+            return;                                                                                    \
+        }                                                                                              \
+    } while (0)
+
 static sn_status fx_gate(fixture *f, int signed_, sn_manifest_report *rep)
 {
     sn_manifest_opts o = { .manifest_path = f->manifest, .quiet = 1, .n_threads = 4 };
@@ -265,11 +276,7 @@ static sn_status fx_gate(fixture *f, int signed_, sn_manifest_report *rep)
 static void test_gate_round_trip(void)
 {
     fixture f;
-    if (fx_setup(&f) != 0) {
-        CHECK(!"fixture setup");
-        fx_teardown(&f);
-        return;
-    }
+    FX_SETUP_OR_RETURN(&f);
     sn_manifest_report rep;
     CHECK_OK(fx_gate(&f, 1, &rep));
     CHECK(rep.signature_checked == 1);
@@ -300,11 +307,7 @@ static void test_gate_flipped_weight(void)
 {
     fixture f;
     char p[256];
-    if (fx_setup(&f) != 0) {
-        CHECK(!"fixture setup");
-        fx_teardown(&f);
-        return;
-    }
+    FX_SETUP_OR_RETURN(&f);
     snprintf(p, sizeof p, "%s/model-00001-of-00002.safetensors", f.model);
     CHECK(flip_byte(p, (2 << 20) + 5) == 0);   /* in the third buffer-full */
     sn_status s = fx_gate(&f, 1, NULL);
@@ -317,11 +320,7 @@ static void test_gate_flipped_weight(void)
 static void test_gate_flipped_manifest(void)
 {
     fixture f;
-    if (fx_setup(&f) != 0) {
-        CHECK(!"fixture setup");
-        fx_teardown(&f);
-        return;
-    }
+    FX_SETUP_OR_RETURN(&f);
     CHECK(flip_byte(f.manifest, 3) == 0);   /* inside the first hash */
     sn_status s = fx_gate(&f, 1, NULL);
     CHECK(s == SN_E_VERIFY);
@@ -337,11 +336,7 @@ static void test_gate_flipped_manifest(void)
 static void test_gate_flipped_signature(void)
 {
     fixture f;
-    if (fx_setup(&f) != 0) {
-        CHECK(!"fixture setup");
-        fx_teardown(&f);
-        return;
-    }
+    FX_SETUP_OR_RETURN(&f);
     CHECK(flip_byte(f.sig, 40) == 0);
     CHECK(fx_gate(&f, 1, NULL) == SN_E_VERIFY);
     CHECKF(strstr(sn_errmsg(), f.sig) && strstr(sn_errmsg(), "does not verify"), "%s", sn_errmsg());
@@ -359,11 +354,7 @@ static void test_gate_flipped_signature(void)
 static void test_gate_wrong_key(void)
 {
     fixture f;
-    if (fx_setup(&f) != 0) {
-        CHECK(!"fixture setup");
-        fx_teardown(&f);
-        return;
-    }
+    FX_SETUP_OR_RETURN(&f);
     unsigned char seed[32], pub[32];
     CHECK(RAND_bytes(seed, 32) == 1);
     CHECK_OK(sn_ed25519_public(seed, pub));
@@ -380,11 +371,7 @@ static void test_gate_missing_file(void)
 {
     fixture f;
     char p[256];
-    if (fx_setup(&f) != 0) {
-        CHECK(!"fixture setup");
-        fx_teardown(&f);
-        return;
-    }
+    FX_SETUP_OR_RETURN(&f);
     /* A listed non-weight file that vanished: only hashing can notice. */
     FILE *mf = fopen(f.manifest, "a");
     CHECK(mf != NULL);
@@ -407,11 +394,7 @@ static void test_gate_unlisted_weight(void)
 {
     fixture f;
     char p[256];
-    if (fx_setup(&f) != 0) {
-        CHECK(!"fixture setup");
-        fx_teardown(&f);
-        return;
-    }
+    FX_SETUP_OR_RETURN(&f);
     snprintf(p, sizeof p, "%s/draft/extra.safetensors", f.model);
     CHECK(write_file(p, "x", 1, 0644) == 0);
     sn_status s = fx_gate(&f, 1, NULL);
@@ -431,11 +414,7 @@ static void test_gate_coreutils_format(void)
 {
     fixture f;
     char cmd[1024];
-    if (fx_setup(&f) != 0) {
-        CHECK(!"fixture setup");
-        fx_teardown(&f);
-        return;
-    }
+    FX_SETUP_OR_RETURN(&f);
     if (system("command -v sha256sum >/dev/null 2>&1") != 0) {
         fx_teardown(&f);
         SKIP("sha256sum not installed");
@@ -456,11 +435,7 @@ static void test_gate_symlinks(void)
 {
     fixture f;
     char p[256], blob[256];
-    if (fx_setup(&f) != 0) {
-        CHECK(!"fixture setup");
-        fx_teardown(&f);
-        return;
-    }
+    FX_SETUP_OR_RETURN(&f);
     snprintf(blob, sizeof blob, "%s/blob-config", f.root);
     snprintf(p, sizeof p, "%s/config.json", f.model);
     CHECK(rename(p, blob) == 0);
@@ -500,11 +475,7 @@ static void test_gate_pins(void)
 {
     fixture f;
     char p[256], q[256];
-    if (fx_setup(&f) != 0) {
-        CHECK(!"fixture setup");
-        fx_teardown(&f);
-        return;
-    }
+    FX_SETUP_OR_RETURN(&f);
     sn_manifest_opts o = { .manifest_path = f.manifest, .pubkey_path = f.pub, .quiet = 1 };
     sn_manifest_pins *pins = NULL;
     CHECK(sn_manifest_gate_pinned(f.model, &o, NULL, NULL) == SN_E_INVALID);
@@ -554,11 +525,7 @@ static void test_private_key_perms(void)
 {
     fixture f;
     unsigned char seed[32];
-    if (fx_setup(&f) != 0) {
-        CHECK(!"fixture setup");
-        fx_teardown(&f);
-        return;
-    }
+    FX_SETUP_OR_RETURN(&f);
     CHECK_OK(sn_ed25519_load_private(f.key, seed));
     CHECK(memcmp(seed, f.seed, 32) == 0);
     CHECK(chmod(f.key, 0640) == 0);

@@ -147,6 +147,17 @@ static void fx_teardown(fixture *f)
     }
 }
 
+/* A fixture that cannot be built fails the test, which stops there (like
+ * SKIP, it returns from the test function). */
+#define FX_SETUP_OR_RETURN(f, sharded)                                                                 \
+    do {                                                                                               \
+        if (fx_setup(f, sharded) != 0) {                                                               \
+            CHECK(!"fixture setup");                                                                   \
+            fx_teardown(f);                                                                            \
+            return;                                                                                    \
+        }                                                                                              \
+    } while (0)
+
 static sn_status load(const fixture *f, const sn_manifest_pins *pins, sn_model **m)
 {
     sn_load_opts lo = { .backend = SN_BACKEND_CPU, .n_threads = 1, .pins = pins };
@@ -193,7 +204,7 @@ static void test_untouched_loads(void)
     fixture f;
     sn_model *a = NULL, *b = NULL;
     sn_seq *sa = NULL, *sb = NULL;
-    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 1);
     CHECK_OK(load(&f, f.pins, &a));
     CHECK_OK(load(&f, NULL, &b));
     if (a && b) {
@@ -231,7 +242,7 @@ static void test_shard_replaced(void)
     fixture f;
     char p[256], *buf = NULL;
     size_t n = 0;
-    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 1);
     path_in(p, sizeof p, &f, SHARD2);
     CHECK(read_all(p, &buf, &n) == 0);
     if (buf) {
@@ -254,7 +265,7 @@ static void test_identical_copy_renamed_over(void)
     fixture f;
     char p[256], *buf = NULL;
     size_t n = 0;
-    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 1);
     path_in(p, sizeof p, &f, SHARD1);
     CHECK(read_all(p, &buf, &n) == 0);
     if (buf) {
@@ -270,7 +281,7 @@ static void test_shard_written_in_place(void)
 {
     fixture f;
     char p[256];
-    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 1);
     path_in(p, sizeof p, &f, SHARD2);
     CHECK(flip_byte(p, 100) == 0);
     CHECK(flip_byte(p, 100) == 0);
@@ -298,7 +309,7 @@ static void test_written_during_load(void)
 {
     fixture f;
     char p[256];
-    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 1);
     path_in(p, sizeof p, &f, SHARD1);
     midload w = { .path = p };
     sn_load_opts lo = { .backend = SN_BACKEND_CPU, .n_threads = 1, .pins = f.pins,
@@ -320,7 +331,7 @@ static void test_config_and_index(void)
     fixture f;
     char p[256], *buf = NULL;
     size_t n = 0;
-    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 1);
     path_in(p, sizeof p, &f, "config.json");
     CHECK(read_all(p, &buf, &n) == 0);
     if (buf) {
@@ -330,21 +341,21 @@ static void test_config_and_index(void)
     free(buf);
     fx_teardown(&f);
 
-    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 1);
     /* an optional file that the gate verified and that is now gone: eos would change */
     path_in(p, sizeof p, &f, "generation_config.json");
     CHECK(unlink(p) == 0);
     expect_refused(&f, "generation_config.json", "generation_config.json removed");
     fx_teardown(&f);
 
-    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 1);
     path_in(p, sizeof p, &f, INDEX);
     CHECK(flip_byte(p, 0) == 0);
     CHECK(flip_byte(p, 0) == 0);
     expect_refused(&f, INDEX, "index written in place");
     fx_teardown(&f);
 
-    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 1);
     /* without the index the loader would glob model*.safetensors instead */
     path_in(p, sizeof p, &f, INDEX);
     CHECK(unlink(p) == 0);
@@ -358,7 +369,7 @@ static void test_shard_added(void)
 {
     fixture f;
     char p[256];
-    if (fx_setup(&f, 0) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 0);
     sn_model *m = NULL;
     CHECK_OK(load(&f, f.pins, &m));   /* the single-file layout loads */
     sn_model_free(m);
@@ -379,7 +390,7 @@ static void test_st_recheck(void)
     fixture f;
     char p[256];
     sn_st *st = NULL, *plain = NULL;
-    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 1);
     CHECK_OK(sn_st_open_pinned(f.model, f.pins, &st));
     if (st) {
         CHECK(sn_st_count(st) > 0);
@@ -411,7 +422,7 @@ static void test_st_open_refuses(void)
     char p[256], *buf = NULL;
     size_t n = 0;
     sn_st *st = NULL;
-    if (fx_setup(&f, 1) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 1);
     path_in(p, sizeof p, &f, SHARD2);
     CHECK(read_all(p, &buf, &n) == 0);
     if (buf) {
@@ -442,7 +453,7 @@ static void test_pins_open(void)
     fixture f;
     char p[256];
     int fd = -1;
-    if (fx_setup(&f, 0) != 0) { CHECK(!"fixture setup"); fx_teardown(&f); return; }
+    FX_SETUP_OR_RETURN(&f, 0);
     CHECK_OK(sn_manifest_pins_open(f.pins, f.model, "config.json", &fd));
     CHECK(fd >= 0);
     if (fd >= 0) close(fd);
