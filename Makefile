@@ -73,7 +73,7 @@ test-cuda: all $(TESTS)
 # Benchmarks: bench/bench_X.c -> build/bench/bench_X; `make bench` builds them all.
 BENCHES    = $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/bench_*.c))
 bench: $(BENCHES)
-$(BUILD)/bench/%: bench/%.c $(SERVER_OBJ) $(BUILD)/libsanctum.a
+$(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(SERVER_OBJ) $(BUILD)/libsanctum.a
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(SERVER_OBJ) $(BUILD)/libsanctum.a $(LDLIBS)
 
