@@ -124,6 +124,20 @@ static void test_qwen3_5_moe(void)
     CHECK(parse_with(base, "text_config.num_experts_per_tok", "300", &c) == SN_E_RANGE &&
           strstr(sn_errmsg(), "num_experts_per_tok"));
     CHECK(c == NULL);
+    /* Regression: dims past the kernels' limits loaded and then failed
+     * every forward ("gdn: ... conv_k=64 (max 16)"); now config errors. */
+    CHECK(parse_with(base, "text_config.num_experts_per_tok", "65", &c) == SN_E_RANGE &&
+          strstr(sn_errmsg(), "[1, 64]"));
+    CHECK(parse_with(base, "text_config.linear_conv_kernel_dim", "64", &c) == SN_E_RANGE &&
+          strstr(sn_errmsg(), "linear_conv_kernel_dim"));
+    CHECK(parse_with(base, "text_config.linear_value_head_dim", "1024", &c) == SN_E_RANGE &&
+          strstr(sn_errmsg(), "linear_value_head_dim"));
+    CHECK(parse_with(base, "text_config.linear_key_head_dim", "512", &c) == SN_E_RANGE &&
+          strstr(sn_errmsg(), "linear_key_head_dim"));
+    CHECK(c == NULL);
+    CHECK_OK(parse_with(base, "text_config.linear_conv_kernel_dim", "16", &c));
+    sn_config_free(c);
+    c = NULL;
     free(base);
 }
 

@@ -420,16 +420,22 @@ static sn_status parse_dims(sn_config *c, const fields *tf)
     if (qwen35) {
         SN_TRY(get_i(tf, "linear_num_key_heads", true, 0, 1, 4096, &c->linear_num_key_heads));
         SN_TRY(get_i(tf, "linear_num_value_heads", true, 0, 1, 4096, &c->linear_num_value_heads));
-        SN_TRY(get_i(tf, "linear_key_head_dim", true, 0, 1, 4096, &c->linear_key_head_dim));
-        SN_TRY(get_i(tf, "linear_value_head_dim", true, 0, 1, 4096, &c->linear_value_head_dim));
-        SN_TRY(get_i(tf, "linear_conv_kernel_dim", true, 0, 1, 64, &c->linear_conv_kernel_dim));
+        /* The upper bounds are the GatedDeltaNet kernels' (CUDA: key dim
+         * 256, value dim 512; CPU: conv window 16): beyond them a model
+         * loaded and then failed every forward pass. Real checkpoints use
+         * 128/128/4. */
+        SN_TRY(get_i(tf, "linear_key_head_dim", true, 0, 1, 256, &c->linear_key_head_dim));
+        SN_TRY(get_i(tf, "linear_value_head_dim", true, 0, 1, 512, &c->linear_value_head_dim));
+        SN_TRY(get_i(tf, "linear_conv_kernel_dim", true, 0, 1, 16, &c->linear_conv_kernel_dim));
         if (c->linear_num_value_heads % c->linear_num_key_heads)
             return SN_FAIL(SN_E_RANGE, "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d",
                            tf->label, c->linear_num_value_heads, c->linear_num_key_heads);
     }
     if (c->arch == SN_ARCH_QWEN3_5_MOE) {
         SN_TRY(get_i(tf, "num_experts", true, 0, 1, 1 << 16, &c->n_experts));
-        SN_TRY(get_i(tf, "num_experts_per_tok", true, 0, 1, c->n_experts, &c->n_experts_per_tok));
+        /* both backends' routers hold at most 64 picks per token */
+        SN_TRY(get_i(tf, "num_experts_per_tok", true, 0, 1, c->n_experts < 64 ? c->n_experts : 64,
+                     &c->n_experts_per_tok));
         SN_TRY(get_int(tf, "moe_intermediate_size", true, 0, 1, BIG, &c->moe_intermediate_size));
         SN_TRY(get_int(tf, "shared_expert_intermediate_size", true, 0, 1, BIG, &c->shared_expert_intermediate_size));
         c->norm_topk_prob = true;
