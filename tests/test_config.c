@@ -282,6 +282,17 @@ static void test_qwen2(void)
     c = NULL;
     CHECK(parse_with(QWEN2, "num_attention_heads", "12", &c) == SN_E_RANGE);  /* 12 % 4 ok, 1024 % 12 != 0 */
     CHECK(c == NULL);
+    /* Regression: 512 query heads on one kv head loaded, then every
+     * forward failed in the CPU attention kernel (max group 256). */
+    json_t *g = json_loads(QWEN2, 0, NULL);
+    json_object_set_new(g, "num_attention_heads", json_integer(512));
+    json_object_set_new(g, "num_key_value_heads", json_integer(1));
+    json_object_set_new(g, "hidden_size", json_integer(1024 * 8));
+    s = json_dumps(g, 0);
+    json_decref(g);
+    CHECK(sn_config_parse(s, strlen(s), "gqa.json", NULL, 0, &c) == SN_E_RANGE && strstr(sn_errmsg(), "512 query heads"));
+    CHECK(c == NULL);
+    free(s);
     /* Regression: qwen2 ignored layer_types, so a list of the wrong length
      * or with unknown entries loaded silently (HF refuses both). */
     CHECK(parse_with(QWEN2, "layer_types", "[\"full_attention\",\"full_attention\",\"full_attention\"]", &c) ==

@@ -396,6 +396,11 @@ static sn_status parse_dims(sn_config *c, const fields *tf)
     if (c->n_heads % c->n_kv_heads)
         return SN_FAIL(SN_E_RANGE, "%s: num_attention_heads %d is not a multiple of num_key_value_heads %d", tf->label,
                        c->n_heads, c->n_kv_heads);
+    /* the CPU attention kernel shares one kv head among at most 256 */
+    if (c->n_heads / c->n_kv_heads > 256)
+        return SN_FAIL(SN_E_RANGE, "%s: %d query heads per key/value head (num_attention_heads %d / "
+                       "num_key_value_heads %d); at most 256 are supported", tf->label, c->n_heads / c->n_kv_heads,
+                       c->n_heads, c->n_kv_heads);
     if (c->arch == SN_ARCH_QWEN2 || (c->arch == SN_ARCH_MISTRAL && !get(tf, "head_dim"))) {
         /* qwen2 ignores any head_dim key (mlx-lm and HF both derive it). */
         if (c->hidden_size % c->n_heads)
