@@ -513,6 +513,44 @@ static void test_matmul_batch_invariance(void)
     }
 }
 
+/* The SIMD q_tile is instantiated per supported group (32/64/128) with the
+ * step loop unrolled; any other group that is a multiple of the SIMD step
+ * (96, 256) takes the generic instantiation. Both must meet the bounds and
+ * stay batch invariant (GEMV vs GEMM, tails of the 4-row GEMV tile). */
+static void test_matmul_generic_group(void)
+{
+    sn_backend *ref = backend_for(SN_ISA_SCALAR, 2);
+    const int groups[] = { 96, 256 };
+    for (size_t ii = 1; ii < 3; ii++) {
+        sn_backend *be = backend_for(isas[ii], 2);
+        if (!be)
+            continue;
+        for (int bits = 4; bits <= 8; bits += 4)
+            for (size_t gi = 0; gi < 2; gi++) {
+                int group = groups[gi];
+                int64_t rows = 37, cols = group == 96 ? 3 * 96 : 2 * 256;
+                tw t;
+                tw_make(&t, bits == 4 ? SN_DT_Q4 : SN_DT_Q8, rows, cols, group, SN_DT_BF16, 0);
+                check_mm_case(be, ref, &t, 0, 1, "generic group GEMV");
+                check_mm_case(be, ref, &t, 0, 9, "generic group GEMM");
+                enum { T = 9 };
+                float *x = malloc(sizeof(float) * T * (size_t)cols), yb[T * 37], y1[37];
+                fill(x, (size_t)T * cols, -1, 1);
+                CHECK_OK(be->ops->matmul(be, &t.w, 0, x, T, yb));
+                int same = 1;
+                for (int tok = 0; tok < T; tok++) {
+                    CHECK_OK(be->ops->matmul(be, &t.w, 0, x + (size_t)tok * cols, 1, y1));
+                    same &= memcmp(y1, yb + tok * 37, sizeof y1) == 0;
+                }
+                CHECKF(same, "%s Q%d group %d: a token's output depends on its batch", be->ops->name, bits, group);
+                free(x);
+                tw_free(&t);
+            }
+        sn_backend_free(be);
+    }
+    sn_backend_free(ref);
+}
+
 /* Wide rows (the prefill row tile shrinks to its 16-row minimum) and more
  * rows than a tile: several tiles per thread chunk, partial last tile. */
 static void test_matmul_wide_tiles(void)
@@ -1204,6 +1242,7 @@ int main(void)
     RUN(test_matmul_dense);
     RUN(test_matmul_experts_bias_errors);
     RUN(test_matmul_batch_invariance);
+    RUN(test_matmul_generic_group);
     RUN(test_matmul_wide_tiles);
     RUN(test_embed);
     RUN(test_norms_elementwise);
