@@ -433,6 +433,29 @@ static void test_unbound_dim_does_not_size_workspace(void)
     sn_model_free(m);
 }
 
+/* Regression: sanctum-run sized the context as prompt + --max-tokens with no
+ * cap, so --max-tokens 16777216 made a KV cache for 16M positions and
+ * generated far past max_position_embeddings (256 here). Now the default
+ * context stops at the model's, and generation with it. */
+static void test_cli_ctx_capped_at_model(void)
+{
+    if (access(g_run, X_OK) != 0) SKIP("sanctum-run not built");
+    char dir[512], cmd[3000], outf[600];
+    CHECK(write_ckpt("good", MUT_NONE, dir, sizeof dir) == 0);
+    snprintf(outf, sizeof outf, "%s/ctxcap.out", g_root);
+    /* eos 1 is removed so only the context can stop it; timeout guards the old behaviour */
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"eos_token_id\": 1,//' %s/config.json && timeout 120 %s --model %s --ids 3,17 "
+             "--max-tokens 16777216 --print-ids >%s 2>/dev/null", dir, g_run, dir, outf);
+    CHECK(system(cmd) == 0);
+    FILE *f = fopen(outf, "r");
+    CHECK(f != NULL);
+    if (!f) return;
+    int n = 0, id;
+    while (fscanf(f, "%d", &id) == 1) n++;
+    fclose(f);
+    CHECKF(n == 256 - 2 + 1, "generated %d ids; a context of 256 holds 254 after the prompt, plus the last one", n);
+}
+
 static void test_missing_dir(void)
 {
     sn_model *m = NULL;
@@ -466,6 +489,7 @@ int main(int argc, char **argv)
     RUN(test_memory_limit);
     RUN(test_missing_dir);
     RUN(test_unbound_dim_does_not_size_workspace);
+    RUN(test_cli_ctx_capped_at_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_root);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_root);

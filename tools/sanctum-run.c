@@ -8,6 +8,7 @@
  * prefill and decode speeds go to stderr. Errors are one line on stderr and
  * a non-zero exit. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,7 +260,19 @@ int main(int argc, char **argv)
         if (!prompt.n) { fprintf(stderr, "sanctum-run: the prompt encodes to no tokens\n"); rc = 2; goto out; }
     }
 
-    int ctx = a.ctx ? a.ctx : (int)prompt.n + a.max_tokens + 1;
+    /* Default context: prompt + max tokens, but no further than the model's
+     * max_position_embeddings (past it RoPE positions are untrained, and a
+     * huge --max-tokens would otherwise size the KV cache by itself); the
+     * loop below stops when the context is full. */
+    int64_t want = (int64_t)prompt.n + a.max_tokens + 1, cap = info->max_ctx > 0 ? info->max_ctx : want;
+    if (cap < (int64_t)prompt.n + 1) cap = (int64_t)prompt.n + 1;
+    if (want > cap) want = cap;
+    if (!a.ctx && want > INT32_MAX) {
+        fprintf(stderr, "sanctum-run: the prompt (%zu tokens) is too long\n", prompt.n);
+        rc = 2;
+        goto out;
+    }
+    int ctx = a.ctx ? a.ctx : (int)want;
     if ((s = sn_seq_new(m, ctx, &seq)) != SN_OK) { rc = fail("creating sequence", s); goto out; }
     sn_sample_params sp;
     sn_sample_params_default(&sp);
