@@ -892,6 +892,26 @@ static void test_load_errors(void)
                       SN_E_FORMAT, "ranks below default_vocab_size");
     CHECK(sn_tok_load(NULL, NULL, &t) == SN_E_INVALID);
     sn_tok_free(NULL);
+    /* Regression: a device was read until memory ran out and a FIFO blocked
+     * the open forever; both are refused up front now. */
+    CHECK(sn_tok_load("/dev/zero", NULL, &t) == SN_E_FORMAT && strstr(sn_errmsg(), "not a regular file") && !t);
+    char fifo[160];
+    snprintf(fifo, sizeof fifo, "%s/fifo.json", g_tmp);
+    if (mkfifo(fifo, 0600) == 0) {
+        CHECK(sn_tok_load(fifo, NULL, &t) == SN_E_FORMAT && strstr(sn_errmsg(), "not a regular file") && !t);
+        unlink(fifo);
+    }
+    /* a file over the size cap is refused before it is read (sparse, no disk used) */
+    char big[160];
+    snprintf(big, sizeof big, "%s/huge.json", g_tmp);
+    FILE *bf = fopen(big, "w");
+    CHECK(bf != NULL);
+    if (bf) {
+        CHECK(ftruncate(fileno(bf), (off_t)300 << 20) == 0);
+        fclose(bf);
+        CHECK(sn_tok_load(big, NULL, &t) == SN_E_FORMAT && strstr(sn_errmsg(), "larger than") && !t);
+        unlink(big);
+    }
 }
 
 int main(void)

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <utf8proc.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- ids */
 
@@ -301,6 +302,8 @@ void sn_tok_free(sn_tokenizer *t)
 
 /* ---------------------------------------------------------- loading */
 
+#define TOK_MAX_FILE (256u << 20)
+
 static bool is_dir(const char *p)
 {
     struct stat st;
@@ -327,13 +330,33 @@ sn_status sn_tok_load(const char *path, const char *model_type, sn_tokenizer **o
         if (strlen(path) >= sizeof file) return SN_FAIL(SN_E_INVALID, "tokenizer path too long");
         strcpy(file, path);
     }
-    /* Read whole, then parse from memory: jansson's file reader goes byte by byte. */
+    /* Read whole, then parse from memory: jansson's file reader goes byte by byte.
+     * Checked before the open too: opening a FIFO blocks until a writer comes. */
+    if (!is_file(file) && !access(file, F_OK)) return SN_FAIL(SN_E_FORMAT, "%s: not a regular file", file);
     FILE *f = fopen(file, "rb");
     if (!f) return SN_FAIL(SN_E_IO, "%s: cannot open: %s", file, strerror(errno));
+    /* A device or FIFO (/dev/zero) would be read until memory ran out, and
+     * no real tokenizer file comes near TOK_MAX_FILE (tekken.json ~ 15 MB). */
+    struct stat fst;
+    if (fstat(fileno(f), &fst) != 0 || !S_ISREG(fst.st_mode)) {
+        fclose(f);
+        return SN_FAIL(SN_E_FORMAT, "%s: not a regular file", file);
+    }
+    if ((uint64_t)fst.st_size > TOK_MAX_FILE) {
+        fclose(f);
+        return SN_FAIL(SN_E_FORMAT, "%s: %lld bytes, larger than the %u MB a tokenizer file may have", file,
+                       (long long)fst.st_size, TOK_MAX_FILE >> 20);
+    }
     char *buf = NULL;
     size_t len = 0, cap = 0;
     for (;;) {
         if (len == cap) {
+            if (cap >= TOK_MAX_FILE) {   /* grew while being read */
+                free(buf);
+                fclose(f);
+                return SN_FAIL(SN_E_FORMAT, "%s: larger than the %u MB a tokenizer file may have", file,
+                               TOK_MAX_FILE >> 20);
+            }
             cap = cap ? cap * 2 : 1 << 20;
             char *p = realloc(buf, cap);
             if (!p) { free(buf); fclose(f); return SN_FAIL(SN_E_NOMEM, "%s: out of memory reading the file", file); }
