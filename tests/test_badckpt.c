@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -159,6 +160,44 @@ static void test_missing_shard(void)
     CHECK(unlink(sh2) == 0);
     const char *base = strrchr(sh2, '/') + 1;
     expect_fail(d, SN_E_IO, base, NULL);
+}
+
+/* Regression: a FIFO in place of config.json, generation_config.json, the
+ * index or a shard blocked the load forever in open(); a device as a shard
+ * was already refused, /dev/zero as config.json was read up to 16 MB. Each
+ * is now "not a regular file", naming it. */
+static void test_not_regular_files(void)
+{
+    const char *names[] = { "config.json", "generation_config.json", "model.safetensors.index.json", NULL };
+    char d[256], p[600];
+    for (int i = 0; i < 4; i++) {
+        char sub[32];
+        snprintf(sub, sizeof sub, "fifo%d", i);
+        copy_base(sub, d, sizeof d);
+        if (names[i]) snprintf(p, sizeof p, "%s/%s", d, names[i]);
+        else shard_of(d, LP "1.mlp.switch_mlp.up_proj.weight", p, sizeof p);
+        unlink(p);
+        CHECK(mkfifo(p, 0600) == 0);
+        /* the load runs in a child so that a regression fails the test instead of hanging it */
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(20);
+            sn_model *m = NULL;
+            sn_load_opts o = {.n_threads = 1};
+            sn_status s = sn_model_load(d, &o, &m);
+            const char *base = strrchr(p, '/') + 1;
+            _exit(s == SN_E_IO && strstr(sn_errmsg(), "not a regular file") && strstr(sn_errmsg(), base) ? 0 : 1);
+        }
+        int status = 0;
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+        CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0, "FIFO as %s: not refused (status %d)",
+               names[i] ? names[i] : "a shard", status);
+    }
+    copy_base("devzero", d, sizeof d);
+    snprintf(p, sizeof p, "%s/config.json", d);
+    unlink(p);
+    CHECK(symlink("/dev/zero", p) == 0);
+    expect_fail(d, SN_E_IO, "config.json", "not a regular file");
 }
 
 static void test_truncated_shard(void)
@@ -339,6 +378,7 @@ int main(int argc, char **argv)
         RUN(test_good_loads);
         RUN(test_missing_shard);
         RUN(test_truncated_shard);
+        RUN(test_not_regular_files);
         RUN(test_index_wrong_shard);
         RUN(test_overlapping_offsets);
         RUN(test_unsupported_dtype);

@@ -10,6 +10,7 @@
 #include "sanctum/manifest.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <string.h>
@@ -543,10 +544,22 @@ static sn_status read_text(const char *path, char **buf, size_t *len, bool optio
 {
     *buf = NULL;
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    /* O_NONBLOCK: opening a FIFO would wait for a writer forever; only a
+     * regular file is read (a device would be read up to the cap). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
         if (optional && errno == ENOENT) return SN_OK;
         return SN_FAIL(errno == ENOENT ? SN_E_MISSING : SN_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return SN_FAIL(SN_E_IO, "%s: not a regular file", path);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return SN_FAIL(SN_E_NOMEM, "%s: out of memory", path);
     }
     sn_status rc = SN_OK;
     char *b = malloc(CFG_MAX_FILE + 1);

@@ -272,7 +272,8 @@ static sn_status map_file(sn_st *st, const char *path, const char *rel)
          * manifest gate hashed the original is refused here. */
         SN_TRY(sn_manifest_pins_open(st->pins, st->pin_dir, rel, &fd));
     } else {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        /* O_NONBLOCK: a FIFO would block the open; it fails S_ISREG below */
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         if (fd < 0) return SN_FAIL(SN_E_IO, "%s: cannot open: %s", path, strerror(errno));
     }
     struct stat sb;
@@ -404,21 +405,18 @@ out:
     return rc;
 }
 
-/* The index JSON through an fd the pins vouch for, before and after the
- * read (a write during the read would change mtime/ctime). *root is NULL
- * when the index is absent and the manifest does not list one. */
-static sn_status load_index_pinned(sn_st *st, const char *index_path, json_t **root)
+/* Reads the index whole from fd (jansson's fd reader goes byte by byte):
+ * a regular file of at most ST_MAX_INDEX bytes. */
+static sn_status read_index_fd(int fd, const char *index_path, char **out, size_t *out_len)
 {
-    *root = NULL;
-    int fd;
-    sn_status rc = sn_manifest_pins_open(st->pins, st->pin_dir, "model.safetensors.index.json", &fd);
-    if (rc == SN_E_MISSING) return SN_OK;
-    if (rc != SN_OK) return rc;
-    /* Read whole (jansson's fd reader goes byte by byte), size-capped. */
     struct stat sb;
     char *buf = NULL;
     size_t len = 0;
+    sn_status rc = SN_OK;
+    *out = NULL;
+    *out_len = 0;
     if (fstat(fd, &sb) != 0) rc = SN_FAIL(SN_E_IO, "%s: cannot stat: %s", index_path, strerror(errno));
+    else if (!S_ISREG(sb.st_mode)) rc = SN_FAIL(SN_E_IO, "%s: not a regular file", index_path);
     else if (sb.st_size > ST_MAX_INDEX) rc = SN_FAIL(SN_E_FORMAT, "%s: %lld bytes is larger than the %u an index may take",
                                                      index_path, (long long)sb.st_size, ST_MAX_INDEX);
     else if (!(buf = malloc((size_t)sb.st_size + 1))) rc = SN_FAIL(SN_E_NOMEM, "%s: out of memory", index_path);
@@ -429,17 +427,57 @@ static sn_status load_index_pinned(sn_st *st, const char *index_path, json_t **r
         else if (r == 0) rc = SN_FAIL(SN_E_IO, "%s: shorter than its size while reading", index_path);
         else len += (size_t)r;
     }
+    if (rc != SN_OK) { free(buf); return rc; }
+    *out = buf;
+    *out_len = len;
+    return SN_OK;
+}
+
+static sn_status parse_index(const char *buf, size_t len, const char *index_path, json_t **root)
+{
+    json_error_t jerr;
+    *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!*root)
+        return SN_FAIL(SN_E_FORMAT, "%s: invalid JSON at line %d column %d: %s", index_path, jerr.line, jerr.column,
+                       jerr.text);
+    return SN_OK;
+}
+
+/* The index JSON through an fd the pins vouch for, before and after the
+ * read (a write during the read would change mtime/ctime). *root is NULL
+ * when the index is absent and the manifest does not list one. */
+static sn_status load_index_pinned(sn_st *st, const char *index_path, json_t **root)
+{
+    *root = NULL;
+    int fd;
+    sn_status rc = sn_manifest_pins_open(st->pins, st->pin_dir, "model.safetensors.index.json", &fd);
+    if (rc == SN_E_MISSING) return SN_OK;
+    if (rc != SN_OK) return rc;
+    char *buf = NULL;
+    size_t len = 0;
+    rc = read_index_fd(fd, index_path, &buf, &len);
     /* After the read: the bytes parsed are the bytes the gate hashed. */
     if (rc == SN_OK) rc = sn_manifest_pins_check_fd(st->pins, "model.safetensors.index.json", fd);
     close(fd);
-    if (rc == SN_OK) {
-        json_error_t jerr;
-        *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
-        if (!*root) rc = SN_FAIL(SN_E_FORMAT, "%s: invalid JSON at line %d column %d: %s", index_path, jerr.line,
-                                 jerr.column, jerr.text);
-    }
+    if (rc == SN_OK) rc = parse_index(buf, len, index_path, root);
     free(buf);
-    if (rc != SN_OK) { json_decref(*root); *root = NULL; }
+    return rc;
+}
+
+/* The same without pins. O_NONBLOCK: opening a FIFO for reading otherwise
+ * waits for a writer forever; the regular-file check then refuses it. */
+static sn_status load_index(const char *index_path, json_t **root)
+{
+    *root = NULL;
+    int fd = open(index_path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 && errno == ENOENT) return SN_OK;
+    if (fd < 0) return SN_FAIL(SN_E_IO, "%s: cannot open: %s", index_path, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0;
+    sn_status rc = read_index_fd(fd, index_path, &buf, &len);
+    close(fd);
+    if (rc == SN_OK) rc = parse_index(buf, len, index_path, root);
+    free(buf);
     return rc;
 }
 
@@ -447,19 +485,8 @@ static sn_status open_dir(sn_st *st, const char *dir)
 {
     char *p = path_join(dir, "model.safetensors.index.json");
     if (!p) return SN_FAIL(SN_E_NOMEM, "out of memory");
-    struct stat sb;
-    sn_status rc;
     json_t *root = NULL;
-    if (st->pins) {
-        rc = load_index_pinned(st, p, &root);
-    } else if (stat(p, &sb) == 0) {
-        json_error_t jerr;
-        root = json_load_file(p, JSON_REJECT_DUPLICATES, &jerr);
-        rc = root ? SN_OK : SN_FAIL(SN_E_FORMAT, "%s: invalid JSON at line %d column %d: %s", p, jerr.line,
-                                    jerr.column, jerr.text);
-    } else {
-        rc = SN_OK;
-    }
+    sn_status rc = st->pins ? load_index_pinned(st, p, &root) : load_index(p, &root);
     if (rc == SN_OK && root) rc = open_index(st, dir, p, root);
     json_decref(root);
     free(p);
