@@ -456,6 +456,35 @@ static void test_cli_ctx_capped_at_model(void)
     CHECKF(n == 256 - 2 + 1, "generated %d ids; a context of 256 holds 254 after the prompt, plus the last one", n);
 }
 
+/* A tokenizer with more ids than the embedding has rows (qwen3's 151k-id
+ * tokenizer next to this 128-row model) is refused by sanctum-run before the
+ * prompt runs, saying so (before: "token id 151644 ... outside the
+ * vocabulary" from the first forward). */
+static void test_cli_tokenizer_bigger_than_model(void)
+{
+    const char *gz = "tests/fixtures/tokenizer/qwen3/tokenizer.json.gz";
+    if (access(g_run, X_OK) != 0 || access(gz, R_OK) != 0) SKIP("sanctum-run or the qwen3 tokenizer fixture missing");
+    char dir[512], cmd[3000], errf[600];
+    CHECK(write_ckpt("bigtok", MUT_NONE, dir, sizeof dir) == 0);
+    snprintf(errf, sizeof errf, "%s/bigtok.err", g_root);
+    snprintf(cmd, sizeof cmd, "gzip -dc %s > %s/tokenizer.json && %s --model %s --prompt hi --max-tokens 2 >/dev/null 2>%s",
+             gz, dir, g_run, dir, errf);
+    CHECK(system(cmd) != 0);
+    FILE *f = fopen(errf, "r");
+    CHECK(f != NULL);
+    if (!f) return;
+    char line[1024];
+    int n = 0;
+    bool named = false;
+    while (fgets(line, sizeof line, f)) {
+        if (strstr(line, "loaded ")) continue;   /* the load itself succeeds */
+        n++;
+        named |= strstr(line, "151") && strstr(line, "128 rows") != NULL;
+    }
+    fclose(f);
+    CHECKF(n == 1 && named, "%d error lines; expected one naming the tokenizer size and the 128 rows", n);
+}
+
 static void test_missing_dir(void)
 {
     sn_model *m = NULL;
@@ -490,6 +519,7 @@ int main(int argc, char **argv)
     RUN(test_missing_dir);
     RUN(test_unbound_dim_does_not_size_workspace);
     RUN(test_cli_ctx_capped_at_model);
+    RUN(test_cli_tokenizer_bigger_than_model);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_root);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_root);

@@ -244,6 +244,15 @@ int main(int argc, char **argv)
             a.print_ids = true;
         }
     }
+    /* A tokenizer from another model can encode ids past the embedding:
+     * the forward pass would refuse them, but only the first one it meets
+     * and without saying why; say it once, before anything runs. */
+    if (tok && a.prompt && sn_tok_vocab_size(tok) > info->vocab_size) {
+        fprintf(stderr, "sanctum-run: %s: the tokenizer has %d ids but the model's embedding has %d rows "
+                "(tokenizer of another model?)\n", a.model, sn_tok_vocab_size(tok), info->vocab_size);
+        rc = 1;
+        goto out;
+    }
     if (a.ids) {
         if (parse_ids(a.ids, &prompt)) { rc = 2; goto out; }
     } else {
