@@ -769,18 +769,24 @@ def out_of_descriptors_sheds_with_503_and_recovers():
             return (int(v[11]) + int(v[12])) / os.sysconf("SC_CLK_TCK")
         c0 = cpu(); time.sleep(1.0); spent = cpu() - c0
         assert spent < 0.3, f"event loop spinning: {spent:.2f} s CPU in 1 s while out of descriptors"
-        t0 = time.time()
-        s = socket.create_connection(("127.0.0.1", F.port), timeout=5)
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        # A descriptor freed meanwhile takes one more idle client; the
+        # first client with none left must be told 503 at once.
         got = b""
-        while True:
-            d = s.recv(4096)
-            if not d:
-                break
-            got += d
-        s.close()
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", F.port), timeout=1.5)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            try:
+                while True:
+                    d = s.recv(4096)
+                    if not d:
+                        break
+                    got += d
+            except socket.timeout:
+                idle.append(s)
+                continue
+            s.close()
+            break
         assert got.startswith(b"HTTP/1.1 503") and b'"code":"overloaded"' in got, got[:200]
-        assert time.time() - t0 < 2, "the refused client waited"
         for s in idle:
             s.close()
         t0 = time.time()
@@ -795,6 +801,57 @@ def out_of_descriptors_sheds_with_503_and_recovers():
         assert F.p.poll() is None
     finally:
         assert F.stop() == 0
+
+@test
+def slow_clients_closed_by_request_deadline():
+    # Regression (slowloris): evhttp's timeout is per read, so a client
+    # trickling header or body bytes held its connection forever. Now a
+    # connection must complete each request within --request-timeout-seconds
+    # of opening or of its last answer; work in progress is never cut.
+    G = Server("--request-timeout-seconds", "1", name="G")
+    try:
+        def trickle(first, byte):
+            s = socket.create_connection(("127.0.0.1", G.port), timeout=5)
+            s.sendall(first)
+            t0 = time.time()
+            try:
+                while time.time() - t0 < 6:
+                    time.sleep(0.2)
+                    s.sendall(byte)
+                    s.settimeout(0.01)
+                    try:
+                        if s.recv(4096) == b"":
+                            break
+                    except socket.timeout:
+                        pass
+            except OSError:
+                pass
+            s.close()
+            return time.time() - t0
+        hdr = trickle(b"GET /health HTTP/1.1\r\n", b"X")
+        body = trickle(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9999\r\n\r\n{", b" ")
+        assert hdr < 3 and body < 3, f"slow clients kept: headers {hdr:.1f} s, body {body:.1f} s"
+        # An active keep-alive client is not cut.
+        s = socket.create_connection(("127.0.0.1", G.port), timeout=5)
+        for _ in range(10):
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            time.sleep(0.3)
+        # A generation longer than the deadline completes, and the same
+        # connection takes the next request.
+        b = json.dumps({"messages": msg("Long story."), "max_tokens": 30000, "temperature": 0, "stream": True, **NOEOS}).encode()
+        s.settimeout(60)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(b) + b)
+        got, t0 = b"", time.time()
+        while time.time() - t0 < 2.5:
+            d = s.recv(65536)
+            assert d, "stream cut by the request deadline"
+            got += d
+        s.close()
+        assert got.startswith(b"HTTP/1.1 200") and b"data: " in got
+        assert G.alive()
+    finally:
+        assert G.stop() == 0
 
 @test
 def mtls_disconnect_frees_worker():

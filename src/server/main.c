@@ -42,6 +42,7 @@ typedef struct {
     const char *prewarm_file;
     bool pld;
     double grace;
+    double request_timeout;
     sn_backend_kind backend;
     const char *manifest, *manifest_sig, *manifest_pubkey;
     bool require_signed, no_plain;
@@ -205,6 +206,8 @@ static void usage(FILE *f)
             "  --max-tokens N               default max_tokens of a request (default 512)\n"
             "  --ctx N                      context length (default: the model's, capped at 32768)\n"
             "  --shutdown-grace-seconds S   drain time after SIGTERM (default 30)\n"
+            "  --request-timeout-seconds S  a plain connection must send each complete request within S s\n"
+            "                               of opening or of its last answer (default 60; 0 = off)\n"
             "  --memory-limit-mb N          refuse a model + KV cache bigger than this\n"
             "  --backend cpu|cuda           compute backend (default cpu)\n"
             "  --gpu N                      CUDA device (default 0)\n"
@@ -249,7 +252,7 @@ static int parse_i(const char *s, const char *what, int lo, int hi, int *out)
 static int parse_args(int argc, char **argv, cli *c)
 {
     *c = (cli){.model_dir = "models/default", .port = 8080, .tls_port = 8443, .max_queue = 16, .flush_tokens = 8,
-               .default_max_tokens = 512, .max_body = 4 << 20, .grace = 30, .backend = SN_BACKEND_CPU,
+               .default_max_tokens = 512, .max_body = 4 << 20, .grace = 30, .request_timeout = 60, .backend = SN_BACKEND_CPU,
                .prompt_cache_mb = 512, .pld = true};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
@@ -277,6 +280,7 @@ static int parse_args(int argc, char **argv, cli *c)
         else if (!strcmp(k, "--max-tokens")) { NEEDV(); if (parse_i(v, k, 1, SRV_MAX_TOKENS_ABSURD, &c->default_max_tokens)) return -1; }
         else if (!strcmp(k, "--ctx")) { NEEDV(); if (parse_i(v, k, 0, 1 << 22, &c->ctx)) return -1; }
         else if (!strcmp(k, "--shutdown-grace-seconds")) { NEEDV(); if (parse_ll(v, k, 0, 86400, &ll)) return -1; c->grace = (double)ll; }
+        else if (!strcmp(k, "--request-timeout-seconds")) { NEEDV(); if (parse_ll(v, k, 0, 86400, &ll)) return -1; c->request_timeout = (double)ll; }
         else if (!strcmp(k, "--memory-limit-mb")) { NEEDV(); if (parse_ll(v, k, 1, 1LL << 40, &c->memory_limit_mb)) return -1; }
         else if (!strcmp(k, "--backend")) {
             NEEDV();
@@ -593,7 +597,7 @@ int main(int argc, char **argv)
         .hosts = c.hosts, .n_hosts = c.n_hosts, .port = c.port,
         .max_queue = c.max_queue, .max_body_bytes = (size_t)c.max_body,
         .stream_flush_tokens = c.flush_tokens, .default_max_tokens = c.default_max_tokens,
-        .shutdown_grace_s = c.grace, .model_id = model_id, .fingerprint = fingerprint,
+        .shutdown_grace_s = c.grace, .request_timeout_s = c.request_timeout, .model_id = model_id, .fingerprint = fingerprint,
         .engine = {.ctx = &e, .run = engine_run}, .metrics = metrics,
         .admit = admit_hook, .client_id = client_id_hook, .add_listeners = add_tls_listeners, .hook_ud = &h,
     };

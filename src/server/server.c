@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,7 +127,16 @@ struct srv {
     double paused_until;
     double accept_warned_at;
     unsigned long long accept_shed;
+    /* Plain connections (their bufferevents, one extra reference each) and
+     * when each last finished a request: see conn_sweep. */
+    struct conn_ent *conns;
+    size_t conns_cap, n_conns;
+    double conn_warned_at;
+    unsigned long long conn_reaped;
 };
+
+static void conn_touch(srv *s, struct evhttp_connection *evcon);
+static struct bufferevent *conn_bevcb(struct event_base *base, void *arg);
 
 static double now_s(void)
 {
@@ -338,7 +348,10 @@ static void job_complete(srv *s, srv_job *j)
         finish = "stop";
         srv_err_set(&j->err, 500, "server_error", NULL, NULL, "out of memory collecting the completion");
     }
-    if (j->evcon) evhttp_connection_set_closecb(j->evcon, NULL, NULL);
+    if (j->evcon) {
+        evhttp_connection_set_closecb(j->evcon, NULL, NULL);
+        conn_touch(s, j->evcon);
+    }
     if (!ok && j->result != SN_E_CANCELLED) status = j->err.http_status;
     bool cancelled = j->result == SN_E_CANCELLED || strcmp(finish, "cancelled") == 0;
     /* Cancelled: the client left (499, nginx's "client closed request"), or
@@ -719,6 +732,7 @@ static void on_request(struct evhttp_request *req, void *arg)
 
 static void serve(srv *s, struct evhttp_request *req, const char *path, double t0)
 {
+    conn_touch(s, evhttp_request_get_connection(req));
     route_id r = route_of(path);
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
 
@@ -814,6 +828,9 @@ sn_status srv_http_new(srv *s, struct evhttp **out)
     evhttp_set_allowed_methods(h, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                       EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH);
     evhttp_set_gencb(h, on_request, s);
+    /* A front end with its own bufferevents (TLS) replaces this callback
+     * and goes without the request deadline. */
+    if (s->o.request_timeout_s > 0) evhttp_set_bevcb(h, conn_bevcb, s);
     s->https[s->n_http++] = h;
     *out = h;
     return SN_OK;
@@ -949,6 +966,127 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     stop_accepting(s);
 }
 
+/* ---- slow clients (slowloris) ----
+ *
+ * evhttp's timeout is per read, so a client trickling one header byte a
+ * minute keeps its connection (and a descriptor) forever. The plain
+ * front end creates each connection's bufferevent here (evhttp_set_bevcb),
+ * keeps a reference to it, and every tick closes a connection that has been
+ * waiting for a request (reading enabled, no job on it) for longer than
+ * request_timeout_s since it opened or since its last request: that bounds
+ * slow headers, slow or unfinished bodies and idle keep-alives alike.
+ *
+ * Why the reference is safe: bufferevents are made with BEV_OPT_CLOSE_ON_FREE,
+ * so the descriptor stays open (and its number unreused) until our reference
+ * goes too; evhttp_connection_free clears the callbacks, which is how a
+ * sweep sees that evhttp let go. Only getcb/get_enabled/getfd and shutdown()
+ * touch a tracked bufferevent; the shutdown makes evhttp see the close and
+ * free the connection through its own path. */
+struct conn_ent {
+    struct bufferevent *bev;      /* NULL: empty slot */
+    double since;                 /* opened, or last request seen / answered */
+    bool reaped;
+};
+
+static size_t conn_slot(const srv *s, const struct bufferevent *bev)
+{
+    uint64_t h = ((uint64_t)(uintptr_t)bev >> 4) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 20) & (s->conns_cap - 1);
+}
+
+static struct conn_ent *conn_find(srv *s, const struct bufferevent *bev)
+{
+    if (!s->conns || !bev) return NULL;
+    for (size_t i = conn_slot(s, bev);; i = (i + 1) & (s->conns_cap - 1)) {
+        if (s->conns[i].bev == bev) return &s->conns[i];
+        if (!s->conns[i].bev) return NULL;
+    }
+}
+
+/* Rebuild at cap (a power of two), dropping entries with bev NULL. */
+static sn_status conn_rehash(srv *s, size_t cap)
+{
+    struct conn_ent *t = calloc(cap, sizeof *t);
+    if (!t) return SN_FAIL(SN_E_NOMEM, "server: out of memory tracking %zu connections", s->n_conns);
+    struct conn_ent *old = s->conns;
+    size_t old_cap = s->conns_cap;
+    s->conns = t;
+    s->conns_cap = cap;
+    for (size_t i = 0; i < old_cap; i++) {
+        if (!old[i].bev) continue;
+        size_t k = conn_slot(s, old[i].bev);
+        while (t[k].bev) k = (k + 1) & (cap - 1);
+        t[k] = old[i];
+    }
+    free(old);
+    return SN_OK;
+}
+
+static void conn_touch(srv *s, struct evhttp_connection *evcon)
+{
+    struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
+    struct conn_ent *e = conn_find(s, bev);
+    if (e) e->since = now_s();
+}
+
+static struct bufferevent *conn_bevcb(struct event_base *base, void *arg)
+{
+    srv *s = arg;
+    struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+    if (!bev) return NULL;   /* evhttp makes its own: that connection goes untracked */
+    if ((s->n_conns + 1) * 2 > s->conns_cap && conn_rehash(s, s->conns_cap ? s->conns_cap * 2 : 256) != SN_OK)
+        return bev;
+    size_t k = conn_slot(s, bev);
+    while (s->conns[k].bev) k = (k + 1) & (s->conns_cap - 1);
+    bufferevent_incref(bev);
+    s->conns[k] = (struct conn_ent){bev, now_s(), false};
+    s->n_conns++;
+    return bev;
+}
+
+static bool conn_has_job(srv *s, struct bufferevent *bev)
+{
+    for (srv_job *j = s->live; j; j = j->live_next)
+        if (j->evcon && evhttp_connection_get_bufferevent(j->evcon) == bev) return true;
+    return false;
+}
+
+static void conn_sweep(srv *s, bool release_all)
+{
+    double now = now_s();
+    size_t dead = 0, reaped = 0;
+    for (size_t i = 0; i < s->conns_cap; i++) {
+        struct conn_ent *e = &s->conns[i];
+        if (!e->bev) continue;
+        bufferevent_event_cb eventcb = NULL;
+        bufferevent_getcb(e->bev, NULL, NULL, &eventcb, NULL);
+        if (release_all || !eventcb) {        /* evhttp let go (or we are exiting) */
+            bufferevent_decref(e->bev);
+            e->bev = NULL;
+            dead++;
+            continue;
+        }
+        if (e->reaped) continue;
+        if (!(bufferevent_get_enabled(e->bev) & EV_READ) || conn_has_job(s, e->bev)) {
+            e->since = now;                   /* answering: the clock starts after */
+            continue;
+        }
+        if (now - e->since <= s->o.request_timeout_s) continue;
+        evutil_socket_t fd = bufferevent_getfd(e->bev);
+        if (fd >= 0) shutdown(fd, SHUT_RDWR);
+        e->reaped = true;
+        reaped++;
+    }
+    s->n_conns -= dead;
+    s->conn_reaped += reaped;
+    if (dead && s->conns_cap) conn_rehash(s, s->conns_cap);   /* on failure the table stays as it was */
+    if (reaped && now - s->conn_warned_at >= 5.0) {
+        s->conn_warned_at = now;
+        fprintf(stderr, "sanctum-mlx: closed %zu connection(s) with no complete request within %.0f s "
+                        "(%llu so far)\n", reaped, s->o.request_timeout_s, s->conn_reaped);
+    }
+}
+
 /* Every 100 ms: notice clients that vanished while queued or mid-generation
  * and drive the drain. */
 static void on_tick(evutil_socket_t fd, short what, void *arg)
@@ -958,6 +1096,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
     (void)what;
     for (srv_job *j = s->live; j; j = j->live_next)
         if (!j->client_gone && peer_closed(j)) mark_gone(j);
+    if (s->n_conns) conn_sweep(s, false);
     if (!s->draining) {
         resume_accepting(s);
         return;
@@ -998,7 +1137,8 @@ sn_status srv_run(const srv_opts *o)
     clock_gettime(CLOCK_REALTIME, &ts);
     s->id_salt = fnv1a(0xcbf29ce484222325ull ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32), o->model_id);
 
-    if (o->max_queue < 0 || o->stream_flush_tokens < 1 || o->default_max_tokens < 1 || o->max_body_bytes < 1) {
+    if (o->max_queue < 0 || o->stream_flush_tokens < 1 || o->default_max_tokens < 1 || o->max_body_bytes < 1 ||
+        !(o->request_timeout_s >= 0)) {
         st = SN_FAIL(SN_E_INVALID, "server: bad options (max_queue %d, flush %d, max_tokens %d)", o->max_queue,
                      o->stream_flush_tokens, o->default_max_tokens);
         goto out;
@@ -1064,6 +1204,8 @@ out:
         job_free(j);
     }
     for (int i = 0; i < s->n_http; i++) evhttp_free(s->https[i]);
+    conn_sweep(s, true);
+    free(s->conns);
     if (s->notify_ev) event_free(s->notify_ev);
     if (s->sigterm_ev) event_free(s->sigterm_ev);
     if (s->sigint_ev) event_free(s->sigint_ev);

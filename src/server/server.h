@@ -61,6 +61,10 @@ typedef struct {
     int stream_flush_tokens;
     int default_max_tokens;
     double shutdown_grace_s;
+    /* A plain connection must deliver each complete request within this
+     * many seconds of opening or of its previous answer (slow headers,
+     * unfinished bodies, idle keep-alives); 0 turns the deadline off. */
+    double request_timeout_s;
     const char *model_id;
     const char *fingerprint;     /* system_fingerprint */
     srv_engine engine;
