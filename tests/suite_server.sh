@@ -129,12 +129,12 @@ def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
 
 class Server:
-    def __init__(self, *flags, name="srv", nofile=None):
+    def __init__(self, *flags, name="srv", nofile=None, model=None):
         self.port = free_port()
         self.log = open(os.path.join(TMP, f"{name}-{self.port}.log"), "w+")
         limit = (lambda: __import__("resource").setrlimit(__import__("resource").RLIMIT_NOFILE, (nofile, nofile))) \
             if nofile else None
-        self.p = subprocess.Popen([os.path.join(BUILD, "sanctum-mlx"), "--model", MODEL, "--port", str(self.port),
+        self.p = subprocess.Popen([os.path.join(BUILD, "sanctum-mlx"), "--model", model or MODEL, "--port", str(self.port),
                                    *flags], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=limit)
         t0 = time.time()
         while time.time() - t0 < 60:
@@ -852,6 +852,26 @@ def slow_clients_closed_by_request_deadline():
         assert G.alive()
     finally:
         assert G.stop() == 0
+
+@test
+def padded_vocab_ids_never_sampled():
+    # Regression: models/default has 1728 embedding rows but a 1702-token
+    # tokenizer; a padding id drawn (hot sampling, or forced by logit_bias)
+    # failed the detokenizer and the client got 400 context_length_exceeded.
+    # Padding rows and vocabulary holes are now masked before sampling.
+    if not os.path.exists("models/default/config.json"):
+        print("skip padded_vocab_ids_never_sampled: no models/default", flush=True)
+        return
+    H = Server("--max-queue", "4", name="H", model="models/default")
+    try:
+        st, b, _ = H.post({"messages": msg("hi"), "max_tokens": 5, "temperature": 0, "logit_bias": {"1727": 100}})
+        assert st == 200, b[:300]
+        for seed in range(8):
+            st, b, _ = H.post({"messages": msg("hi"), "max_tokens": 40, "temperature": 2, "seed": seed,
+                               "logit_bias": {str(i): 30 for i in range(1702, 1728)}})
+            assert st == 200, (seed, b[:300])
+    finally:
+        assert H.stop() == 0
 
 @test
 def mtls_disconnect_frees_worker():

@@ -1,6 +1,7 @@
 /* The generation loop (generate.h). */
 #include "sanctum/generate.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -54,6 +55,8 @@ typedef struct {
     bool stopped;
     int32_t *hist;         /* prompt + emitted tokens (the PLD search space and the cache key) */
     int n_hist, cap_hist;
+    int32_t *unusable;     /* model ids the tokenizer cannot decode (padding rows, holes) */
+    int n_unusable;
 } gen;
 
 enum { EMIT_MORE = 0, EMIT_END = 1, EMIT_CANCELLED = 2 };
@@ -67,6 +70,10 @@ static sn_status emit(gen *g, float *logits, int32_t *id, int *what)
     sn_gen_result *res = g->res;
     const sn_gen_params *p = g->p;
     *what = EMIT_END;
+    /* The embedding is often padded past the tokenizer (a 1702-token
+     * tokenizer on 1728 rows): such an id cannot be decoded, so it must
+     * never be drawn, whatever the weights or logit_bias say. */
+    for (int i = 0; i < g->n_unusable; i++) logits[g->unusable[i]] = -INFINITY;
     SN_TRY(sn_sampler_sample(g->smp, logits, id));
     if (p->on_token) p->on_token(p->ud, *id);
     res->completion_tokens++;
@@ -134,6 +141,17 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     memcpy(g.hist, prompt, (size_t)n_prompt * sizeof *prompt);
     g.n_hist = n_prompt;
     if ((st = sn_sampler_new(&p->sample, vocab, &g.smp)) != SN_OK) goto out;
+    for (int32_t id = 0; id < vocab; id++) {
+        size_t plen;
+        if (is_eos(info, id) || sn_tok_piece(tok, id, &plen)) continue;
+        if (g.n_unusable % 256 == 0) {
+            int32_t *u = realloc(g.unusable, (size_t)(g.n_unusable + 256) * sizeof *u);
+            if (!u) { st = SN_FAIL(SN_E_NOMEM, "generate: out of memory listing undecodable ids"); goto out; }
+            g.unusable = u;
+        }
+        g.unusable[g.n_unusable++] = id;
+    }
+    if (g.n_unusable == vocab) { st = SN_FAIL(SN_E_INVALID, "generate: the tokenizer decodes none of the model's %d ids", vocab); goto out; }
     if ((st = sn_stop_new(p->stops, p->n_stops, &g.stop)) != SN_OK) goto out;
 
     g.t0 = now_s();
@@ -230,6 +248,7 @@ store:
 out:
     free(logits);
     free(g.hist);
+    free(g.unusable);
     free(g.dtext);
     free(g.otext);
     sn_sampler_free(g.smp);

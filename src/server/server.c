@@ -591,10 +591,15 @@ static void *worker_main(void *arg)
         j->gen = out;
         j->result = st;
         if (st != SN_OK && st != SN_E_CANCELLED) {
-            int code = status_for(st);
+            /* Once the prompt is accepted (started) a range error is the
+             * model's or the engine's (an id the tokenizer cannot decode, NaN
+             * logits), not the client's prompt: 500, never
+             * context_length_exceeded. */
+            int code = (st == SN_E_RANGE && j->started) ? 500 : status_for(st);
             srv_err_set(&j->err, code, code == 400 ? "invalid_request_error" : "server_error",
-                        st == SN_E_RANGE ? "context_length_exceeded" : NULL, code == 400 ? "messages" : NULL,
-                        "%s", sn_errmsg()[0] ? sn_errmsg() : sn_status_name(st));
+                        (st == SN_E_RANGE && code == 400) ? "context_length_exceeded" : NULL,
+                        (code == 400 && !j->started) ? "messages" : NULL, "%s",
+                        sn_errmsg()[0] ? sn_errmsg() : sn_status_name(st));
             fprintf(stderr, "worker: request %s failed: %s (%s)\n", j->id, sn_errmsg(), sn_errloc());
         }
         j->worker_done = true;
