@@ -485,6 +485,21 @@ static void test_cli_tokenizer_bigger_than_model(void)
     CHECKF(n == 1 && named, "%d error lines; expected one naming the tokenizer size and the 128 rows", n);
 }
 
+/* A head_dim the CUDA attention cannot run (> 256) is refused at load on
+ * that backend, before any device is touched, instead of every forward
+ * failing; the CPU backend runs it. */
+static void test_cuda_head_dim_refused_at_load(void)
+{
+    const char *src = "tests/fixtures/mistral/mlx";
+    if (access(src, R_OK) != 0) SKIP("mistral fixture not present");
+    char dir[512];
+    CHECK(fixture_with(src, "hd512", "head_dim", 512, dir, sizeof dir) == 0);
+    sn_model *m = NULL;
+    sn_load_opts o = { .n_threads = 1, .backend = SN_BACKEND_CUDA };
+    CHECK(sn_model_load(dir, &o, &m) == SN_E_UNSUPPORTED && m == NULL);
+    CHECKF(strstr(sn_errmsg(), "head_dim 512") != NULL, "message: %s", sn_errmsg());
+}
+
 static void test_missing_dir(void)
 {
     sn_model *m = NULL;
@@ -520,6 +535,7 @@ int main(int argc, char **argv)
     RUN(test_unbound_dim_does_not_size_workspace);
     RUN(test_cli_ctx_capped_at_model);
     RUN(test_cli_tokenizer_bigger_than_model);
+    RUN(test_cuda_head_dim_refused_at_load);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_root);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_root);

@@ -657,6 +657,13 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
         goto out;
     }
     if (m->impl->check && (s = m->impl->check(c)) != SN_OK) goto out;
+    /* The CUDA attention kernels hold a head in shared memory (head_dim <=
+     * 256): refuse here rather than load and then fail every forward. */
+    if (opts->backend == SN_BACKEND_CUDA && c->head_dim > 256) {
+        s = SN_FAIL(SN_E_UNSUPPORTED, "%s: head_dim %d: the CUDA backend's attention supports at most 256", dir,
+                    c->head_dim);
+        goto out;
+    }
     if ((s = sn_st_open_pinned(dir, opts->pins, &m->st)) != SN_OK) goto out;
     if (opts->memory_limit_mb > 0 && sn_st_data_bytes(m->st) > (size_t)opts->memory_limit_mb << 20) {
         s = SN_FAIL(SN_E_RANGE, "%s: weights take %zu MB, above the memory limit of %lld MB", dir,
