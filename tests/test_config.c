@@ -135,6 +135,8 @@ static void test_qwen3_5_moe(void)
     CHECK(parse_with(base, "text_config.linear_key_head_dim", "512", &c) == SN_E_RANGE &&
           strstr(sn_errmsg(), "linear_key_head_dim"));
     CHECK(c == NULL);
+    CHECK(parse_with(base, "text_config.linear_conv_kernel_dim", "1", &c) == SN_E_RANGE &&
+          strstr(sn_errmsg(), "[2, 16]"));
     CHECK_OK(parse_with(base, "text_config.linear_conv_kernel_dim", "16", &c));
     sn_config_free(c);
     c = NULL;

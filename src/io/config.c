@@ -429,10 +429,13 @@ static sn_status parse_dims(sn_config *c, const fields *tf)
         /* The upper bounds are the GatedDeltaNet kernels' (CUDA: key dim
          * 256, value dim 512; CPU: conv window 16): beyond them a model
          * loaded and then failed every forward pass. Real checkpoints use
-         * 128/128/4. */
+         * 128/128/4. At least 2 conv taps: with one, the conv1d weight has
+         * the same shape in the HF ([C,1,K]) and MLX ([C,K,1]) layouts, which
+         * the loader tells apart by that shape (and the HF layout's norms
+         * are zero-centred, so a wrong guess is silent garbage). */
         SN_TRY(get_i(tf, "linear_key_head_dim", true, 0, 1, 256, &c->linear_key_head_dim));
         SN_TRY(get_i(tf, "linear_value_head_dim", true, 0, 1, 512, &c->linear_value_head_dim));
-        SN_TRY(get_i(tf, "linear_conv_kernel_dim", true, 0, 1, 16, &c->linear_conv_kernel_dim));
+        SN_TRY(get_i(tf, "linear_conv_kernel_dim", true, 0, 2, 16, &c->linear_conv_kernel_dim));
         if (c->linear_num_value_heads % c->linear_num_key_heads)
             return SN_FAIL(SN_E_RANGE, "%s: linear_num_value_heads %d is not a multiple of linear_num_key_heads %d",
                            tf->label, c->linear_num_value_heads, c->linear_num_key_heads);
