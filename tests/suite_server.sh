@@ -567,6 +567,30 @@ def conflicting_content_lengths_refused():
     assert got.count(b"HTTP/1.1 ") == 1, got[:600]
     st, b, _ = A.post(body, headers={"Content-Length": str(len(body))})
     assert st == 200, b[:200]
+    # A Transfer-Encoding evhttp does not decode was framed by Content-Length.
+    for te in (b"identity", b"gzip, chunked", b"chunked\r\nTransfer-Encoding: chunked"):
+        s = socket.create_connection(("127.0.0.1", A.port), timeout=10)
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + te +
+                  b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body + smuggled)
+        got = b""
+        while True:
+            d = s.recv(65536)
+            if not d:
+                break
+            got += d
+        s.close()
+        assert got.startswith(b"HTTP/1.1 400") and got.count(b"HTTP/1.1 ") == 1, (te, got[:300])
+    ch = b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    s = socket.create_connection(("127.0.0.1", A.port), timeout=30)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: Chunked\r\n\r\n" + ch)
+    got = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+    s.close()
+    assert got.startswith(b"HTTP/1.1 200"), got[:300]
 
 @test
 def metrics_series():

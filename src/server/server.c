@@ -702,16 +702,24 @@ static void handle_chat(srv *s, struct evhttp_request *req, double t0)
  * first one, a proxy in front may have used the other, and the bytes left
  * over would be read as a second request (request smuggling). RFC 9112
  * section 6.3 makes this an unrecoverable framing error. */
-static bool conflicting_lengths(struct evhttp_request *req)
+static const char *bad_framing(struct evhttp_request *req)
 {
     const char *first = NULL;
+    int n_te = 0;
     struct evkeyvalq *h = evhttp_request_get_input_headers(req);
     for (struct evkeyval *kv = h->tqh_first; kv; kv = kv->next.tqe_next) {
+        if (strcasecmp(kv->key, "Transfer-Encoding") == 0) {
+            /* evhttp decodes exactly "chunked" and frames anything else
+             * ("gzip, chunked", "identity") by Content-Length, where a proxy
+             * may not: refuse rather than guess (RFC 9112 section 6.1). */
+            if (++n_te > 1 || strcasecmp(kv->value, "chunked") != 0) return "unsupported Transfer-Encoding";
+            continue;
+        }
         if (strcasecmp(kv->key, "Content-Length") != 0) continue;
         if (!first) first = kv->value;
-        else if (strcmp(first, kv->value) != 0) return true;
+        else if (strcmp(first, kv->value) != 0) return "conflicting Content-Length headers";
     }
-    return false;
+    return NULL;
 }
 
 static void serve(srv *s, struct evhttp_request *req, const char *path, double t0);
@@ -741,10 +749,10 @@ static void serve(srv *s, struct evhttp_request *req, const char *path, double t
     route_id r = route_of(path);
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
 
-    if (conflicting_lengths(req)) {
+    const char *framing = bad_framing(req);
+    if (framing) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "Connection", "close");
-        sync_error(s, req, r, t0, 400, "invalid_request_error", "bad_framing", NULL,
-                   "conflicting Content-Length headers");
+        sync_error(s, req, r, t0, 400, "invalid_request_error", "bad_framing", NULL, framing);
         return;
     }
     if (s->o.admit && !s->o.admit(s->o.hook_ud, req)) {
