@@ -313,7 +313,13 @@ int main(int argc, char **argv)
         sn_sampler_accept(smp, id);
         if (sn_ids_push(&gen, id) != SN_OK) { fprintf(stderr, "sanctum-run: out of memory\n"); goto out; }
         bool eos = is_eos(info, id);
-        if (!a.print_ids && !eos) {
+        /* Models pad their embedding past the tokenizer (models/default:
+         * 1728 rows, 1702 ids), so sampling can pick an id the tokenizer
+         * lacks; like Hugging Face's decode, it shows nothing instead of
+         * ending the run with a detokenizer error. */
+        size_t plen;
+        bool known = tok && sn_tok_piece(tok, id, &plen) != NULL;
+        if (!a.print_ids && !eos && known) {
             dlen = 0;
             if ((s = sn_detok_push(&dt, tok, id, false, &dtext, &dlen, &dcap)) != SN_OK) { rc = fail("detokenizing", s); goto out; }
             fwrite(dtext, 1, dlen, stdout);
