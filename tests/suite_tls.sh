@@ -62,11 +62,20 @@ model=$(cd "$model" && pwd)
 echo "  model: $model"
 
 # ------------------------------------------------------------- helpers
+# Ports below the kernel's ephemeral range (32768+), so an outgoing
+# connection cannot be holding one, and never the same port twice in a run,
+# so a server still shutting down cannot collide with the next one (the
+# list lives in a file: free_port runs in $(...) subshells).
 free_port() {
     local p
     while :; do
-        p=$((20000 + RANDOM % 30000))
-        [ -z "$(ss -ltnH "sport = :$p" 2>/dev/null)" ] && { echo $p; return; }
+        p=$((10000 + RANDOM % 22000))
+        grep -qx "$p" "$tmp/used_ports" 2>/dev/null && continue
+        if [ -z "$(ss -tanH "sport = :$p" 2>/dev/null)" ]; then
+            echo "$p" >>"$tmp/used_ports"
+            echo $p
+            return
+        fi
     done
 }
 listening() { [ -n "$(ss -ltnH "sport = :$1" 2>/dev/null)" ]; }
