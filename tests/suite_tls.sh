@@ -266,6 +266,10 @@ if start mtls "https://127.0.0.1:$TP" $(tls alice) -- --no-plain --port "$PP" --
     sleep 0.3
     check reject_reasons_logged bash -c "grep -q 'reason=certificate revoked' '$tmp/mtls.log' &&
         grep -q 'reason=certificate has expired' '$tmp/mtls.log' && grep -q 'reason=no client certificate' '$tmp/mtls.log'"
+    # 4 refused handshakes above (no cert, other CA, revoked, expired), accepted ones for alice
+    check tls_handshake_metrics bash -c "m=\$(curl -s -m 5 $(tls alice) https://127.0.0.1:$TP/metrics) &&
+        echo \"\$m\" | grep -qE '^sanctum_mlx_tls_handshakes_total\\{result=\"rejected\"\\} ([4-9]|[1-9][0-9]+)$' &&
+        echo \"\$m\" | grep -qE '^sanctum_mlx_tls_handshakes_total\\{result=\"accepted\"\\} [1-9]'"
     check no_plain_nothing_on_plain_port bash -c "! [ -n \"\$(ss -ltnH 'sport = :$PP')\" ] &&
         [ \"\$(curl -s -m 5 -o /dev/null -w '%{http_code}' http://127.0.0.1:$PP/health)\" = 000 ]"
     # revocation without a restart: revoke alice, SIGHUP, refused

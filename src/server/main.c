@@ -463,6 +463,14 @@ static sn_status tok_load_pinned(const char *dir, const sn_manifest_pins *pins, 
     return st;
 }
 
+static void tls_counts(void *ud, unsigned long long *accepted, unsigned long long *rejected)
+{
+    uint64_t a = 0, r = 0;
+    sn_tls_stats(ud, &a, &r);
+    *accepted = a;
+    *rejected = r;
+}
+
 int main(int argc, char **argv)
 {
     cli c;
@@ -496,6 +504,7 @@ int main(int argc, char **argv)
         if (sn_tls_new(&to, &h.tls) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); goto out; }
         /* SIGHUP re-reads cert, key, CA and CRL (revocation without a restart); set up before any thread starts. */
         if (sn_tls_reload_on_sighup(h.tls) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); goto out; }
+        srv_metrics_tls_source(metrics, tls_counts, h.tls);
         /* A --tls-host outside the certificate's SANs still serves, but clients that check the name refuse it. */
         for (size_t i = 0; i < c.n_tls_hosts; i++)
             if (sn_tls_cert_covers(h.tls, c.tls_hosts[i]) != SN_OK)

@@ -38,6 +38,8 @@ static const char *const k_stop_reasons[] = {"stop", "length", "cancelled", "err
 
 struct srv_metrics {
     pthread_mutex_t mu;
+    srv_metrics_tls_fn tls_fn;  /* NULL without an mTLS listener */
+    void *tls_ud;
     http_series http[MAX_HTTP_SERIES];
     int n_http;
     uint64_t http_overflow;   /* requests whose label set did not fit (never expected) */
@@ -159,6 +161,14 @@ void srv_metrics_prompt_cache(srv_metrics *m, unsigned long long entries, unsign
     pthread_mutex_lock(&m->mu);
     m->pcache_entries = entries;
     m->pcache_bytes = bytes;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_tls_source(srv_metrics *m, srv_metrics_tls_fn fn, void *ud)
+{
+    pthread_mutex_lock(&m->mu);
+    m->tls_fn = fn;
+    m->tls_ud = ud;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -295,6 +305,15 @@ sn_status srv_metrics_render(srv_metrics *m, char **out, size_t *len)
               (unsigned long long)m->pcache_hits, (unsigned long long)m->pcache_misses,
               (unsigned long long)m->pcache_cached_tokens, (unsigned long long)m->pcache_entries,
               (unsigned long long)m->pcache_bytes);
+    if (m->tls_fn) {
+        unsigned long long acc = 0, rej = 0;
+        m->tls_fn(m->tls_ud, &acc, &rej);
+        sb_printf(&b, "# HELP sanctum_mlx_tls_handshakes_total mTLS handshakes, by result (a rejected one never "
+                      "reached HTTP).\n"
+                      "# TYPE sanctum_mlx_tls_handshakes_total counter\n"
+                      "sanctum_mlx_tls_handshakes_total{result=\"accepted\"} %llu\n"
+                      "sanctum_mlx_tls_handshakes_total{result=\"rejected\"} %llu\n", acc, rej);
+    }
     sb_printf(&b, "# HELP sanctum_mlx_pld_drafted_tokens_total Prompt lookup draft tokens verified.\n"
                   "# TYPE sanctum_mlx_pld_drafted_tokens_total counter\n"
                   "sanctum_mlx_pld_drafted_tokens_total %llu\n"

@@ -39,6 +39,10 @@ void srv_metrics_startup(srv_metrics *m, const char *phase, double seconds);
 void srv_metrics_model_loaded(srv_metrics *m, int loaded);
 /* Prompt-cache pool size after a request (gauges). */
 void srv_metrics_prompt_cache(srv_metrics *m, unsigned long long entries, unsigned long long bytes);
+/* mTLS handshake counters, read at render time from the TLS layer (which
+ * keeps them as atomics): sanctum_mlx_tls_handshakes_total{result}. */
+typedef void (*srv_metrics_tls_fn)(void *ud, unsigned long long *accepted, unsigned long long *rejected);
+void srv_metrics_tls_source(srv_metrics *m, srv_metrics_tls_fn fn, void *ud);
 /* Queue depth right now (gauge, sampled at render time by the caller). */
 void srv_metrics_queue_depth(srv_metrics *m, int depth);
 
