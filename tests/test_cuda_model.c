@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "logit_cmp.h"
 #include "sanctum/model.h"
 #include "sanctum/safetensors.h"
 
@@ -96,31 +97,6 @@ static bool fx_open(fx *f, const char *arch)
         return false;
     }
     return sn_model_get_info(f->gpu)->vocab_size == f->V;
-}
-
-static float max_abs(const float *a, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i]));
-    return m;
-}
-
-static float max_diff(const float *a, const float *b, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
-    }
-    return m;
-}
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 /* All logits of a prompt run from a fresh sequence; NULL on failure. */

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "logit_cmp.h"
 #include "models/model_impl.h"
 #include "sanctum/model.h"
 #include "sanctum/quant.h"
@@ -119,36 +120,11 @@ static void fx_free(void)
 
 #define NEED_FIXTURE() do { if (!g_have) SKIP("fixture " FX_DIR " not present or not loadable"); } while (0)
 
-static float max_abs(const float *a, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i]));
-    return m;
-}
-
-static float max_diff(const float *a, const float *b, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
-    }
-    return m;
-}
-
 /* Bitwise on the CPU, within 1e-4 of the scale on CUDA (see g_cuda). */
 static bool same(const float *a, const float *b, size_t n)
 {
     if (!g_cuda) return memcmp(a, b, n * sizeof(float)) == 0;
     return max_diff(a, b, n) <= 1e-4f * fmaxf(1.0f, max_abs(b, n));
-}
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 /* Prefill tokens, all logits. */
