@@ -129,4 +129,20 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
 size_t cu_argmax_scratch_bytes(int rows);
 sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_out, void *scratch);
 
+/* ---- prefill kernels (cuda_prefill.cu, issue 6): chunked GatedDeltaNet and
+ * tensor-core flash attention. cu_gdn / cu_attention call them for
+ * T >= SANCTUM_CUDA_PREFILL_MIN_T (64) unless SANCTUM_CUDA_PREFILL=old
+ * (gdn / attn: only that one new); sn_cuda_prefill_mode (sn_cuda.h) switches
+ * at run time. ---- */
+sn_status cu_pf_init(const cu_devinfo *di); /* from cu_ops_init: raises smem limits, reads the env */
+bool cu_pf_gdn_use(const sn_gdn_dims *d, int T);
+size_t cu_pf_gdn_scratch_bytes(const sn_gdn_dims *d, int T); /* 0 when cu_pf_gdn_use is false */
+/* The delta rule only: c, beta, decay as k_gdn_conv wrote them; S updated; out [T, Hv*Dv]. */
+sn_status cu_pf_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *c, const float *beta, const float *decay,
+                    float *S, int T, float *out, void *scratch);
+bool cu_pf_attn_use(const sn_kv_view *kv, int T, int n_q_heads);
+sn_status cu_pf_attention(cudaStream_t s, const float *q, const sn_kv_view *kv, int T, int pos0, const int *d_delta,
+                          int n_q_heads, float scale, float *out);
+/* ---- end prefill kernels ---- */
+
 #endif

@@ -701,6 +701,7 @@ __global__ void k_argmax_final(const float2 *__restrict__ part, int32_t *__restr
 sn_status cu_ops_init(const cu_devinfo *di)
 {
     int v = (int)di->smem_optin;
+    SN_TRY(cu_pf_init(di)); /* [prefill] cuda_prefill.cu */
     CU_TRY(cudaFuncSetAttribute(k_attn_prefill<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
     CU_TRY(cudaFuncSetAttribute(k_attn_prefill<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
     CU_TRY(cudaFuncSetAttribute(k_attn_prefill<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
@@ -845,6 +846,9 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
         CU_CHECK_LAUNCH("attention combine");
         return SN_OK;
     }
+    /* [prefill] tensor-core flash attention for long T (cuda_prefill.cu) */
+    if (cu_pf_attn_use(kv, T, n_q_heads))
+        return cu_pf_attention(s, q, kv, T, pos0, d_delta, n_q_heads, scale, out);
     size_t smem = prefill_smem(D);
     if (smem > di->smem_optin)
         return SN_FAIL(SN_E_UNSUPPORTED, "attention: head_dim %d needs %zu B of shared memory", D, smem);
@@ -871,7 +875,8 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
 size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T)
 {
     size_t C = 2 * (size_t)d->n_k_heads * d->dk + (size_t)d->n_v_heads * d->dv;
-    return sizeof(float) * ((size_t)T * C + 2 * (size_t)T * d->n_v_heads) + 512;
+    return sizeof(float) * ((size_t)T * C + 2 * (size_t)T * d->n_v_heads) + 512 +
+           cu_pf_gdn_scratch_bytes(d, T); /* [prefill] chunked delta rule (cuda_prefill.cu) */
 }
 
 sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
@@ -895,6 +900,9 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
         k_gdn_state<<<(unsigned)((C + 255) / 256), 256, 0, s>>>(conv_state, qkv, (int)C, K, T);
         CU_CHECK_LAUNCH("gdn conv state");
     }
+    /* [prefill] chunked delta rule for long T (cuda_prefill.cu); its scratch follows decay */
+    if (cu_pf_gdn_use(d, T))
+        return cu_pf_gdn(s, d, c, beta, decay, S, T, out, decay + (size_t)T * Hv);
     dim3 grid((unsigned)Hv, (unsigned)((Dv + 31) / 32));
     int rpt = (Dk + 3) / 4;
     if (rpt <= 8)

@@ -49,6 +49,15 @@ sn_status sn_cuda_moe(sn_backend *be, const sn_weight *gate, const sn_weight *up
 sn_status sn_cuda_begin_step(sn_backend *be);
 sn_status sn_cuda_end_step(sn_backend *be);
 
+/* Prefill kernels of cuda_prefill.cu (process-wide, not per backend):
+ * SN_CUDA_PREFILL_NEW (default) runs the chunked GatedDeltaNet and the
+ * tensor-core flash attention for T >= min_t tokens (default 64), _OLD the
+ * token-serial delta rule and the fp32 SIMT attention at every T, _GDN /
+ * _ATTN only that one new. Env at first use: SANCTUM_CUDA_PREFILL=
+ * new|old|gdn|attn, SANCTUM_CUDA_PREFILL_MIN_T=N. min_t <= 0 keeps it. */
+enum { SN_CUDA_PREFILL_OLD = 0, SN_CUDA_PREFILL_NEW = 1, SN_CUDA_PREFILL_GDN = 2, SN_CUDA_PREFILL_ATTN = 3 };
+void sn_cuda_prefill_mode(int mode, int min_t);
+
 #ifdef __cplusplus
 }
 #endif
