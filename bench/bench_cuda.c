@@ -398,6 +398,7 @@ int main(int argc, char **argv)
 {
     const char *cfgp = NULL, *logp = NULL;
     int prefill = 4096, ndec = 128, layers = 0, profile = 1;
+    int breakdown = 0; /* [prefill-breakdown] */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config") && i + 1 < argc) cfgp = argv[++i];
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
@@ -405,9 +406,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--log") && i + 1 < argc) logp = argv[++i];
         else if (!strcmp(argv[i], "--no-profile")) profile = 0;
+        else if (!strcmp(argv[i], "--prefill-breakdown")) breakdown = 1; /* [prefill-breakdown] */
         else {
             fprintf(stderr, "usage: %s --config config.json [--prefill P] [--decode N] [--layers L] [--log F] "
-                            "[--no-profile]\n", argv[0]);
+                            "[--no-profile] [--prefill-breakdown]\n", argv[0]);
             return 2;
         }
     }
@@ -541,6 +543,29 @@ int main(int argc, char **argv)
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
     gemv_micro(&m);
+    /* [prefill-breakdown] one prefill per setting of the prefill kernels
+     * (cuda_prefill.cu: chunked GDN + flash attention, or the old ones),
+     * timed whole and then per op with CUDA events; leaves the new ones on */
+    if (breakdown) {
+        for (int nw = 1; nw >= 0; nw--) {
+            sn_cuda_prefill_mode(nw ? SN_CUDA_PREFILL_NEW : SN_CUDA_PREFILL_OLD, 0);
+            reset_state(&m);
+            TRY(O->sync(B));
+            double t1 = now();
+            forward(&m, ids, prefill, 0, &tok);
+            double dt = now() - t1;
+            reset_state(&m);
+            TRY(O->sync(B));
+            sn_cuda_profile(B, 1);
+            forward(&m, ids, prefill, 0, &tok);
+            printf("  prefill %d tokens, %s prefill kernels: %.3f s = %.0f tok/s; per op (eager, CUDA events):\n",
+                   prefill, nw ? "new (chunked GDN, flash attention)" : "old (serial GDN, SIMT attention)", dt,
+                   prefill / dt);
+            TRY(sn_cuda_profile_report(B, stdout));
+            sn_cuda_profile(B, 0);
+        }
+        sn_cuda_prefill_mode(SN_CUDA_PREFILL_NEW, 0);
+    }
     if (profile) {
         sn_cuda_profile(B, 1);
         forward(&m, &tok, 1, pos++, &tok);

@@ -15,12 +15,14 @@ mode=${1:-run}
 
 if [ "$mode" = pack ]; then
     set -e
-    make -j2 build/libsanctum.a build/tests/test_cuda_ops build/tests/test_cuda_model build/sanctum-run
+    make -j2 build/libsanctum.a build/tests/test_cuda_ops build/tests/test_cuda_model build/sanctum-run \
+        build/tests/test_cuda_prefill
     cc -std=c17 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -Iinclude -Isrc -pthread \
         -DSN_HAVE_CUDA=1 -o build/bench_cuda bench/bench_cuda.c build/libsanctum.a -lm -lpthread -ljansson \
         -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib -lcudart_static -lrt -lstdc++ -ldl
     rm -rf .devcarry/cuda && mkdir -p .devcarry/cuda/bin .devcarry/cuda/lib
-    cp build/tests/test_cuda_ops build/tests/test_cuda_model build/bench_cuda build/sanctum-run .devcarry/cuda/bin/
+    cp build/tests/test_cuda_ops build/tests/test_cuda_model build/bench_cuda build/sanctum-run \
+        build/tests/test_cuda_prefill .devcarry/cuda/bin/
     strip .devcarry/cuda/bin/* || true
     # shared libraries other than glibc / libstdc++ / libgcc (the box has newer ones of those)
     for b in .devcarry/cuda/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
