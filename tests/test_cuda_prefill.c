@@ -441,7 +441,7 @@ static void test_attention_flash(void)
     attn_case(70, 50, 12, 4, 256, 1.f);
     attn_case(256, 0, 8, 2, 128, 4.f);   /* peaky softmax (scores up to ~16*sqrt(D)/sqrt(D)) */
     attn_case(128, 0, 8, 2, 128, 0.05f); /* flat softmax, small operands */
-    attn_case(1000, 0, 24, 4, 256, 1.f);
+    attn_case(1000, 0, 8, 2, 256, 1.f);  /* long (8 heads keep the scalar oracle at a few seconds) */
     fprintf(stderr, "  attention new vs CPU: worst rel %.3g\n", w_att);
 }
 
