@@ -4,6 +4,12 @@
  * beat: every weight byte is read once per token). Goal: >= 60% of it.
  *
  *   build/bench/bench_matmul [--quick] [--no-log] [--threads N] [--T n] [--min-time s] [--isa scalar|avx2|avx512]
+ *                            [--huge] [--footprint MB] [--shape RxC]
+ *
+ * --huge asks for transparent huge pages (MADV_HUGEPAGE) on the weights, as
+ * the loader's copy does; --footprint 1 keeps one copy of each shape, which
+ * is then read from cache (the kernel's compute bound, not DRAM's), e.g.
+ * --footprint 1 --shape 256x2048 --threads 1 (262 KB: in a 512 KB L2).
  *
  * Shapes are Qwen3.5-27B-like decode projections (MLX 4-bit, group 64,
  * bf16 scales): 5120x17408 (up/gate), 17408x5120 (down), 248320x5120
@@ -13,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "sanctum/backend.h"
@@ -145,7 +152,8 @@ static double pool_overhead_us(int threads)
  * the last-level cache (300 MB on some server parts) would be measured
  * from cache if called repeatedly, so the bench cycles through enough
  * copies of each shape to exceed FOOTPRINT bytes. */
-#define FOOTPRINT ((size_t)1536 << 20)
+static size_t g_footprint = (size_t)1536 << 20; /* --footprint MB: small = weights stay in cache */
+static int g_huge;                              /* --huge: MADV_HUGEPAGE on the weight buffers */
 #define MAX_COPIES 64
 
 typedef struct {
@@ -160,15 +168,21 @@ static int qweight_make(qweight *q, int64_t rows, int64_t cols, int group)
     memset(q, 0, sizeof *q);
     size_t dbytes = (size_t)rows * cols / 2, ng = (size_t)rows * (cols / group);
     q->bytes = dbytes + 2 * ng * 2;
-    q->n_copies = (int)((FOOTPRINT + q->bytes - 1) / q->bytes);
+    q->n_copies = (int)((g_footprint + q->bytes - 1) / q->bytes);
     if (q->n_copies > MAX_COPIES)
         q->n_copies = MAX_COPIES;
     size_t dstride = (dbytes + 63) & ~(size_t)63;
-    q->data = aligned_alloc(64, dstride * q->n_copies);
-    q->scales = malloc(ng * 2 * q->n_copies);
-    q->biases = malloc(ng * 2 * q->n_copies);
+    size_t huge = (size_t)2 << 20;
+    q->data = aligned_alloc(huge, (dstride * q->n_copies + huge - 1) / huge * huge);
+    q->scales = aligned_alloc(huge, (ng * 2 * q->n_copies + huge - 1) / huge * huge);
+    q->biases = aligned_alloc(huge, (ng * 2 * q->n_copies + huge - 1) / huge * huge);
     if (!q->data || !q->scales || !q->biases)
         return -1;
+    if (g_huge) {
+        madvise(q->data, (dstride * q->n_copies + huge - 1) / huge * huge, MADV_HUGEPAGE);
+        madvise(q->scales, (ng * 2 * q->n_copies + huge - 1) / huge * huge, MADV_HUGEPAGE);
+        madvise(q->biases, (ng * 2 * q->n_copies + huge - 1) / huge * huge, MADV_HUGEPAGE);
+    }
     uint64_t *d = q->data;
     for (size_t i = 0; i < dstride * q->n_copies / 8; i++)
         d[i] = next64();
@@ -216,11 +230,20 @@ int main(int argc, char **argv)
     int quick = 0, max_threads = sn_cpu_features_get()->n_cores, T = 1;
     double min_time = 0.5;
     int only_isa = -1, no_log = 0;
+    long long shape_r = 0, shape_c = 0; /* --shape: one shape instead of the three */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--no-log")) no_log = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) max_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--T") && i + 1 < argc) T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--huge")) g_huge = 1;
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%lldx%lld", &shape_r, &shape_c) != 2 || shape_r < 1 || shape_c < 64 || shape_c % 64) {
+                fprintf(stderr, "bench_matmul: --shape ROWSxCOLS, COLS a multiple of 64\n");
+                return 2;
+            }
+        }
+        else if (!strcmp(argv[i], "--footprint") && i + 1 < argc) g_footprint = (size_t)atol(argv[++i]) << 20;
         else if (!strcmp(argv[i], "--min-time") && i + 1 < argc) min_time = atof(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             sn_isa isa;
@@ -230,7 +253,7 @@ int main(int argc, char **argv)
             }
             only_isa = isa;
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--no-log] [--threads N] [--T n] [--min-time s] [--isa scalar|avx2|avx512]\n",
+            fprintf(stderr, "usage: %s [--quick] [--no-log] [--threads N] [--T n] [--min-time s] [--isa scalar|avx2|avx512] [--huge] [--footprint MB] [--shape RxC]\n",
                     argv[0]);
             return 2;
         }
@@ -250,8 +273,8 @@ int main(int argc, char **argv)
         tlist[nt++] = t;
     tlist[nt++] = max_threads;
 
-    printf("bench_matmul: Q4 group 64 bf16 scales, T=%d, best ISA %s, %d cores\n", T,
-           sn_isa_name(sn_cpu_best_isa()), sn_cpu_features_get()->n_cores);
+    printf("bench_matmul: Q4 group 64 bf16 scales, T=%d, best ISA %s, %d cores, weights %zu MB%s\n", T,
+           sn_isa_name(sn_cpu_best_isa()), sn_cpu_features_get()->n_cores, g_footprint >> 20, g_huge ? " (huge pages)" : "");
     double bw1 = measure_read_bw(1, (size_t)1 << 30);
     double bwN = max_threads > 1 ? measure_read_bw(max_threads, (size_t)1 << 30) : bw1;
     printf("  memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (%d threads)  <- the bound\n", bw1 / 1e9,
@@ -260,8 +283,13 @@ int main(int argc, char **argv)
     double ovh = pool_overhead_us(max_threads);
     printf("  thread pool: %.2f us per back-to-back parallel-for on %d threads\n", ovh, max_threads);
 
-    const int64_t shapes[][2] = { { 5120, 17408 }, { 17408, 5120 }, { 248320, 5120 } };
+    int64_t shapes[][2] = { { 5120, 17408 }, { 17408, 5120 }, { 248320, 5120 } };
     int nshapes = quick ? 2 : 3;
+    if (shape_r) {
+        shapes[0][0] = shape_r;
+        shapes[0][1] = shape_c;
+        nshapes = 1;
+    }
     FILE *log = no_log ? NULL : fopen("bench/results.log", "a");
     char stamp[64];
     time_t tt = time(NULL);

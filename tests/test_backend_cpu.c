@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "harness.h"
 #include "sanctum/backend.h"
@@ -474,6 +476,48 @@ static void test_matmul_experts_bias_errors(void)
         tw_free(&t);
         sn_backend_free(be);
     }
+}
+
+/* The AVX2 Q4 decode loads 16 bytes one byte past each step; the matrix's
+ * very last step must not read past the weights (a checkpoint mmap can end
+ * right there). Weights are placed to end at a PROT_NONE page: every ISA,
+ * GEMV and GEMM, experts too, must run without a fault and match. */
+static void test_matmul_q4_end_of_mapping(void)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    const int64_t rows = 3, cols = 64, E = 2;
+    size_t bytes = (size_t)(E * rows * cols / 2);
+    size_t span = ((bytes + (size_t)pg - 1) / (size_t)pg + 1) * (size_t)pg;
+    uint8_t *map = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(map != MAP_FAILED);
+    if (map == MAP_FAILED)
+        return;
+    CHECK(mprotect(map + span - (size_t)pg, (size_t)pg, PROT_NONE) == 0);
+    tw t;
+    tw_make(&t, SN_DT_Q4, rows, cols, 32, SN_DT_BF16, E);
+    uint8_t *d = map + span - (size_t)pg - bytes;
+    memcpy(d, t.data, bytes);
+    sn_weight w = t.w;
+    w.data = d;
+    float x[3 * 64], y[3 * 3], yr[3 * 3];
+    fill(x, 3 * 64, -1, 1);
+    sn_backend *ref = backend_for(SN_ISA_SCALAR, 1);
+    for (size_t ii = 0; ii < 3; ii++) {
+        sn_backend *be = backend_for(isas[ii], 1);
+        if (!be)
+            continue;
+        for (int T = 1; T <= 3; T += 2) {
+            CHECK_OK(be->ops->matmul(be, &w, 1, x, T, y));
+            CHECK_OK(ref->ops->matmul(ref, &t.w, 1, x, T, yr));
+            for (int i = 0; i < T * 3; i++)
+                CHECKF(fabsf(y[i] - yr[i]) <= 1e-4f * (1 + fabsf(yr[i])), "%s T=%d: y[%d] %g vs scalar %g",
+                       be->ops->name, T, i, (double)y[i], (double)yr[i]);
+        }
+        sn_backend_free(be);
+    }
+    sn_backend_free(ref);
+    tw_free(&t);
+    munmap(map, span);
 }
 
 /* backend.h's batch-invariance contract: a token's output is bitwise the
@@ -1242,6 +1286,7 @@ int main(void)
     RUN(test_matmul_dense);
     RUN(test_matmul_experts_bias_errors);
     RUN(test_matmul_batch_invariance);
+    RUN(test_matmul_q4_end_of_mapping);
     RUN(test_matmul_generic_group);
     RUN(test_matmul_wide_tiles);
     RUN(test_embed);
