@@ -388,6 +388,23 @@ static void gemv_micro(model_t *m)
     }
 }
 
+/* Decode tok/s through graphs with one tuning knob set (restored after):
+ * n steps from position pos0, the first (capture) not timed. */
+static double decode_with(model_t *m, const char *key, int val, int restore, int pos0, int n, int32_t *tok)
+{
+    if (key) TRY(sn_cuda_tune(B, key, val));
+    double t = 0;
+    for (int i = 0; i < n; i++) {
+        double t0 = now();
+        TRY(O->begin_step(B));
+        forward(m, tok, 1, pos0 + i, tok);
+        TRY(O->end_step(B));
+        if (i) t += now() - t0;
+    }
+    if (key) TRY(sn_cuda_tune(B, key, restore));
+    return (n - 1) / t;
+}
+
 static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -513,6 +530,11 @@ int main(int argc, char **argv)
     }
     double dec_nofuse = (nnf - 1) / tn;
     TRY(sn_cuda_tune(B, "fuse", 1));
+    /* decode variants (graph): PDL off, 2 and 4 rows per GEMV warp */
+    int nv = ndec / 2 < 8 ? 8 : ndec / 2;
+    double dec_nopdl = decode_with(&m, "pdl", 0, 1, prefill, nv, &tok);
+    double dec_rpw2 = decode_with(&m, "gemv_rpw", 2, 0, prefill, nv, &tok);
+    double dec_rpw4 = decode_with(&m, "gemv_rpw", 4, 0, prefill, nv, &tok);
     /* eager: fewer steps (same positions range) */
     int neager = ndec / 4 < 8 ? 8 : ndec / 4;
     pos = prefill;
@@ -542,6 +564,8 @@ int main(int argc, char **argv)
            med * 1e3, gbs, 100.0 * gbs / copy_gbs);
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
+    printf("  decode (graph) variants: PDL off %.1f tok/s; GEMV 2 rows/warp %.1f, 4 rows/warp %.1f\n", dec_nopdl,
+           dec_rpw2, dec_rpw4);
     gemv_micro(&m);
     /* [prefill-breakdown] one prefill per setting of the prefill kernels
      * (cuda_prefill.cu: chunked GDN + flash attention, or the old ones),

@@ -234,6 +234,44 @@ static void test_matmul_q8(void)
     }
 }
 
+/* The decode GEMV handles up to 8 tokens in one pass over the weights: a
+ * token's row must be bitwise what it is alone (prompt-lookup verification
+ * and prompt-cache resumes rely on it), passes split by shared memory
+ * included (17408 columns). */
+static void gemv_invariance_case(sn_dtype dt, int64_t rows, int64_t cols, int group, sn_dtype sdt, int bias)
+{
+    tw w;
+    tw_make(&w, dt, rows, cols, group, sdt, 0, bias);
+    enum { TMAX = 8 };
+    float *x = hrand((size_t)TMAX * cols, 1.0f);
+    float *dx = dcopy(x, (size_t)TMAX * cols), *dy1 = dpoison((size_t)TMAX * rows), *dyT = dpoison((size_t)TMAX * rows);
+    for (int t = 0; t < TMAX; t++)
+        CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx + (size_t)t * cols, 1, dy1 + (size_t)t * rows));
+    float *one = tohost(dy1, (size_t)TMAX * rows);
+    for (int T = 2; T <= TMAX; T++) {
+        CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, T, dyT));
+        float *many = tohost(dyT, (size_t)T * rows);
+        CHECKF(memcmp(one, many, sizeof(float) * T * rows) == 0, "%s %lldx%lld T=%d: rows differ from T=1",
+               sn_dtype_name(dt), (long long)rows, (long long)cols, T);
+        free(many);
+    }
+    free(x); free(one);
+    dfree(dx); dfree(dy1); dfree(dyT);
+    tw_free(&w);
+}
+
+static void test_gemv_batch_invariant(void)
+{
+    gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
+    gemv_invariance_case(SN_DT_Q4, 130, 96, 32, SN_DT_F16, 0);
+    gemv_invariance_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 0);
+    gemv_invariance_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 0);
+    gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_rpw", 4));
+    gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
+    CHECK_OK(sn_cuda_tune(G, "gemv_rpw", 0));
+}
+
 static void test_matmul_dense(void)
 {
     int Ts[] = { 1, 3, 8, 21 };
@@ -446,6 +484,33 @@ static void test_attention_prefill_vs_decode(void)
     dfree(dk); dfree(dv); dfree(dkn); dfree(dvn); dfree(dq); dfree(full); dfree(step);
 }
 
+/* Decode attention of up to 8 new tokens in one call: each token's output
+ * is bitwise what a one-token call at its position gives. */
+static void test_attention_decode_batch_invariant(void)
+{
+    int P = 37, N = 8, Hq = 24, Hkv = 4, D = 256, ctx = 64;
+    size_t row = (size_t)Hkv * D;
+    float *k = hrand((size_t)(P + N) * row, 1.f), *v = hrand((size_t)(P + N) * row, 1.f);
+    float *q = hrand((size_t)N * Hq * D, 1.f);
+    float *dk = dpoison((size_t)ctx * row), *dv = dpoison((size_t)ctx * row);
+    float *dkn = dcopy(k, (size_t)(P + N) * row), *dvn = dcopy(v, (size_t)(P + N) * row);
+    float *dq = dcopy(q, (size_t)N * Hq * D);
+    sn_kv_view gv = { dk, dv, ctx, Hkv, D };
+    CHECK_OK(G->ops->kv_write(G, &gv, dkn, dvn, P + N, 0));
+    float *many = dpoison((size_t)N * Hq * D), *one = dpoison((size_t)N * Hq * D);
+    for (int t = 0; t < N; t++)
+        CHECK_OK(G->ops->attention(G, dq + (size_t)t * Hq * D, &gv, 1, P + t, Hq, 0.0625f, one + (size_t)t * Hq * D));
+    float *a = tohost(one, (size_t)N * Hq * D);
+    for (int T = 2; T <= N; T++) {
+        CHECK_OK(G->ops->attention(G, dq, &gv, T, P, Hq, 0.0625f, many));
+        float *b = tohost(many, (size_t)T * Hq * D);
+        CHECKF(memcmp(a, b, sizeof(float) * T * Hq * D) == 0, "attention decode T=%d differs from T=1", T);
+        free(b);
+    }
+    free(k); free(v); free(q); free(a);
+    dfree(dk); dfree(dv); dfree(dkn); dfree(dvn); dfree(dq); dfree(many); dfree(one);
+}
+
 /* ---- GatedDeltaNet ---- */
 
 static void gdn_case(int Hk, int Hv, int Dk, int Dv, int K, int T)
@@ -604,9 +669,11 @@ static void mini_step(mini *m, int32_t tok, int pos, int32_t *next)
     CHECK_OK(b->ops->argmax(b, m->h, 1, m->H, next));
 }
 
-static void test_graph_replay(void)
+/* H = 256 and 5120: the fused norm replays k_rmsnorm's sum with 128 and
+ * 512 threads (fewer and more virtual warps than the GEMV block has). */
+static void graph_case(int H)
 {
-    mini m = { .H = 256, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 64 };
+    mini m = { .H = H, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 64 };
     tw_make(&m.emb, SN_DT_Q4, 256, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wq, SN_DT_Q4, m.Hq * m.D, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wk, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
@@ -656,6 +723,12 @@ static void test_graph_replay(void)
     dfree(m.att); dfree(m.o); dfree(m.kc); dfree(m.vc);
 }
 
+static void test_graph_replay(void)
+{
+    graph_case(256);
+    graph_case(5120);
+}
+
 int main(void)
 {
     sn_status st = sn_backend_cuda_new(0, &G);
@@ -673,6 +746,7 @@ int main(void)
     fprintf(stderr, "device: %s, %.1f / %.1f GiB in use\n", name, used / 1073741824.0, total / 1073741824.0);
     RUN(test_matmul_q4);
     RUN(test_matmul_q8);
+    RUN(test_gemv_batch_invariant);
     RUN(test_matmul_dense);
     RUN(test_matmul_errors);
     RUN(test_embed);
@@ -682,6 +756,7 @@ int main(void)
     RUN(test_rope);
     RUN(test_attention);
     RUN(test_attention_prefill_vs_decode);
+    RUN(test_attention_decode_batch_invariant);
     RUN(test_gdn);
     RUN(test_moe);
     RUN(test_argmax);

@@ -20,6 +20,9 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/sn_cuda.h"
 
+int cu_pdl = 1; /* see cuda_internal.h; set at backend creation */
+thread_local int cu_pdl_skip;
+
 namespace {
 
 enum rec_kind {
@@ -153,6 +156,7 @@ sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
              * record finds them in pend_ids */
             const int32_t *src = r.p[2] ? (const int32_t *)r.p[2] : cb->pend_ids + r.i[1];
             CU_TRY(cudaMemcpyAsync(cb->d_ids, src, sizeof(int32_t) * T, cudaMemcpyHostToDevice, s), "embed ids");
+            cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
             ids = cb->d_ids;
         }
         return cu_embed(s, cw_of(r.p[0]), ids, T, (float *)r.p[1]);
@@ -187,9 +191,11 @@ sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
     }
     case R_COPY:
         CU_TRY(cudaMemcpyAsync((void *)r.p[0], r.p[1], (size_t)r.i[0], cudaMemcpyDeviceToDevice, s), "copy");
+        cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
         return SN_OK;
     case R_MEMSET:
         CU_TRY(cudaMemsetAsync((void *)r.p[0], 0, (size_t)r.i[0], s), "memset0");
+        cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
         return SN_OK;
     case R_ARGMAX:
         return cu_argmax(s, (const float *)r.p[0], (int)r.i[0], (int)r.i[1], cb->d_outs + r.i[2], cb->scratch);
@@ -251,6 +257,7 @@ sn_status flush_step(cuda_be *cb)
             int off = (int)cb->recs[k].i[2], rows = (int)cb->recs[k].i[0];
             CU_TRY(cudaMemcpyAsync(cb->h_outs + off, cb->d_outs + off, sizeof(int32_t) * rows,
                                    cudaMemcpyDeviceToHost, cb->st), "argmax result");
+            cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
         }
     }
     CU_TRY(cudaStreamSynchronize(cb->st), "step flush");
@@ -326,15 +333,26 @@ bool records_match(const cuda_be *cb, int *delta)
 }
 
 /* Inside a capture: consecutive decode matmuls (T = 1, quantized, same x)
- * become one grouped launch, and a residual add right after them that
- * reads one of their outputs is folded into it (the output is still
- * written). The arithmetic per row is unchanged, so a fused graph gives
- * the same bits as the ops run one by one. Returns the records consumed
- * (0: no fusion here). */
+ * become one grouped launch, an RMSNorm of one row right before them that
+ * produces their x is done inside that launch (it still writes its output,
+ * for later readers), and a residual add right after them that reads one of
+ * their outputs is folded into it (the output is still written). The
+ * arithmetic is unchanged (the fused norm reproduces cu_rmsnorm's sum
+ * order), so a fused graph gives the same bits as the ops run one by one.
+ * Returns the records consumed (0: no fusion here). */
 int try_fuse(cuda_be *cb, int k, sn_status *st)
 {
-    const rec &r0 = cb->recs[k];
-    if (!cb->fuse || r0.kind != R_MATMUL || r0.i[1] != 1)
+    if (!cb->fuse)
+        return 0;
+    const rec *nr = NULL;
+    int k0 = k;
+    if (cb->recs[k].kind == R_RMSNORM && cb->recs[k].i[0] == 1 && cb->recs[k].p[0] != cb->recs[k].p[2] &&
+        k + 1 < cb->n_recs) {
+        nr = &cb->recs[k];
+        k0 = k + 1;
+    }
+    const rec &r0 = cb->recs[k0];
+    if (r0.kind != R_MATMUL || r0.i[1] != 1)
         return 0;
     const cu_weight *w0 = cw_of(r0.p[0]);
     if (w0->fmt != CW_Q4 && w0->fmt != CW_Q8)
@@ -343,14 +361,17 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
     int64_t es[CU_GROUP_MAX];
     float *ys[CU_GROUP_MAX], *adds[CU_GROUP_MAX] = { 0 };
     const void *x = r0.p[1];
-    int n = 0, j = k;
+    const void *raw = nr ? nr->p[0] : x; /* what the launch reads */
+    if (nr && (nr->p[2] != x || nr->i[1] != w0->cols))
+        return 0;
+    int n = 0, j = k0;
     while (j < cb->n_recs && n < CU_GROUP_MAX) {
         const rec &r = cb->recs[j];
         if (r.kind != R_MATMUL || r.i[1] != 1 || r.p[1] != x)
             break;
         const cu_weight *w = cw_of(r.p[0]);
         float *y = (float *)r.p[2];
-        bool clash = !cu_matmul_groupable(w0, w) || y == x;
+        bool clash = !cu_matmul_groupable(w0, w) || y == x || y == raw;
         for (int i = 0; i < n; i++)
             clash = clash || ys[i] == y;
         if (clash)
@@ -361,11 +382,13 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
         n++;
         j++;
     }
-    int used = n;
+    if (!n)
+        return 0;
+    int used = (k0 - k) + n;
     if (j < cb->n_recs && cb->recs[j].kind == R_ADD) {
         const rec &a = cb->recs[j];
         float *tgt = (float *)a.p[0];
-        bool ok = tgt != x;
+        bool ok = tgt != x && tgt != raw; /* the launch must not write what it reads */
         for (int i = 0; i < n; i++)
             ok = ok && tgt != ys[i];
         for (int i = 0; i < n && ok; i++)
@@ -377,7 +400,14 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
     }
     if (n < 2 && used == n)
         return 0;
-    *st = cu_matmul_group(&cb->di, cb->st, n, ws, es, ys, adds, (const float *)x);
+    cu_gemv_norm norm;
+    if (nr) {
+        norm.w = (const float *)nr->p[1];
+        norm.eps = nr->f[0];
+        norm.threads = cu_rmsnorm_threads((int)nr->i[1]);
+        norm.xn = (float *)nr->p[2];
+    }
+    *st = cu_matmul_group(&cb->di, cb->st, n, ws, es, ys, adds, (const float *)raw, nr ? &norm : NULL);
     return used;
 }
 
@@ -389,6 +419,7 @@ sn_status capture_and_run(cuda_be *cb)
     CU_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "graph capture");
     sn_status st = SN_OK;
     cudaError_t e = cudaMemcpyAsync(cb->d_sp, cb->h_sp, sizeof(step_params), cudaMemcpyHostToDevice, s);
+    cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
     if (e != cudaSuccess)
         st = cu_err(e, "graph params");
     for (int k = 0; k < cb->n_recs && st == SN_OK;) {
@@ -402,6 +433,7 @@ sn_status capture_and_run(cuda_be *cb)
     }
     if (st == SN_OK && cb->n_outs) {
         e = cudaMemcpyAsync(cb->h_outs, cb->d_outs, sizeof(int32_t) * cb->n_outs, cudaMemcpyDeviceToHost, s);
+        cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
         if (e != cudaSuccess)
             st = cu_err(e, "graph outputs");
     }
@@ -535,6 +567,7 @@ sn_status cuda_to_host(sn_backend *b, void *host_dst, const void *src, size_t by
     SN_TRY(host_barrier(cb));
     cudaSetDevice(cb->dev);
     CU_TRY(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cb->st), "to_host");
+    cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
     CU_TRY(cudaStreamSynchronize(cb->st), "to_host");
     return SN_OK;
 }
@@ -551,6 +584,7 @@ sn_status cuda_from_host(sn_backend *b, void *dst, const void *host_src, size_t 
     /* from pageable memory this returns once the bytes are staged, so the
      * caller may reuse host_src at once */
     CU_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, cb->st), "from_host");
+    cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
     return SN_OK;
 }
 
@@ -979,6 +1013,7 @@ extern "C" sn_status sn_cuda_argmax(sn_backend *b, const float *x, int rows, int
     SN_TRY(run_eager(cb, r));
     CU_TRY(cudaMemcpyAsync(cb->h_outs, cb->d_outs, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost, cb->st),
            "argmax result");
+    cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
     CU_TRY(cudaStreamSynchronize(cb->st), "argmax result");
     memcpy(out_host, cb->h_outs, sizeof(int32_t) * rows);
     return SN_OK;
@@ -1155,6 +1190,9 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
         const char *g = getenv("SANCTUM_CUDA_GEMM");
         cb->di.gemm_fast = g && !strcmp(g, "fast");
+        /* SANCTUM_CUDA_PDL=0: kernels wait for the previous one to finish before they launch */
+        const char *p = getenv("SANCTUM_CUDA_PDL");
+        cu_pdl = !(p && !strcmp(p, "0"));
     }
     cb->di.n_sm = prop.multiProcessorCount;
     cb->di.smem_optin = prop.sharedMemPerBlockOptin;
@@ -1269,6 +1307,12 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
     if (!strcmp(key, "moe_gemm")) {
         SN_TRY(host_barrier(cb));
         cb->di.moe_gemm = value != 0;
+        return SN_OK;
+    }
+    if (!strcmp(key, "pdl")) {
+        SN_TRY(host_barrier(cb));
+        cu_pdl = value != 0;
+        cb->g_valid = false;
         return SN_OK;
     }
     if (!strcmp(key, "fuse")) {

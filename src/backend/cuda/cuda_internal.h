@@ -34,6 +34,54 @@ extern "C" {
             return SN_FAIL(SN_E_BACKEND, "%s: %s", (what), cudaGetErrorString(_e));             \
     } while (0)
 
+/* Programmatic dependent launch (sm_90). A kernel launched with cu_launch
+ * may start while the kernel before it in the stream is still running:
+ * every kernel calls pdl_launch() first (so the next one may be scheduled)
+ * and pdl_wait() before it touches any activation, which blocks until the
+ * previous kernel has finished and its writes are visible. Only constant
+ * data (weights) may be read before pdl_wait(), and nothing may be written.
+ * Without the launch attribute both are no-ops. cu_pdl (SANCTUM_CUDA_PDL=0
+ * turns it off at backend creation) says whether cu_launch sets it. */
+__device__ __forceinline__ void pdl_launch()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_enter()
+{
+    pdl_launch();
+    pdl_wait();
+}
+
+extern int cu_pdl;
+/* Set after a memcpy/memset is queued: the next cu_launch then goes
+ * without the attribute (a programmatic edge is a kernel-to-kernel thing). */
+extern thread_local int cu_pdl_skip;
+
+template <typename... KP, typename... A>
+cudaError_t cu_launch(void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = cu_pdl && !cu_pdl_skip ? 1 : 0;
+    cu_pdl_skip = 0;
+    return cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
+}
+
 /* Weight formats on the device. Quantized weights keep MLX's packed words
  * exactly as stored ([E, rows, words]); scales and quantization biases are
  * interleaved at upload into one pair per group ([E, rows, groups] of
@@ -90,11 +138,20 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
                     float *y, void *scratch);
 /* Decode (T = 1) GEMVs of n weights that share x, in one launch; add_to
  * (may be NULL, or hold NULLs) receives a fused y[i] residual add. The
- * weights must be groupable (same quant format, group, columns). */
+ * weights must be groupable (same quant format, group, columns). With norm,
+ * x is first RMS-normalised inside the launch, bitwise as cu_rmsnorm with
+ * norm->threads threads would (cu_rmsnorm_threads), and the normalised row
+ * is written to norm->xn when that is not NULL. */
 #define CU_GROUP_MAX 8
+typedef struct {
+    const float *w;
+    float eps;
+    int threads;
+    float *xn;
+} cu_gemv_norm;
 bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b);
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
-                          float *const *y, float *const *add_to, const float *x);
+                          float *const *y, float *const *add_to, const float *x, const cu_gemv_norm *norm);
 /* y[T, cols] = dequantized rows d_ids[t] of W (ids validated by the caller). */
 sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int T, float *y);
 /* MoE FFN over the experts of one layer for T tokens, routing on the GPU:
@@ -108,6 +165,7 @@ sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, co
 /* ---- elementwise, norms, attention, GDN (cuda_ops.cu) ---- */
 
 sn_status cu_rmsnorm(cudaStream_t s, const float *x, const float *w, int rows, int n, float eps, float *y);
+int cu_rmsnorm_threads(int n); /* the block size cu_rmsnorm uses for rows of n */
 sn_status cu_gated_rmsnorm(cudaStream_t s, const float *o, const float *z, const float *w, int rows, int n,
                            float eps, float *y);
 sn_status cu_add(cudaStream_t s, float *y, const float *x, size_t n);

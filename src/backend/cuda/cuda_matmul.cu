@@ -30,8 +30,7 @@
 namespace {
 
 constexpr int GEMV_WARPS = 8;
-constexpr int GEMV_TT = 4;       /* tokens per pass */
-constexpr int GEMM_MIN_T = 8;    /* T at which the tensor-core GEMM takes over */
+constexpr int GEMM_MIN_T = 9;    /* T at which the tensor-core GEMM takes over (the GEMV does up to 8) */
 
 __device__ __forceinline__ float2 load_sb(const void *sb, int sf, int64_t i)
 {
@@ -253,129 +252,372 @@ __device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int
     }
 }
 
-template <int BITS, int TT, int RPW>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-k_gemv_q(const uint32_t *__restrict__ W, const void *__restrict__ sb, int sf, const float *__restrict__ bias,
-         int64_t rows, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x,
-         int T, float *__restrict__ y)
-{
-    extern __shared__ float4 xs[];
-    constexpr int NF4 = (128 / BITS) / 4;
-    int64_t nch = words / 4;
-    int64_t stride4 = ((nch + 31) / 32) * NF4 * 32;
-    stage_x<BITS>(xs, x, T, cols, stride4);
-    const float *xsums = (const float *)(xs + (size_t)T * stride4);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    uint4 *ring;
-    uint2 *sring;
-    ring_ptrs<RPW>(xs, xstage_bytes(T, nch, stride4), warp, &ring, &sring);
-    const int64_t rows_per_block = GEMV_WARPS * RPW;
-    for (int64_t rb = blockIdx.x; rb * rows_per_block < rows; rb += gridDim.x) {
-        int64_t r0 = rb * rows_per_block + (int64_t)warp * RPW;
-        if (r0 >= rows)
-            continue;
-        int nrows = (int)min((int64_t)RPW, rows - r0);
-        float acc[RPW][TT];
-#pragma unroll
-        for (int r = 0; r < RPW; r++)
-#pragma unroll
-            for (int t = 0; t < TT; t++)
-                acc[r][t] = 0.f;
-        qdot_rows<BITS, TT, RPW>(W + r0 * words, (const char *)sb + (size_t)r0 * groups * (sf == CS_F32 ? 8 : 4), sf,
-                            words, groups, group, nrows, xs, stride4, xsums, acc, ring, sring);
-#pragma unroll
-        for (int r = 0; r < RPW; r++)
-#pragma unroll
-            for (int t = 0; t < TT; t++) {
-                float v = acc[r][t];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    v += __shfl_xor_sync(0xffffffffu, v, o);
-                acc[r][t] = v;
-            }
-        if (lane < nrows * TT) {
-            /* lane -> (r, t) so the stores of one warp go out together */
-            int r = lane / TT, t = lane % TT;
-            float v = 0.f;
-#pragma unroll
-            for (int rr = 0; rr < RPW; rr++)
-#pragma unroll
-                for (int tt = 0; tt < TT; tt++)
-                    if (rr == r && tt == t)
-                        v = acc[rr][tt];
-            if (t < T) {
-                if (bias)
-                    v += bias[r0 + r];
-                y[(size_t)t * rows + r0 + r] = v;
-            }
-        }
-    }
-}
+/* ---- the decode GEMV: one launch over up to CU_GROUP_MAX weights ------- */
+/*
+ * A launch covers the segments of a gemv_seg (weights that read the same x:
+ * q/k/v, gate/up, or one matmul alone) and up to GV_TMAX tokens in one pass
+ * over the weights. Rows are cut into groups of RPW and the groups of all
+ * segments are dealt out to the warps of a grid that is resident at once,
+ * each warp a contiguous run, so a warp streams its rows back to back
+ * through its cp.async ring without draining it between rows.
+ *
+ * Launched with PDL: before pdl_wait() a block only fills its ring with the
+ * first weight chunks (constant data), so those loads overlap the tail of
+ * the kernel before; x is staged after the wait. When the launch carries a
+ * norm (gemv_seg.nw), x is RMS-normalised while it is staged, exactly as
+ * k_rmsnorm does it (same sum order), and block 0 also writes the
+ * normalised row to g.xn for later readers.
+ *
+ * Per (row, token) the arithmetic is the same whatever TT, RPW, the grid or
+ * the segment: a token's result is bitwise identical alone or among up to
+ * GV_TMAX (what prompt-lookup verification relies on). */
+constexpr int GV_TMAX = 8;
+/* k_gemv's static shared memory (the norm's partials) is under this; the
+ * dynamic part may use the rest of the opt-in limit. */
+constexpr size_t GV_STATIC_SMEM = 2048;
 
-/* Several decode GEMVs that read the same x (q/k/v, gate/up, ...) in one
- * launch: x is staged once per block, and the row blocks of all weights
- * form one grid. Per-row arithmetic is exactly k_gemv_q's (bitwise equal
- * results). add_to[i], when set, also receives y[i] (a fused residual add). */
-struct gemv_group {
+struct gemv_seg {
     const uint32_t *W[CU_GROUP_MAX];
     const void *sb[CU_GROUP_MAX];
     const float *bias[CU_GROUP_MAX];
     float *y[CU_GROUP_MAX];
     float *add_to[CU_GROUP_MAX];
     int64_t rows[CU_GROUP_MAX];
-    int rb0[CU_GROUP_MAX + 1];
+    int64_t g0[CU_GROUP_MAX + 1]; /* first row group of segment i; g0[n] = all groups */
     int n;
+    /* optional fused RMSNorm of x (nw != NULL): x_n = x * inv_rms * nw */
+    const float *nw;
+    float eps;
+    int norm_threads; /* the thread count whose sum order the norm reproduces */
+    float *xn;        /* where block 0 writes x_n (may be NULL) */
 };
 
-template <int BITS, int RPW>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-k_gemv_group(gemv_group g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x)
+template <int RPW>
+struct gv_ring {
+    static constexpr int S = RPW <= 2 ? 6 : 4; /* chunks in flight per row: S - 1 */
+    static constexpr size_t per_warp = (size_t)S * RPW * 32 * (sizeof(uint4) + sizeof(uint2));
+};
+
+/* A warp's position: row group grp of segment seg (rows r0.., nrows of
+ * them), chunk step it. */
+struct gv_cur {
+    int64_t grp, r0;
+    int it, nrows, seg;
+    const uint32_t *W;
+    const char *sb;
+};
+
+__device__ __forceinline__ void gv_locate(const gemv_seg &g, int rpw, int64_t words, int64_t groups, size_t sbsz,
+                                          gv_cur &c)
 {
-    extern __shared__ float4 xs[];
+    int i = 0;
+    while (i + 1 < g.n && c.grp >= g.g0[i + 1])
+        i++;
+    c.seg = i;
+    c.r0 = (c.grp - g.g0[i]) * rpw;
+    c.nrows = (int)min((int64_t)rpw, g.rows[i] - c.r0);
+    c.W = g.W[i] + c.r0 * words;
+    c.sb = (const char *)g.sb[i] + (size_t)c.r0 * groups * sbsz;
+}
+
+/* x for tokens t < TT into shared memory (lane-major, zeros for t >= T),
+ * normalised when g.nw is set, then the chunk sums. Ends with a barrier. */
+template <int BITS, int TT>
+__device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t stride4, const gemv_seg &g)
+{
     constexpr int NF4 = (128 / BITS) / 4;
-    int64_t nch = words / 4;
-    int64_t stride4 = ((nch + 31) / 32) * NF4 * 32;
-    stage_x<BITS>(xs, x, 1, cols, stride4);
-    const float *xsums = (const float *)(xs + stride4);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    uint4 *ring;
-    uint2 *sring;
-    ring_ptrs<RPW>(xs, xstage_bytes(1, nch, stride4), warp, &ring, &sring);
-    const size_t sbsz = sf == CS_F32 ? 8 : 4;
-    for (int rbg = blockIdx.x; rbg < g.rb0[g.n]; rbg += gridDim.x) {
-        int i = 0;
-        while (rbg >= g.rb0[i + 1])
-            i++;
-        int64_t rows = g.rows[i];
-        int64_t r0 = (int64_t)(rbg - g.rb0[i]) * GEMV_WARPS * RPW + (int64_t)warp * RPW;
-        if (r0 >= rows)
-            continue;
-        int nrows = (int)min((int64_t)RPW, rows - r0);
-        float acc[RPW][1];
+    __shared__ float inv[TT];
+    __shared__ float red[TT][32];
+    const int64_t n4 = cols / 4, nch = n4 / NF4;
+    if (g.nw) {
+        /* sum of x^2 exactly as k_rmsnorm with nt threads forms it: thread j
+         * adds x[j], x[j+nt], ... in order, then block_sum's tree (xor
+         * shuffles in each warp of 32, then over the warp partials); warp w
+         * here plays that block's warps w, w + nwarps, ... */
+        const int nt = g.norm_threads, nvw = nt / 32;
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+        for (int t = 0; t < T && t < TT; t++) {
+            const float *xr = x + (size_t)t * cols;
+            for (int vw = warp; vw < nvw; vw += nwarps) {
+                float ss = 0.f;
+                for (int64_t i = vw * 32 + lane; i < cols; i += nt)
+                    ss += xr[i] * xr[i];
 #pragma unroll
-        for (int r = 0; r < RPW; r++)
-            acc[r][0] = 0.f;
-        qdot_rows<BITS, 1, RPW>(g.W[i] + r0 * words, (const char *)g.sb[i] + (size_t)r0 * groups * sbsz, sf, words,
-                                groups, group, nrows, xs, stride4, xsums, acc, ring, sring);
+                for (int o = 16; o > 0; o >>= 1)
+                    ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                if (lane == 0)
+                    red[t][vw] = ss;
+            }
+        }
+        __syncthreads();
+        if (warp == 0)
+            for (int t = 0; t < TT; t++) {
+                float v = t < T && lane < nvw ? red[t][lane] : 0.f;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    v += __shfl_xor_sync(0xffffffffu, v, o);
+                if (lane == 0)
+                    inv[t] = 1.f / sqrtf(v / (float)cols + g.eps);
+            }
+        __syncthreads();
+    }
+    const bool aligned = ((uintptr_t)x & 15) == 0; /* cols % 32 == 0 always */
+    for (int t = 0; t < TT; t++) {
+        const float *xr = x + (size_t)t * cols;
+        for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) {
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < T) {
+                v = aligned ? __ldg((const float4 *)xr + q)
+                            : make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
+                if (g.nw) {
+                    /* k_rmsnorm: y = x * inv * w, in that order */
+                    const float iv = inv[t];
+                    const float4 w4 = make_float4(g.nw[4 * q], g.nw[4 * q + 1], g.nw[4 * q + 2], g.nw[4 * q + 3]);
+                    v = make_float4(v.x * iv * w4.x, v.y * iv * w4.y, v.z * iv * w4.z, v.w * iv * w4.w);
+                    if (g.xn && blockIdx.x == 0)
+                        *(float4 *)(g.xn + (size_t)t * cols + 4 * q) = v;
+                }
+            }
+            xs[t * stride4 + xperm<BITS>(q / NF4, (int)(q % NF4))] = v;
+        }
+    }
+    __syncthreads();
+    float *sums = (float *)(xs + (size_t)TT * stride4);
+    for (int64_t tc = threadIdx.x; tc < TT * nch; tc += blockDim.x) {
+        int t = (int)(tc / nch);
+        int64_t c = tc % nch;
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < NF4; i++) {
+            float4 f = xs[t * stride4 + xperm<BITS>(c, i)];
+            a += f.x;
+            a += f.y;
+            a += f.z;
+            a += f.w;
+        }
+        sums[tc] = a;
+    }
+    __syncthreads();
+}
+
+/* One chunk (one uint4 of words per row) of RPW rows against TT tokens.
+ * Each word's values are turned into floats once and used for every token;
+ * per (row, token) the FMA sequence is word by word, value by value. */
+template <int BITS, int TT, int RPW>
+__device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, const float4 *xs, int64_t stride4,
+                                         const float *xsums, int64_t nch, int64_t c, float acc[RPW][TT])
+{
+    float d[RPW][TT];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            d[r][t] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (BITS == 4) {
+            float lo[RPW][4], hi[RPW][4];
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+                uint32_t bl = w & 0x0F0F0F0Fu, bh = (w >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    lo[r][k] = q4v(bl, k);
+                    hi[r][k] = q4v(bh, k);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                const float4 a = xs[t * stride4 + xperm<BITS>(c, 2 * j)];
+                const float4 b = xs[t * stride4 + xperm<BITS>(c, 2 * j + 1)];
+                const float xv[8] = { a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w };
+#pragma unroll
+                for (int r = 0; r < RPW; r++) {
+                    float dd = d[r][t];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        dd = fmaf(lo[r][k], xv[2 * k], dd);
+                        dd = fmaf(hi[r][k], xv[2 * k + 1], dd);
+                    }
+                    d[r][t] = dd;
+                }
+            }
+        } else {
+            float2 p0[RPW], p1[RPW];
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+                p0[r] = qpair<8>(w, 0);
+                p1[r] = qpair<8>(w, 1);
+            }
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                const float4 a = xs[t * stride4 + xperm<BITS>(c, j)];
+#pragma unroll
+                for (int r = 0; r < RPW; r++) {
+                    float dd = d[r][t];
+                    dd = fmaf(p0[r].x, a.x, dd);
+                    dd = fmaf(p0[r].y, a.z, dd);
+                    dd = fmaf(p1[r].x, a.y, dd);
+                    dd = fmaf(p1[r].y, a.w, dd);
+                    d[r][t] = dd;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        const float xsum = xsums[t * nch + c];
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
-            float v = acc[r][0];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                v += __shfl_xor_sync(0xffffffffu, v, o);
-            acc[r][0] = v;
+            /* Q4: sum q*x = 256*(d - xsum/2); Q8: 256*(d - xsum) (values 1 + q/256) */
+            float qd = BITS == 4 ? 256.f * (d[r][t] - 0.5f * xsum) : 256.f * (d[r][t] - xsum);
+            acc[r][t] += sbv[r].x * qd + sbv[r].y * xsum;
         }
-        if (lane < nrows) {
-            float v = 0.f;
+    }
+}
+
+template <int BITS, int TT, int RPW>
+__global__ void __launch_bounds__(512)
+k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
+{
+    pdl_launch();
+    extern __shared__ float4 xs[];
+    constexpr int VPC = 128 / BITS, NF4 = VPC / 4, S = gv_ring<RPW>::S;
+    const int64_t nch = words / 4;
+    const int nit = (int)((nch + 31) / 32);
+    const int64_t stride4 = (int64_t)nit * NF4 * 32;
+    const int nwarps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t sbsz = sf == CS_F32 ? 8 : 4;
+    char *rbase = (char *)xs + xstage_bytes(TT, nch, stride4);
+    uint4 *ring = (uint4 *)rbase + (size_t)warp * S * RPW * 32;
+    uint2 *sring = (uint2 *)(rbase + (size_t)nwarps * S * RPW * 32 * sizeof(uint4)) + (size_t)warp * S * RPW * 32;
+    const int64_t G = g.g0[g.n];
+    const int64_t NW = (int64_t)gridDim.x * nwarps, wid = (int64_t)blockIdx.x * nwarps + warp;
+    const int64_t gb = wid * G / NW, ge = (wid + 1) * G / NW;
+    const int64_t nf = (ge - gb) * nit;
+
+    /* issue side of the ring: chunk it of row group ic.grp */
+    gv_cur ic;
+    ic.grp = gb;
+    ic.it = 0;
+    if (gb < ge)
+        gv_locate(g, RPW, words, groups, sbsz, ic);
+    int64_t fi = 0;
+    auto issue = [&]() {
+        const int slot = (int)(fi % S);
+        const int64_t c = lane + 32 * (int64_t)ic.it;
+        if (c < nch) {
+            const int64_t gi = c * VPC / group;
 #pragma unroll
             for (int r = 0; r < RPW; r++)
-                if (r == lane)
-                    v = acc[r][0];
-            if (g.bias[i])
-                v += g.bias[i][r0 + lane];
-            g.y[i][r0 + lane] = v;
-            if (g.add_to[i])
-                g.add_to[i][r0 + lane] += v;
+                if (r < ic.nrows) {
+                    __pipeline_memcpy_async(ring + (slot * RPW + r) * 32 + lane,
+                                            (const uint4 *)(ic.W + r * words) + c, 16);
+                    if (sf == CS_F32)
+                        __pipeline_memcpy_async(sring + (slot * RPW + r) * 32 + lane,
+                                                (const float2 *)ic.sb + r * groups + gi, 8);
+                    else
+                        __pipeline_memcpy_async(sring + (slot * RPW + r) * 32 + lane,
+                                                (const uint32_t *)ic.sb + r * groups + gi, 4);
+                }
+        }
+        fi++;
+        if (++ic.it == nit) {
+            ic.it = 0;
+            if (++ic.grp < ge)
+                gv_locate(g, RPW, words, groups, sbsz, ic);
+        }
+    };
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) {
+        if (fi < nf)
+            issue();
+        __pipeline_commit();
+    }
+    pdl_wait();
+    gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g);
+    const float *xsums = (const float *)(xs + (size_t)TT * stride4);
+
+    gv_cur cc;
+    cc.grp = gb;
+    cc.it = 0;
+    if (gb < ge)
+        gv_locate(g, RPW, words, groups, sbsz, cc);
+    float acc[RPW][TT];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[r][t] = 0.f;
+    for (int64_t f = 0; f < nf; f++) {
+        if (fi < nf)
+            issue();
+        __pipeline_commit();
+        __pipeline_wait_prior(S - 1);
+        const int slot = (int)(f % S);
+        const int64_t c = lane + 32 * (int64_t)cc.it;
+        if (c < nch) {
+            uint4 wv[RPW];
+            float2 sbv[RPW];
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                if (r < cc.nrows) {
+                    wv[r] = ring[(slot * RPW + r) * 32 + lane];
+                    uint2 e = sring[(slot * RPW + r) * 32 + lane];
+                    if (sf == CS_F32)
+                        sbv[r] = make_float2(__uint_as_float(e.x), __uint_as_float(e.y));
+                    else if (sf == CS_BF16)
+                        sbv[r] = make_float2(__uint_as_float(e.x << 16), __uint_as_float(e.x & 0xffff0000u));
+                    else
+                        sbv[r] = __half22float2(*reinterpret_cast<__half2 *>(&e.x));
+                } else {
+                    wv[r] = make_uint4(0, 0, 0, 0);
+                    sbv[r] = make_float2(0.f, 0.f);
+                }
+            }
+            gv_chunk<BITS, TT, RPW>(wv, sbv, xs, stride4, xsums, nch, c, acc);
+        }
+        if (++cc.it == nit) {
+            /* the row group is complete: reduce over the lanes and store */
+#pragma unroll
+            for (int r = 0; r < RPW; r++)
+#pragma unroll
+                for (int t = 0; t < TT; t++) {
+                    float v = acc[r][t];
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1)
+                        v += __shfl_xor_sync(0xffffffffu, v, o);
+                    acc[r][t] = v;
+                }
+            if (lane < cc.nrows * TT) {
+                const int r = lane / TT, t = lane % TT;
+                float v = 0.f;
+#pragma unroll
+                for (int rr = 0; rr < RPW; rr++)
+#pragma unroll
+                    for (int tt = 0; tt < TT; tt++)
+                        if (rr == r && tt == t)
+                            v = acc[rr][tt];
+                if (t < T) {
+                    const int i = cc.seg;
+                    const int64_t row = cc.r0 + r, rows = g.rows[i];
+                    if (g.bias[i])
+                        v += g.bias[i][row];
+                    g.y[i][(size_t)t * rows + row] = v;
+                    if (g.add_to[i])
+                        g.add_to[i][(size_t)t * rows + row] += v;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < RPW; r++)
+#pragma unroll
+                for (int t = 0; t < TT; t++)
+                    acc[r][t] = 0.f;
+            cc.it = 0;
+            if (++cc.grp < ge)
+                gv_locate(g, RPW, words, groups, sbsz, cc);
         }
     }
 }
@@ -421,6 +663,7 @@ template <int FMT>
 __global__ void k_gemv_dense(const void *__restrict__ W, const float *__restrict__ bias, int64_t rows, int64_t cols,
                              const float *__restrict__ x, int T, float *__restrict__ y)
 {
+    pdl_enter();
     const int lane = threadIdx.x & 31;
     int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (row >= rows)
@@ -469,6 +712,7 @@ __global__ void k_x_to_f16(const float *__restrict__ x, int T, int64_t cols, int
                            __half *__restrict__ xh, float *__restrict__ sig, const int32_t *__restrict__ rowmap,
                            int kdiv)
 {
+    pdl_enter();
     int t = blockIdx.x;
     /* row t of the result reads x row rowmap[t] / kdiv (a gather for MoE), else row t */
     const float *xt = x + (size_t)(rowmap && t < T ? rowmap[t] / kdiv : t) * cols;
@@ -725,6 +969,7 @@ __global__ void __launch_bounds__(GEMM_THREADS)
 k_gemm(cu_weight w, const void *__restrict__ q, const void *__restrict__ sb, const __half *__restrict__ xh,
        const float *__restrict__ sig, int64_t Kp, int nseg, int T, float *__restrict__ y)
 {
+    pdl_enter();
     gemm_tile<FMT>(w, q, sb, xh, sig, Kp, nseg, (int64_t)blockIdx.y * BM, T, (int64_t)blockIdx.x * BN, y);
 }
 
@@ -737,6 +982,7 @@ k_gemm_moe(cu_weight w, const __half *__restrict__ xh, const float *__restrict__
            const int *__restrict__ cnt, const int *__restrict__ seg_off, const int *__restrict__ tile_off,
            float *__restrict__ y)
 {
+    pdl_enter();
     int tile = blockIdx.y;
     if (tile >= tile_off[E])
         return;
@@ -764,6 +1010,7 @@ static_assert((size_t)BM * (BN + 4) * sizeof(float) <= GEMM_SMEM, "epilogue tile
 
 __global__ void k_embed(cu_weight w, const int32_t *__restrict__ ids, float *__restrict__ y)
 {
+    pdl_enter();
     int t = blockIdx.y;
     int64_t row = ids[t];
     float *yt = y + (size_t)t * w.cols;
@@ -801,6 +1048,7 @@ constexpr int MOE_MAX_K = 64;
 __global__ void k_moe_route(const float *__restrict__ logits, int T, int E, int k, int norm, int32_t *__restrict__ idx,
                             float *__restrict__ wts)
 {
+    pdl_enter();
     int t = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (t >= T)
@@ -865,6 +1113,7 @@ k_moe_gate_up(const uint32_t *__restrict__ Wg, const void *__restrict__ sbg, con
               const void *__restrict__ sbu, int sf, int64_t rows, int64_t cols, int64_t words, int64_t groups,
               int group, const int32_t *__restrict__ idx, int k, const float *__restrict__ x, float *__restrict__ h)
 {
+    pdl_enter();
     extern __shared__ float4 xs[];
     constexpr int NF4 = (128 / BITS) / 4;
     int t = blockIdx.z, j = blockIdx.y;
@@ -917,6 +1166,7 @@ k_moe_down(const uint32_t *__restrict__ Wd, const void *__restrict__ sbd, int sf
            int64_t words, int64_t groups, int group, const int32_t *__restrict__ idx, int k,
            const float *__restrict__ h, float *__restrict__ part)
 {
+    pdl_enter();
     extern __shared__ float4 xs[];
     constexpr int NF4 = (128 / BITS) / 4;
     int t = blockIdx.z, j = blockIdx.y;
@@ -959,6 +1209,7 @@ k_moe_down(const uint32_t *__restrict__ Wd, const void *__restrict__ sbd, int sf
 __global__ void k_moe_sum(const float *__restrict__ part, const float *__restrict__ wts, int k, int T, int64_t H,
                           float *__restrict__ out)
 {
+    pdl_enter();
     size_t n = (size_t)T * H;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / H, r = i % H;
@@ -976,6 +1227,7 @@ constexpr int MOE_GEMM_MIN_T = 32;
 /* cnt[e] = pairs routed to expert e (grid E) */
 __global__ void k_moe_count(const int32_t *__restrict__ idx, int N, int *__restrict__ cnt)
 {
+    pdl_enter();
     __shared__ int tot;
     if (threadIdx.x == 0)
         tot = 0;
@@ -992,6 +1244,7 @@ __global__ void k_moe_count(const int32_t *__restrict__ idx, int N, int *__restr
 /* exclusive prefix sums of rows and of BM-row tiles (one thread; E is small) */
 __global__ void k_moe_scan(const int *__restrict__ cnt, int E, int *__restrict__ seg_off, int *__restrict__ tile_off)
 {
+    pdl_enter();
     if (threadIdx.x || blockIdx.x)
         return;
     int r = 0, t = 0;
@@ -1010,6 +1263,7 @@ __global__ void k_moe_scan(const int *__restrict__ cnt, int E, int *__restrict__
 __global__ void k_moe_fill(const int32_t *__restrict__ idx, int N, const int *__restrict__ seg_off,
                            int32_t *__restrict__ perm, int32_t *__restrict__ pos)
 {
+    pdl_enter();
     __shared__ int wsum[8];
     const int e = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int base = seg_off[e];
@@ -1037,6 +1291,7 @@ __global__ void k_moe_fill(const int32_t *__restrict__ idx, int N, const int *__
 
 __global__ void k_silu_mul(float *__restrict__ g, const float *__restrict__ u, size_t n)
 {
+    pdl_enter();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
 }
@@ -1045,6 +1300,7 @@ __global__ void k_silu_mul(float *__restrict__ g, const float *__restrict__ u, s
 __global__ void k_moe_combine(const float *__restrict__ Y, const float *__restrict__ wts,
                               const int32_t *__restrict__ pos, int T, int k, int64_t H, float *__restrict__ out)
 {
+    pdl_enter();
     size_t n = (size_t)T * H;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t t = i / H, h = i % H;
@@ -1072,68 +1328,135 @@ sn_status max_smem(K kern, const cu_devinfo *di, const char *what)
     return SN_OK;
 }
 
-template <int BITS, int TT, int RPW>
-sn_status launch_gemv_q(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t e, const float *x, int T,
-                        float *y)
+/* Blocks per SM of a kernel at a block size and dynamic shared memory,
+ * remembered per kernel (the query costs microseconds per call). */
+template <typename K>
+int occupancy(K kern, int threads, size_t smem)
 {
-    size_t smem = gemv_smem(w, TT, RPW);
-    int64_t nrb = (w->rows + GEMV_WARPS * RPW - 1) / (GEMV_WARPS * RPW);
-    /* a persistent grid: as many blocks as fit at once, each staging x
-     * once and walking several row blocks */
-    int per_sm = 1;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_q<BITS, TT, RPW>, GEMV_WARPS * 32, smem) !=
-            cudaSuccess ||
-        per_sm < 1) {
-        cudaGetLastError(); /* a failed query must not look like a failed launch */
-        per_sm = 1;
+    static uint64_t cache[8];
+    static int next;
+    const uint64_t key = ((uint64_t)smem << 11) | (uint64_t)threads;
+    for (int i = 0; i < 8; i++) {
+        uint64_t e = __atomic_load_n(&cache[i], __ATOMIC_RELAXED);
+        if (e && (e >> 16) == key)
+            return (int)(e & 0xffff);
     }
-    int64_t grid = nrb < (int64_t)di->n_sm * per_sm ? nrb : (int64_t)di->n_sm * per_sm;
-    size_t sbsz = w->sfmt == CS_F32 ? 8 : 4;
-    k_gemv_q<BITS, TT, RPW><<<(unsigned)grid, GEMV_WARPS * 32, smem, s>>>(
-        (const uint32_t *)w->q + (size_t)e * w->rows * w->words, (const char *)w->sb + (size_t)e * w->rows * w->groups * sbsz,
-        w->sfmt, w->bias, w->rows, w->cols, w->words, w->groups, w->group, x, T, y);
+    int per = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, threads, smem) != cudaSuccess) {
+        cudaGetLastError(); /* a failed query must not look like a failed launch */
+        per = 0;
+    }
+    int slot = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED) & 7;
+    __atomic_store_n(&cache[slot], (key << 16) | (uint64_t)(per & 0xffff), __ATOMIC_RELAXED);
+    return per;
+}
+
+/* Dynamic shared memory of a k_gemv block: staged x for tt tokens and
+ * nwarps rings. */
+size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps)
+{
+    int vpc = 128 / w->bits;
+    int64_t nch = w->words / 4, stride4 = ((nch + 31) / 32) * (vpc / 4) * 32;
+    size_t ring = rpw <= 2 ? gv_ring<2>::per_warp : gv_ring<4>::per_warp;
+    return xstage_bytes(tt, nch, stride4) + (size_t)nwarps * ring;
+}
+
+/* One pass: the block size (8 or 16 warps) that keeps the most warps per
+ * SM resident, and a grid no larger than what is resident at once. */
+template <typename K>
+sn_status gv_max_smem(K kern, const cu_devinfo *di)
+{
+    cudaFuncAttributes fa;
+    CU_TRY(cudaFuncGetAttributes(&fa, kern), "gemv init");
+    if (fa.sharedSizeBytes > GV_STATIC_SMEM)
+        return SN_FAIL(SN_E_BACKEND, "gemv init: %zu B of static shared memory", (size_t)fa.sharedSizeBytes);
+    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(di->smem_optin - GV_STATIC_SMEM)),
+           "gemv init");
+    return SN_OK;
+}
+
+template <int BITS, int TT, int RPW>
+sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
+                    int T)
+{
+    auto kern = k_gemv<BITS, TT, RPW>;
+    int best_w = 0, best_per = 0;
+    const int cand[2] = { 8, 16 };
+    for (int ci = 0; ci < 2; ci++) {
+        int nw = cand[ci];
+        size_t smem = gv_smem(w0, TT, RPW, nw);
+        if (smem + GV_STATIC_SMEM > di->smem_optin)
+            continue;
+        int per = occupancy(kern, nw * 32, smem);
+        if (per > 0 && per * nw > best_per * best_w) {
+            best_per = per;
+            best_w = nw;
+        }
+    }
+    if (!best_w)
+        return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
+                       (long long)w0->cols);
+    const int64_t G = g.g0[g.n];
+    int64_t grid = (G + best_w - 1) / best_w;
+    if (grid > (int64_t)di->n_sm * best_per)
+        grid = (int64_t)di->n_sm * best_per;
+    if (grid < 1)
+        grid = 1;
+    (void)cu_launch(kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w), s, g,
+                    w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, x, T);
     CU_CHECK_LAUNCH("matmul gemv");
     return SN_OK;
 }
 
-template <int BITS>
-sn_status gemv_q_tokens(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t e, const float *x, int T,
-                        float *y)
+template <int BITS, int RPW>
+sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
+                  int T, int tt)
 {
-    /* T tokens in passes of up to 4 (fewer when x would not fit in shared memory). */
-    int t0 = 0;
-    while (t0 < T) {
-        int tt = T - t0 < GEMV_TT ? T - t0 : GEMV_TT;
-        while (tt > 1 && gemv_smem(w, tt, 4) > di->smem_optin)
-            tt--;
-        if (gemv_smem(w, 1, 4) > di->smem_optin)
+    switch (tt) {
+    case 1: return gv_launch<BITS, 1, RPW>(di, s, g, w0, x, T);
+    case 2: return gv_launch<BITS, 2, RPW>(di, s, g, w0, x, T);
+    case 4: return gv_launch<BITS, 4, RPW>(di, s, g, w0, x, T);
+    default: return gv_launch<BITS, 8, RPW>(di, s, g, w0, x, T);
+    }
+}
+
+/* T <= GV_TMAX tokens (more in passes) through the segments of g, whose
+ * rows, pointers, norm and add_to are set; g0 is filled here. */
+sn_status gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weight *w0, const float *x, int T)
+{
+    int64_t tot = 0;
+    for (int i = 0; i < g.n; i++)
+        tot += g.rows[i];
+    int rpw = di->gemv_rpw ? di->gemv_rpw : (T <= 2 && tot >= 8192 ? 4 : 2);
+    g.g0[0] = 0;
+    for (int i = 0; i < g.n; i++)
+        g.g0[i + 1] = g.g0[i] + (g.rows[i] + rpw - 1) / rpw;
+    for (int t0 = 0; t0 < T;) {
+        int left = T - t0;
+        int tt = left <= 1 ? 1 : left <= 2 ? 2 : left <= 4 ? 4 : GV_TMAX;
+        while (tt > 1 && gv_smem(w0, tt, rpw, 8) + GV_STATIC_SMEM > di->smem_optin)
+            tt /= 2;
+        if (gv_smem(w0, 1, rpw, 8) + GV_STATIC_SMEM > di->smem_optin)
             return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
-                           (long long)w->cols);
-        /* y is [T, rows]: a pass writes rows of its own tokens, so hand it y + t0*rows and
-         * let it store with stride rows (it indexes y[t*rows + r]). */
-        const float *xp = x + (size_t)t0 * w->cols;
-        float *yp = y + (size_t)t0 * w->rows;
-        sn_status st;
-        /* 2 rows per warp when 4 would leave the SMs short of warps */
-        int rpw = di->gemv_rpw ? di->gemv_rpw
-                               : ((w->rows + GEMV_WARPS * 4 - 1) / (GEMV_WARPS * 4) < 2 * (int64_t)di->n_sm ? 2 : 4);
-        if (rpw == 2) {
-            switch (tt) {
-            case 1: st = launch_gemv_q<BITS, 1, 2>(di, s, w, e, xp, 1, yp); break;
-            case 2: st = launch_gemv_q<BITS, 2, 2>(di, s, w, e, xp, 2, yp); break;
-            case 3: st = launch_gemv_q<BITS, 3, 2>(di, s, w, e, xp, 3, yp); break;
-            default: st = launch_gemv_q<BITS, 4, 2>(di, s, w, e, xp, 4, yp); break;
-            }
-        } else {
-            switch (tt) {
-            case 1: st = launch_gemv_q<BITS, 1, 4>(di, s, w, e, xp, 1, yp); break;
-            case 2: st = launch_gemv_q<BITS, 2, 4>(di, s, w, e, xp, 2, yp); break;
-            case 3: st = launch_gemv_q<BITS, 3, 4>(di, s, w, e, xp, 3, yp); break;
-            default: st = launch_gemv_q<BITS, 4, 4>(di, s, w, e, xp, 4, yp); break;
-            }
+                           (long long)w0->cols);
+        int nt = left < tt ? left : tt;
+        gemv_seg p = g;
+        for (int i = 0; i < g.n; i++) {
+            p.y[i] = g.y[i] + (size_t)t0 * g.rows[i];
+            if (g.add_to[i])
+                p.add_to[i] = g.add_to[i] + (size_t)t0 * g.rows[i];
         }
+        if (g.xn)
+            p.xn = g.xn + (size_t)t0 * w0->cols;
+        const float *xp = x + (size_t)t0 * w0->cols;
+        sn_status st;
+        if (w0->fmt == CW_Q4)
+            st = rpw == 4 ? gv_pass<4, 4>(di, s, p, w0, xp, nt, tt) : gv_pass<4, 2>(di, s, p, w0, xp, nt, tt);
+        else
+            st = rpw == 4 ? gv_pass<8, 4>(di, s, p, w0, xp, nt, tt) : gv_pass<8, 2>(di, s, p, w0, xp, nt, tt);
         SN_TRY(st);
-        t0 += tt;
+        t0 += nt;
     }
     return SN_OK;
 }
@@ -1150,50 +1473,27 @@ sn_status launch_gemm(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, 
         q = (const char *)w->q + (size_t)e * w->rows * w->cols * (FMT == CW_F32 ? 4 : 2);
     }
     dim3 grid((unsigned)((w->rows + BN - 1) / BN), (unsigned)((T + BM - 1) / BM));
-    k_gemm<FMT><<<grid, GEMM_THREADS, GEMM_SMEM, s>>>(*w, q, sb, xh, sig, Kp, nseg, T, y);
+    (void)cu_launch(k_gemm<FMT>, grid, GEMM_THREADS, GEMM_SMEM, s, *w, q, sb, xh, sig, Kp, nseg, T, y);
     CU_CHECK_LAUNCH("matmul gemm");
     return SN_OK;
 }
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-template <int BITS, int RPW>
-sn_status launch_group(const cu_devinfo *di, cudaStream_t s, const gemv_group &g, const cu_weight *w0,
-                       const float *x)
-{
-    size_t smem = gemv_smem(w0, 1, RPW);
-    int per_sm = 1;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv_group<BITS, RPW>, GEMV_WARPS * 32, smem) !=
-            cudaSuccess ||
-        per_sm < 1) {
-        cudaGetLastError(); /* a failed query must not look like a failed launch */
-        per_sm = 1;
-    }
-    int grid = g.rb0[g.n] < di->n_sm * per_sm ? g.rb0[g.n] : di->n_sm * per_sm;
-    k_gemv_group<BITS, RPW><<<grid, GEMV_WARPS * 32, smem, s>>>(g, w0->sfmt, w0->cols, w0->words, w0->groups,
-                                                                w0->group, x);
-    CU_CHECK_LAUNCH("matmul group");
-    return SN_OK;
-}
-
 } // namespace
 
 sn_status cu_matmul_init(const cu_devinfo *di)
 {
 #define GEMV_INIT(B, R)                                                                                           \
-    SN_TRY(max_smem(k_gemv_q<B, 1, R>, di, "gemv init"));                                                          \
-    SN_TRY(max_smem(k_gemv_q<B, 2, R>, di, "gemv init"));                                                          \
-    SN_TRY(max_smem(k_gemv_q<B, 3, R>, di, "gemv init"));                                                          \
-    SN_TRY(max_smem(k_gemv_q<B, 4, R>, di, "gemv init"));
+    SN_TRY(gv_max_smem(k_gemv<B, 1, R>, di));                                                                      \
+    SN_TRY(gv_max_smem(k_gemv<B, 2, R>, di));                                                                      \
+    SN_TRY(gv_max_smem(k_gemv<B, 4, R>, di));                                                                      \
+    SN_TRY(gv_max_smem(k_gemv<B, 8, R>, di));
     GEMV_INIT(4, 2)
     GEMV_INIT(4, 4)
     GEMV_INIT(8, 2)
     GEMV_INIT(8, 4)
 #undef GEMV_INIT
-    SN_TRY(max_smem(k_gemv_group<4, 2>, di, "gemv init"));
-    SN_TRY(max_smem(k_gemv_group<4, 4>, di, "gemv init"));
-    SN_TRY(max_smem(k_gemv_group<8, 2>, di, "gemv init"));
-    SN_TRY(max_smem(k_gemv_group<8, 4>, di, "gemv init"));
     SN_TRY(max_smem(k_gemm<CW_Q4>, di, "gemm init"));
     SN_TRY(max_smem(k_gemm<CW_Q8>, di, "gemm init"));
     SN_TRY(max_smem(k_gemm<CW_F32>, di, "gemm init"));
@@ -1237,7 +1537,8 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
         int nseg = di->gemm_fast ? 1 : 3;
         __half *xh = (__half *)scratch;
         float *sig = (float *)((char *)scratch + round_up((int64_t)(Tp * nseg * Kp * sizeof(__half)), 256));
-        k_x_to_f16<<<(unsigned)Tp, 256, 0, s>>>(x, T, w->cols, Kp, nseg, xh, sig, NULL, 1);
+        (void)cu_launch(k_x_to_f16, (unsigned)Tp, 256, 0, s, x, T, w->cols, Kp, nseg, xh, sig,
+                        (const int32_t *)NULL, 1);
         CU_CHECK_LAUNCH("matmul x->f16");
         if (use_blas(di, w, T)) {
             void *ws = (char *)sig + round_up(Tp * 4, 256);
@@ -1251,16 +1552,23 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
         default: return launch_gemm<CW_BF16>(di, s, w, e, xh, sig, Kp, nseg, T, y);
         }
     }
-    if (w->fmt == CW_Q4)
-        return gemv_q_tokens<4>(di, s, w, e, x, T, y);
-    if (w->fmt == CW_Q8)
-        return gemv_q_tokens<8>(di, s, w, e, x, T, y);
+    if (w->fmt == CW_Q4 || w->fmt == CW_Q8) {
+        gemv_seg g;
+        memset(&g, 0, sizeof g);
+        g.n = 1;
+        g.W[0] = (const uint32_t *)w->q + (size_t)e * w->rows * w->words;
+        g.sb[0] = (const char *)w->sb + (size_t)e * w->rows * w->groups * (w->sfmt == CS_F32 ? 8 : 4);
+        g.bias[0] = w->bias;
+        g.y[0] = y;
+        g.rows[0] = w->rows;
+        return gv_run(di, s, g, w, x, T);
+    }
     int64_t grid = (w->rows + 7) / 8;
     const void *q = (const char *)w->q + (size_t)e * w->rows * w->cols * (w->fmt == CW_F32 ? 4 : 2);
     switch (w->fmt) {
-    case CW_F32: k_gemv_dense<CW_F32><<<(unsigned)grid, 256, 0, s>>>(q, w->bias, w->rows, w->cols, x, T, y); break;
-    case CW_F16: k_gemv_dense<CW_F16><<<(unsigned)grid, 256, 0, s>>>(q, w->bias, w->rows, w->cols, x, T, y); break;
-    default: k_gemv_dense<CW_BF16><<<(unsigned)grid, 256, 0, s>>>(q, w->bias, w->rows, w->cols, x, T, y); break;
+    case CW_F32: (void)cu_launch(k_gemv_dense<CW_F32>, (unsigned)grid, 256, 0, s, q, w->bias, w->rows, w->cols, x, T, y); break;
+    case CW_F16: (void)cu_launch(k_gemv_dense<CW_F16>, (unsigned)grid, 256, 0, s, q, w->bias, w->rows, w->cols, x, T, y); break;
+    default: (void)cu_launch(k_gemv_dense<CW_BF16>, (unsigned)grid, 256, 0, s, q, w->bias, w->rows, w->cols, x, T, y); break;
     }
     CU_CHECK_LAUNCH("matmul gemv dense");
     return SN_OK;
@@ -1274,7 +1582,7 @@ sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int
     unsigned gx = (unsigned)((per_thread + 255) / 256);
     if (gx > 64)
         gx = 64;
-    k_embed<<<dim3(gx, (unsigned)T), 256, 0, s>>>(*w, d_ids, y);
+    (void)cu_launch(k_embed, dim3(gx, (unsigned)T), 256, 0, s, *w, d_ids, y);
     CU_CHECK_LAUNCH("embed");
     return SN_OK;
 }
@@ -1323,7 +1631,7 @@ static sn_status moe_gemm(const cu_devinfo *di, cudaStream_t s, const cu_weight 
                           const int *tile, float *y)
 {
     dim3 grid((unsigned)((w->rows + BN - 1) / BN), (unsigned)(N / BM + w->n_experts + 1));
-    k_gemm_moe<FMT><<<grid, GEMM_THREADS, GEMM_SMEM, s>>>(*w, xh, sig, Kp, nseg, (int)w->n_experts, cnt, seg, tile,
+    (void)cu_launch(k_gemm_moe<FMT>, grid, GEMM_THREADS, GEMM_SMEM, s, *w, xh, sig, Kp, nseg, (int)w->n_experts, cnt, seg, tile,
                                                           y);
     CU_CHECK_LAUNCH("moe gemm");
     return SN_OK;
@@ -1345,16 +1653,16 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
     __half *xh = (__half *)(b + L.xh), *ah = (__half *)(b + L.ah);
     int E = (int)gate->n_experts, nseg = di->gemm_fast ? 1 : 3;
     int64_t N = (int64_t)T * k, I = gate->rows, H = gate->cols, KpH = round_up(H, BK), KpI = round_up(I, BK);
-    k_moe_route<<<(unsigned)((T + 3) / 4), 128, 0, s>>>(logits, T, E, k, norm_topk, idx, wts);
+    (void)cu_launch(k_moe_route, (unsigned)((T + 3) / 4), 128, 0, s, logits, T, E, k, norm_topk, idx, wts);
     CU_CHECK_LAUNCH("moe route");
-    k_moe_count<<<(unsigned)E, 256, 0, s>>>(idx, (int)N, cnt);
+    (void)cu_launch(k_moe_count, (unsigned)E, 256, 0, s, idx, (int)N, cnt);
     CU_CHECK_LAUNCH("moe count");
-    k_moe_scan<<<1, 32, 0, s>>>(cnt, E, seg, tile);
+    (void)cu_launch(k_moe_scan, 1, 32, 0, s, cnt, E, seg, tile);
     CU_CHECK_LAUNCH("moe scan");
-    k_moe_fill<<<(unsigned)E, 256, 0, s>>>(idx, (int)N, seg, perm, pos);
+    (void)cu_launch(k_moe_fill, (unsigned)E, 256, 0, s, idx, (int)N, seg, perm, pos);
     CU_CHECK_LAUNCH("moe fill");
     /* gathered rows of x (row r = token perm[r] / k), fp16 with padding rows */
-    k_x_to_f16<<<(unsigned)(N + BM), 256, 0, s>>>(x, (int)N, H, KpH, nseg, xh, sig, perm, k);
+    (void)cu_launch(k_x_to_f16, (unsigned)(N + BM), 256, 0, s, x, (int)N, H, KpH, nseg, xh, sig, perm, k);
     CU_CHECK_LAUNCH("moe gather");
     if (gate->fmt == CW_Q4) {
         SN_TRY(moe_gemm<CW_Q4>(di, s, gate, xh, sig, KpH, nseg, N, cnt, seg, tile, g));
@@ -1364,16 +1672,17 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
         SN_TRY(moe_gemm<CW_Q8>(di, s, up, xh, sig, KpH, nseg, N, cnt, seg, tile, u));
     }
     size_t ni = (size_t)N * I;
-    k_silu_mul<<<(unsigned)((ni + 255) / 256 > 8192 ? 8192 : (ni + 255) / 256), 256, 0, s>>>(g, u, ni);
+    (void)cu_launch(k_silu_mul, (unsigned)((ni + 255) / 256 > 8192 ? 8192 : (ni + 255) / 256), 256, 0, s, g, u, ni);
     CU_CHECK_LAUNCH("moe swiglu");
-    k_x_to_f16<<<(unsigned)(N + BM), 256, 0, s>>>(g, (int)N, I, KpI, nseg, ah, sig2, NULL, 1);
+    (void)cu_launch(k_x_to_f16, (unsigned)(N + BM), 256, 0, s, g, (int)N, I, KpI, nseg, ah, sig2,
+                    (const int32_t *)NULL, 1);
     CU_CHECK_LAUNCH("moe act->f16");
     if (down->fmt == CW_Q4)
         SN_TRY(moe_gemm<CW_Q4>(di, s, down, ah, sig2, KpI, nseg, N, cnt, seg, tile, yd));
     else
         SN_TRY(moe_gemm<CW_Q8>(di, s, down, ah, sig2, KpI, nseg, N, cnt, seg, tile, yd));
     size_t nt = (size_t)T * H;
-    k_moe_combine<<<(unsigned)((nt + 255) / 256 > 8192 ? 8192 : (nt + 255) / 256), 256, 0, s>>>(yd, wts, pos, T, k,
+    (void)cu_launch(k_moe_combine, (unsigned)((nt + 255) / 256 > 8192 ? 8192 : (nt + 255) / 256), 256, 0, s, yd, wts, pos, T, k,
                                                                                                H, out);
     CU_CHECK_LAUNCH("moe combine");
     return SN_OK;
@@ -1393,7 +1702,7 @@ sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, co
     int32_t *idx = (int32_t *)scratch;
     float *wts = (float *)((char *)scratch + round_up((int64_t)T * top_k * 4, 256));
     float *h = (float *)((char *)wts + round_up((int64_t)T * top_k * 4, 256));
-    k_moe_route<<<(unsigned)((T + 3) / 4), 128, 0, s>>>(logits, T, E, top_k, norm_topk, idx, wts);
+    (void)cu_launch(k_moe_route, (unsigned)((T + 3) / 4), 128, 0, s, logits, T, E, top_k, norm_topk, idx, wts);
     CU_CHECK_LAUNCH("moe route");
     int64_t I = gate->rows, H = gate->cols;
     float *part = (float *)((char *)h + round_up((int64_t)T * top_k * I * 4, 256));
@@ -1401,11 +1710,11 @@ sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, co
     size_t smem1 = gemv_smem(gate, 1, MOE_RPW);
     dim3 g1((unsigned)nrb, (unsigned)top_k, (unsigned)T);
     if (gate->bits == 4)
-        k_moe_gate_up<4><<<g1, GEMV_WARPS * 32, smem1, s>>>((const uint32_t *)gate->q, gate->sb,
+        (void)cu_launch(k_moe_gate_up<4>, g1, GEMV_WARPS * 32, smem1, s, (const uint32_t *)gate->q, gate->sb,
                                                              (const uint32_t *)up->q, up->sb, gate->sfmt, I, H,
                                                              gate->words, gate->groups, gate->group, idx, top_k, x, h);
     else
-        k_moe_gate_up<8><<<g1, GEMV_WARPS * 32, smem1, s>>>((const uint32_t *)gate->q, gate->sb,
+        (void)cu_launch(k_moe_gate_up<8>, g1, GEMV_WARPS * 32, smem1, s, (const uint32_t *)gate->q, gate->sb,
                                                              (const uint32_t *)up->q, up->sb, gate->sfmt, I, H,
                                                              gate->words, gate->groups, gate->group, idx, top_k, x, h);
     CU_CHECK_LAUNCH("moe gate/up");
@@ -1413,14 +1722,14 @@ sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, co
     size_t smem2 = gemv_smem(down, 1, MOE_RPW);
     dim3 g2((unsigned)nrb2, (unsigned)top_k, (unsigned)T);
     if (down->bits == 4)
-        k_moe_down<4><<<g2, GEMV_WARPS * 32, smem2, s>>>((const uint32_t *)down->q, down->sb, down->sfmt, H, I,
+        (void)cu_launch(k_moe_down<4>, g2, GEMV_WARPS * 32, smem2, s, (const uint32_t *)down->q, down->sb, down->sfmt, H, I,
                                                          down->words, down->groups, down->group, idx, top_k, h, part);
     else
-        k_moe_down<8><<<g2, GEMV_WARPS * 32, smem2, s>>>((const uint32_t *)down->q, down->sb, down->sfmt, H, I,
+        (void)cu_launch(k_moe_down<8>, g2, GEMV_WARPS * 32, smem2, s, (const uint32_t *)down->q, down->sb, down->sfmt, H, I,
                                                          down->words, down->groups, down->group, idx, top_k, h, part);
     CU_CHECK_LAUNCH("moe down");
     size_t tot = (size_t)T * H;
-    k_moe_sum<<<(unsigned)((tot + 255) / 256 > 4096 ? 4096 : (tot + 255) / 256), 256, 0, s>>>(part, wts, top_k, T, H,
+    (void)cu_launch(k_moe_sum, (unsigned)((tot + 255) / 256 > 4096 ? 4096 : (tot + 255) / 256), 256, 0, s, part, wts, top_k, T, H,
                                                                                               out);
     CU_CHECK_LAUNCH("moe sum");
     return SN_OK;
@@ -1433,20 +1742,14 @@ bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b)
 }
 
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
-                          float *const *y, float *const *add_to, const float *x)
+                          float *const *y, float *const *add_to, const float *x, const cu_gemv_norm *norm)
 {
     if (n < 1 || n > CU_GROUP_MAX)
         return SN_FAIL(SN_E_INVALID, "matmul group of %d", n);
-    if (gemv_smem(w[0], 1, 4) > di->smem_optin)
-        return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory", (long long)w[0]->cols);
-    gemv_group g;
+    gemv_seg g;
     memset(&g, 0, sizeof g);
     g.n = n;
     size_t sbsz = w[0]->sfmt == CS_F32 ? 8 : 4;
-    int64_t tot4 = 0;
-    for (int i = 0; i < n; i++)
-        tot4 += (w[i]->rows + GEMV_WARPS * 4 - 1) / (GEMV_WARPS * 4);
-    int rpw = di->gemv_rpw ? di->gemv_rpw : (tot4 < 2 * (int64_t)di->n_sm ? 2 : 4);
     for (int i = 0; i < n; i++) {
         g.W[i] = (const uint32_t *)w[i]->q + (size_t)e[i] * w[i]->rows * w[i]->words;
         g.sb[i] = (const char *)w[i]->sb + (size_t)e[i] * w[i]->rows * w[i]->groups * sbsz;
@@ -1454,9 +1757,12 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
         g.y[i] = y[i];
         g.add_to[i] = add_to ? add_to[i] : NULL;
         g.rows[i] = w[i]->rows;
-        g.rb0[i + 1] = g.rb0[i] + (int)((w[i]->rows + GEMV_WARPS * rpw - 1) / (GEMV_WARPS * rpw));
     }
-    if (w[0]->fmt == CW_Q4)
-        return rpw == 2 ? launch_group<4, 2>(di, s, g, w[0], x) : launch_group<4, 4>(di, s, g, w[0], x);
-    return rpw == 2 ? launch_group<8, 2>(di, s, g, w[0], x) : launch_group<8, 4>(di, s, g, w[0], x);
+    if (norm) {
+        g.nw = norm->w;
+        g.eps = norm->eps;
+        g.norm_threads = norm->threads;
+        g.xn = norm->xn;
+    }
+    return gv_run(di, s, g, w[0], x, 1);
 }

@@ -39,6 +39,7 @@ unsigned norm_threads(int n) { return n <= 128 ? 64u : n <= 512 ? 128u : n <= 20
 __global__ void k_rmsnorm(const float *__restrict__ x, const float *__restrict__ w, int n, float eps,
                           float *__restrict__ y)
 {
+    pdl_enter();
     __shared__ float red[33];
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
@@ -54,6 +55,7 @@ __global__ void k_rmsnorm(const float *__restrict__ x, const float *__restrict__
 __global__ void k_gated_rmsnorm(const float *__restrict__ o, const float *__restrict__ z, const float *__restrict__ w,
                                 int n, float eps, float *__restrict__ y)
 {
+    pdl_enter();
     __shared__ float red[33];
     size_t off = (size_t)blockIdx.x * n;
     float ss = 0.f;
@@ -67,18 +69,21 @@ __global__ void k_gated_rmsnorm(const float *__restrict__ o, const float *__rest
 
 __global__ void k_add(float *__restrict__ y, const float *__restrict__ x, size_t n)
 {
+    pdl_enter();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] += x[i];
 }
 
 __global__ void k_swiglu(const float *__restrict__ g, const float *__restrict__ u, size_t n, float *__restrict__ out)
 {
+    pdl_enter();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = silu(g[i]) * u[i];
 }
 
 __global__ void k_mul_sigmoid(float *__restrict__ y, const float *__restrict__ g, size_t n)
 {
+    pdl_enter();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         y[i] *= sigmoidf_(g[i]);
 }
@@ -87,6 +92,7 @@ __global__ void k_mul_sigmoid(float *__restrict__ y, const float *__restrict__ g
 __global__ void k_add_gated(float *__restrict__ y, const float *__restrict__ x, const float *__restrict__ g, int T,
                             int n)
 {
+    pdl_enter();
     size_t N = (size_t)T * n;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < N; i += (size_t)gridDim.x * blockDim.x)
         y[i] += sigmoidf_(g[i / n]) * x[i];
@@ -103,6 +109,7 @@ unsigned ew_grid(size_t n)
 __global__ void k_rope(float *__restrict__ x, int T, int n_heads, int head_dim, int half, int pos0,
                        const int *__restrict__ d_delta, const float *__restrict__ inv_freq, float mscale)
 {
+    pdl_enter();
     size_t n = (size_t)T * n_heads * half;
     int p0 = pos0 + *d_delta;
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
@@ -121,6 +128,7 @@ __global__ void k_rope(float *__restrict__ x, int T, int n_heads, int head_dim, 
 __global__ void k_kv_write(float *__restrict__ kc, float *__restrict__ vc, const float *__restrict__ k,
                            const float *__restrict__ v, size_t n, size_t row, int pos0, const int *__restrict__ d_delta)
 {
+    pdl_enter();
     size_t off = (size_t)(pos0 + *d_delta) * row;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         kc[off + i] = k[i];
@@ -142,6 +150,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 k_attn_decode(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc, int Hq, int Hkv,
               int D, int pos0, const int *__restrict__ d_delta, float scale, float *__restrict__ part)
 {
+    pdl_enter();
     const int th = blockIdx.x, split = blockIdx.y;
     const int t = th / Hq, h = th % Hq, kvh = h / (Hq / Hkv);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -250,6 +259,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc, int Hq,
                   int Hkv, int D, int pos0, const int *__restrict__ d_delta, float scale, float *__restrict__ part)
 {
+    pdl_enter();
     const int tg = blockIdx.x, split = blockIdx.y;
     const int t = tg / Hkv, g = tg % Hkv, r = Hq / Hkv;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -356,6 +366,7 @@ k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, con
 
 __global__ void k_attn_combine(const float *__restrict__ part, int D, float *__restrict__ out)
 {
+    pdl_enter();
     const int th = blockIdx.x;
     const float *p = part + (size_t)th * NSPLIT * (D + 2);
     float M = -INFINITY;
@@ -397,6 +408,7 @@ __global__ void __launch_bounds__(PF_THREADS)
 k_attn_prefill(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc, int T, int Hq,
                int Hkv, int D, int pos0, const int *__restrict__ d_delta, float scale, float *__restrict__ out)
 {
+    pdl_enter();
     extern __shared__ float sh[];
     const int ld = D + 1;
     float *Qs = sh, *Ks = Qs + PF_BQ * ld, *Vs = Ks + PF_BK * ld, *Ps = Vs + PF_BK * D;
@@ -501,6 +513,7 @@ __global__ void k_gdn_conv(const float *__restrict__ qkv, const float *__restric
                            const float *__restrict__ dt_bias, float *__restrict__ c, float *__restrict__ beta,
                            float *__restrict__ decay)
 {
+    pdl_enter();
     __shared__ float red[33];
     const int hidx = blockIdx.x, t = blockIdx.y;
     const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
@@ -562,6 +575,7 @@ __global__ void k_gdn_conv(const float *__restrict__ qkv, const float *__restric
  * already replaced. Runs after k_gdn_conv has read the old state. */
 __global__ void k_gdn_state(float *__restrict__ state, const float *__restrict__ qkv, int C, int K, int T)
 {
+    pdl_enter();
     for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < C; ch += gridDim.x * blockDim.x)
         for (int i = 0; i < K - 1; i++) {
             int xi = T + i;
@@ -579,6 +593,7 @@ __global__ void __launch_bounds__(128)
 k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const float *__restrict__ decay,
           float *__restrict__ S, int Hk, int Hv, int Dk, int Dv, int T, float *__restrict__ out)
 {
+    pdl_enter();
     const int hv = blockIdx.x, hk = hv / (Hv / Hk);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int col = blockIdx.y * 32 + warp * 8 + (lane & 7);
@@ -648,6 +663,7 @@ __device__ __forceinline__ void amax_merge(float &best, int &bi, float v, int i)
 
 __global__ void k_argmax_part(const float *__restrict__ x, int n, float2 *__restrict__ part)
 {
+    pdl_enter();
     const float *xr = x + (size_t)blockIdx.x * n;
     int per = (n + ARGMAX_SPLIT - 1) / ARGMAX_SPLIT;
     int i0 = blockIdx.y * per, i1 = min(n, i0 + per);
@@ -679,6 +695,7 @@ __global__ void k_argmax_part(const float *__restrict__ x, int n, float2 *__rest
 
 __global__ void k_argmax_final(const float2 *__restrict__ part, int32_t *__restrict__ out)
 {
+    pdl_enter();
     const int lane = threadIdx.x;
     float best = -INFINITY;
     int bi = 0x7fffffff;
@@ -709,11 +726,13 @@ sn_status cu_ops_init(const cu_devinfo *di)
     return SN_OK;
 }
 
+int cu_rmsnorm_threads(int n) { return (int)norm_threads(n); }
+
 sn_status cu_rmsnorm(cudaStream_t s, const float *x, const float *w, int rows, int n, float eps, float *y)
 {
     if (rows <= 0)
         return SN_OK;
-    k_rmsnorm<<<(unsigned)rows, norm_threads(n), 0, s>>>(x, w, n, eps, y);
+    (void)cu_launch(k_rmsnorm, (unsigned)rows, norm_threads(n), 0, s, x, w, n, eps, y);
     CU_CHECK_LAUNCH("rmsnorm");
     return SN_OK;
 }
@@ -723,7 +742,7 @@ sn_status cu_gated_rmsnorm(cudaStream_t s, const float *o, const float *z, const
 {
     if (rows <= 0)
         return SN_OK;
-    k_gated_rmsnorm<<<(unsigned)rows, norm_threads(n), 0, s>>>(o, z, w, n, eps, y);
+    (void)cu_launch(k_gated_rmsnorm, (unsigned)rows, norm_threads(n), 0, s, o, z, w, n, eps, y);
     CU_CHECK_LAUNCH("gated_rmsnorm");
     return SN_OK;
 }
@@ -732,7 +751,7 @@ sn_status cu_add(cudaStream_t s, float *y, const float *x, size_t n)
 {
     if (!n)
         return SN_OK;
-    k_add<<<ew_grid(n), 256, 0, s>>>(y, x, n);
+    (void)cu_launch(k_add, ew_grid(n), 256, 0, s, y, x, n);
     CU_CHECK_LAUNCH("add");
     return SN_OK;
 }
@@ -741,7 +760,7 @@ sn_status cu_swiglu(cudaStream_t s, const float *g, const float *u, size_t n, fl
 {
     if (!n)
         return SN_OK;
-    k_swiglu<<<ew_grid(n), 256, 0, s>>>(g, u, n, out);
+    (void)cu_launch(k_swiglu, ew_grid(n), 256, 0, s, g, u, n, out);
     CU_CHECK_LAUNCH("swiglu");
     return SN_OK;
 }
@@ -750,7 +769,7 @@ sn_status cu_mul_sigmoid(cudaStream_t s, float *y, const float *g, size_t n)
 {
     if (!n)
         return SN_OK;
-    k_mul_sigmoid<<<ew_grid(n), 256, 0, s>>>(y, g, n);
+    (void)cu_launch(k_mul_sigmoid, ew_grid(n), 256, 0, s, y, g, n);
     CU_CHECK_LAUNCH("mul_sigmoid");
     return SN_OK;
 }
@@ -760,7 +779,7 @@ sn_status cu_add_gated(cudaStream_t s, float *y, const float *x, const float *g,
     size_t N = (size_t)T * n;
     if (!N)
         return SN_OK;
-    k_add_gated<<<ew_grid(N), 256, 0, s>>>(y, x, g, T, n);
+    (void)cu_launch(k_add_gated, ew_grid(N), 256, 0, s, y, x, g, T, n);
     CU_CHECK_LAUNCH("add_gated");
     return SN_OK;
 }
@@ -771,7 +790,7 @@ sn_status cu_rope(cudaStream_t s, float *x, int T, int n_heads, int head_dim, in
     size_t n = (size_t)T * n_heads * (rot_dim / 2);
     if (!n)
         return SN_OK;
-    k_rope<<<ew_grid(n), 256, 0, s>>>(x, T, n_heads, head_dim, rot_dim / 2, pos0, d_delta, inv_freq, mscale);
+    (void)cu_launch(k_rope, ew_grid(n), 256, 0, s, x, T, n_heads, head_dim, rot_dim / 2, pos0, d_delta, inv_freq, mscale);
     CU_CHECK_LAUNCH("rope");
     return SN_OK;
 }
@@ -782,13 +801,13 @@ sn_status cu_kv_write(cudaStream_t s, const sn_kv_view *kv, const float *k, cons
     size_t row = (size_t)kv->n_kv_heads * kv->head_dim, n = row * T;
     if (!n)
         return SN_OK;
-    k_kv_write<<<ew_grid(n), 256, 0, s>>>(kv->k, kv->v, k, v, n, row, pos0, d_delta);
+    (void)cu_launch(k_kv_write, ew_grid(n), 256, 0, s, kv->k, kv->v, k, v, n, row, pos0, d_delta);
     CU_CHECK_LAUNCH("kv_write");
     return SN_OK;
 }
 
 /* Decode (split-KV) for up to this many new tokens; the tiled kernel above. */
-#define DECODE_MAX_T 4
+#define DECODE_MAX_T 8
 
 size_t cu_attention_scratch_bytes(const sn_kv_view *kv, int T, int n_q_heads)
 {
@@ -811,7 +830,7 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
         if (r >= 2 && r <= 8) {
             dim3 grid((unsigned)(T * Hkv), NSPLIT);
 #define GQA_LAUNCH(E, R)                                                                                             \
-    k_attn_decode_gqa<E, R><<<grid, DEC_WARPS * 32, (size_t)DEC_WARPS * R * D * sizeof(float), s>>>(                  \
+    (void)cu_launch(k_attn_decode_gqa<E, R>, grid, DEC_WARPS * 32, (size_t)DEC_WARPS * R * D * sizeof(float), s,                   \
         q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta, scale, part)
 #define GQA_R(E)                                                                                                     \
     do {                                                                                                             \
@@ -829,20 +848,20 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
         dim3 grid((unsigned)(T * n_q_heads), NSPLIT);
         size_t smem = (size_t)DEC_WARPS * D * sizeof(float);
         if (epl <= 1)
-            k_attn_decode<1><<<grid, DEC_WARPS * 32, smem, s>>>(q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
+            (void)cu_launch(k_attn_decode<1>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
                                                                  scale, part);
         else if (epl <= 2)
-            k_attn_decode<2><<<grid, DEC_WARPS * 32, smem, s>>>(q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
+            (void)cu_launch(k_attn_decode<2>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
                                                                  scale, part);
         else if (epl <= 4)
-            k_attn_decode<4><<<grid, DEC_WARPS * 32, smem, s>>>(q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
+            (void)cu_launch(k_attn_decode<4>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
                                                                  scale, part);
         else
-            k_attn_decode<8><<<grid, DEC_WARPS * 32, smem, s>>>(q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
+            (void)cu_launch(k_attn_decode<8>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
                                                                  scale, part);
         }
         CU_CHECK_LAUNCH("attention decode");
-        k_attn_combine<<<(unsigned)(T * n_q_heads), D < 128 ? 64 : 128, 0, s>>>(part, D, out);
+        (void)cu_launch(k_attn_combine, (unsigned)(T * n_q_heads), D < 128 ? 64 : 128, 0, s, part, D, out);
         CU_CHECK_LAUNCH("attention combine");
         return SN_OK;
     }
@@ -856,7 +875,7 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
     int mi = (D + 7) / 8;
 #define PF_LAUNCH(MI)                                                                                             \
     do {                                                                                                          \
-        k_attn_prefill<MI><<<grid, PF_THREADS, smem, s>>>(q, kv->k, kv->v, T, n_q_heads, Hkv, D, pos0, d_delta,  \
+        (void)cu_launch(k_attn_prefill<MI>, grid, PF_THREADS, smem, s, q, kv->k, kv->v, T, n_q_heads, Hkv, D, pos0, d_delta,  \
                                                           scale, out);                                           \
     } while (0)
     if (mi <= 4)
@@ -893,11 +912,11 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
     float *beta = c + (size_t)T * C, *decay = beta + (size_t)T * Hv;
     float l2eps = d->norm_eps > 0.f ? d->norm_eps : 1e-6f;
     unsigned th = 128; /* k_gdn_conv covers up to 4*128 channels per head */
-    k_gdn_conv<<<dim3((unsigned)(2 * Hk + Hv), (unsigned)T), th, 0, s>>>(qkv, conv_w, conv_state, Hk, Hv, Dk, Dv, K,
+    (void)cu_launch(k_gdn_conv, dim3((unsigned)(2 * Hk + Hv), (unsigned)T), th, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv, K,
                                                                           l2eps, a, b, A_log, dt_bias, c, beta, decay);
     CU_CHECK_LAUNCH("gdn conv");
     if (K > 1) {
-        k_gdn_state<<<(unsigned)((C + 255) / 256), 256, 0, s>>>(conv_state, qkv, (int)C, K, T);
+        (void)cu_launch(k_gdn_state, (unsigned)((C + 255) / 256), 256, 0, s, conv_state, qkv, (int)C, K, T);
         CU_CHECK_LAUNCH("gdn conv state");
     }
     /* [prefill] chunked delta rule for long T (cuda_prefill.cu); its scratch follows decay */
@@ -906,13 +925,13 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
     dim3 grid((unsigned)Hv, (unsigned)((Dv + 31) / 32));
     int rpt = (Dk + 3) / 4;
     if (rpt <= 8)
-        k_gdn_rec<8><<<grid, 128, 0, s>>>(c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+        (void)cu_launch(k_gdn_rec<8>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
     else if (rpt <= 16)
-        k_gdn_rec<16><<<grid, 128, 0, s>>>(c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+        (void)cu_launch(k_gdn_rec<16>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
     else if (rpt <= 32)
-        k_gdn_rec<32><<<grid, 128, 0, s>>>(c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+        (void)cu_launch(k_gdn_rec<32>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
     else
-        k_gdn_rec<64><<<grid, 128, 0, s>>>(c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+        (void)cu_launch(k_gdn_rec<64>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
     CU_CHECK_LAUNCH("gdn recurrence");
     return SN_OK;
 }
@@ -924,9 +943,9 @@ sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_
     if (rows <= 0)
         return SN_OK;
     float2 *part = (float2 *)scratch;
-    k_argmax_part<<<dim3((unsigned)rows, ARGMAX_SPLIT), 256, 0, s>>>(x, n, part);
+    (void)cu_launch(k_argmax_part, dim3((unsigned)rows, ARGMAX_SPLIT), 256, 0, s, x, n, part);
     CU_CHECK_LAUNCH("argmax");
-    k_argmax_final<<<(unsigned)rows, 32, 0, s>>>(part, d_out);
+    (void)cu_launch(k_argmax_final, (unsigned)rows, 32, 0, s, part, d_out);
     CU_CHECK_LAUNCH("argmax final");
     return SN_OK;
 }
