@@ -7,7 +7,10 @@
  * trained default model models/default are added when present. Decoded
  * text goes through the Qwen3 tokenizer fixture (ids < 512 are byte and
  * merge tokens there), so byte-identical output is checked as text and as
- * token ids. */
+ * token ids. The backend is pf_backend (CPU unless a CUDA test sets it);
+ * sanctum-synth is found next to the test binary (../sanctum-synth or
+ * ./sanctum-synth: a build dir or the GPU box's packed bin/), else
+ * build/sanctum-synth, or where $SANCTUM_SYNTH says. */
 #ifndef PCACHE_FIXTURES_H
 #define PCACHE_FIXTURES_H
 
@@ -34,6 +37,7 @@ typedef struct {
 
 static pf_model pf_models[PF_MAX_MODELS];
 static int pf_n;
+static sn_backend_kind pf_backend = SN_BACKEND_CPU;
 static sn_tokenizer *pf_tok;
 static char pf_tmp[256];
 
@@ -76,7 +80,7 @@ static const char *pf_configs[][2] = {
 static bool pf_add(const char *name, const char *dir)
 {
     if (pf_n >= PF_MAX_MODELS) return false;
-    sn_load_opts o = { .n_threads = 2 };
+    sn_load_opts o = { .n_threads = 2, .backend = pf_backend, .gpu = 0 };
     pf_model *pm = &pf_models[pf_n];
     if (sn_model_load(dir, &o, &pm->m) != SN_OK) {
         fprintf(stderr, "  loading %s (%s): %s\n", name, dir, sn_errmsg());
@@ -98,25 +102,51 @@ static void pf_rmrf(void)
     if (system(cmd) != 0) fprintf(stderr, "  could not remove %s\n", pf_tmp);
 }
 
+/* The sanctum-synth binary into out (see the top). */
+static bool pf_synth_path(char *out, size_t cap)
+{
+    const char *e = getenv("SANCTUM_SYNTH");
+    if (e && *e) {
+        snprintf(out, cap, "%s", e);
+        return access(out, X_OK) == 0;
+    }
+    char self[512];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = 0;
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(out, cap, "%s/../sanctum-synth", self);
+            if (access(out, X_OK) == 0) return true;
+            snprintf(out, cap, "%s/sanctum-synth", self);
+            if (access(out, X_OK) == 0) return true;
+        }
+    }
+    snprintf(out, cap, "build/sanctum-synth");
+    return access(out, X_OK) == 0;
+}
+
 /* Loads the tokenizer and every model; false (with a message) when the
  * synthetic ones cannot be made, which fails the suite. */
 static bool pf_setup(void)
 {
     snprintf(pf_tmp, sizeof pf_tmp, "/tmp/sn_pcache_XXXXXX");
     if (!mkdtemp(pf_tmp)) { pf_tmp[0] = 0; return false; }
-    char cmd[1024], dir[512];
+    char cmd[2048], dir[512];
     snprintf(cmd, sizeof cmd, "gzip -dc tests/fixtures/tokenizer/qwen3/tokenizer.json.gz > %s/tokenizer.json", pf_tmp);
     if (system(cmd) != 0) { fprintf(stderr, "  cannot unpack the tokenizer fixture\n"); return false; }
     snprintf(dir, sizeof dir, "%s/tokenizer.json", pf_tmp);
     if (sn_tok_load(dir, "qwen3", &pf_tok) != SN_OK) { fprintf(stderr, "  tokenizer: %s\n", sn_errmsg()); return false; }
-    if (access("build/sanctum-synth", X_OK) != 0) { fprintf(stderr, "  build/sanctum-synth missing (make)\n"); return false; }
+    char synth[600];
+    if (!pf_synth_path(synth, sizeof synth)) { fprintf(stderr, "  sanctum-synth missing (make; or set SANCTUM_SYNTH)\n"); return false; }
     for (size_t i = 0; i < sizeof pf_configs / sizeof pf_configs[0]; i++) {
         snprintf(dir, sizeof dir, "%s/%s.json", pf_tmp, pf_configs[i][0]);
         FILE *f = fopen(dir, "w");
         if (!f) return false;
         fputs(pf_configs[i][1], f);
         fclose(f);
-        snprintf(cmd, sizeof cmd, "build/sanctum-synth --config %s/%s.json --out %s/%s --seed %zu >/dev/null 2>&1",
+        snprintf(cmd, sizeof cmd, "'%s' --config %s/%s.json --out %s/%s --seed %zu >/dev/null 2>&1", synth,
                  pf_tmp, pf_configs[i][0], pf_tmp, pf_configs[i][0], 7 + i);
         if (system(cmd) != 0) { fprintf(stderr, "  sanctum-synth failed for %s\n", pf_configs[i][0]); return false; }
         snprintf(dir, sizeof dir, "%s/%s", pf_tmp, pf_configs[i][0]);

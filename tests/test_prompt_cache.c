@@ -15,6 +15,8 @@
 #define FOR_MODELS for (int mi = 0; mi < pf_n; mi++)
 #define PM (&pf_models[mi])
 
+#include "pcache_canon.h"
+
 /* prompt lengths around the GDN chunk (64) and the forward step (512) */
 static const int lens[] = { 1, 2, 63, 64, 65, 130, 511, 512, 513, 600 };
 
@@ -753,6 +755,14 @@ int main(void)
     RUN(test_bad_args);
     RUN(test_threads);
     RUN(test_server_fields);
+    /* the engine path of a backend that is not batch invariant (CUDA),
+     * here on the CPU: canonical schedule, resume points, PLD row cap */
+    setenv("SANCTUM_INVARIANT_ROWS", "4", 1);
+    RUN(canon_invariant_rows);
+    RUN(canon_cold_warm);
+    RUN(canon_pld);
+    RUN(canon_chat_default);
+    unsetenv("SANCTUM_INVARIANT_ROWS");
     pf_teardown();
     return TEST_END();
 }

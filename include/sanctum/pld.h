@@ -21,6 +21,8 @@
  * without PLD, and the CPU backend gives every row the same bits alone or
  * in a run, the emitted tokens are identical with PLD on or off, at
  * temperature 0 and at a fixed seed alike. Drafting only changes speed.
+ * On a backend that keeps one-row bits only up to sn_engine_invariant_rows
+ * rows per forward (CUDA; prompt_cache.h), a verify pass feeds no more.
  *
  * How many tokens to draft is a cost decision (a CPU forward of 1 + d rows
  * costs more than one row; a GPU one barely does): sn_pld_ctl keeps the

@@ -17,7 +17,9 @@
  * min_fresh = 1 relies on the backend being batch invariant (a token gives
  * the same bits alone or inside a run of many: tests/test_prompt_cache.c
  * proves it on every architecture); min_fresh = 2 is the conservative rule
- * of the seed (T_q >= 2), kept as a knob (SANCTUM_PCACHE_MIN_FRESH).
+ * of the seed (T_q >= 2), kept as a knob (SANCTUM_PCACHE_MIN_FRESH). A
+ * backend that is not batch invariant (CUDA) resumes only where a canonical
+ * prefill schedule allows, see "backends that are not batch invariant".
  *
  * The pool is bounded by budget_bytes with LRU eviction and is safe to use
  * from several threads (one pool mutex; copies to and from backend memory
@@ -38,6 +40,8 @@ typedef struct {
     size_t budget_bytes;  /* pool limit (host memory); 0 disables storing */
     int ckpt_every;       /* recurrent-state checkpoint spacing in tokens, >= 16 */
     int min_fresh;        /* tokens always computed after a restore: 1 or 2 */
+    int prefill_chunk;    /* sn_pcache_begin / prewarm forward size on a backend that is not batch
+                           * invariant (sn_prefill_schedule); <= 0: 512, as sn_generate's default */
 } sn_pcache_opts;
 
 /* 512 MiB, a checkpoint every 256 tokens, min_fresh 1 (or the value of
@@ -77,6 +81,11 @@ void sn_pcache_get_stats(sn_pcache *pc, sn_pcache_stats *out);
  * other threads meanwhile is harmless; sn_pcache_req_free drops them. */
 sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int n_prompt, const int *bounds,
                           int n_bounds, sn_pcache_req **out, int *cached);
+/* The same with the prefill chunk the caller will use (sn_generate passes
+ * its prefill_chunk; <= 0: 512); it matters only on a backend that is not
+ * batch invariant, where the chunk fixes the schedule below. */
+sn_status sn_pcache_begin_ex(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int n_prompt, const int *bounds,
+                             int n_bounds, int chunk, sn_pcache_req **out, int *cached);
 int sn_pcache_next_stop(const sn_pcache_req *r, int pos, int end);
 sn_status sn_pcache_capture(sn_pcache_req *r, const sn_seq *seq);
 sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *tokens, int n_tokens);
@@ -87,6 +96,40 @@ void sn_pcache_req_free(sn_pcache_req *r);
  * the end of the tokens. */
 sn_status sn_pcache_prewarm(sn_pcache *pc, sn_model *m, sn_seq *seq, const int32_t *tokens, int n,
                             const int *bounds, int n_bounds);
+
+/* ---- backends that are not batch invariant ------------------------------
+ *
+ * The CUDA kernels depend on the number of rows of a forward (a one-token
+ * step takes the GEMV and split-KV decode kernels, a run of 8+ tokens the
+ * tensor-core GEMM or cuBLAS and the tiled prefill attention), so there a
+ * token's bits depend on how its prefill was cut. The engine then keeps
+ * every prompt on one canonical schedule, the same cold, warm and with the
+ * cache off: the prefill from position 0 runs as the forwards
+ * [s_i, s_i+1) with s = the multiples of chunk, the first and the last of
+ * the message bounds and the prompt end. A cached entry remembers its
+ * schedule, and a request resumes only at a position r that ends a forward
+ * in both schedules, with the same forwards below r: the rest of the
+ * prompt then runs exactly the forwards a cold run makes, on bitwise the
+ * same state, so it gives the same bits. Generated tokens (decode steps)
+ * are never reused there, and prompt lookup decoding verifies at most
+ * sn_engine_invariant_rows(m) rows per forward. */
+
+/* The largest number of rows one forward may have while every row's result
+ * is bitwise that of a one-row forward. INT_MAX: fully batch invariant (the
+ * CPU backend): any cut, any resume position. Otherwise the canonical
+ * schedule above is used. The environment SANCTUM_INVARIANT_ROWS (an
+ * integer >= 1, or "max") overrides it for experiments; a malformed value
+ * counts as 1. The CUDA backend counts 4 (split-KV decode attention takes
+ * up to 4 tokens, each over its own length; the GEMV is assumed to give
+ * rows 1..8 bitwise equal to one token, test_cuda_pcache checks both). */
+int sn_engine_invariant_rows(const sn_model *m);
+/* The forward size the canonical schedule uses for a prefill chunk of
+ * chunk tokens (<= 0: 512), capped at the model's step size. */
+int sn_prefill_chunk(const sn_model *m, int chunk);
+/* The canonical schedule of a prompt of n tokens: the ascending ends of
+ * its forwards into out (room for n / chunk + 3), returns their count; the
+ * last is n. chunk as returned by sn_prefill_chunk. */
+int sn_prefill_schedule(int n, int chunk, const int *bounds, int n_bounds, int *out);
 
 /* ---- recurrent-state rewind (shared with speculative decoding) ----------
  *

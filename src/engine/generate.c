@@ -1,6 +1,7 @@
 /* The generation loop (generate.h). */
 #include "sanctum/generate.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,18 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     float *logits = malloc((size_t)rows * (size_t)vocab * sizeof *logits);
     sn_pcache_req *pcr = NULL;
     sn_rewind *rw = NULL;
+    int *sched = NULL, n_sched = 0;
+    /* Rows per forward whose results are those of one-row forwards: on a
+     * backend that is not batch invariant the prefill follows the canonical
+     * schedule (prompt_cache.h) and PLD verifies at most this many rows. */
+    int inv_rows = sn_engine_invariant_rows(m);
+    int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 512;
+    if (inv_rows != INT_MAX) {
+        chunk = sn_prefill_chunk(m, chunk);
+        sched = malloc((size_t)(n_prompt / chunk + 3) * sizeof *sched);
+        if (!sched) { st = SN_FAIL(SN_E_NOMEM, "generate: out of memory"); goto out; }
+        n_sched = sn_prefill_schedule(n_prompt, chunk, p->msg_bounds, p->n_msg_bounds, sched);
+    }
     g.ctx_left = max_ctx - pos0 - n_prompt;
     g.cap_hist = n_prompt + (p->max_tokens < g.ctx_left ? p->max_tokens : g.ctx_left) + 1;
     g.hist = malloc((size_t)g.cap_hist * sizeof *g.hist);
@@ -157,14 +170,20 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     g.t0 = now_s();
     int cached = 0;
     if (p->pcache && pos0 == 0) {
-        if ((st = sn_pcache_begin(p->pcache, seq, prompt, n_prompt, p->msg_bounds, p->n_msg_bounds, &pcr, &cached))
-            != SN_OK) goto out;
+        if ((st = sn_pcache_begin_ex(p->pcache, seq, prompt, n_prompt, p->msg_bounds, p->n_msg_bounds, chunk, &pcr,
+                                     &cached)) != SN_OK) goto out;
         res->cached_tokens = cached;
         res->prompt_tokens = cached;
     }
-    int chunk = p->prefill_chunk > 0 ? p->prefill_chunk : 512;
-    for (int i = cached; i < n_prompt;) {
-        int end = sn_pcache_next_stop(pcr, i, n_prompt - i < chunk ? n_prompt : i + chunk);
+    for (int i = cached, k = 0; i < n_prompt;) {
+        int end = n_prompt - i < chunk ? n_prompt : i + chunk;
+        if (sched) {
+            /* the forward of the schedule that starts at i (a resume
+             * point is always one of its ends) */
+            while (k < n_sched && sched[k] <= i) k++;
+            end = k < n_sched ? sched[k] : n_prompt;
+        }
+        end = sn_pcache_next_stop(pcr, i, end);
         bool last = end == n_prompt;
         if ((st = sn_forward(m, seq, prompt + i, end - i, last ? logits : NULL, false)) != SN_OK) goto out;
         if ((st = sn_pcache_capture(pcr, seq)) != SN_OK) goto out;
@@ -191,6 +210,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
             int avail = p->max_tokens - res->completion_tokens;
             if (avail > g.ctx_left - res->completion_tokens) avail = g.ctx_left - res->completion_tokens;
             if (avail > po.max_lookup) avail = po.max_lookup;
+            if (inv_rows != INT_MAX && avail > inv_rows - 1) avail = inv_rows - 1;
             nd = sn_pld_draft(g.hist, g.n_hist, po.ngram, avail, draft, &match);
             nd = sn_pld_ctl_choose(ctl, match, nd);
         }
@@ -247,6 +267,7 @@ store:
     if (st == SN_OK && pcr) st = sn_pcache_commit(pcr, seq, g.hist, g.n_hist);
 out:
     free(logits);
+    free(sched);
     free(g.hist);
     free(g.unusable);
     free(g.dtext);

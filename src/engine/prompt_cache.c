@@ -9,6 +9,8 @@
  * checkpoint plus that checkpoint's recurrent state. */
 #include "sanctum/prompt_cache.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +77,61 @@ static int n_attn_layers(const sn_seq *s)
     return n;
 }
 
+/* ---- batch invariance and the canonical schedule (prompt_cache.h) ------- */
+
+int sn_engine_invariant_rows(const sn_model *m)
+{
+    const char *e = getenv("SANCTUM_INVARIANT_ROWS");
+    if (e && *e) {
+        if (!strcmp(e, "max")) return INT_MAX;
+        char *end;
+        errno = 0;
+        long v = strtol(e, &end, 10);
+        return errno || *end || v < 1 || v > (1 << 20) ? 1 : (int)v;
+    }
+    const char *name = m->be->ops->name;
+    if (!strncmp(name, "cpu", 3)) return INT_MAX;   /* backend.h: every CPU op is batch invariant */
+    /* CUDA: the split-KV decode attention serves up to 4 tokens, each over
+     * its own length (cuda_ops.cu DECODE_MAX_T); the GEMV handles rows
+     * 1..8 in one pass, each as a one-token call would */
+    if (!strcmp(name, "cuda")) return 4;
+    return 1;
+}
+
+int sn_prefill_chunk(const sn_model *m, int chunk)
+{
+    int step = sn_model_step_tokens(m);
+    if (chunk <= 0) chunk = 512;
+    return chunk < step ? chunk : step;
+}
+
+int sn_prefill_schedule(int n, int chunk, const int *bounds, int n_bounds, int *out)
+{
+    int first = 0, last = 0, k = 0;
+    for (int i = 0; i < n_bounds; i++) {
+        int b = bounds[i];
+        if (b <= 0 || b >= n) continue;
+        if (!first || b < first) first = b;
+        if (b > last) last = b;
+    }
+    for (int p = 0; p < n;) {
+        int next = (p / chunk + 1) * chunk;
+        if (first > p && first < next) next = first;
+        if (last > p && last < next) next = last;
+        if (next > n) next = n;
+        out[k++] = next;
+        p = next;
+    }
+    return k;
+}
+
+static int sched_index(const int *s, int n, int pos)
+{
+    for (int i = 0; i < n && s[i] <= pos; i++)
+        if (s[i] == pos) return i;
+    return -1;
+}
+
 /* ---- pool ---------------------------------------------------------------
  *
  * Entries share their prefixes: an entry is a chain of segments, each
@@ -101,6 +158,8 @@ typedef struct pc_entry {
     pc_seg **segs;            /* [n_segs] contiguous: segs[0]->a == 0, segs[i]->a == ends[i-1] */
     int *ends;                /* rows of segs[i] this entry uses (<= segs[i]->b); ends[n_segs-1] == n */
     int n_segs;
+    int *sched;               /* canonical schedule of its prompt (not batch invariant backends), else NULL */
+    int n_sched;
     size_t own_bytes;         /* tokens and arrays (the segments are counted on their own) */
     struct pc_entry *prev, *next;  /* LRU list: head = most recently used */
 } pc_entry;
@@ -128,6 +187,8 @@ struct sn_pcache_req {
     int *ck_pos;              /* captured checkpoints (> start), ascending */
     unsigned char *ck;        /* [n_ck][gdn_bytes] */
     int n_ck, cap_ck;
+    int *sched;               /* the prompt's canonical schedule when the backend is not batch invariant */
+    int n_sched;
 };
 
 void sn_pcache_opts_default(sn_pcache_opts *o)
@@ -135,6 +196,7 @@ void sn_pcache_opts_default(sn_pcache_opts *o)
     o->budget_bytes = PC_DEFAULT_BUDGET;
     o->ckpt_every = PC_DEFAULT_EVERY;
     o->min_fresh = 1;
+    o->prefill_chunk = 0;
     const char *e = getenv("SANCTUM_PCACHE_MIN_FRESH");
     if (e && (!strcmp(e, "1") || !strcmp(e, "2"))) o->min_fresh = e[0] - '0';
 }
@@ -177,6 +239,7 @@ static void entry_free(sn_pcache *pc, pc_entry *e)
     free(e->tokens);
     free(e->segs);
     free(e->ends);
+    free(e->sched);
     free(e);
 }
 
@@ -256,13 +319,24 @@ static int entry_ck_below(const pc_entry *e, int cap)
 }
 
 /* Where seq could resume from e for a prompt whose common prefix with e is
- * L and which must leave at least min_fresh tokens: 0 when unusable. */
-static int resume_pos(const pc_entry *e, bool recurrent, int L, int limit)
+ * L and which must leave at least min_fresh tokens: 0 when unusable. With
+ * a schedule (sched, n_sched: the new prompt's; not batch invariant), only
+ * a position that ends a forward of both schedules, with the same forwards
+ * below it, and (recurrent) where e holds a checkpoint. */
+static int resume_pos(const pc_entry *e, bool recurrent, int L, int limit, const int *sched, int n_sched)
 {
     int cap = L < limit ? L : limit;
     if (cap > e->n) cap = e->n;
     if (cap <= 0) return 0;
-    return recurrent ? entry_ck_below(e, cap) : cap;
+    if (!sched) return recurrent ? entry_ck_below(e, cap) : cap;
+    if (!e->sched) return 0;
+    for (int i = e->n_sched - 1; i >= 0; i--) {
+        int r = e->sched[i];
+        if (r > cap) continue;
+        if (sched_index(sched, n_sched, r) != i || memcmp(sched, e->sched, (size_t)(i + 1) * sizeof *sched)) continue;
+        if (!recurrent || entry_ck_below(e, r) == r) return r;
+    }
+    return 0;
 }
 
 /* Regular checkpoints thin out geometrically: every ckpt_every tokens up to
@@ -311,6 +385,12 @@ static const unsigned char *seg_ck(const pc_seg *g, int pos, size_t gdn_bytes)
 sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int n_prompt, const int *bounds,
                           int n_bounds, sn_pcache_req **out, int *cached)
 {
+    return sn_pcache_begin_ex(pc, seq, prompt, n_prompt, bounds, n_bounds, pc ? pc->o.prefill_chunk : 0, out, cached);
+}
+
+sn_status sn_pcache_begin_ex(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int n_prompt, const int *bounds,
+                             int n_bounds, int chunk, sn_pcache_req **out, int *cached)
+{
     *out = NULL;
     *cached = 0;
     if (!pc || !seq || !prompt) return SN_FAIL(SN_E_INVALID, "prompt cache: NULL argument");
@@ -326,6 +406,12 @@ sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int
     r->gdn_bytes = gdn_state_bytes(seq);
     bool recurrent = r->gdn_bytes > 0;
     int limit = n_prompt - pc->o.min_fresh;
+    if (sn_engine_invariant_rows(pc->m) != INT_MAX) {
+        int c = sn_prefill_chunk(pc->m, chunk);
+        r->sched = malloc((size_t)(n_prompt / c + 3) * sizeof *r->sched);
+        if (!r->sched) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory"); goto out; }
+        r->n_sched = sn_prefill_schedule(n_prompt, c, bounds, n_bounds, r->sched);
+    }
 
     /* The plan: every ckpt_every tokens, thinning out with the position
      * (regular_ckpt; multiples of 256 are where a 512-token prefill chunk
@@ -354,7 +440,8 @@ sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int
         qsort(r->plan, (size_t)r->n_plan, sizeof *r->plan, cmp_int);
         int k = 0;
         for (int i = 0; i < r->n_plan; i++)
-            if (!k || r->plan[k - 1] != r->plan[i]) r->plan[k++] = r->plan[i];
+            if ((!k || r->plan[k - 1] != r->plan[i]) && (!r->sched || sched_index(r->sched, r->n_sched, r->plan[i]) >= 0))
+                r->plan[k++] = r->plan[i];
         r->n_plan = k;
     }
 
@@ -362,7 +449,7 @@ sn_status sn_pcache_begin(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, int
     pc_entry *best = NULL;
     int best_pos = 0;
     for (pc_entry *e = pc->head; e; e = e->next) {
-        int pos = resume_pos(e, recurrent, lcp(e->tokens, e->n, prompt, n_prompt), limit);
+        int pos = resume_pos(e, recurrent, lcp(e->tokens, e->n, prompt, n_prompt), limit, r->sched, r->n_sched);
         if (pos > best_pos) {  /* ties go to the more recently used (earlier in the list) */
             best = e;
             best_pos = pos;
@@ -420,6 +507,12 @@ out:
 int sn_pcache_next_stop(const sn_pcache_req *r, int pos, int end)
 {
     if (!r) return end;
+    if (r->sched) {
+        /* the canonical schedule: its forwards and nothing else */
+        for (int i = 0; i < r->n_sched; i++)
+            if (r->sched[i] > pos) return r->sched[i] < end ? r->sched[i] : end;
+        return end;
+    }
     for (int i = 0; i < r->n_plan; i++)
         if (r->plan[i] > pos) return r->plan[i] < end ? r->plan[i] : end;
     return end;
@@ -459,6 +552,15 @@ sn_status sn_pcache_capture(sn_pcache_req *r, const sn_seq *seq)
 static bool covered_by(const pc_entry *old, const pc_entry *e, bool recurrent)
 {
     if (old->n > e->n || lcp(old->tokens, old->n, e->tokens, e->n) != old->n) return false;
+    if (old->sched) {
+        /* every position old can resume at, e offers with the same forwards below */
+        for (int i = 0; i < old->n_sched; i++) {
+            int p = old->sched[i];
+            if (recurrent && entry_ck_below(old, p) != p) continue;
+            if (!e->sched || resume_pos(e, recurrent, p, p, old->sched, i + 1) != p) return false;
+        }
+        return true;
+    }
     if (!recurrent) return true;
     for (int i = 0; i < old->n_segs; i++) {
         const pc_seg *g = old->segs[i];
@@ -486,7 +588,9 @@ sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *t
                      (size_t)(r->n_ck + 1) * r->gdn_bytes + (size_t)n * sizeof(int32_t);
         if (add > pc->o.budget_bytes) return SN_OK;
     }
-    if (recurrent) SN_TRY(capture_now(r, seq));
+    /* the end of the generation is no forward boundary of any prompt's
+     * canonical schedule: no use for a checkpoint there */
+    if (recurrent && !r->sched) SN_TRY(capture_now(r, seq));
     sn_status st = SN_OK;
     pc_seg *g = NULL;
     pc_entry *e = calloc(1, sizeof *e);
@@ -499,6 +603,16 @@ sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *t
     if (!e->tokens || !e->segs || !e->ends) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory"); goto out; }
     memcpy(e->tokens, tokens, (size_t)n * sizeof(int32_t));
     e->own_bytes = sizeof *e + (size_t)n * sizeof(int32_t) + (size_t)ns * (sizeof *e->segs + sizeof *e->ends);
+    if (r->sched) {
+        /* the forwards of the prompt that lie within what the sequence holds */
+        int k = 0;
+        while (k < r->n_sched && r->sched[k] <= n) k++;
+        e->sched = malloc((size_t)(k ? k : 1) * sizeof *e->sched);
+        if (!e->sched) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory"); goto out; }
+        memcpy(e->sched, r->sched, (size_t)k * sizeof *e->sched);
+        e->n_sched = k;
+        e->own_bytes += (size_t)k * sizeof *e->sched;
+    }
     if (n > r->start) {
         /* this request's own rows and checkpoints */
         int na = n_attn_layers(seq);
@@ -595,6 +709,7 @@ void sn_pcache_req_free(sn_pcache_req *r)
     free(r->plan);
     free(r->ck_pos);
     free(r->ck);
+    free(r->sched);
     free(r);
 }
 
@@ -609,6 +724,7 @@ sn_status sn_pcache_prewarm(sn_pcache *pc, sn_model *m, sn_seq *seq, const int32
     int cached = 0;
     SN_TRY(sn_pcache_begin(pc, seq, tokens, n, bounds, n_bounds, &r, &cached));
     sn_status st = SN_OK;
+    /* (without batch invariance next_stop follows the canonical schedule) */
     int chunk = sn_model_step_tokens(m);
     for (int i = cached; i < n;) {
         int end = sn_pcache_next_stop(r, i, i + chunk < n ? i + chunk : n);
