@@ -11,6 +11,7 @@
 #include "models/model_impl.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -199,6 +200,19 @@ static sn_status head_finish(sn_model *m, const head_row *rows, int nr, const in
     return SN_OK;
 }
 
+static int graph_rows_v;   /* 0: not read yet */
+
+static int graph_rows(void)
+{
+    int v = __atomic_load_n(&graph_rows_v, __ATOMIC_RELAXED);
+    if (v) return v;
+    const char *e = getenv("SANCTUM_GRAPH_ROWS");
+    v = e && *e ? atoi(e) : 1;
+    if (v < 1 || v > 8) v = 1;
+    __atomic_store_n(&graph_rows_v, v, __ATOMIC_RELAXED);
+    return v;
+}
+
 /* A decode step (one token per sequence) runs inside begin_step/end_step
  * when the backend has them, so CUDA can replay it as one graph; logits and
  * ids reach the host only after end_step. */
@@ -218,10 +232,15 @@ static sn_status run_step(sn_model *m, const step *st)
     }
     int32_t ids[SN_LOGIT_ROWS];
     bool have_ids = false, one_head = nr <= SN_LOGIT_ROWS, decode = true;
-    for (int i = 0; i < st->n_items; i++) decode = decode && st->it[i].n == 1;
-    /* only pure decode steps: they repeat with positions shifted by one,
-     * which is what a recorded graph can replay; a prefill chunk would be
-     * captured once and never replayed */
+    int grows = graph_rows();
+    for (int i = 0; i < st->n_items; i++) decode = decode && st->it[i].n <= grows;
+    /* only decode steps: they repeat with positions shifted, which is what
+     * a recorded graph can replay; a prefill chunk would be captured once
+     * and never replayed. A PLD verify pass (2..8 rows) repeats too, but
+     * alternating with one-row steps it would re-capture each time while
+     * the backend keeps one graph: SANCTUM_GRAPH_ROWS=N (default 1) lets
+     * steps of up to N rows per sequence into graphs, for a backend that
+     * keeps one per row count. */
     bool graph = decode && one_head && OPS->begin_step && OPS->end_step;
     if (graph) SN_TRY(OPS->begin_step(BE));
     sn_status s = run_layers(m, st);
