@@ -2,7 +2,7 @@
 # The CUDA helpers' one-call plans for the GPU box: nothing is built there.
 #
 # Here (a machine with nvcc):   bench/bench_cuda_gpu.sh pack
-#   builds the CUDA tests, bench_cuda, bench_pcache, bench_pld, sanctum-synth
+#   builds every tests/test_cuda_*.c, bench_cuda, bench_pcache, bench_pld, sanctum-synth
 #   and sanctum-run (into $BUILD, default build), and copies them with the
 #   shared libraries the GPU box lacks into .devcarry/cuda/ (git-ignored).
 # There (through the device tool, carry [".devcarry/cuda"]), one mode a call:
@@ -32,9 +32,9 @@ PK=${PACK_DIR:-.devcarry/cuda}   # where pack puts, and the other modes find, bi
 
 if [ "$mode" = pack ]; then
     set -e
-    bins=("$B/tests/test_cuda_ops" "$B/tests/test_cuda_model" "$B/tests/test_cuda_pcache" "$B/sanctum-run"
-          "$B/sanctum-synth" "$B/bench/bench_pcache" "$B/bench/bench_pld"
-          "$B/tests/test_cuda_prefill")
+    # every CUDA test in the tree (tests/test_cuda_*.c), the tools and benches the modes run
+    bins=("$B/sanctum-run" "$B/sanctum-synth" "$B/bench/bench_pcache" "$B/bench/bench_pld")
+    for t in tests/test_cuda_*.c; do bins+=("$B/tests/$(basename "$t" .c)"); done
     make -j2 BUILD="$B" "$B/libsanctum.a" "${bins[@]}"
     cc -std=c17 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -Iinclude -Isrc -pthread \
         -DSN_HAVE_CUDA=1 -o "$B/bench_cuda" bench/bench_cuda.c "$B/libsanctum.a" -lm -lpthread -ljansson \
@@ -56,7 +56,8 @@ fi
 
 out=${OUT:-gpu-out}
 mkdir -p "$out"
-export LD_LIBRARY_PATH="$PWD/$PK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+case "$PK" in /*) ;; *) PK="$PWD/$PK" ;; esac
+export LD_LIBRARY_PATH="$PK/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 BIN=${SN_GPU_BIN:-$PK/bin}
 quick=${2:-}
 summary=()

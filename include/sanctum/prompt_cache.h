@@ -119,9 +119,9 @@ sn_status sn_pcache_prewarm(sn_pcache *pc, sn_model *m, sn_seq *seq, const int32
  * CPU backend): any cut, any resume position. Otherwise the canonical
  * schedule above is used. The environment SANCTUM_INVARIANT_ROWS (an
  * integer >= 1, or "max") overrides it for experiments; a malformed value
- * counts as 1. The CUDA backend counts 4 (split-KV decode attention takes
- * up to 4 tokens, each over its own length; the GEMV is assumed to give
- * rows 1..8 bitwise equal to one token, test_cuda_pcache checks both). */
+ * counts as 1. The CUDA backend counts 8 (its GEMV and split-KV decode
+ * attention take up to 8 rows, each with one-row bits; test_cuda_pcache
+ * measures it). */
 int sn_engine_invariant_rows(const sn_model *m);
 /* The forward size the canonical schedule uses for a prefill chunk of
  * chunk tokens (<= 0: 512), capped at the model's step size. */

@@ -91,10 +91,11 @@ int sn_engine_invariant_rows(const sn_model *m)
     }
     const char *name = m->be->ops->name;
     if (!strncmp(name, "cpu", 3)) return INT_MAX;   /* backend.h: every CPU op is batch invariant */
-    /* CUDA: the split-KV decode attention serves up to 4 tokens, each over
-     * its own length (cuda_ops.cu DECODE_MAX_T); the GEMV handles rows
-     * 1..8 in one pass, each as a one-token call would */
-    if (!strcmp(name, "cuda")) return 4;
+    /* CUDA: the GEMV (cuda_matmul.cu, GEMM from 9 rows) and the split-KV
+     * decode attention (cuda_ops.cu DECODE_MAX_T) take up to 8 rows, each
+     * with the bits of a one-row call; MoE below 32 rows and GatedDeltaNet
+     * work per token */
+    if (!strcmp(name, "cuda")) return 8;
     return 1;
 }
 
