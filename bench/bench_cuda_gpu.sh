@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The CUDA helpers' one-call plans for the GPU box: nothing is built there.
 #
-# Here (a machine with nvcc):   bench/bench_cuda_gpu.sh pack
+# Here (a machine with nvcc):   bench/bench_cuda_gpu.sh pack [all|run|pcache]
 #   builds every tests/test_cuda_*.c, bench_cuda, bench_pcache, bench_pld, sanctum-synth
 #   and sanctum-run (into $BUILD, default build), and copies them with the
-#   shared libraries the GPU box lacks into .devcarry/cuda/ (git-ignored).
+#   shared libraries the GPU box lacks into .devcarry/cuda/ (git-ignored);
+#   "pack pcache" / "pack run" take only what that mode runs (the carry
+#   limit is 64 MiB, ~8 MB a CUDA binary).
 # There (through the device tool, carry [".devcarry/cuda"]), one mode a call:
 #   bench/bench_cuda_gpu.sh run [quick]
 #     test_cuda_ops, test_cuda_model, test_cuda_ops under compute-sanitizer
@@ -32,18 +34,27 @@ PK=${PACK_DIR:-.devcarry/cuda}   # where pack puts, and the other modes find, bi
 
 if [ "$mode" = pack ]; then
     set -e
-    # every CUDA test in the tree (tests/test_cuda_*.c), the tools and benches the modes run
-    bins=("$B/sanctum-run" "$B/sanctum-synth" "$B/bench/bench_pcache" "$B/bench/bench_pld")
-    for t in tests/test_cuda_*.c; do bins+=("$B/tests/$(basename "$t" .c)"); done
+    # what a mode runs (pack pcache / pack run), or everything (default);
+    # the carry limit is 64 MiB and each CUDA binary is ~8 MB
+    what=${2:-all}
+    bins=()
+    [ "$what" != run ] && bins+=("$B/sanctum-synth" "$B/bench/bench_pcache" "$B/bench/bench_pld" "$B/tests/test_cuda_pcache")
+    if [ "$what" != pcache ]; then
+        for t in tests/test_cuda_*.c; do
+            [ "$(basename "$t")" = test_cuda_pcache.c ] || bins+=("$B/tests/$(basename "$t" .c)")
+        done
+    fi
+    [ "$what" = all ] && bins+=("$B/sanctum-run")
     make -j2 BUILD="$B" "$B/libsanctum.a" "${bins[@]}"
     cc -std=c17 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter -Iinclude -Isrc -pthread \
         -DSN_HAVE_CUDA=1 -o "$B/bench_cuda" bench/bench_cuda.c "$B/libsanctum.a" -lm -lpthread -ljansson \
         -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib -lcudart_static -lrt -lstdc++ -ldl
     # built with CUDA, or the GPU run would only SKIP
-    strings "$B/tests/test_cuda_pcache" | grep -q "built without CUDA" &&
+    strings "$B/libsanctum.a" | grep -q "built without CUDA" &&
         { echo "pack: $B was built without CUDA (SN_CUDA=0?): use another BUILD" >&2; exit 1; }
     rm -rf "$PK" && mkdir -p "$PK/bin" "$PK/lib"
-    cp "${bins[@]}" "$B/bench_cuda" "$PK/bin/"
+    cp "${bins[@]}" "$PK/bin/"
+    [ "$what" != pcache ] && cp "$B/bench_cuda" "$PK/bin/"
     strip "$PK"/bin/* || true
     # shared libraries other than glibc / libstdc++ / libgcc (the box has newer ones of those)
     for b in "$PK"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
@@ -51,6 +62,8 @@ if [ "$mode" = pack ]; then
         while read -r l; do cp -L "$l" "$PK/lib/"; done
     ls "$PK/bin" "$PK/lib"
     du -sh "$PK"
+    kb=$(du -sk "$PK" | cut -f1)
+    [ "$kb" -gt 63000 ] && echo "pack: $PK is $kb KiB, over the device tool's 64 MiB carry: pack one mode (pack pcache / pack run)" >&2
     exit 0
 fi
 
