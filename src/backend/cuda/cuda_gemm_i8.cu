@@ -1,0 +1,477 @@
+/* Prefill GEMM on the integer tensor cores (issue 6): y[T, rows] = x[T, cols]
+ * @ W^T for Q4 weights repacked at upload (cu_weight.qr / sr, see
+ * cu_repack_q4), fp32-class with 3 digits, 16-bit x with 2.
+ *
+ * The 4-bit weights q are exact u8 values, so W x = sum_g s_g sum_k q_k x_k
+ * + b_g sum_k x_k needs only sum_k q_k x_k per quant group exactly. Each
+ * token's x is turned per (token, group) into integers X = round(x * 2^e)
+ * (e from the group's max |x| so |X| < 2^23 with 3 digits, < 2^15 with 2)
+ * and X is split into its two's-complement bytes: the top byte signed
+ * (s8), the lower ones unsigned (u8):
+ *   X = 65536 d0 + 256 d1 + d2      (3 digits: 24-bit x, fp32's mantissa)
+ *   X = 256 d0 + d1                 (2 digits: 16-bit x, 5 bits more than fp16)
+ * Digit planes are the B operand of mma.sync m16n8k32 (u8 x s8 for d0,
+ * u8 x u8 for the others), the repacked weights the A operand; the int32
+ * results are exact. Per group the partials P_d are made floats by the
+ * magic-number trick: the int accumulators start at 0x4B400000 (1.5 * 2^23
+ * as a float), so their bits read as the float 1.5 * 2^23 + P_d exactly
+ * (|P_d| < 2^22 is checked below); with c_d = 2^-e * (65536, 256, 1) and
+ * K = -1.5 * 2^23 * (c0 + c1 + c2),
+ *   u = fma(F0, c0, K)  (exact)  ;  u = fma(F1, c1, u)  ;  u = fma(F2, c2, u)
+ * is the group's sum_k q_k x_k (two roundings), and per group
+ *   acc = fma(s, u, acc) ; acc = fma(b, 2^-e sum X, acc).
+ * That is 5 FP32 instructions per (row, token, group) and 3 integer MMAs
+ * (1.5 fp16-MMA equivalents) per 32 columns and 8 digit columns.
+ *
+ * Rows g+8 of a tile: for groups of 32 and 64 the A register of the high
+ * nibbles is used in place (W & 0xF0F0F0F0 = 16 q, one AND instead of a
+ * shift and an AND), so those partials are 16 q x d (still < 2^22: 64 *
+ * 240 * 255 < 2^22) and their scale is s / 16 (exact).
+ *
+ * Determinism and batch invariance: every output (row, token) is computed
+ * by the same instruction sequence whatever T, the tile or the other
+ * tokens are (integer MMAs are exact, the float part is per element in
+ * group order), so a token's row is bitwise the same at any T.
+ *
+ * Kernels: k_i8_stage (one block per token: group maxima, exponents, digit
+ * planes [D][T][cols] int8, per (group, token) {2^-e, K, 2^-e sum X} as a
+ * float4) and k_gemm_i8 (block 128 rows x 64 (3 digits) or 96 (2 digits)
+ * tokens, 8 warps of 64 rows x 16 / 24 tokens, 4-stage cp.async pipeline of
+ * 64-column blocks: A tiles 512 B per 16 rows as stored, B planes in rows of
+ * 80 bytes (ldmatrix conflict-free), scale pairs and column constants of the
+ * block's group(s)). tests/test_cuda_gemm_i8.c emulates both in C from the
+ * PTX fragment layouts.
+ *
+ * Limits: activations with |x| >= 2^111 overflow K to -inf (NaN/inf
+ * output); a group holding NaN/inf gives NaN for that token. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
+
+namespace {
+
+constexpr int I8_THREADS = 256;
+constexpr int I8_WM = 2, I8_WN = 4;      /* warps along rows, along tokens */
+constexpr int I8_MTW = 4;                /* 16-row tiles per warp */
+constexpr int I8_BMT = I8_WM * I8_MTW;   /* 16-row tiles per block (128 rows) */
+constexpr int I8_STAGES = 4;
+constexpr int I8_BROW = 80;              /* bytes per staged plane row: 64 + 16 (rows 20 banks apart) */
+constexpr uint32_t I8_MAGIC = 0x4B400000u; /* 1.5 * 2^23 */
+
+template <int D>
+struct i8cfg {
+    static constexpr int TTW = D == 3 ? 2 : 3;  /* 8-token tiles per warp */
+    static constexpr int NT = D * TTW;          /* n-tiles per warp, digit-major: j = d * TTW + tt */
+    static constexpr int BT = I8_WN * TTW * 8;  /* tokens per block */
+    static constexpr int A_BYTES = I8_BMT * 512;
+    static constexpr int B_BYTES = D * BT * I8_BROW;
+    static constexpr int S_BYTES = 2 * I8_BMT * 16 * 4;
+    static constexpr int C_BYTES = 2 * BT * 16;
+    static constexpr int STAGE = A_BYTES + B_BYTES + S_BYTES + C_BYTES;
+    static constexpr int SMEM = I8_STAGES * STAGE;
+};
+static_assert(i8cfg<3>::NT % 2 == 0 && i8cfg<2>::NT % 2 == 0, "n-tiles go in pairs per ldmatrix.x4");
+static_assert(i8cfg<3>::STAGE % 128 == 0 && i8cfg<2>::STAGE % 128 == 0, "stages stay aligned");
+
+/* x -> digit planes, per token. G: quant group (32, 64, 128). */
+template <int D, int G>
+__global__ void __launch_bounds__(256) k_i8_stage(const float *__restrict__ x, int T, int64_t cols,
+                                                 int8_t *__restrict__ planes, float4 *__restrict__ gc)
+{
+    pdl_enter();
+    constexpr int L = G / 4; /* lanes per group (4 columns each) */
+    constexpr int XBITS = D == 3 ? 23 : 15;
+    constexpr int XMAX = (1 << XBITS) - 1;
+    constexpr float KM = (float)(12582912.0 * (D == 3 ? 65793.0 : 257.0)); /* exact: 197379 * 2^22 / 771 * 2^22 */
+    const int t = blockIdx.x, lane = threadIdx.x & 31;
+    const float *xr = x + (size_t)t * cols;
+    const int64_t n4 = cols / 4;
+    /* warp-uniform trip count (every lane takes part in the shuffles); a
+     * group never straddles live and dead lanes (cols % G == 0) */
+    for (int64_t q0 = 0; q0 < n4; q0 += blockDim.x) {
+        const int64_t q = q0 + threadIdx.x;
+        const bool live = q < n4;
+        float v[4];
+        float mx = 0.f;
+        int bad = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[j] = live ? xr[4 * q + j] : 0.f;
+            mx = fmaxf(mx, fabsf(v[j]));
+            bad |= !isfinite(v[j]);
+        }
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1) {
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+        }
+        int e2 = 0;
+        if (mx > 0.f && !bad) {
+            int e;
+            frexpf(mx, &e); /* mx < 2^e */
+            e2 = min(100, XBITS - e); /* >= -105 for finite mx */
+        }
+        const float sc = __int_as_float((127 + e2) << 23), es = __int_as_float((127 - e2) << 23);
+        int X[4], sum = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int xi = bad ? 0 : __float2int_rn(v[j] * sc); /* exact scaling by 2^e2 */
+            xi = min(xi, XMAX);                            /* round may reach 2^XBITS */
+            X[j] = xi;
+            sum += xi;
+        }
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o); /* integers: exact in any order */
+        if (live) {
+#pragma unroll
+            for (int d = 0; d < D; d++) {
+                const int sh = 8 * (D - 1 - d);
+                uint32_t p = 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    p |= (uint32_t)((X[j] >> sh) & 255) << (8 * j);
+                ((uint32_t *)(planes + ((size_t)d * T + t) * cols))[q] = p;
+            }
+            if (lane % L == 0)
+                gc[(size_t)(4 * q / G) * T + t] = make_float4(es, bad ? __int_as_float(0x7fc00000) : -KM * es,
+                                                              (float)sum * es, 0.f);
+        }
+    }
+}
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void imma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void imma_u8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* GS: 32-column k-tiles per quant group (1, 2, 4). */
+template <int D, int GS>
+__global__ void __launch_bounds__(I8_THREADS, 1)
+k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, int sf, const float *__restrict__ bias,
+          int64_t rows, int64_t MT, int64_t cols, int64_t groups, const int8_t *__restrict__ planes,
+          const float4 *__restrict__ gc, int T, float *__restrict__ y)
+{
+    using C = i8cfg<D>;
+    constexpr bool HI16 = GS <= 2;     /* rows g+8 as 16 q (see the header) */
+    constexpr int SUB = GS == 1 ? 2 : 1; /* quant groups per 64-column block */
+    constexpr int TTW = C::TTW, NT = C::NT, BT = C::BT;
+    pdl_launch();
+    extern __shared__ __align__(128) unsigned char i8_smem[];
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(i8_smem);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int wm = warp / I8_WN, wn = warp % I8_WN;
+    const int64_t mt0 = (int64_t)blockIdx.x * I8_BMT;
+    const int t0 = (int)blockIdx.y * BT;
+    const int KB = (int)(cols / 64);
+
+    /* weights of block kb into stage slot: A tiles (one 16-byte chunk per
+     * thread: tile tid/32, lane tid%32) and the scale pairs of its group(s) */
+    auto load_w = [&](int kb, int slot) {
+        const uint32_t st = sbase + slot * C::STAGE;
+        {
+            const int64_t mt = mt0 + (tid >> 5);
+            const bool ok = mt < MT;
+            cp16(st + tid * 16, qr + (ok ? (mt * KB + kb) * 32 + lane : 0), ok);
+        }
+        if ((GS < 4 || (kb & 1)) && tid < SUB * I8_BMT * 4) {
+            const int sub = tid / (I8_BMT * 4), m = (tid / 4) % I8_BMT, c = tid & 3;
+            const int64_t mt = mt0 + m, grp = (kb * 2 + sub) / GS;
+            const bool ok = mt < MT;
+            cp16(st + C::A_BYTES + C::B_BYTES + tid * 16, sr + (ok ? (mt * groups + grp) * 16 + 4 * c : 0), ok);
+        }
+    };
+    /* activations of block kb: D planes x BT token rows of 64 bytes, and the
+     * column constants of the group(s); tokens >= T read as zeros */
+    auto load_x = [&](int kb, int slot) {
+        const uint32_t st = sbase + slot * C::STAGE;
+#pragma unroll
+        for (int i = tid; i < D * BT * 4; i += I8_THREADS) {
+            const int row = i >> 2, c = i & 3, d = row / BT, t = t0 + row % BT;
+            const bool ok = t < T;
+            cp16(st + C::A_BYTES + row * I8_BROW + c * 16,
+                 planes + (ok ? ((size_t)d * T + t) * cols + (size_t)kb * 64 + c * 16 : 0), ok);
+        }
+        if (GS < 4 || (kb & 1))
+            for (int i = tid; i < SUB * BT; i += I8_THREADS) {
+                const int sub = i / BT, t = t0 + i % BT;
+                const int64_t grp = (kb * 2 + sub) / GS;
+                const bool ok = t < T;
+                cp16(st + C::A_BYTES + C::B_BYTES + C::S_BYTES + i * 16, gc + (ok ? grp * T + t : 0), ok);
+            }
+    };
+
+    /* weights before the wait (they are constant), activations after */
+#pragma unroll
+    for (int s = 0; s < I8_STAGES - 1; s++) {
+        if (s < KB)
+            load_w(s, s);
+        cp_commit();
+    }
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < I8_STAGES - 1; s++) {
+        if (s < KB)
+            load_x(s, s);
+        cp_commit();
+    }
+
+    /* per lane: the plane row and 16-byte half its ldmatrix address names,
+     * for each pair of n-tiles (lanes 0-7: tile 2p, k 0-15; 8-15: 2p, k
+     * 16-31; 16-23: 2p+1, k 0-15; 24-31: 2p+1, k 16-31) */
+    uint32_t boff[NT / 2];
+#pragma unroll
+    for (int p = 0; p < NT / 2; p++) {
+        const int mi = lane >> 3, j = 2 * p + (mi >> 1), d = j / TTW, tt = j % TTW;
+        boff[p] = C::A_BYTES + (d * BT + (wn * TTW + tt) * 8 + (lane & 7)) * I8_BROW + (mi & 1) * 16;
+    }
+
+    int acc_i[I8_MTW][NT][4];
+    float acc[I8_MTW][TTW][4];
+#pragma unroll
+    for (int m = 0; m < I8_MTW; m++) {
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc_i[m][j][i] = (int)I8_MAGIC;
+#pragma unroll
+        for (int tt = 0; tt < TTW; tt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[m][tt][i] = 0.f;
+    }
+
+    /* end of a quant group: partials -> floats, scaled, into acc */
+    auto flush = [&](const unsigned char *st, int sub) {
+        const uint32_t *Ss = (const uint32_t *)(st + C::A_BYTES + C::B_BYTES) + (sub * I8_BMT + wm * I8_MTW) * 16;
+        const float4 *Cs =
+            (const float4 *)(st + C::A_BYTES + C::B_BYTES + C::S_BYTES) + sub * BT + wn * TTW * 8 + 2 * tq;
+        float es[TTW][2], kk[TTW][2], xb[TTW][2];
+#pragma unroll
+        for (int tt = 0; tt < TTW; tt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const float4 v = Cs[tt * 8 + c];
+                es[tt][c] = v.x;
+                kk[tt][c] = v.y;
+                xb[tt][c] = v.z;
+            }
+#pragma unroll
+        for (int m = 0; m < I8_MTW; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t pr = Ss[m * 16 + gq + 8 * h];
+                float s, b;
+                if (sf == CS_BF16) {
+                    s = __uint_as_float(pr << 16);
+                    b = __uint_as_float(pr & 0xffff0000u);
+                } else {
+                    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&pr));
+                    s = f.x;
+                    b = f.y;
+                }
+                if (HI16 && h)
+                    s = __fmul_rn(s, 0.0625f);
+#pragma unroll
+                for (int tt = 0; tt < TTW; tt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int i = 2 * h + c;
+                        const float e = es[tt][c];
+                        const float c0 = __fmul_rn(e, D == 3 ? 65536.f : 256.f);
+                        float u = __fmaf_rn(__int_as_float(acc_i[m][tt][i]), c0, kk[tt][c]);
+                        if (D == 3) {
+                            u = __fmaf_rn(__int_as_float(acc_i[m][TTW + tt][i]), __fmul_rn(e, 256.f), u);
+                            u = __fmaf_rn(__int_as_float(acc_i[m][2 * TTW + tt][i]), e, u);
+                        } else {
+                            u = __fmaf_rn(__int_as_float(acc_i[m][TTW + tt][i]), e, u);
+                        }
+                        acc[m][tt][i] = __fmaf_rn(s, u, acc[m][tt][i]);
+                        acc[m][tt][i] = __fmaf_rn(b, xb[tt][c], acc[m][tt][i]);
+                    }
+            }
+#pragma unroll
+        for (int m = 0; m < I8_MTW; m++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc_i[m][j][i] = (int)I8_MAGIC;
+    };
+
+    for (int kb = 0; kb < KB; kb++) {
+        cp_wait<I8_STAGES - 2>();
+        __syncthreads(); /* stage kb landed for all; the slot refilled below is free */
+        {
+            const int kn = kb + I8_STAGES - 1;
+            if (kn < KB) {
+                load_w(kn, kn % I8_STAGES);
+                load_x(kn, kn % I8_STAGES);
+            }
+            cp_commit();
+        }
+        const int slot = kb % I8_STAGES;
+        const unsigned char *st = i8_smem + slot * C::STAGE;
+        const uint32_t stb = sbase + slot * C::STAGE;
+        uint4 wa[I8_MTW];
+#pragma unroll
+        for (int m = 0; m < I8_MTW; m++)
+            wa[m] = ((const uint4 *)st)[(wm * I8_MTW + m) * 32 + lane];
+#pragma unroll
+        for (int kt = 0; kt < 2; kt++) {
+            /* A registers (PTX m16n8k32 .u8): {row g, k 4t..}, {row g+8, k 4t..}, {row g, k 16+4t..}, {row g+8, k 16+4t..} */
+            uint32_t a[I8_MTW][4];
+#pragma unroll
+            for (int m = 0; m < I8_MTW; m++) {
+                const uint32_t W0 = kt ? wa[m].z : wa[m].x, W1 = kt ? wa[m].w : wa[m].y;
+                a[m][0] = W0 & 0x0F0F0F0Fu;
+                a[m][1] = HI16 ? (W0 & 0xF0F0F0F0u) : ((W0 >> 4) & 0x0F0F0F0Fu);
+                a[m][2] = W1 & 0x0F0F0F0Fu;
+                a[m][3] = HI16 ? (W1 & 0xF0F0F0F0u) : ((W1 >> 4) & 0x0F0F0F0Fu);
+            }
+#pragma unroll
+            for (int p = 0; p < NT / 2; p++) {
+                uint32_t b[4];
+                ldsm4(b, stb + boff[p] + kt * 32);
+#pragma unroll
+                for (int m = 0; m < I8_MTW; m++) {
+                    if ((2 * p) / TTW == 0)
+                        imma_s8(acc_i[m][2 * p], a[m], b[0], b[1]);
+                    else
+                        imma_u8(acc_i[m][2 * p], a[m], b[0], b[1]);
+                    if ((2 * p + 1) / TTW == 0)
+                        imma_s8(acc_i[m][2 * p + 1], a[m], b[2], b[3]);
+                    else
+                        imma_u8(acc_i[m][2 * p + 1], a[m], b[2], b[3]);
+                }
+            }
+            if (GS == 1)
+                flush(st, kt);
+            else if (GS == 2 ? kt == 1 : (kt == 1 && (kb & 1)))
+                flush(st, 0);
+        }
+    }
+
+#pragma unroll
+    for (int m = 0; m < I8_MTW; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t r = (mt0 + wm * I8_MTW + m) * 16 + gq + 8 * h;
+            if (r >= rows)
+                continue;
+            const float bv = bias ? __ldg(bias + r) : 0.f;
+#pragma unroll
+            for (int tt = 0; tt < TTW; tt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int t = t0 + (wn * TTW + tt) * 8 + 2 * tq + c;
+                    if (t < T) {
+                        const float v = acc[m][tt][2 * h + c];
+                        y[(size_t)t * rows + r] = bias ? __fadd_rn(v, bv) : v;
+                    }
+                }
+        }
+}
+
+size_t planes_bytes(const cu_weight *w, int T, int D)
+{
+    return ((size_t)D * T * w->cols + 255) / 256 * 256;
+}
+
+template <int D, int GS>
+sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, float *y, void *scratch)
+{
+    int8_t *planes = (int8_t *)scratch;
+    float4 *gc = (float4 *)((char *)scratch + planes_bytes(w, T, D));
+    (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)T), dim3(256), 0, s, x, T, (int64_t)w->cols, planes, gc);
+    CU_CHECK_LAUNCH("matmul gemm i8 stage");
+    dim3 grid((unsigned)((w->mt + I8_BMT - 1) / I8_BMT), (unsigned)((T + i8cfg<D>::BT - 1) / i8cfg<D>::BT));
+    (void)cu_launch(k_gemm_i8<D, GS>, grid, dim3(I8_THREADS), (size_t)i8cfg<D>::SMEM, s, (const uint4 *)w->qr,
+                    (const uint32_t *)w->sr, w->sfmt, (const float *)w->bias, (int64_t)w->rows, (int64_t)w->mt,
+                    (int64_t)w->cols, (int64_t)w->groups, (const int8_t *)planes, (const float4 *)gc, T, y);
+    CU_CHECK_LAUNCH("matmul gemm i8");
+    return SN_OK;
+}
+
+template <typename K>
+sn_status i8_smem(K kern, size_t bytes, const cu_devinfo *di)
+{
+    if (bytes > di->smem_optin)
+        return SN_FAIL(SN_E_UNSUPPORTED, "cuda: integer GEMM needs %zu B of shared memory, device has %zu", bytes,
+                       di->smem_optin);
+    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), "gemm i8 init");
+    return SN_OK;
+}
+
+} // namespace
+
+sn_status cu_gemm_i8_init(const cu_devinfo *di)
+{
+    SN_TRY(i8_smem(k_gemm_i8<3, 1>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 2>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 4>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 1>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 2>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 4>, i8cfg<2>::SMEM, di));
+    return SN_OK;
+}
+
+size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits)
+{
+    if (T <= 0)
+        return 0;
+    const int D = digits == 2 ? 2 : 3;
+    return planes_bytes(w, T, D) + (size_t)w->groups * T * sizeof(float4) + 256;
+}
+
+sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x, int T, float *y,
+                     void *scratch, int digits)
+{
+    (void)di;
+    if (T <= 0)
+        return SN_OK;
+    if (!w->qr || !w->sr || w->cols % 64 || (w->group != 32 && w->group != 64 && w->group != 128) ||
+        w->sfmt == CS_F32)
+        return SN_FAIL(SN_E_INVALID, "matmul gemm i8: weight is not repacked Q4");
+    if (digits == 2) {
+        switch (w->group) {
+        case 32: return i8_launch<2, 1>(s, w, x, T, y, scratch);
+        case 64: return i8_launch<2, 2>(s, w, x, T, y, scratch);
+        default: return i8_launch<2, 4>(s, w, x, T, y, scratch);
+        }
+    }
+    switch (w->group) {
+    case 32: return i8_launch<3, 1>(s, w, x, T, y, scratch);
+    case 64: return i8_launch<3, 2>(s, w, x, T, y, scratch);
+    default: return i8_launch<3, 4>(s, w, x, T, y, scratch);
+    }
+}
