@@ -1,0 +1,648 @@
+/* The integer tensor-core prefill GEMM of src/backend/cuda/cuda_gemm_i8.cu
+ * (repacked Q4 weights, x as 3 or 2 byte digits per (token, quant group)).
+ *
+ * Part 1 runs everywhere (plain C, no GPU): the two kernels emulated on the
+ * host with their exact index math: the repacked weight layout
+ * (cu_weight.qr / sr as documented in cuda_internal.h / cuda_matmul.cu),
+ * the staging kernel (exponents, digit planes, column constants), the
+ * GEMM's shared-memory stage layout, ldmatrix (PTX: a matrix's row r comes
+ * from the address of lane 8i + r, lane l receives 32-bit word l % 4 of row
+ * l / 4) and mma.sync.m16n8k32 .u8 x .s8/.u8 from the PTX fragment layout
+ * (A: a_i at row g for i in [0,4) u [8,12) else g+8, column 4t + (i & 3)
+ * (+16 for i >= 8); B: b_i at row 4t + (i & 3) (+16 for i >= 4), column g;
+ * C: c_i at row g (+8 for i >= 2), column 2t + (i & 1)), and the per-group
+ * float flush in the kernel's operation order. Checked against an fp64
+ * reference of sum_k (s q + b) x: 3 digits rel <= 1e-6, 2 digits rel <=
+ * 3e-4 (measured values are printed; the 2-digit worst case is a token whose
+ * every group holds a 3000x outlier: 16 bits of 3000 for the rest), on rows not a multiple of 16, groups
+ * 32/64/128, bf16 and f16 scales, T = 9..130, a linear bias, an outlier
+ * (one x 3000x the rest), and the extreme case (every q = 15, |x| just
+ * below a power of two, one sign per group) that puts the int32 partials
+ * at the bound the magic-number conversion needs (|P| < 2^22).
+ *
+ * Part 2 (GPU): the backend's matmul with sn_cuda_tune(gemm_i8 = 3 / 2)
+ * against the scalar CPU backend (3 digits rel <= 2e-5, 2 digits <= 3e-4)
+ * and bitwise against the part 1 emulation (which also checks the weight
+ * repack done at upload against the PTX fragment layout), T = 9, 64, 130,
+ * 1000; row invariance: token rows of a T = 130 run bitwise equal to the
+ * same tokens run as T = 9; and determinism (two runs bitwise equal).
+ * Without a GPU part 2 says SKIP. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "sanctum/backend.h"
+#include "sanctum/cpu.h"
+#include "sanctum/tensor.h"
+
+#ifdef SN_HAVE_CUDA
+#include "backend/cuda/sn_cuda.h"
+#endif
+
+static uint64_t rng = 0x5851f42d4c957f2dull;
+
+static uint32_t rnd_u32(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+static float rnd_f(float a) { return a * ((float)(rnd_u32() & 0xffffff) / 8388608.0f - 1.0f); }
+
+static double rel_err(const float *a, const double *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isinf(a[i])) return INFINITY;
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ------------------------------------------------------------------ */
+/* A Q4 weight in MLX layout                                            */
+/* ------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t rows, cols;
+    int group, f16; /* scale dtype: bf16 (0) or f16 (1) */
+    uint32_t *q;    /* [rows][cols / 8], value k of a row at bits 4 * (k % 8) of word k / 8 */
+    uint16_t *sc, *bi;
+    float *bias;    /* optional */
+} hq4;
+
+static float h2f(const hq4 *w, uint16_t h) { return w->f16 ? sn_f16_to_f32(h) : sn_bf16_to_f32(h); }
+static int qval(const hq4 *w, int64_t r, int64_t k) { return (int)((w->q[r * (w->cols / 8) + k / 8] >> (4 * (k % 8))) & 15u); }
+
+/* kind 0: random; 1: every q = 15 (the partial-sum bound) */
+static void hq4_make(hq4 *w, int64_t rows, int64_t cols, int group, int f16, int bias, int kind)
+{
+    memset(w, 0, sizeof *w);
+    w->rows = rows;
+    w->cols = cols;
+    w->group = group;
+    w->f16 = f16;
+    size_t words = (size_t)rows * cols / 8, ng = (size_t)rows * (cols / group);
+    w->q = malloc(4 * words);
+    for (size_t i = 0; i < words; i++) w->q[i] = kind == 1 ? 0xffffffffu : rnd_u32() ^ (rnd_u32() << 16);
+    w->sc = malloc(2 * ng);
+    w->bi = malloc(2 * ng);
+    for (size_t i = 0; i < ng; i++) {
+        float s = rnd_f(0.02f), b = rnd_f(0.1f);
+        w->sc[i] = f16 ? sn_f32_to_f16(s) : sn_f32_to_bf16(s);
+        w->bi[i] = f16 ? sn_f32_to_f16(b) : sn_f32_to_bf16(b);
+    }
+    if (bias) {
+        w->bias = malloc(sizeof(float) * rows);
+        for (int64_t r = 0; r < rows; r++) w->bias[r] = rnd_f(0.5f);
+    }
+}
+
+static void hq4_free(hq4 *w)
+{
+    free(w->q);
+    free(w->sc);
+    free(w->bi);
+    free(w->bias);
+}
+
+/* y[t][r] = bias[r] + sum_k (s q + b) x[t][k] in double */
+static double *ref_gemm(const hq4 *w, const float *x, int T)
+{
+    double *y = malloc(sizeof(double) * (size_t)T * w->rows);
+    const int64_t ng = w->cols / w->group;
+    for (int64_t r = 0; r < w->rows; r++)
+        for (int t = 0; t < T; t++) {
+            double acc = w->bias ? w->bias[r] : 0.0;
+            for (int64_t g = 0; g < ng; g++) {
+                double s = h2f(w, w->sc[r * ng + g]), b = h2f(w, w->bi[r * ng + g]);
+                for (int64_t k = g * w->group; k < (g + 1) * w->group; k++)
+                    acc += (s * qval(w, r, k) + b) * (double)x[(size_t)t * w->cols + k];
+            }
+            y[(size_t)t * w->rows + r] = acc;
+        }
+    return y;
+}
+
+/* ------------------------------------------------------------------ */
+/* Part 1: the kernels on the host                                      */
+/* ------------------------------------------------------------------ */
+
+/* the repacked copy, from its documentation (cuda_internal.h, cuda_matmul.cu):
+ * qr[(mt*KB + kb)*32 + lane] = {W0(kt 0), W1(kt 0), W0(kt 1), W1(kt 1)}, g = lane/4, t = lane%4,
+ * k0 = 64 kb + 32 kt: W0 byte j = q[16mt+g][k0+4t+j] | q[16mt+g+8][k0+4t+j] << 4, W1 the same at k0+16;
+ * sr[(mt*groups + grp)*16 + r] = (scale | bias << 16) of row 16mt+r, 0 past the last row */
+static void emu_repack(const hq4 *w, uint32_t **qr_out, uint32_t **sr_out, int64_t *mt_out)
+{
+    const int64_t MT = (w->rows + 15) / 16, KB = w->cols / 64, ng = w->cols / w->group;
+    uint32_t *qr = calloc((size_t)MT * KB * 32 * 4, 4), *sr = calloc((size_t)MT * ng * 16, 4);
+    for (int64_t mt = 0; mt < MT; mt++)
+        for (int64_t kb = 0; kb < KB; kb++)
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane >> 2, t = lane & 3;
+                for (int kt = 0; kt < 2; kt++)
+                    for (int h = 0; h < 2; h++) {
+                        uint32_t v = 0;
+                        for (int j = 0; j < 4; j++) {
+                            const int64_t k = 64 * kb + 32 * kt + 16 * h + 4 * t + j, r0 = 16 * mt + g, r1 = r0 + 8;
+                            uint32_t n0 = r0 < w->rows ? (uint32_t)qval(w, r0, k) : 0u;
+                            uint32_t n1 = r1 < w->rows ? (uint32_t)qval(w, r1, k) : 0u;
+                            v |= (n0 | n1 << 4) << (8 * j);
+                        }
+                        qr[((mt * KB + kb) * 32 + lane) * 4 + 2 * kt + h] = v;
+                    }
+            }
+    for (int64_t mt = 0; mt < MT; mt++)
+        for (int64_t g = 0; g < ng; g++)
+            for (int r = 0; r < 16; r++) {
+                const int64_t row = 16 * mt + r;
+                if (row < w->rows)
+                    sr[(mt * ng + g) * 16 + r] = (uint32_t)w->sc[row * ng + g] | (uint32_t)w->bi[row * ng + g] << 16;
+            }
+    *qr_out = qr;
+    *sr_out = sr;
+    *mt_out = MT;
+}
+
+/* k_i8_stage: planes [D][T][cols] (bytes of X, top byte first), gc [groups][T][4] = {2^-e, K, 2^-e sum X, 0} */
+static void emu_stage(int D, int G, const float *x, int T, int64_t cols, int8_t *planes, float *gc)
+{
+    const int XBITS = D == 3 ? 23 : 15, XMAX = (1 << XBITS) - 1;
+    const float KM = (float)(12582912.0 * (D == 3 ? 65793.0 : 257.0));
+    for (int t = 0; t < T; t++)
+        for (int64_t g0 = 0; g0 < cols; g0 += G) {
+            const float *v = x + (size_t)t * cols + g0;
+            float mx = 0.f;
+            int bad = 0;
+            for (int j = 0; j < G; j++) {
+                mx = fmaxf(mx, fabsf(v[j]));
+                bad |= !isfinite(v[j]);
+            }
+            int e2 = 0;
+            if (mx > 0.f && !bad) {
+                int e;
+                frexpf(mx, &e);
+                e2 = XBITS - e < 100 ? XBITS - e : 100;
+            }
+            const float sc = ldexpf(1.f, e2), es = ldexpf(1.f, -e2);
+            int sum = 0;
+            for (int j = 0; j < G; j++) {
+                int X = bad ? 0 : (int)lrintf(v[j] * sc);
+                if (X > XMAX) X = XMAX;
+                sum += X;
+                for (int d = 0; d < D; d++)
+                    planes[((size_t)d * T + t) * cols + g0 + j] = (int8_t)(uint8_t)((X >> (8 * (D - 1 - d))) & 255);
+            }
+            float *o = gc + ((size_t)(g0 / G) * T + t) * 4;
+            o[0] = es;
+            o[1] = bad ? NAN : -KM * es;
+            o[2] = (float)sum * es;
+            o[3] = 0.f;
+        }
+}
+
+/* the GEMM's constants (cuda_gemm_i8.cu) */
+enum { E_WM = 2, E_WN = 4, E_MTW = 4, E_BMT = 8, E_BROW = 80 };
+#define E_MAGIC 0x4B400000u
+
+static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+/* mma.sync.aligned.m16n8k32.row.col.s32.u8.{s8,u8}.s32 over a warp, from the PTX fragment layout */
+static void emu_mma(int32_t (*d)[4], const uint32_t (*a)[4], const uint32_t *b0, const uint32_t *b1, int sgn)
+{
+    int A[16][32], B[32][8];
+    for (int lane = 0; lane < 32; lane++) {
+        const int g = lane >> 2, t = lane & 3;
+        for (int i = 0; i < 16; i++) {
+            const int row = (i < 4 || (i >= 8 && i < 12)) ? g : g + 8;
+            const int col = 4 * t + (i & 3) + (i >= 8 ? 16 : 0);
+            A[row][col] = (int)((a[lane][i / 4] >> (8 * (i % 4))) & 255u);
+        }
+        for (int i = 0; i < 8; i++) {
+            const int k = 4 * t + (i & 3) + (i >= 4 ? 16 : 0);
+            const uint32_t v = ((i < 4 ? b0[lane] : b1[lane]) >> (8 * (i % 4))) & 255u;
+            B[k][g] = sgn ? (int)(int8_t)(uint8_t)v : (int)v;
+        }
+    }
+    for (int lane = 0; lane < 32; lane++) {
+        const int g = lane >> 2, t = lane & 3;
+        for (int i = 0; i < 4; i++) {
+            const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+            int64_t s = 0;
+            for (int k = 0; k < 32; k++) s += (int64_t)A[row][k] * B[k][col];
+            d[lane][i] = (int32_t)((uint32_t)d[lane][i] + (uint32_t)s);
+        }
+    }
+}
+
+/* one warp's registers across the K loop */
+typedef struct {
+    int32_t acc_i[32][E_MTW][6][4];
+    float acc[32][E_MTW][3][4];
+} emu_warp;
+
+static float *emu_gemm(int D, const hq4 *w, const float *x, int T)
+{
+    const int G = w->group, GS = G / 32, HI16 = GS <= 2, SUB = GS == 1 ? 2 : 1;
+    const int TTW = D == 3 ? 2 : 3, NT = D * TTW, BT = E_WN * TTW * 8;
+    const int A_BYTES = E_BMT * 512, B_BYTES = D * BT * E_BROW, S_BYTES = 2 * E_BMT * 16 * 4, C_BYTES = 2 * BT * 16;
+    const int STAGE = A_BYTES + B_BYTES + S_BYTES + C_BYTES;
+    const int64_t cols = w->cols, rows = w->rows, groups = cols / G, KB = cols / 64;
+    uint32_t *qr, *sr;
+    int64_t MT;
+    emu_repack(w, &qr, &sr, &MT);
+    int8_t *planes = malloc((size_t)D * T * cols);
+    float *gc = malloc(sizeof(float) * 4 * (size_t)groups * T);
+    emu_stage(D, G, x, T, cols, planes, gc);
+    float *y = malloc(sizeof(float) * (size_t)T * rows);
+    for (size_t i = 0; i < (size_t)T * rows; i++) y[i] = NAN;
+    uint8_t *st = malloc((size_t)STAGE);
+    emu_warp *wr = malloc(sizeof(emu_warp) * 8);
+    const int64_t gx = (MT + E_BMT - 1) / E_BMT, gy = (T + BT - 1) / BT;
+    for (int64_t bx = 0; bx < gx; bx++)
+        for (int64_t by = 0; by < gy; by++) {
+            const int64_t mt0 = bx * E_BMT;
+            const int t0 = (int)(by * BT);
+            for (int wi = 0; wi < 8; wi++)
+                for (int l = 0; l < 32; l++) {
+                    for (int m = 0; m < E_MTW; m++)
+                        for (int j = 0; j < 6; j++)
+                            for (int i = 0; i < 4; i++) wr[wi].acc_i[l][m][j][i] = (int32_t)E_MAGIC;
+                    for (int m = 0; m < E_MTW; m++)
+                        for (int tt = 0; tt < 3; tt++)
+                            for (int i = 0; i < 4; i++) wr[wi].acc[l][m][tt][i] = 0.f;
+                }
+            for (int kb = 0; kb < KB; kb++) {
+                /* the stage as load_w / load_x fill it (16-byte chunks, zeros where src-size is 0) */
+                memset(st, 0xA5, (size_t)STAGE); /* bytes no load writes: must never be read */
+                for (int tid = 0; tid < 256; tid++) {
+                    const int64_t mt = mt0 + (tid >> 5);
+                    const int lane = tid & 31;
+                    if (mt < MT) memcpy(st + tid * 16, qr + ((mt * KB + kb) * 32 + lane) * 4, 16);
+                    else memset(st + tid * 16, 0, 16);
+                }
+                if (GS < 4 || (kb & 1))
+                    for (int tid = 0; tid < SUB * E_BMT * 4; tid++) {
+                        const int sub = tid / (E_BMT * 4), m = (tid / 4) % E_BMT, c = tid & 3;
+                        const int64_t mt = mt0 + m, grp = (kb * 2 + sub) / GS;
+                        uint8_t *dst = st + A_BYTES + B_BYTES + tid * 16;
+                        if (mt < MT) memcpy(dst, sr + (mt * groups + grp) * 16 + 4 * c, 16);
+                        else memset(dst, 0, 16);
+                    }
+                for (int i = 0; i < D * BT * 4; i++) {
+                    const int row = i >> 2, c = i & 3, d = row / BT, t = t0 + row % BT;
+                    uint8_t *dst = st + A_BYTES + row * E_BROW + c * 16;
+                    if (t < T) memcpy(dst, planes + ((size_t)d * T + t) * cols + (size_t)kb * 64 + c * 16, 16);
+                    else memset(dst, 0, 16);
+                }
+                if (GS < 4 || (kb & 1))
+                    for (int i = 0; i < SUB * BT; i++) {
+                        const int sub = i / BT, t = t0 + i % BT;
+                        const int64_t grp = (kb * 2 + sub) / GS;
+                        uint8_t *dst = st + A_BYTES + B_BYTES + S_BYTES + i * 16;
+                        if (t < T) memcpy(dst, gc + ((size_t)grp * T + t) * 4, 16);
+                        else memset(dst, 0, 16);
+                    }
+                for (int warp = 0; warp < 8; warp++) {
+                    emu_warp *W = &wr[warp];
+                    const int wm = warp / E_WN, wn = warp % E_WN;
+                    uint32_t wa[32][E_MTW][4];
+                    for (int l = 0; l < 32; l++)
+                        for (int m = 0; m < E_MTW; m++)
+                            memcpy(wa[l][m], st + ((wm * E_MTW + m) * 32 + l) * 16, 16);
+                    for (int kt = 0; kt < 2; kt++) {
+                        uint32_t a[E_MTW][32][4];
+                        for (int l = 0; l < 32; l++)
+                            for (int m = 0; m < E_MTW; m++) {
+                                const uint32_t W0 = wa[l][m][kt ? 2 : 0], W1 = wa[l][m][kt ? 3 : 1];
+                                a[m][l][0] = W0 & 0x0F0F0F0Fu;
+                                a[m][l][1] = HI16 ? (W0 & 0xF0F0F0F0u) : ((W0 >> 4) & 0x0F0F0F0Fu);
+                                a[m][l][2] = W1 & 0x0F0F0F0Fu;
+                                a[m][l][3] = HI16 ? (W1 & 0xF0F0F0F0u) : ((W1 >> 4) & 0x0F0F0F0Fu);
+                            }
+                        for (int p = 0; p < NT / 2; p++) {
+                            uint32_t addr[32], b[4][32];
+                            for (int l = 0; l < 32; l++) {
+                                const int mi = l >> 3, j = 2 * p + (mi >> 1), d = j / TTW, tt = j % TTW;
+                                addr[l] = (uint32_t)(A_BYTES + (d * BT + (wn * TTW + tt) * 8 + (l & 7)) * E_BROW +
+                                                     (mi & 1) * 16 + kt * 32);
+                            }
+                            for (int i = 0; i < 4; i++) /* ldmatrix.x4 */
+                                for (int l = 0; l < 32; l++) b[i][l] = rd32(st + addr[8 * i + l / 4] + 4 * (l % 4));
+                            for (int m = 0; m < E_MTW; m++) {
+                                int32_t d0[32][4], d1[32][4];
+                                for (int l = 0; l < 32; l++)
+                                    for (int i = 0; i < 4; i++) {
+                                        d0[l][i] = W->acc_i[l][m][2 * p][i];
+                                        d1[l][i] = W->acc_i[l][m][2 * p + 1][i];
+                                    }
+                                emu_mma(d0, (const uint32_t (*)[4])a[m], b[0], b[1], (2 * p) / TTW == 0);
+                                emu_mma(d1, (const uint32_t (*)[4])a[m], b[2], b[3], (2 * p + 1) / TTW == 0);
+                                for (int l = 0; l < 32; l++)
+                                    for (int i = 0; i < 4; i++) {
+                                        W->acc_i[l][m][2 * p][i] = d0[l][i];
+                                        W->acc_i[l][m][2 * p + 1][i] = d1[l][i];
+                                    }
+                            }
+                        }
+                        int sub = -1;
+                        if (GS == 1) sub = kt;
+                        else if (GS == 2 ? kt == 1 : (kt == 1 && (kb & 1))) sub = 0;
+                        if (sub < 0) continue;
+                        /* flush */
+                        for (int l = 0; l < 32; l++) {
+                            const int gq = l >> 2, tq = l & 3;
+                            const uint8_t *Sb = st + A_BYTES + B_BYTES + (size_t)(sub * E_BMT + wm * E_MTW) * 64;
+                            const uint8_t *Cb = st + A_BYTES + B_BYTES + S_BYTES + (size_t)(sub * BT + wn * TTW * 8 + 2 * tq) * 16;
+                            for (int m = 0; m < E_MTW; m++)
+                                for (int h = 0; h < 2; h++) {
+                                    const uint32_t pr = rd32(Sb + (m * 16 + gq + 8 * h) * 4);
+                                    float s, bb;
+                                    if (!w->f16) {
+                                        s = u2f(pr << 16);
+                                        bb = u2f(pr & 0xffff0000u);
+                                    } else {
+                                        s = sn_f16_to_f32((uint16_t)(pr & 0xffff));
+                                        bb = sn_f16_to_f32((uint16_t)(pr >> 16));
+                                    }
+                                    if (HI16 && h) s = s * 0.0625f;
+                                    for (int tt = 0; tt < TTW; tt++)
+                                        for (int c = 0; c < 2; c++) {
+                                            const int i = 2 * h + c;
+                                            float cv[4];
+                                            memcpy(cv, Cb + (tt * 8 + c) * 16, 16);
+                                            const float e = cv[0];
+                                            const float c0 = e * (D == 3 ? 65536.f : 256.f);
+                                            float u = fmaf(u2f((uint32_t)W->acc_i[l][m][tt][i]), c0, cv[1]);
+                                            if (D == 3) {
+                                                u = fmaf(u2f((uint32_t)W->acc_i[l][m][TTW + tt][i]), e * 256.f, u);
+                                                u = fmaf(u2f((uint32_t)W->acc_i[l][m][2 * TTW + tt][i]), e, u);
+                                            } else {
+                                                u = fmaf(u2f((uint32_t)W->acc_i[l][m][TTW + tt][i]), e, u);
+                                            }
+                                            float *ac = &W->acc[l][m][tt][i];
+                                            *ac = fmaf(s, u, *ac);
+                                            *ac = fmaf(bb, cv[2], *ac);
+                                        }
+                                }
+                            for (int m = 0; m < E_MTW; m++)
+                                for (int j = 0; j < NT; j++)
+                                    for (int i = 0; i < 4; i++) W->acc_i[l][m][j][i] = (int32_t)E_MAGIC;
+                        }
+                    }
+                }
+            }
+            /* epilogue */
+            for (int warp = 0; warp < 8; warp++) {
+                const int wm = warp / E_WN, wn = warp % E_WN;
+                for (int l = 0; l < 32; l++) {
+                    const int gq = l >> 2, tq = l & 3;
+                    for (int m = 0; m < E_MTW; m++)
+                        for (int h = 0; h < 2; h++) {
+                            const int64_t r = (mt0 + wm * E_MTW + m) * 16 + gq + 8 * h;
+                            if (r >= rows) continue;
+                            for (int tt = 0; tt < TTW; tt++)
+                                for (int c = 0; c < 2; c++) {
+                                    const int t = t0 + (wn * TTW + tt) * 8 + 2 * tq + c;
+                                    if (t >= T) continue;
+                                    const float v = wr[warp].acc[l][m][tt][2 * h + c];
+                                    y[(size_t)t * rows + r] = w->bias ? v + w->bias[r] : v;
+                                }
+                        }
+                }
+            }
+        }
+    free(st);
+    free(wr);
+    free(qr);
+    free(sr);
+    free(planes);
+    free(gc);
+    return y;
+}
+
+/* x kind 0: uniform in [-1, 1]; 1: the same with one element of each token 3000x (row 0: every group);
+ * 2: |x| = 0.99999994 (just below 1: the largest X), one random sign per quant group */
+static float *make_x(int T, int64_t cols, int group, int kind)
+{
+    float *x = malloc(sizeof(float) * (size_t)T * cols);
+    for (int t = 0; t < T; t++)
+        for (int64_t k = 0; k < cols; k++) x[(size_t)t * cols + k] = rnd_f(1.0f);
+    if (kind == 1) {
+        for (int t = 0; t < T; t++) x[(size_t)t * cols + rnd_u32() % cols] = 3000.0f;
+        for (int64_t g = 0; g < cols; g += group) x[g + rnd_u32() % group] = -3000.0f;
+    }
+    if (kind == 2)
+        for (int t = 0; t < T; t++)
+            for (int64_t g = 0; g < cols; g += group) {
+                float v = (rnd_u32() & 1) ? 0.99999994f : -0.99999994f;
+                for (int j = 0; j < group; j++) x[(size_t)t * cols + g + j] = v;
+            }
+    return x;
+}
+
+typedef struct {
+    int64_t rows, cols;
+    int group, f16, bias, T, wkind, xkind;
+} gcase;
+
+static const gcase emu_cases[] = {
+    { 37, 64, 64, 0, 0, 9, 0, 0 },      /* one 64-column block (fewer than the pipeline's stages) */
+    { 150, 320, 32, 1, 1, 70, 0, 0 },   /* f16 scales, groups of 32 (two per block), bias */
+    { 259, 1088, 64, 0, 1, 130, 0, 1 }, /* outliers */
+    { 48, 512, 128, 0, 0, 100, 0, 0 },  /* groups of 128 (a group spans two blocks) */
+    { 33, 384, 128, 1, 0, 9, 0, 1 },
+    { 40, 256, 64, 0, 0, 20, 1, 2 },    /* partial-sum bound: q = 15, X at its extremes */
+    { 40, 256, 32, 0, 0, 20, 1, 2 },
+    { 40, 256, 128, 0, 0, 20, 1, 2 },
+};
+
+static void test_emulated(void)
+{
+    double worst[4] = { 0, 0, 0, 0 }; /* D=3 normal, D=3 extreme, D=2 normal, D=2 extreme */
+    for (size_t ci = 0; ci < sizeof emu_cases / sizeof *emu_cases; ci++) {
+        const gcase *c = &emu_cases[ci];
+        hq4 w;
+        hq4_make(&w, c->rows, c->cols, c->group, c->f16, c->bias, c->wkind);
+        float *x = make_x(c->T, c->cols, c->group, c->xkind);
+        double *ref = ref_gemm(&w, x, c->T);
+        for (int D = 3; D >= 2; D--) {
+            float *y = emu_gemm(D, &w, x, c->T);
+            double e = rel_err(y, ref, (size_t)c->T * c->rows);
+            double tol = D == 3 ? 1e-6 : 3e-4;
+            int slot = (D == 3 ? 0 : 2) + (c->xkind == 2);
+            if (e > worst[slot]) worst[slot] = e;
+            CHECKF(e <= tol, "emulated D=%d rows=%lld cols=%lld g=%d %s T=%d x%d: rel %.3g > %.3g", D,
+                   (long long)c->rows, (long long)c->cols, c->group, c->f16 ? "f16" : "bf16", c->T, c->xkind, e, tol);
+            free(y);
+        }
+        free(x);
+        free(ref);
+        hq4_free(&w);
+    }
+    fprintf(stderr, "  emulated vs fp64: 3 digits worst rel %.3g (extreme case %.3g), 2 digits %.3g (%.3g)\n", worst[0],
+            worst[1], worst[2], worst[3]);
+}
+
+/* ------------------------------------------------------------------ */
+/* Part 2: the kernels on the GPU                                       */
+/* ------------------------------------------------------------------ */
+
+#ifdef SN_HAVE_CUDA
+static sn_backend *G, *C;
+
+static sn_weight host_view(const hq4 *w)
+{
+    sn_weight v;
+    memset(&v, 0, sizeof v);
+    v.dtype = SN_DT_Q4;
+    v.rows = w->rows;
+    v.cols = w->cols;
+    v.group = w->group;
+    v.data = w->q;
+    v.scales = w->sc;
+    v.qbiases = w->bi;
+    v.sdtype = w->f16 ? SN_DT_F16 : SN_DT_BF16;
+    v.bias = w->bias;
+    return v;
+}
+
+static float *dcopy(const float *h, size_t n)
+{
+    void *d = NULL;
+    if (G->ops->buf_alloc(G, sizeof(float) * n, &d) != SN_OK) return NULL;
+    G->ops->from_host(G, d, h, sizeof(float) * n);
+    return d;
+}
+
+/* y = W x on the GPU with gemm_i8 = D (output poisoned with NaN first) */
+static float *gpu_mm(const sn_weight *wg, const float *dx, int T, int D)
+{
+    size_t n = (size_t)T * wg->rows;
+    float *h = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *dy = dcopy(h, n);
+    CHECK_OK(sn_cuda_tune(G, "gemm_i8", D));
+    CHECK_OK(G->ops->matmul(G, wg, 0, dx, T, dy));
+    if (G->ops->to_host(G, h, dy, sizeof(float) * n) != SN_OK)
+        for (size_t i = 0; i < n; i++) h[i] = NAN;
+    G->ops->buf_free(G, dy);
+    return h;
+}
+
+static size_t n_diff(const float *a, const float *b, size_t n)
+{
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++) d += memcmp(a + i, b + i, 4) != 0;
+    return d;
+}
+
+static double worst_gpu[2];
+
+static void gpu_case(const gcase *c, int with_emu)
+{
+    hq4 w;
+    hq4_make(&w, c->rows, c->cols, c->group, c->f16, c->bias, c->wkind);
+    sn_weight wc = host_view(&w), wg = wc;
+    CHECK_OK(G->ops->upload_weight(G, &wg));
+    float *x = make_x(c->T, c->cols, c->group, c->xkind);
+    const size_t n = (size_t)c->T * c->rows;
+    float *cref = malloc(sizeof(float) * n);
+    CHECK_OK(C->ops->matmul(C, &wc, 0, x, c->T, cref));
+    double *cd = malloc(sizeof(double) * n);
+    for (size_t i = 0; i < n; i++) cd[i] = cref[i];
+    float *dx = dcopy(x, (size_t)c->T * c->cols);
+    for (int D = 3; D >= 2; D--) {
+        float *y = gpu_mm(&wg, dx, c->T, D);
+        double e = rel_err(y, cd, n), tol = D == 3 ? 2e-5 : 3e-4;
+        if (e > worst_gpu[3 - D]) worst_gpu[3 - D] = e;
+        CHECKF(e <= tol, "gpu D=%d rows=%lld cols=%lld g=%d %s T=%d x%d bias=%d vs cpu: rel %.3g > %.3g", D,
+               (long long)c->rows, (long long)c->cols, c->group, c->f16 ? "f16" : "bf16", c->T, c->xkind, c->bias, e,
+               tol);
+        float *y2 = gpu_mm(&wg, dx, c->T, D);
+        CHECKF(n_diff(y, y2, n) == 0, "gpu D=%d T=%d: two runs differ in %zu of %zu", D, c->T, n_diff(y, y2, n), n);
+        free(y2);
+        if (with_emu) {
+            float *ye = emu_gemm(D, &w, x, c->T);
+            size_t nd = n_diff(y, ye, n), f = 0;
+            while (nd && f < n && !memcmp(y + f, ye + f, 4)) f++;
+            CHECKF(nd == 0, "gpu D=%d rows=%lld cols=%lld g=%d T=%d: %zu of %zu outputs differ from the emulation "
+                   "(first: token %zu row %zu, %.9g vs %.9g)", D, (long long)c->rows, (long long)c->cols, c->group,
+                   c->T, nd, n, f / (size_t)c->rows, f % (size_t)c->rows, nd ? y[f] : 0.0, nd ? ye[f] : 0.0);
+            free(ye);
+        }
+        /* row invariance: tokens [t0, t0 + 9) alone give the same bits */
+        if (c->T >= 18) {
+            const int t0 = c->T - 9 - 3;
+            float *y9 = gpu_mm(&wg, dx + (size_t)t0 * c->cols, 9, D);
+            size_t nd = n_diff(y9, y + (size_t)t0 * c->rows, (size_t)9 * c->rows);
+            CHECKF(nd == 0, "gpu D=%d T=%d: tokens %d..%d run as T=9 differ in %zu outputs", D, c->T, t0, t0 + 8, nd);
+            free(y9);
+        }
+        free(y);
+    }
+    G->ops->buf_free(G, dx);
+    free(x);
+    free(cref);
+    free(cd);
+    hq4_free(&w);
+}
+
+static void test_gpu_vs_emulation(void)
+{
+    for (size_t ci = 0; ci < sizeof emu_cases / sizeof *emu_cases; ci++) gpu_case(&emu_cases[ci], 1);
+}
+
+static void test_gpu_vs_cpu(void)
+{
+    static const gcase cases[] = {
+        { 259, 1088, 64, 0, 1, 9, 0, 0 },
+        { 259, 1088, 64, 0, 1, 64, 0, 1 },
+        { 130, 512, 32, 1, 0, 130, 0, 1 },
+        { 300, 2048, 128, 0, 0, 130, 0, 0 },
+        { 517, 5120, 64, 0, 0, 1000, 0, 1 },
+        { 1000, 5120, 64, 0, 0, 64, 0, 0 },
+        { 100, 17408, 64, 0, 0, 130, 0, 1 },
+        { 77, 1024, 32, 0, 1, 1000, 0, 0 },
+        { 60, 1024, 128, 1, 0, 1000, 0, 1 },
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) gpu_case(&cases[ci], 0);
+    fprintf(stderr, "  gpu vs scalar cpu: 3 digits worst rel %.3g, 2 digits %.3g\n", worst_gpu[0], worst_gpu[1]);
+    CHECK(sn_cuda_tune(G, "gemm_i8", 1) == SN_E_INVALID);
+    sn_clear_error();
+    CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
+}
+#endif
+
+int main(void)
+{
+    RUN(test_emulated);
+#ifdef SN_HAVE_CUDA
+    sn_status st = sn_backend_cuda_new(0, &G);
+    if (st != SN_OK) {
+        fprintf(stderr, "SKIP test_cuda_gemm_i8 (GPU part): %s\n", sn_errmsg());
+        return TEST_END();
+    }
+    if (sn_backend_cpu_new_isa(1, SN_ISA_SCALAR, &C) != SN_OK) {
+        fprintf(stderr, "cpu oracle: %s\n", sn_errmsg());
+        return 1;
+    }
+    RUN(test_gpu_vs_emulation);
+    RUN(test_gpu_vs_cpu);
+    if (G->ops->sync(G) != SN_OK) {
+        fprintf(stderr, "final sync: %s\n", sn_errmsg());
+        t_failed++;
+    }
+    sn_backend_free(G);
+    sn_backend_free(C);
+#else
+    fprintf(stderr, "SKIP test_cuda_gemm_i8 (GPU part): built without CUDA (SN_CUDA=0 or no nvcc)\n");
+#endif
+    return TEST_END();
+}
