@@ -1,0 +1,580 @@
+/* MoE decode in two launches (issue 6): T tokens (decode, prompt-lookup
+ * verification; cu_moe sends every T below the grouped-GEMM threshold here)
+ * through
+ *
+ *   k_md_gate_up  routing + gate/up GEMVs + SiLU product, grid (row blocks, k, T):
+ *                 every warp recomputes token t's routing from the logits
+ *                 (softmax, top-k by k rounds of a warp max with the lowest
+ *                 index on ties, weights renormalised when asked) - the same
+ *                 instructions on the same data in every warp and block, so
+ *                 all agree - then block (r, j, t) computes rows r.. of
+ *                 h[t, j] = w_j * silu(gate_e x_t) * (up_e x_t), e = expert j.
+ *                 Block (0, j, t) stores e for the down kernel and, with
+ *                 cu_moe_dec_mode 2, every block asks L2 to prefetch its share
+ *                 of expert e's down matrix (a hint: no effect on results).
+ *   k_md_down     grid (row blocks, T): a warp owns output rows and runs one
+ *                 dot product over the concatenation of the k scaled
+ *                 activations h[t, 0..k) against the rows of the k chosen
+ *                 down matrices (the weighted sum over the experts is that
+ *                 dot product: h is scaled by w_j already), then the optional
+ *                 epilogue of the graph fuser: y = v + sigmoid(g[t]) * sh
+ *                 (k_add_gated's operations) and add_to += y (k_add's).
+ *
+ * Arithmetic per (token, row) does not depend on T, on the grid or on which
+ * other tokens share the call, and every sum has a fixed order: results are
+ * deterministic and a token's bits are the same alone or among others.
+ * Weight chunks (16 bytes per lane) and the staged activations follow the
+ * decode GEMV of cuda_matmul.cu: x in shared memory in lane-major order with
+ * per-chunk sums, Q4 nibbles to floats by a byte-permute (0.5 + q/256), Q8
+ * by half2 (1 + q/256). */
+#include <string.h>
+
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_moe.h"
+
+int cu_moe_dec_mode = 2; /* see cuda_internal.h */
+
+namespace {
+
+constexpr int MD_WARPS = 8;
+constexpr int MD_THREADS = MD_WARPS * 32;
+constexpr int MD_RPW = 2;        /* output rows per warp, both kernels */
+constexpr int MD_MAX_K = 64;
+constexpr int MD_MAX_E = 1024;   /* routing keeps ceil(E/32) keys per lane in registers */
+constexpr size_t MD_SMEM_MAX = 47 * 1024; /* dynamic: with the static part under 48 KB, no opt-in */
+constexpr int MD_GU_U = 2;       /* chunk steps loaded ahead per lane: gate/up (4 rows) */
+constexpr int MD_DN_U = 4;       /* down (2 rows) */
+
+/* a lane-major x: chunk c's float4 i at ((c >> 5) * NF4 + i) * 32 + (c & 31) */
+template <int BITS>
+__device__ __forceinline__ int64_t md_xperm(int64_t c, int i)
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+    return ((c >> 5) * NF4 + i) * 32 + (c & 31);
+}
+
+__host__ __device__ __forceinline__ int64_t md_stride4(int64_t nch, int bits)
+{
+    return (nch + 31) / 32 * ((128 / bits) / 4) * 32;
+}
+
+__host__ __device__ __forceinline__ size_t md_stage_bytes(int64_t n, int bits)
+{
+    const int64_t nch = n * bits / 128;
+    return ((size_t)md_stride4(nch, bits) * 16 + (size_t)nch * 4 + 15) / 16 * 16;
+}
+
+/* n values of x (n a multiple of the chunk) into xs, lane-major, then the
+ * chunk sums after stride4 float4s. Whole block; ends with a barrier. */
+template <int BITS>
+__device__ void md_stage(float4 *xs, const float *__restrict__ x, int64_t n)
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+    const int64_t n4 = n / 4, nch = n4 / NF4, stride4 = md_stride4(nch, BITS);
+    const bool aligned = ((uintptr_t)x & 15) == 0;
+    for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) {
+        float4 v = aligned ? __ldg((const float4 *)x + q) : make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
+        xs[md_xperm<BITS>(q / NF4, (int)(q % NF4))] = v;
+    }
+    __syncthreads();
+    float *sums = (float *)(xs + stride4);
+    for (int64_t c = threadIdx.x; c < nch; c += blockDim.x) {
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < NF4; i++) {
+            const float4 f = xs[md_xperm<BITS>(c, i)];
+            a += f.x;
+            a += f.y;
+            a += f.z;
+            a += f.w;
+        }
+        sums[c] = a;
+    }
+    __syncthreads();
+}
+
+/* one (scale, bias) pair as loaded: 4 bytes (bf16/f16) or 8 (f32) */
+__device__ __forceinline__ uint2 md_ld_sb(const void *sb, int sf, int64_t i)
+{
+    if (sf == CS_F32)
+        return __ldg((const uint2 *)sb + i);
+    return make_uint2(__ldg((const unsigned int *)sb + i), 0u);
+}
+
+__device__ __forceinline__ float2 md_pair(uint2 e, int sf)
+{
+    if (sf == CS_F32)
+        return make_float2(__uint_as_float(e.x), __uint_as_float(e.y));
+    if (sf == CS_BF16)
+        return make_float2(__uint_as_float(e.x << 16), __uint_as_float(e.x & 0xffff0000u));
+    return __half22float2(*reinterpret_cast<__half2 *>(&e.x));
+}
+
+/* chunk values of token x as floats: VPC of them */
+template <int BITS>
+__device__ __forceinline__ void md_xload(const float4 *xs, int64_t c, float (&xv)[128 / BITS])
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+#pragma unroll
+    for (int i = 0; i < NF4; i++) {
+        const float4 f = xs[md_xperm<BITS>(c, i)];
+        xv[4 * i] = f.x;
+        xv[4 * i + 1] = f.y;
+        xv[4 * i + 2] = f.z;
+        xv[4 * i + 3] = f.w;
+    }
+}
+
+/* s * sum(q * x) + b * sum(x) over one chunk (one uint4 of words) */
+template <int BITS>
+__device__ __forceinline__ float md_chunk(uint4 wv, float2 sb, const float (&xv)[128 / BITS], float xsum)
+{
+    const uint32_t ws[4] = { wv.x, wv.y, wv.z, wv.w };
+    float d = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (BITS == 4) {
+            const uint32_t lo = ws[j] & 0x0F0F0F0Fu, hi = (ws[j] >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                /* byte k of lo/hi -> the float 0.5 + q/256 */
+                d = fmaf(__uint_as_float(__byte_perm(lo, 0x3F000000u, 0x7044u | ((uint32_t)k << 8))), xv[8 * j + 2 * k], d);
+                d = fmaf(__uint_as_float(__byte_perm(hi, 0x3F000000u, 0x7044u | ((uint32_t)k << 8))), xv[8 * j + 2 * k + 1], d);
+            }
+        } else {
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                /* bytes (k, k+2) of the word -> 1 + q/256 as a half2 */
+                const uint32_t s = k == 0 ? (ws[j] << 2) : (ws[j] >> 6);
+                const uint32_t h = (s & 0x03FC03FCu) | 0x3C003C00u;
+                const float2 p = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+                d = fmaf(p.x, xv[4 * j + k], d);
+                d = fmaf(p.y, xv[4 * j + k + 2], d);
+            }
+        }
+    }
+    const float qd = BITS == 4 ? 256.f * (d - 0.5f * xsum) : 256.f * (d - xsum);
+    return sb.x * qd + sb.y * xsum;
+}
+
+/* Order-preserving unsigned key of a logit: larger value, larger key; -0
+ * as +0 (they compare equal: the lower index wins, as with floats); NaN
+ * below every number (1); 0 marks "taken / no element". */
+__device__ __forceinline__ uint32_t md_key(float v)
+{
+    if (v != v)
+        return 1u;
+    const uint32_t u = __float_as_uint(v == 0.f ? 0.f : v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Token routing by one warp (every lane gets the result): softmax over the
+ * E logits, k rounds of "largest remaining key, lowest index on ties", and
+ * the weight of choice jsel, renormalised over the k when norm. */
+template <int NPL>
+__device__ __forceinline__ void md_route(const float *__restrict__ l, int E, int k, int norm, int jsel, int *e_out,
+                                         float *w_out)
+{
+    const int lane = threadIdx.x & 31;
+    uint32_t key[NPL];
+    float val[NPL];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int e = lane + 32 * i;
+        val[i] = e < E ? __ldg(l + e) : 0.f;
+        key[i] = e < E ? md_key(val[i]) : 0u;
+        mx = e < E ? fmaxf(mx, val[i]) : mx;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        if (lane + 32 * i < E)
+            sum += expf(val[i] - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    float tot = 0.f, psel = 0.f;
+    int esel = 0;
+    for (int j = 0; j < k; j++) {
+        uint32_t b = 0u;
+#pragma unroll
+        for (int i = 0; i < NPL; i++)
+            b = max(b, key[i]);
+        const uint32_t m = __reduce_max_sync(0xffffffffu, b);
+        uint32_t cand = 0xffffffffu;
+#pragma unroll
+        for (int i = NPL - 1; i >= 0; i--)
+            if (key[i] == m)
+                cand = (uint32_t)(lane + 32 * i);
+        uint32_t sel = __reduce_min_sync(0xffffffffu, cand);
+        if (m == 0u || sel >= (uint32_t)E)
+            sel = 0u; /* cannot happen for k <= E; keeps the index valid */
+        float ov = 0.f;
+#pragma unroll
+        for (int i = 0; i < NPL; i++)
+            if ((uint32_t)(lane + 32 * i) == sel) {
+                ov = val[i];
+                key[i] = 0u;
+            }
+        const float v = __shfl_sync(0xffffffffu, ov, (int)(sel & 31u));
+        const float p = expf(v - mx) / sum;
+        tot += p;
+        if (j == jsel) {
+            esel = (int)sel;
+            psel = p;
+        }
+    }
+    *e_out = esel;
+    *w_out = norm ? psel / tot : psel;
+}
+
+struct md_gu_args {
+    const uint32_t *Wg, *Wu; /* [E, I, words] */
+    const void *Sg, *Su;     /* [E, I, groups] pairs */
+    int sf;
+    int64_t rows, cols, words, groups; /* I, H */
+    int group;
+    const float *logits; /* [T, E] */
+    int E, k, norm;
+    const float *x;      /* [T, H] */
+    int32_t *idx;        /* [T, k] out */
+    float *h;            /* [T, k, I] out */
+    const char *Wd;      /* down experts, for the L2 prefetch (NULL: none) */
+    const char *Sd;
+    int64_t dq_bytes, ds_bytes; /* per expert */
+};
+
+template <int BITS, int NPL>
+__global__ void __launch_bounds__(MD_THREADS) k_md_gate_up(md_gu_args a)
+{
+    pdl_launch();
+    extern __shared__ float4 xs[];
+    constexpr int VPC = 128 / BITS;
+    constexpr int NS = 2 * MD_RPW; /* streams: gate rows, then up rows */
+    constexpr int U = MD_GU_U;
+    const int t = blockIdx.z, j = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t nch = a.words / 4;
+    const int nit = (int)((nch + 31) / 32);
+    const int64_t r0 = ((int64_t)blockIdx.x * MD_WARPS + warp) * MD_RPW;
+    const int nrows = r0 < a.rows ? (int)min((int64_t)MD_RPW, a.rows - r0) : 0;
+    const size_t sbsz = a.sf == CS_F32 ? 8 : 4;
+    pdl_wait();
+
+    int e;
+    float wj;
+    md_route<NPL>(a.logits + (size_t)t * a.E, a.E, a.k, a.norm, j, &e, &wj);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        a.idx[(size_t)t * a.k + j] = e;
+    if (a.Wd && threadIdx.x == 0) {
+        /* this block's share of expert e's down matrix (words, then pairs), into L2 */
+        const int64_t nb = gridDim.x, b = blockIdx.x;
+        const int64_t q0 = a.dq_bytes * b / nb / 16 * 16, q1 = a.dq_bytes * (b + 1) / nb / 16 * 16;
+        const int64_t s0 = a.ds_bytes * b / nb / 16 * 16, s1 = a.ds_bytes * (b + 1) / nb / 16 * 16;
+        if (q1 > q0)
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.Wd + e * a.dq_bytes + q0),
+                         "r"((uint32_t)(q1 - q0))
+                         : "memory");
+        if (s1 > s0)
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.Sd + e * a.ds_bytes + s0),
+                         "r"((uint32_t)(s1 - s0))
+                         : "memory");
+    }
+
+    /* stream s < MD_RPW: gate row r0 + s; else up row r0 + s - MD_RPW */
+    const uint4 *W[NS];
+    const char *S[NS];
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+        const int rr = s % MD_RPW;
+        const int64_t row = (int64_t)e * a.rows + r0 + rr;
+        W[s] = (const uint4 *)((s < MD_RPW ? a.Wg : a.Wu) + row * a.words);
+        S[s] = (const char *)(s < MD_RPW ? a.Sg : a.Su) + (size_t)row * a.groups * sbsz;
+    }
+    uint4 wv[U][NS];
+    uint2 sv[U][NS];
+    auto load = [&](int it0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t c = lane + 32 * (int64_t)(it0 + u);
+#pragma unroll
+            for (int s = 0; s < NS; s++) {
+                if (c < nch && s % MD_RPW < nrows) {
+                    wv[u][s] = __ldcs(W[s] + c);
+                    sv[u][s] = md_ld_sb(S[s], a.sf, c * VPC / a.group);
+                } else {
+                    wv[u][s] = make_uint4(0u, 0u, 0u, 0u);
+                    sv[u][s] = make_uint2(0u, 0u);
+                }
+            }
+        }
+    };
+    load(0); /* in flight while x is staged */
+    md_stage<BITS>(xs, a.x + (size_t)t * a.cols, a.cols);
+    if (!nrows)
+        return;
+    const float *xsums = (const float *)(xs + md_stride4(nch, BITS));
+    float acc[NS];
+#pragma unroll
+    for (int s = 0; s < NS; s++)
+        acc[s] = 0.f;
+    for (int it0 = 0; it0 < nit; it0 += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t c = lane + 32 * (int64_t)(it0 + u);
+            if (c < nch) {
+                float xv[VPC];
+                md_xload<BITS>(xs, c, xv);
+                const float xsum = xsums[c];
+#pragma unroll
+                for (int s = 0; s < NS; s++)
+                    acc[s] += md_chunk<BITS>(wv[u][s], md_pair(sv[u][s], a.sf), xv, xsum);
+            }
+        }
+        if (it0 + U < nit)
+            load(it0 + U);
+    }
+#pragma unroll
+    for (int s = 0; s < NS; s++)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            acc[s] += __shfl_xor_sync(0xffffffffu, acc[s], o);
+    if (lane < nrows) {
+        float g = 0.f, u = 0.f;
+#pragma unroll
+        for (int s = 0; s < MD_RPW; s++)
+            if (s == lane) {
+                g = acc[s];
+                u = acc[MD_RPW + s];
+            }
+        a.h[((size_t)t * a.k + j) * a.rows + r0 + lane] = wj * (g / (1.f + expf(-g)) * u);
+    }
+}
+
+struct md_dn_args {
+    const uint32_t *Wd; /* [E, H, words] */
+    const void *Sd;
+    int sf;
+    int64_t rows, cols, words, groups; /* H, I */
+    int group, k;
+    const int32_t *idx; /* [T, k] */
+    const float *h;     /* [T, k, I] */
+    float *out;         /* [T, H] */
+    const float *sh;    /* epilogue (all NULL: none): y = v + sigmoid(sg[t]) * sh[t, r] */
+    const float *sg;
+    float *add_to;      /* add_to[t, r] += y */
+};
+
+template <int BITS>
+__global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
+{
+    pdl_launch();
+    extern __shared__ float4 xs[];
+    __shared__ int es[MD_MAX_K];
+    constexpr int VPC = 128 / BITS;
+    constexpr int U = MD_DN_U;
+    const int t = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t nce = a.words / 4;            /* chunks per expert row */
+    const int64_t F = (int64_t)a.k * nce;      /* chunks of the concatenated row */
+    const int nit = (int)((F + 31) / 32);
+    const int64_t r0 = ((int64_t)blockIdx.x * MD_WARPS + warp) * MD_RPW;
+    const int nrows = r0 < a.rows ? (int)min((int64_t)MD_RPW, a.rows - r0) : 0;
+    const size_t sbsz = a.sf == CS_F32 ? 8 : 4;
+    pdl_wait();
+    for (int i = threadIdx.x; i < a.k; i += blockDim.x)
+        es[i] = a.idx[(size_t)t * a.k + i];
+    __syncthreads();
+
+    uint4 wv[U][MD_RPW];
+    uint2 sv[U][MD_RPW];
+    auto load = [&](int it0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t f = lane + 32 * (int64_t)(it0 + u);
+            const int jj = f < F ? (int)(f / nce) : 0;
+            const int64_t c = f - (int64_t)jj * nce;
+            const int64_t rb = (int64_t)es[jj] * a.rows + r0;
+#pragma unroll
+            for (int r = 0; r < MD_RPW; r++) {
+                if (f < F && r < nrows) {
+                    wv[u][r] = __ldcs((const uint4 *)(a.Wd + (rb + r) * a.words) + c);
+                    sv[u][r] = md_ld_sb((const char *)a.Sd + (size_t)(rb + r) * a.groups * sbsz, a.sf, c * VPC / a.group);
+                } else {
+                    wv[u][r] = make_uint4(0u, 0u, 0u, 0u);
+                    sv[u][r] = make_uint2(0u, 0u);
+                }
+            }
+        }
+    };
+    load(0); /* in flight while h is staged */
+    md_stage<BITS>(xs, a.h + (size_t)t * a.k * a.cols, (int64_t)a.k * a.cols);
+    if (!nrows)
+        return;
+    const float *xsums = (const float *)(xs + md_stride4(F, BITS));
+    float acc[MD_RPW];
+#pragma unroll
+    for (int r = 0; r < MD_RPW; r++)
+        acc[r] = 0.f;
+    for (int it0 = 0; it0 < nit; it0 += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t f = lane + 32 * (int64_t)(it0 + u);
+            if (f < F) {
+                float xv[VPC];
+                md_xload<BITS>(xs, f, xv);
+                const float xsum = xsums[f];
+#pragma unroll
+                for (int r = 0; r < MD_RPW; r++)
+                    acc[r] += md_chunk<BITS>(wv[u][r], md_pair(sv[u][r], a.sf), xv, xsum);
+            }
+        }
+        if (it0 + U < nit)
+            load(it0 + U);
+    }
+#pragma unroll
+    for (int r = 0; r < MD_RPW; r++)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    if (lane < nrows) {
+        float v = 0.f;
+#pragma unroll
+        for (int r = 0; r < MD_RPW; r++)
+            if (r == lane)
+                v = acc[r];
+        const size_t i = (size_t)t * a.rows + r0 + lane;
+        if (a.sh) {
+            /* k_add_gated: y += sigmoid(g) * x, as it compiles (one FMA) */
+            const float sig = 1.f / (1.f + expf(-a.sg[t]));
+            v = fmaf(sig, a.sh[i], v);
+        }
+        a.out[i] = v;
+        if (a.add_to)
+            a.add_to[i] = a.add_to[i] + v; /* k_add: y[i] += x[i] */
+    }
+}
+
+int md_npl(int E)
+{
+    int n = (E + 31) / 32, p = 1;
+    while (p < n)
+        p *= 2;
+    return p;
+}
+
+int64_t md_round256(int64_t v) { return (v + 255) / 256 * 256; }
+
+template <int BITS>
+sn_status md_launch_gu(cudaStream_t s, int npl, dim3 grid, size_t smem, const md_gu_args &a)
+{
+    switch (npl) {
+    case 1: (void)cu_launch(k_md_gate_up<BITS, 1>, grid, MD_THREADS, smem, s, a); break;
+    case 2: (void)cu_launch(k_md_gate_up<BITS, 2>, grid, MD_THREADS, smem, s, a); break;
+    case 4: (void)cu_launch(k_md_gate_up<BITS, 4>, grid, MD_THREADS, smem, s, a); break;
+    case 8: (void)cu_launch(k_md_gate_up<BITS, 8>, grid, MD_THREADS, smem, s, a); break;
+    case 16: (void)cu_launch(k_md_gate_up<BITS, 16>, grid, MD_THREADS, smem, s, a); break;
+    default: (void)cu_launch(k_md_gate_up<BITS, 32>, grid, MD_THREADS, smem, s, a); break;
+    }
+    CU_CHECK_LAUNCH("moe decode gate/up");
+    return SN_OK;
+}
+
+} // namespace
+
+bool cu_moe_dec_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, int T, int top_k)
+{
+    if (!cu_moe_dec_mode || T < 1 || T > 65535)
+        return false;
+    auto quant = [](const cu_weight *w) { return w->fmt == CW_Q4 || w->fmt == CW_Q8; };
+    if (!quant(gate) || !quant(up) || !quant(down) || up->fmt != gate->fmt || up->sfmt != gate->sfmt ||
+        up->group != gate->group || up->rows != gate->rows || up->cols != gate->cols)
+        return false;
+    const int64_t E = gate->n_experts, I = gate->rows, H = gate->cols;
+    if (E < 1 || E > MD_MAX_E || top_k < 1 || top_k > MD_MAX_K || top_k > E || up->n_experts != E ||
+        down->n_experts != E || down->rows != H || down->cols != I)
+        return false;
+    /* chunks stay inside a quant group (weight_check: group % 32 == 0, cols % group == 0) */
+    if (gate->group % 32 || H % gate->group || down->group % 32 || I % down->group)
+        return false;
+    return md_stage_bytes(H, gate->bits) <= MD_SMEM_MAX &&
+           md_stage_bytes((int64_t)top_k * I, down->bits) <= MD_SMEM_MAX;
+}
+
+size_t cu_moe_dec_scratch_bytes(const cu_weight *gate, int T, int top_k)
+{
+    return (size_t)md_round256((int64_t)T * top_k * 4) + (size_t)T * top_k * gate->rows * sizeof(float);
+}
+
+sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
+                     const float *logits, int top_k, int norm_topk, const float *x, int T, float *out, void *scratch,
+                     const cu_moe_epi *epi)
+{
+    if (T <= 0)
+        return SN_OK;
+    const int64_t E = gate->n_experts, I = gate->rows, H = gate->cols;
+    int32_t *idx = (int32_t *)scratch;
+    float *h = (float *)((char *)scratch + md_round256((int64_t)T * top_k * 4));
+
+    md_gu_args g;
+    memset(&g, 0, sizeof g);
+    g.Wg = (const uint32_t *)gate->q;
+    g.Wu = (const uint32_t *)up->q;
+    g.Sg = gate->sb;
+    g.Su = up->sb;
+    g.sf = gate->sfmt;
+    g.rows = I;
+    g.cols = H;
+    g.words = gate->words;
+    g.groups = gate->groups;
+    g.group = gate->group;
+    g.logits = logits;
+    g.E = (int)E;
+    g.k = top_k;
+    g.norm = norm_topk;
+    g.x = x;
+    g.idx = idx;
+    g.h = h;
+    if (cu_moe_dec_mode >= 2) {
+        g.Wd = (const char *)down->q;
+        g.Sd = (const char *)down->sb;
+        g.dq_bytes = H * down->words * 4;
+        g.ds_bytes = H * down->groups * (down->sfmt == CS_F32 ? 8 : 4);
+    }
+    const int npl = md_npl((int)E);
+    dim3 g1((unsigned)((I + MD_WARPS * MD_RPW - 1) / (MD_WARPS * MD_RPW)), (unsigned)top_k, (unsigned)T);
+    const size_t smem1 = md_stage_bytes(H, gate->bits);
+    SN_TRY(gate->bits == 4 ? md_launch_gu<4>(s, npl, g1, smem1, g) : md_launch_gu<8>(s, npl, g1, smem1, g));
+
+    md_dn_args d;
+    memset(&d, 0, sizeof d);
+    d.Wd = (const uint32_t *)down->q;
+    d.Sd = down->sb;
+    d.sf = down->sfmt;
+    d.rows = H;
+    d.cols = I;
+    d.words = down->words;
+    d.groups = down->groups;
+    d.group = down->group;
+    d.k = top_k;
+    d.idx = idx;
+    d.h = h;
+    d.out = out;
+    if (epi) {
+        d.sh = epi->sh;
+        d.sg = epi->sg;
+        d.add_to = epi->add_to;
+    }
+    dim3 g2((unsigned)((H + MD_WARPS * MD_RPW - 1) / (MD_WARPS * MD_RPW)), (unsigned)T);
+    const size_t smem2 = md_stage_bytes((int64_t)top_k * I, down->bits);
+    if (down->bits == 4)
+        (void)cu_launch(k_md_down<4>, g2, MD_THREADS, smem2, s, d);
+    else
+        (void)cu_launch(k_md_down<8>, g2, MD_THREADS, smem2, s, d);
+    CU_CHECK_LAUNCH("moe decode down");
+    return SN_OK;
+}

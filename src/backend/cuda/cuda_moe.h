@@ -1,0 +1,27 @@
+/* The two-launch MoE decode of cuda_moe.cu (issue 6). Included at the end
+ * of cuda_internal.h (needs cu_weight, sn_status, cudaStream_t). */
+#ifndef SANCTUM_CUDA_MOE_H
+#define SANCTUM_CUDA_MOE_H
+
+/* MoE decode in two launches (cuda_moe.cu): routing folded into the
+ * gate/up kernel, the weighted sum over the k experts into the down kernel,
+ * which can also apply the graph fuser's epilogue: out = v + sigmoid(sg[t])
+ * * sh[t, :] (when sh) and add_to[t, :] += out (when add_to), with the float
+ * operations of k_add_gated / k_add. cu_moe uses it below the grouped-GEMM
+ * threshold when cu_moe_dec_ok. Scratch: cu_moe_dec_scratch_bytes (at most
+ * cu_moe_scratch_bytes). cu_moe_dec_mode: 0 off (the route/gate_up/down/sum
+ * kernels), 1 on, 2 on with the chosen down matrices prefetched into L2 from
+ * the gate/up kernel (default; tune key "moe_dec"). */
+typedef struct {
+    const float *sh; /* [T, H] or NULL */
+    const float *sg; /* [T] gate logits (with sh) */
+    float *add_to;   /* [T, H] or NULL */
+} cu_moe_epi;
+extern int cu_moe_dec_mode;
+bool cu_moe_dec_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, int T, int top_k);
+size_t cu_moe_dec_scratch_bytes(const cu_weight *gate, int T, int top_k);
+sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
+                     const float *logits, int top_k, int norm_topk, const float *x, int T, float *out, void *scratch,
+                     const cu_moe_epi *epi);
+
+#endif

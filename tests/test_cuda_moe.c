@@ -1,0 +1,416 @@
+/* The MoE decode path of the CUDA backend (src/backend/cuda/cuda_moe.cu:
+ * routing folded into the gate/up kernel, the weighted expert sum into the
+ * down kernel, add_gated and the residual add folded in by the graph fuser)
+ * against the scalar CPU backend's moe op (the oracle), and its promises:
+ *  - rel <= 2e-5 (rel = ||gpu - cpu||_2 / ||cpu||_2) for T = 1..8, the
+ *    35B-A3B shape (E=256, k=8, H=2048, I=512) and odd ones (Q4/Q8, bf16 /
+ *    f16 / f32 scales, groups 32/64/128, E up to 1000, k up to 64, ties
+ *    and signed zeros among the logits, no renormalisation), and the old
+ *    route/gate_up/down/sum kernels (tune moe_dec=0) within the same bound;
+ *  - deterministic: the same call twice gives the same bits;
+ *  - batch invariant: a token's row is bitwise the same alone (T=1) or
+ *    among T tokens;
+ *  - a decode-step graph of a mini MoE layer in the model's op order
+ *    (norm, router + shared gate logit, shared gate/up, swiglu, shared
+ *    down, moe, add_gated, residual add) is bitwise equal to the ops run
+ *    eagerly, with the fuser on or off, with and without the L2 prefetch,
+ *    at T = 1 and T = 3, and with a residual target the MoE also reads.
+ * On a machine without a GPU (or a build without CUDA) it says SKIP and
+ * reports 0 passed, 0 failed. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "sanctum/backend.h"
+#include "sanctum/cpu.h"
+#include "sanctum/tensor.h"
+
+#ifdef SN_HAVE_CUDA
+#include "backend/cuda/sn_cuda.h"
+
+static sn_backend *G, *C;
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+
+static uint32_t rnd_u32(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+static float rnd_f(float a) { return a * ((float)(rnd_u32() & 0xffffff) / 8388608.0f - 1.0f); }
+
+static float *hrand(size_t n, float a)
+{
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) p[i] = rnd_f(a);
+    return p;
+}
+
+static float *dcopy(const float *h, size_t n)
+{
+    void *d = NULL;
+    if (G->ops->buf_alloc(G, sizeof(float) * (n ? n : 1), &d) != SN_OK) return NULL;
+    if (n) G->ops->from_host(G, d, h, sizeof(float) * n);
+    return d;
+}
+
+static float *dpoison(size_t n)
+{
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *d = dcopy(h, n);
+    free(h);
+    return d;
+}
+
+static float *tohost(const float *d, size_t n)
+{
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    if (G->ops->to_host(G, h, d, sizeof(float) * n) != SN_OK)
+        for (size_t i = 0; i < n; i++) h[i] = NAN;
+    return h;
+}
+
+static double rel_err(const float *a, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isnan(ref[i])) return INFINITY;
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void dfree(void *p) { G->ops->buf_free(G, p); }
+
+/* ---- quantized weights: host view (CPU) and uploaded copy (GPU) ---- */
+
+typedef struct {
+    sn_weight w, wg;
+    void *data, *sc, *bi;
+} tw;
+
+static void tw_make(tw *t, sn_dtype dt, int64_t rows, int64_t cols, int group, sn_dtype sdt, int64_t E)
+{
+    memset(t, 0, sizeof *t);
+    int64_t ne = E > 0 ? E : 1;
+    int bits = dt == SN_DT_Q4 ? 4 : 8;
+    size_t words = (size_t)ne * rows * cols * bits / 32, ng = (size_t)ne * rows * (cols / group);
+    uint32_t *q = malloc(4 * words);
+    for (size_t i = 0; i < words; i++) q[i] = rnd_u32() ^ (rnd_u32() << 16);
+    size_t ss = sdt == SN_DT_F32 ? 4 : 2;
+    uint8_t *sc = malloc(ss * ng), *bi = malloc(ss * ng);
+    float smax = bits == 4 ? 0.02f : 0.002f;
+    for (size_t i = 0; i < ng; i++) {
+        float s = rnd_f(smax), b = rnd_f(0.1f);
+        if (sdt == SN_DT_F32) {
+            memcpy(sc + 4 * i, &s, 4);
+            memcpy(bi + 4 * i, &b, 4);
+        } else {
+            uint16_t hs = sdt == SN_DT_BF16 ? sn_f32_to_bf16(s) : sn_f32_to_f16(s);
+            uint16_t hb = sdt == SN_DT_BF16 ? sn_f32_to_bf16(b) : sn_f32_to_f16(b);
+            memcpy(sc + 2 * i, &hs, 2);
+            memcpy(bi + 2 * i, &hb, 2);
+        }
+    }
+    t->w.dtype = dt;
+    t->w.rows = rows;
+    t->w.cols = cols;
+    t->w.n_experts = E;
+    t->w.group = group;
+    t->w.data = t->data = q;
+    t->w.scales = t->sc = sc;
+    t->w.qbiases = t->bi = bi;
+    t->w.sdtype = sdt;
+    t->wg = t->w;
+    CHECK_OK(G->ops->upload_weight(G, &t->wg));
+    CHECK(t->wg.dev != NULL);
+}
+
+static void tw_free(tw *t)
+{
+    free(t->data);
+    free(t->sc);
+    free(t->bi);
+}
+
+/* ---- one expert set, many calls ---- */
+
+typedef struct {
+    tw g, u, d;
+    int E, k, H, I;
+} experts;
+
+static void ex_make(experts *x, sn_dtype dt, sn_dtype sdt, int group, int E, int k, int H, int I)
+{
+    x->E = E;
+    x->k = k;
+    x->H = H;
+    x->I = I;
+    tw_make(&x->g, dt, I, H, group, sdt, E);
+    tw_make(&x->u, dt, I, H, group, sdt, E);
+    tw_make(&x->d, dt, H, I, group, sdt, E);
+}
+
+static void ex_free(experts *x)
+{
+    tw_free(&x->g);
+    tw_free(&x->u);
+    tw_free(&x->d);
+}
+
+/* logits: 0 random, 1 coarse (many ties, signed zeros) */
+static float *make_logits(int T, int E, int kind)
+{
+    float *lg = hrand((size_t)T * E, 3.f);
+    if (kind == 1)
+        for (size_t i = 0; i < (size_t)T * E; i++) {
+            lg[i] = floorf(lg[i] * 2.f) / 2.f;
+            if (lg[i] == 0.f && (i & 1)) lg[i] = -0.f;
+        }
+    return lg;
+}
+
+/* GPU moe of T tokens (x, lg host arrays) into a new host array */
+static float *gpu_moe(const experts *x, const float *hx, const float *hl, int T, int norm)
+{
+    float *dx = dcopy(hx, (size_t)T * x->H), *dl = dcopy(hl, (size_t)T * x->E);
+    float *dout = dpoison((size_t)T * x->H);
+    CHECK_OK(G->ops->moe(G, &x->g.wg, &x->u.wg, &x->d.wg, dl, x->k, norm != 0, dx, T, dout));
+    float *out = tohost(dout, (size_t)T * x->H);
+    dfree(dx);
+    dfree(dl);
+    dfree(dout);
+    return out;
+}
+
+static void dec_case(const experts *x, int T, int norm, int lkind)
+{
+    const int H = x->H;
+    float *hx = hrand((size_t)T * H, 1.f), *hl = make_logits(T, x->E, lkind);
+    float *ref = malloc(sizeof(float) * T * H);
+    CHECK_OK(C->ops->moe(C, &x->g.w, &x->u.w, &x->d.w, hl, x->k, norm != 0, hx, T, ref));
+    float *a = gpu_moe(x, hx, hl, T, norm);
+    double err = rel_err(a, ref, (size_t)T * H);
+    CHECKF(err <= 2e-5, "moe decode E=%d k=%d H=%d I=%d T=%d norm=%d logits=%d: rel %.3g", x->E, x->k, H, x->I, T,
+           norm, lkind, err);
+    /* deterministic */
+    float *b = gpu_moe(x, hx, hl, T, norm);
+    CHECKF(memcmp(a, b, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: two runs differ", x->E, x->k, T);
+    /* batch invariant: each token alone */
+    if (T > 1)
+        for (int t = 0; t < T; t++) {
+            float *one = gpu_moe(x, hx + (size_t)t * H, hl + (size_t)t * x->E, 1, norm);
+            CHECKF(memcmp(one, a + (size_t)t * H, sizeof(float) * H) == 0,
+                   "moe decode E=%d k=%d H=%d I=%d: token %d of %d differs from the same token alone", x->E, x->k, H,
+                   x->I, t, T);
+            free(one);
+        }
+    /* the old kernels agree within the same bound */
+    CHECK_OK(sn_cuda_tune(G, "moe_dec", 0));
+    float *o = gpu_moe(x, hx, hl, T, norm);
+    CHECK_OK(sn_cuda_tune(G, "moe_dec", 2));
+    double err0 = rel_err(o, ref, (size_t)T * H);
+    CHECKF(err0 <= 2e-5, "moe (old kernels) E=%d k=%d T=%d: rel %.3g", x->E, x->k, T, err0);
+    free(hx); free(hl); free(ref); free(a); free(b); free(o);
+}
+
+static void test_moe_decode_35b(void)
+{
+    experts x;
+    ex_make(&x, SN_DT_Q4, SN_DT_BF16, 64, 256, 8, 2048, 512);
+    for (int T = 1; T <= 8; T++) dec_case(&x, T, 1, 0);
+    dec_case(&x, 4, 1, 1);
+    ex_free(&x);
+}
+
+static void test_moe_decode_shapes(void)
+{
+    static const struct {
+        sn_dtype dt, sdt;
+        int group, E, k, H, I, T, norm, lk;
+    } cs[] = {
+        { SN_DT_Q4, SN_DT_BF16, 64, 8, 2, 128, 64, 1, 1, 0 },
+        { SN_DT_Q4, SN_DT_BF16, 64, 8, 2, 128, 64, 3, 1, 1 },
+        { SN_DT_Q4, SN_DT_BF16, 64, 64, 8, 512, 128, 5, 1, 0 },
+        { SN_DT_Q4, SN_DT_BF16, 64, 16, 4, 256, 192, 7, 0, 0 },
+        { SN_DT_Q4, SN_DT_F16, 32, 40, 3, 160, 96, 8, 1, 1 },
+        { SN_DT_Q4, SN_DT_F32, 128, 33, 5, 384, 128, 2, 1, 0 },
+        { SN_DT_Q8, SN_DT_BF16, 64, 16, 4, 256, 128, 2, 1, 0 },
+        { SN_DT_Q8, SN_DT_F32, 32, 24, 6, 96, 160, 6, 0, 1 },
+        { SN_DT_Q4, SN_DT_BF16, 64, 1000, 64, 256, 64, 2, 1, 0 }, /* 32 keys per lane, the largest k */
+        { SN_DT_Q4, SN_DT_BF16, 64, 1, 1, 64, 64, 3, 1, 0 },      /* one expert */
+        { SN_DT_Q4, SN_DT_BF16, 64, 1100, 2, 128, 64, 2, 1, 0 },  /* past the routing's E: the old kernels */
+        { SN_DT_Q4, SN_DT_BF16, 64, 16, 8, 4096, 1536, 2, 1, 0 }, /* k*I past 48 KB of staging: old kernels */
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        experts x;
+        ex_make(&x, cs[i].dt, cs[i].sdt, cs[i].group, cs[i].E, cs[i].k, cs[i].H, cs[i].I);
+        dec_case(&x, cs[i].T, cs[i].norm, cs[i].lk);
+        ex_free(&x);
+    }
+}
+
+/* ---- a decode step of mini MoE layers: eager vs graph ---- */
+
+typedef struct {
+    experts ex;
+    tw emb, router, sgw, sg, su, sd;
+    float *norm_w;
+    float *h, *xn, *lg, *xe, *g, *u, *act, *sh, *y;
+    int H, E, k, I, Is, L, res_into_xn;
+} mini;
+
+static void mini_step(mini *m, const int32_t *tok, int T, int32_t *next)
+{
+    sn_backend *b = G;
+    const size_t TH = (size_t)T * m->H;
+    CHECK_OK(b->ops->embed(b, &m->emb.wg, tok, T, m->h));
+    for (int l = 0; l < m->L; l++) {
+        CHECK_OK(b->ops->rmsnorm(b, m->h, m->norm_w, T, m->H, 1e-6f, m->xn));
+        /* qwen3_5_moe.c's order */
+        CHECK_OK(b->ops->matmul(b, &m->router.wg, 0, m->xn, T, m->lg));
+        CHECK_OK(b->ops->matmul(b, &m->sgw.wg, 0, m->xn, T, m->xe));
+        CHECK_OK(b->ops->matmul(b, &m->sg.wg, 0, m->xn, T, m->g));
+        CHECK_OK(b->ops->matmul(b, &m->su.wg, 0, m->xn, T, m->u));
+        CHECK_OK(b->ops->swiglu(b, m->g, m->u, (size_t)T * m->Is, m->act));
+        CHECK_OK(b->ops->matmul(b, &m->sd.wg, 0, m->act, T, m->sh));
+        CHECK_OK(b->ops->moe(b, &m->ex.g.wg, &m->ex.u.wg, &m->ex.d.wg, m->lg, m->k, true, m->xn, T, m->y));
+        CHECK_OK(b->ops->add_gated(b, m->y, m->sh, m->xe, T, m->H));
+        /* res_into_xn: the residual lands in the MoE's own input (also legal) */
+        CHECK_OK(b->ops->add(b, m->res_into_xn ? m->xn : m->h, m->y, TH));
+        if (m->res_into_xn) CHECK_OK(b->ops->add(b, m->h, m->xn, TH));
+    }
+    CHECK_OK(b->ops->argmax(b, m->h, T, m->H, next));
+}
+
+static void mini_make(mini *m, int H, int E, int k, int I, int Is, int L)
+{
+    memset(m, 0, sizeof *m);
+    m->H = H; m->E = E; m->k = k; m->I = I; m->Is = Is; m->L = L;
+    ex_make(&m->ex, SN_DT_Q4, SN_DT_BF16, 64, E, k, H, I);
+    tw_make(&m->emb, SN_DT_Q4, H, H, 64, SN_DT_BF16, 0);
+    tw_make(&m->router, SN_DT_Q8, E, H, 64, SN_DT_BF16, 0);
+    tw_make(&m->sgw, SN_DT_Q8, 1, H, 64, SN_DT_BF16, 0);
+    tw_make(&m->sg, SN_DT_Q4, Is, H, 64, SN_DT_BF16, 0);
+    tw_make(&m->su, SN_DT_Q4, Is, H, 64, SN_DT_BF16, 0);
+    tw_make(&m->sd, SN_DT_Q4, H, Is, 64, SN_DT_BF16, 0);
+    float *nw = hrand((size_t)H, 1.f);
+    for (int i = 0; i < H; i++) nw[i] += 1.5f;
+    m->norm_w = dcopy(nw, H);
+    free(nw);
+    const int TM = 8;
+    m->h = dpoison((size_t)TM * H); m->xn = dpoison((size_t)TM * H); m->lg = dpoison((size_t)TM * E);
+    m->xe = dpoison(TM); m->g = dpoison((size_t)TM * Is); m->u = dpoison((size_t)TM * Is);
+    m->act = dpoison((size_t)TM * Is); m->sh = dpoison((size_t)TM * H); m->y = dpoison((size_t)TM * H);
+}
+
+static void mini_free(mini *m)
+{
+    ex_free(&m->ex);
+    tw_free(&m->emb); tw_free(&m->router); tw_free(&m->sgw); tw_free(&m->sg); tw_free(&m->su); tw_free(&m->sd);
+    dfree(m->norm_w); dfree(m->h); dfree(m->xn); dfree(m->lg); dfree(m->xe); dfree(m->g); dfree(m->u);
+    dfree(m->act); dfree(m->sh); dfree(m->y);
+}
+
+/* N steps of T tokens (ids fed back from the argmax), hidden states after each */
+static void run_steps(mini *m, int T, int N, int graph, int32_t *toks, float *hs)
+{
+    for (int s = 0; s < N; s++) {
+        int32_t in[8], out[8];
+        for (int t = 0; t < T; t++) in[t] = (toks[s * 8 + t] + t) % m->H;
+        if (graph) CHECK_OK(G->ops->begin_step(G));
+        mini_step(m, in, T, out);
+        if (graph) CHECK_OK(G->ops->end_step(G));
+        for (int t = 0; t < T; t++) toks[(s + 1) * 8 + t] = out[t];
+        CHECK_OK(G->ops->to_host(G, hs + (size_t)s * T * m->H, m->h, sizeof(float) * T * m->H));
+    }
+}
+
+static void graph_case(int H, int E, int k, int I, int Is, int L, int T, int res_into_xn)
+{
+    mini m;
+    mini_make(&m, H, E, k, I, Is, L);
+    m.res_into_xn = res_into_xn;
+    enum { N = 6 };
+    int32_t te[(N + 1) * 8] = { 0 }, tg[(N + 1) * 8] = { 0 };
+    for (int t = 0; t < 8; t++) te[t] = tg[t] = 5 + 3 * t;
+    float *he = malloc(sizeof(float) * N * T * H), *hg = malloc(sizeof(float) * N * T * H);
+    run_steps(&m, T, N, 0, te, he);
+    /* graphs: fused (prefetch on / off), then unfused; each against eager */
+    static const struct { int fuse, dec; } v[] = { { 1, 2 }, { 1, 1 }, { 0, 2 } };
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++) {
+        CHECK_OK(sn_cuda_tune(G, "fuse", v[i].fuse));
+        CHECK_OK(sn_cuda_tune(G, "moe_dec", v[i].dec));
+        memcpy(tg, te, sizeof(int32_t) * 8);
+        long r0, c0, e0, r1, c1, e1;
+        sn_cuda_graph_stats(G, &r0, &c0, &e0);
+        run_steps(&m, T, N, 1, tg, hg);
+        sn_cuda_graph_stats(G, &r1, &c1, &e1);
+        CHECKF(memcmp(te, tg, sizeof te) == 0, "H=%d T=%d fuse=%d moe_dec=%d: tokens differ", H, T, v[i].fuse,
+               v[i].dec);
+        CHECKF(memcmp(he, hg, sizeof(float) * N * T * H) == 0,
+               "H=%d T=%d res_into_xn=%d fuse=%d moe_dec=%d: graph hidden states differ from eager", H, T,
+               res_into_xn, v[i].fuse, v[i].dec);
+        CHECKF(c1 - c0 == 1 && r1 - r0 == N - 1 && e1 == e0, "graphs: captured %ld replayed %ld eager %ld",
+               c1 - c0, r1 - r0, e1 - e0);
+    }
+    CHECK_OK(sn_cuda_tune(G, "fuse", 1));
+    CHECK_OK(sn_cuda_tune(G, "moe_dec", 2));
+    free(he); free(hg);
+    mini_free(&m);
+}
+
+static void test_moe_graph_replay(void)
+{
+    graph_case(256, 64, 4, 128, 128, 3, 1, 0);
+    graph_case(256, 64, 4, 128, 128, 3, 3, 0);
+    graph_case(256, 64, 4, 128, 128, 2, 1, 1);
+    graph_case(2048, 256, 8, 512, 512, 2, 1, 0); /* 35B-A3B layer shapes */
+}
+
+static void test_moe_tune(void)
+{
+    CHECK(sn_cuda_tune(G, "moe_dec", 3) != SN_OK);
+    CHECK(sn_cuda_tune(G, "moe_dec", -1) != SN_OK);
+    CHECK_OK(sn_cuda_tune(G, "moe_dec", 2));
+}
+
+int main(void)
+{
+    sn_status st = sn_backend_cuda_new(0, &G);
+    if (st != SN_OK) {
+        fprintf(stderr, "SKIP test_cuda_moe: %s\n", sn_errmsg());
+        return TEST_END();
+    }
+    if (sn_backend_cpu_new_isa(1, SN_ISA_SCALAR, &C) != SN_OK) {
+        fprintf(stderr, "cpu oracle: %s\n", sn_errmsg());
+        return 1;
+    }
+    RUN(test_moe_tune);
+    RUN(test_moe_decode_shapes);
+    RUN(test_moe_decode_35b);
+    RUN(test_moe_graph_replay);
+    if (G->ops->sync(G) != SN_OK) {
+        fprintf(stderr, "final sync: %s\n", sn_errmsg());
+        t_failed++;
+    }
+    sn_backend_free(G);
+    sn_backend_free(C);
+    return TEST_END();
+}
+
+#else
+
+int main(void)
+{
+    fprintf(stderr, "SKIP test_cuda_moe: built without CUDA (SN_CUDA=0 or no nvcc)\n");
+    return TEST_END();
+}
+
+#endif
