@@ -106,14 +106,18 @@ static sn_status moe_ffn(sn_model *m, int l, const float *xn, int T, float *y)
     SN_TRY(OPS->matmul(BE, &ly->router, 0, xn, T, eo));
     if (OPS->moe && OPS->add_gated) {
         /* The backend routes and runs the experts itself (CUDA): nothing
-         * crosses to the host, so a decode step can stay one graph. */
-        SN_TRY(OPS->moe(BE, &ly->egate, &ly->eup, &ly->edown, eo, m->cfg->n_experts_per_tok, m->cfg->norm_topk_prob,
-                        xn, T, y));
+         * crosses to the host, so a decode step can stay one graph. The
+         * order lets a graph backend group the projections of xn (router
+         * with the shared-expert gate logit, shared gate with shared up)
+         * and fold add_gated and the caller's residual add into the MoE;
+         * the ops are independent, so each result is the same in any order. */
+        SN_TRY(OPS->matmul(BE, &ly->sgate_w, 0, xn, T, xe));
         SN_TRY(OPS->matmul(BE, &ly->sgate, 0, xn, T, g));
         SN_TRY(OPS->matmul(BE, &ly->sup, 0, xn, T, u));
         SN_TRY(OPS->swiglu(BE, g, u, (size_t)T * (size_t)ly->sgate.rows, act));
         SN_TRY(OPS->matmul(BE, &ly->sdown, 0, act, T, sh));
-        SN_TRY(OPS->matmul(BE, &ly->sgate_w, 0, xn, T, xe));
+        SN_TRY(OPS->moe(BE, &ly->egate, &ly->eup, &ly->edown, eo, m->cfg->n_experts_per_tok, m->cfg->norm_topk_prob,
+                        xn, T, y));
         return OPS->add_gated(BE, y, sh, xe, T, (int)H);
     }
     SN_TRY(OPS->to_host(BE, ws->h_router, eo, (size_t)(T * E) * sizeof(float)));
