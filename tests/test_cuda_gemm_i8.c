@@ -207,7 +207,7 @@ static void emu_stage(int D, int G, const float *x, int T, int64_t cols, int8_t 
 }
 
 /* the GEMM's constants (cuda_gemm_i8.cu) */
-enum { E_WM = 2, E_WN = 4, E_MTW = 4, E_BMT = 8, E_BROW = 80 };
+enum { E_WM = 4, E_WN = 2, E_MTW = 4, E_BMT = 16, E_BROW = 80, E_GT = 8 };
 #define E_MAGIC 0x4B400000u
 
 static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -264,11 +264,22 @@ static float *emu_gemm(int D, const hq4 *w, const float *x, int T)
     for (size_t i = 0; i < (size_t)T * rows; i++) y[i] = NAN;
     uint8_t *st = malloc((size_t)STAGE);
     emu_warp *wr = malloc(sizeof(emu_warp) * 8);
-    const int64_t gx = (MT + E_BMT - 1) / E_BMT, gy = (T + BT - 1) / BT;
-    for (int64_t bx = 0; bx < gx; bx++)
-        for (int64_t by = 0; by < gy; by++) {
-            const int64_t mt0 = bx * E_BMT;
-            const int t0 = (int)(by * BT);
+    const int64_t nrb = (MT + E_BMT - 1) / E_BMT, ntb = (T + BT - 1) / BT;
+    char *seen = calloc((size_t)(nrb * ntb), 1);
+    for (int64_t bid = 0; bid < nrb * ntb; bid++) {
+        {
+            /* the kernel's grouped raster: block bid -> (row block rb, token block tb) */
+            const int64_t grp = bid / (nrb * E_GT), loc = bid - grp * nrb * E_GT;
+            const int64_t gsz = ntb - grp * E_GT < E_GT ? ntb - grp * E_GT : E_GT;
+            const int64_t tb = grp * E_GT + loc % gsz, rb = loc / gsz;
+            if (rb >= nrb || tb >= ntb || seen[rb * ntb + tb]++) {
+                fprintf(stderr, "  raster: block %lld -> (%lld, %lld) out of range or twice\n", (long long)bid,
+                        (long long)rb, (long long)tb);
+                t_cur_failed++;
+                continue;
+            }
+            const int64_t mt0 = rb * E_BMT;
+            const int t0 = (int)(tb * BT);
             for (int wi = 0; wi < 8; wi++)
                 for (int l = 0; l < 32; l++) {
                     for (int m = 0; m < E_MTW; m++)
@@ -281,11 +292,10 @@ static float *emu_gemm(int D, const hq4 *w, const float *x, int T)
             for (int kb = 0; kb < KB; kb++) {
                 /* the stage as load_w / load_x fill it (16-byte chunks, zeros where src-size is 0) */
                 memset(st, 0xA5, (size_t)STAGE); /* bytes no load writes: must never be read */
-                for (int tid = 0; tid < 256; tid++) {
-                    const int64_t mt = mt0 + (tid >> 5);
-                    const int lane = tid & 31;
-                    if (mt < MT) memcpy(st + tid * 16, qr + ((mt * KB + kb) * 32 + lane) * 4, 16);
-                    else memset(st + tid * 16, 0, 16);
+                for (int i = 0; i < E_BMT * 32; i++) {
+                    const int64_t mt = mt0 + (i >> 5);
+                    if (mt < MT) memcpy(st + i * 16, qr + ((mt * KB + kb) * 32 + (i & 31)) * 4, 16);
+                    else memset(st + i * 16, 0, 16);
                 }
                 if (GS < 4 || (kb & 1))
                     for (int tid = 0; tid < SUB * E_BMT * 4; tid++) {
@@ -418,6 +428,8 @@ static float *emu_gemm(int D, const hq4 *w, const float *x, int T)
                 }
             }
         }
+    }
+    free(seen);
     free(st);
     free(wr);
     free(qr);

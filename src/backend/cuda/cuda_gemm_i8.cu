@@ -35,11 +35,12 @@
  *
  * Kernels: k_i8_stage (one block per token: group maxima, exponents, digit
  * planes [D][T][cols] int8, per (group, token) {2^-e, K, 2^-e sum X} as a
- * float4) and k_gemm_i8 (block 128 rows x 64 (3 digits) or 96 (2 digits)
+ * float4) and k_gemm_i8 (block 256 rows x 32 (3 digits) or 48 (2 digits)
  * tokens, 8 warps of 64 rows x 16 / 24 tokens, 4-stage cp.async pipeline of
  * 64-column blocks: A tiles 512 B per 16 rows as stored, B planes in rows of
  * 80 bytes (ldmatrix conflict-free), scale pairs and column constants of the
- * block's group(s)). tests/test_cuda_gemm_i8.c emulates both in C from the
+ * block's group(s); tall blocks because the x planes (3 bytes per value)
+ * dominate the L2 -> SM traffic: 14 KB per block and 64 columns). tests/test_cuda_gemm_i8.c emulates both in C from the
  * PTX fragment layouts.
  *
  * Limits: activations with |x| >= 2^111 overflow K to -inf (NaN/inf
@@ -53,9 +54,10 @@
 namespace {
 
 constexpr int I8_THREADS = 256;
-constexpr int I8_WM = 2, I8_WN = 4;      /* warps along rows, along tokens */
+constexpr int I8_WM = 4, I8_WN = 2;      /* warps along rows, along tokens */
 constexpr int I8_MTW = 4;                /* 16-row tiles per warp */
-constexpr int I8_BMT = I8_WM * I8_MTW;   /* 16-row tiles per block (128 rows) */
+constexpr int I8_BMT = I8_WM * I8_MTW;   /* 16-row tiles per block (256 rows) */
+constexpr int I8_GT = 8;                 /* token blocks per raster group */
 constexpr int I8_STAGES = 4;
 constexpr int I8_BROW = 80;              /* bytes per staged plane row: 64 + 16 (rows 20 banks apart) */
 constexpr uint32_t I8_MAGIC = 0x4B400000u; /* 1.5 * 2^23 */
@@ -189,19 +191,31 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, int sf,
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(i8_smem);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int wm = warp / I8_WN, wn = warp % I8_WN;
-    const int64_t mt0 = (int64_t)blockIdx.x * I8_BMT;
-    const int t0 = (int)blockIdx.y * BT;
+    /* grouped raster: I8_GT token blocks side by side, row blocks in turn, so
+     * the blocks resident at once share their weight tiles and x planes in L2 */
+    int64_t rb, tb;
+    {
+        const int64_t nrb = (MT + I8_BMT - 1) / I8_BMT, ntb = (T + BT - 1) / BT, bid = blockIdx.x;
+        const int64_t grp = bid / (nrb * I8_GT), loc = bid - grp * nrb * I8_GT;
+        const int64_t gsz = ntb - grp * I8_GT < I8_GT ? ntb - grp * I8_GT : I8_GT;
+        tb = grp * I8_GT + loc % gsz;
+        rb = loc / gsz;
+    }
+    const int64_t mt0 = rb * I8_BMT;
+    const int t0 = (int)(tb * BT);
     const int KB = (int)(cols / 64);
 
-    /* weights of block kb into stage slot: A tiles (one 16-byte chunk per
-     * thread: tile tid/32, lane tid%32) and the scale pairs of its group(s) */
+    /* weights of block kb into stage slot: A tiles (16-byte chunk i: tile
+     * i/32, lane i%32) and the scale pairs of its group(s) */
     auto load_w = [&](int kb, int slot) {
         const uint32_t st = sbase + slot * C::STAGE;
-        {
-            const int64_t mt = mt0 + (tid >> 5);
+#pragma unroll
+        for (int i = tid; i < I8_BMT * 32; i += I8_THREADS) {
+            const int64_t mt = mt0 + (i >> 5);
             const bool ok = mt < MT;
-            cp16(st + tid * 16, qr + (ok ? (mt * KB + kb) * 32 + lane : 0), ok);
+            cp16(st + i * 16, qr + (ok ? (mt * KB + kb) * 32 + (i & 31) : 0), ok);
         }
+        static_assert(SUB * I8_BMT * 4 <= I8_THREADS, "one scale chunk per thread at most");
         if ((GS < 4 || (kb & 1)) && tid < SUB * I8_BMT * 4) {
             const int sub = tid / (I8_BMT * 4), m = (tid / 4) % I8_BMT, c = tid & 3;
             const int64_t mt = mt0 + m, grp = (kb * 2 + sub) / GS;
@@ -414,8 +428,10 @@ sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, f
     float4 *gc = (float4 *)((char *)scratch + planes_bytes(w, T, D));
     (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)T), dim3(256), 0, s, x, T, (int64_t)w->cols, planes, gc);
     CU_CHECK_LAUNCH("matmul gemm i8 stage");
-    dim3 grid((unsigned)((w->mt + I8_BMT - 1) / I8_BMT), (unsigned)((T + i8cfg<D>::BT - 1) / i8cfg<D>::BT));
-    (void)cu_launch(k_gemm_i8<D, GS>, grid, dim3(I8_THREADS), (size_t)i8cfg<D>::SMEM, s, (const uint4 *)w->qr,
+    const int64_t nblk = (w->mt + I8_BMT - 1) / I8_BMT * ((T + i8cfg<D>::BT - 1) / i8cfg<D>::BT);
+    if (nblk > INT32_MAX)
+        return SN_FAIL(SN_E_UNSUPPORTED, "matmul gemm i8: %lld blocks", (long long)nblk);
+    (void)cu_launch(k_gemm_i8<D, GS>, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)i8cfg<D>::SMEM, s, (const uint4 *)w->qr,
                     (const uint32_t *)w->sr, w->sfmt, (const float *)w->bias, (int64_t)w->rows, (int64_t)w->mt,
                     (int64_t)w->cols, (int64_t)w->groups, (const int8_t *)planes, (const float4 *)gc, T, y);
     CU_CHECK_LAUNCH("matmul gemm i8");
