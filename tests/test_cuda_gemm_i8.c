@@ -31,6 +31,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "harness.h"
 #include "sanctum/backend.h"
@@ -630,6 +631,53 @@ static void test_gpu_vs_cpu(void)
     sn_clear_error();
     CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
 }
+
+/* SANCTUM_TEST_GEMM_I8_TIME=1: the GEMM alone on the 27B prefill shapes (T = 4096), 3 and 2 digits and
+ * the split fp16x3 GEMM (gemm_i8 = 0, cuBLAS if it loaded); ms per call and nominal TFLOP/s (2 rows cols T) */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void time_gemm(void)
+{
+    const char *e = getenv("SANCTUM_TEST_GEMM_I8_TIME");
+    if (!e || !*e || !strcmp(e, "0")) SKIP("set SANCTUM_TEST_GEMM_I8_TIME=1 to time the GEMM");
+    static const int64_t shapes[][2] = { { 17408, 5120 }, { 5120, 17408 }, { 10240, 5120 }, { 5120, 6144 } };
+    const int T = 4096, reps = 10;
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        hq4 w;
+        hq4_make(&w, shapes[si][0], shapes[si][1], 64, 0, 0, 0);
+        sn_weight wg = host_view(&w);
+        CHECK_OK(G->ops->upload_weight(G, &wg));
+        float *x = make_x(T, w.cols, 64, 0);
+        float *dx = dcopy(x, (size_t)T * w.cols), *dy = NULL;
+        void *p = NULL;
+        CHECK_OK(G->ops->buf_alloc(G, sizeof(float) * (size_t)T * w.rows, &p));
+        dy = p;
+        fprintf(stderr, "  time %5lld x %5lld, T=%d:", (long long)w.rows, (long long)w.cols, T);
+        static const int modes[3] = { 3, 2, 0 };
+        for (int mi = 0; mi < 3; mi++) {
+            CHECK_OK(sn_cuda_tune(G, "gemm_i8", modes[mi]));
+            CHECK_OK(G->ops->matmul(G, &wg, 0, dx, T, dy)); /* warm-up (scratch growth) */
+            CHECK_OK(G->ops->sync(G));
+            double t0 = now_s();
+            for (int r = 0; r < reps; r++) CHECK_OK(G->ops->matmul(G, &wg, 0, dx, T, dy));
+            CHECK_OK(G->ops->sync(G));
+            double dt = (now_s() - t0) / reps;
+            fprintf(stderr, "  %s %.3f ms %.0f TFLOP/s", modes[mi] == 3 ? "i8" : modes[mi] == 2 ? "i8fast" : "split",
+                    dt * 1e3, 2.0 * w.rows * w.cols * T / dt / 1e12);
+        }
+        fprintf(stderr, "\n");
+        CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
+        G->ops->buf_free(G, dx);
+        G->ops->buf_free(G, dy);
+        free(x);
+        hq4_free(&w);
+    }
+}
 #endif
 
 int main(void)
@@ -647,6 +695,7 @@ int main(void)
     }
     RUN(test_gpu_vs_emulation);
     RUN(test_gpu_vs_cpu);
+    RUN(time_gemm);
     if (G->ops->sync(G) != SN_OK) {
         fprintf(stderr, "final sync: %s\n", sn_errmsg());
         t_failed++;
