@@ -38,7 +38,11 @@ void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *e
  * "gemm_fast" = prefill GEMM in one fp16 pass (1) instead of the split
  * fp16x3 form with fp32-class accuracy (0, the default; env
  * SANCTUM_CUDA_GEMM=fast sets 1 at creation); "moe_gemm" = MoE calls of
- * 32+ tokens as expert-grouped GEMMs (1, default) or per-token GEMVs (0). */
+ * 32+ tokens as expert-grouped GEMMs (1, default) or per-token GEMVs (0);
+ * [gemm_i8] "gemm_i8" = prefill GEMMs (T >= 9) of repacked Q4 weights on the
+ * integer tensor cores with x as 3 byte digits (3, default: fp32-class), 2
+ * digits (2: 16-bit x) or not at all (0: the fp16 GEMMs above); env at
+ * creation SANCTUM_CUDA_GEMM=i8 | i8fast | split | fast (the last two: 0). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
 /* The optional table entries argmax, moe, begin_step and end_step of
