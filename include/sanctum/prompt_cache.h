@@ -23,7 +23,17 @@
  *
  * The pool is bounded by budget_bytes with LRU eviction and is safe to use
  * from several threads (one pool mutex; copies to and from backend memory
- * run under the model lock). */
+ * run under the model lock).
+ *
+ * Where the pool keeps its state (sn_pcache_opts.store): on a backend with
+ * device memory (CUDA) in buffers of that backend, so a restore, a
+ * checkpoint and a commit are device-to-device copies queued on the
+ * backend's stream, with no host transfer and no host wait; on the CPU in
+ * host memory (malloc, the backend's memcpy). A buffer the backend cannot
+ * allocate (device memory full) falls back to host memory, per buffer,
+ * with the same results. budget_bytes bounds the pool wherever it lives
+ * (one budget: on CUDA it is device memory). The pool must be freed before
+ * its model. */
 #ifndef SANCTUM_PROMPT_CACHE_H
 #define SANCTUM_PROMPT_CACHE_H
 
@@ -36,16 +46,25 @@
 typedef struct sn_pcache sn_pcache;
 typedef struct sn_pcache_req sn_pcache_req;
 
+/* sn_pcache_opts.store */
+typedef enum {
+    SN_PCACHE_STORE_AUTO = 0,  /* backend memory unless the backend is the CPU (its buffers are host memory anyway) */
+    SN_PCACHE_STORE_HOST,      /* host memory: to_host / from_host copies */
+    SN_PCACHE_STORE_BACKEND,   /* backend buffers (buf_alloc) and backend copies, also on the CPU (tests) */
+} sn_pcache_store;
+
 typedef struct {
-    size_t budget_bytes;  /* pool limit (host memory); 0 disables storing */
+    size_t budget_bytes;  /* pool limit, wherever the pool lives (see store); 0 disables storing */
     int ckpt_every;       /* recurrent-state checkpoint spacing in tokens, >= 16 */
     int min_fresh;        /* tokens always computed after a restore: 1 or 2 */
     int prefill_chunk;    /* sn_pcache_begin / prewarm forward size on a backend that is not batch
                            * invariant (sn_prefill_schedule); <= 0: 512, as sn_generate's default */
+    sn_pcache_store store; /* where entries live; AUTO (0) by default */
 } sn_pcache_opts;
 
 /* 512 MiB, a checkpoint every 256 tokens, min_fresh 1 (or the value of
- * SANCTUM_PCACHE_MIN_FRESH when it is 1 or 2). */
+ * SANCTUM_PCACHE_MIN_FRESH when it is 1 or 2), store AUTO (or
+ * SANCTUM_PCACHE_STORE=auto|host|backend). */
 void sn_pcache_opts_default(sn_pcache_opts *o);
 
 sn_status sn_pcache_new(sn_model *m, const sn_pcache_opts *o, sn_pcache **out);
@@ -60,6 +79,13 @@ typedef struct {
     uint64_t evictions;
     uint64_t entries;        /* now */
     uint64_t bytes;          /* now */
+    uint64_t backend_bytes;  /* now: the part of bytes held in backend buffers */
+    uint64_t host_fallbacks; /* buffers put in host memory because the backend could not allocate them */
+    /* host seconds spent, summed over requests: finding the entry, queueing
+     * the restore copies (on CUDA the device-to-device copies then run on
+     * the stream ahead of the first forward), taking checkpoints during the
+     * prefill, and storing at commit (eviction included) */
+    double lookup_s, restore_s, capture_s, commit_s;
 } sn_pcache_stats;
 
 void sn_pcache_get_stats(sn_pcache *pc, sn_pcache_stats *out);

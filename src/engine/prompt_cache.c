@@ -6,7 +6,12 @@
  * every KV row is kept once (in the segment of the request that computed
  * it, shared by the entries that extend it) plus the recurrent state per
  * checkpoint, and a restore copies the KV prefix up to the chosen
- * checkpoint plus that checkpoint's recurrent state. */
+ * checkpoint plus that checkpoint's recurrent state.
+ *
+ * Pool state lives in pc_buf buffers: backend buffers where the backend
+ * has device memory (a restore is then device-to-device copies queued on
+ * the backend's stream: no PCIe, no host wait), host memory on the CPU or
+ * when the backend cannot allocate (prompt_cache.h, "store"). */
 #include "sanctum/prompt_cache.h"
 
 #include <errno.h>
@@ -14,6 +19,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "models/model_impl.h"
 
@@ -40,31 +46,91 @@ static size_t gdn_layer_bytes(const sn_seq *s) { return (s->conv_floats + s->S_f
 
 static size_t gdn_state_bytes(const sn_seq *s) { return (size_t)n_gdn_layers(s) * gdn_layer_bytes(s); }
 
-/* Recurrent state of every GDN layer -> host dst (gdn_state_bytes). */
-static sn_status gdn_to_host(const sn_seq *s, unsigned char *dst)
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- pool buffers -------------------------------------------------------
+ *
+ * dev: a backend buffer (buf_alloc); moving bytes between it and the
+ * sequence's state is a backend copy (device to device on CUDA, queued on
+ * the stream like the forwards, so ordered with them and free of host
+ * waits). Else host memory (malloc) and to_host / from_host. Every helper
+ * below expects the model lock held. */
+typedef struct {
+    unsigned char *p;
+    bool dev;
+} pc_buf;
+
+/* want_dev: try the backend first; host memory when it cannot (counted in
+ * *fallbacks, atomically: the caller holds the model lock, not the pool's). */
+static sn_status pcb_alloc(sn_model *m, bool want_dev, size_t bytes, pc_buf *b, uint64_t *fallbacks)
+{
+    b->p = NULL;
+    b->dev = false;
+    if (!bytes) bytes = 1;
+    if (want_dev) {
+        void *p = NULL;
+        if (m->be->ops->buf_alloc(m->be, bytes, &p) == SN_OK && p) {
+            b->p = p;
+            b->dev = true;
+            return SN_OK;
+        }
+        __atomic_fetch_add(fallbacks, 1, __ATOMIC_RELAXED);
+    }
+    b->p = malloc(bytes);
+    if (!b->p) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for %zu bytes", bytes);
+    return SN_OK;
+}
+
+static void pcb_free(sn_model *m, pc_buf *b)
+{
+    if (!b->p) return;
+    if (b->dev) m->be->ops->buf_free(m->be, b->p);
+    else free(b->p);
+    b->p = NULL;
+}
+
+/* sequence state (backend memory) -> b at off */
+static sn_status pcb_put(sn_backend *be, const pc_buf *b, size_t off, const void *src, size_t n)
+{
+    return b->dev ? be->ops->copy(be, b->p + off, src, n) : be->ops->to_host(be, b->p + off, src, n);
+}
+
+/* b at off -> sequence state */
+static sn_status pcb_get(sn_backend *be, void *dst, const pc_buf *b, size_t off, size_t n)
+{
+    return b->dev ? be->ops->copy(be, dst, b->p + off, n) : be->ops->from_host(be, dst, b->p + off, n);
+}
+
+/* Recurrent state of every GDN layer -> b (gdn_state_bytes). */
+static sn_status gdn_save(const sn_seq *s, const pc_buf *b)
 {
     sn_backend *be = s->m->be;
-    size_t cb = s->conv_floats * sizeof(float), sb = s->S_floats * sizeof(float);
+    size_t cb = s->conv_floats * sizeof(float), sb = s->S_floats * sizeof(float), off = 0;
     for (int l = 0; l < s->m->n_layers; l++) {
         if (!s->gdn[l].S) continue;
-        if (cb) SN_TRY(be->ops->to_host(be, dst, s->gdn[l].conv, cb));
-        dst += cb;
-        SN_TRY(be->ops->to_host(be, dst, s->gdn[l].S, sb));
-        dst += sb;
+        if (cb) SN_TRY(pcb_put(be, b, off, s->gdn[l].conv, cb));
+        off += cb;
+        SN_TRY(pcb_put(be, b, off, s->gdn[l].S, sb));
+        off += sb;
     }
     return SN_OK;
 }
 
-static sn_status gdn_from_host(sn_seq *s, const unsigned char *src)
+static sn_status gdn_load(sn_seq *s, const pc_buf *b)
 {
     sn_backend *be = s->m->be;
-    size_t cb = s->conv_floats * sizeof(float), sb = s->S_floats * sizeof(float);
+    size_t cb = s->conv_floats * sizeof(float), sb = s->S_floats * sizeof(float), off = 0;
     for (int l = 0; l < s->m->n_layers; l++) {
         if (!s->gdn[l].S) continue;
-        if (cb) SN_TRY(be->ops->from_host(be, s->gdn[l].conv, src, cb));
-        src += cb;
-        SN_TRY(be->ops->from_host(be, s->gdn[l].S, src, sb));
-        src += sb;
+        if (cb) SN_TRY(pcb_get(be, s->gdn[l].conv, b, off, cb));
+        off += cb;
+        SN_TRY(pcb_get(be, s->gdn[l].S, b, off, sb));
+        off += sb;
     }
     return SN_OK;
 }
@@ -146,11 +212,12 @@ static int sched_index(const int *s, int n, int pos)
 typedef struct {
     int refs;
     int a, b;                 /* KV rows [a, b) */
-    unsigned char *kv;        /* per attention layer: K rows [a, b) then V rows [a, b) */
+    pc_buf kv;                /* per attention layer: K rows [a, b) then V rows [a, b) */
     int n_ck;
     int *ck_pos;              /* ascending checkpoint positions in (a, b] (recurrent models only) */
-    unsigned char *ck;        /* [n_ck][gdn_bytes] */
+    pc_buf *ck;               /* [n_ck], gdn_bytes each */
     size_t bytes;
+    size_t dev_bytes;         /* the part of bytes in backend buffers */
 } pc_seg;
 
 typedef struct pc_entry {
@@ -168,10 +235,13 @@ typedef struct pc_entry {
 struct sn_pcache {
     sn_model *m;
     sn_pcache_opts o;
+    bool dev;                 /* keep entries in backend buffers (opts.store) */
     pthread_mutex_t lock;
     pc_entry *head, *tail;
-    size_t bytes;
+    size_t bytes, dev_bytes;
     uint64_t n_entries, hits, misses, cached_tokens, evictions;
+    uint64_t fallbacks;       /* atomic (counted under the model lock, read under neither) */
+    double lookup_s, restore_s, capture_s, commit_s;
 };
 
 /* One request: the segments it resumed through (referenced), its plan and
@@ -186,7 +256,7 @@ struct sn_pcache_req {
     int *plan;                /* ascending positions to capture during prefill */
     int n_plan;
     int *ck_pos;              /* captured checkpoints (> start), ascending */
-    unsigned char *ck;        /* [n_ck][gdn_bytes] */
+    pc_buf *ck;               /* [n_ck], gdn_bytes each */
     int n_ck, cap_ck;
     int *sched;               /* the prompt's canonical schedule when the backend is not batch invariant */
     int n_sched;
@@ -198,8 +268,12 @@ void sn_pcache_opts_default(sn_pcache_opts *o)
     o->ckpt_every = PC_DEFAULT_EVERY;
     o->min_fresh = 1;
     o->prefill_chunk = 0;
+    o->store = SN_PCACHE_STORE_AUTO;
     const char *e = getenv("SANCTUM_PCACHE_MIN_FRESH");
     if (e && (!strcmp(e, "1") || !strcmp(e, "2"))) o->min_fresh = e[0] - '0';
+    e = getenv("SANCTUM_PCACHE_STORE");
+    if (e && !strcmp(e, "host")) o->store = SN_PCACHE_STORE_HOST;
+    else if (e && !strcmp(e, "backend")) o->store = SN_PCACHE_STORE_BACKEND;
 }
 
 sn_status sn_pcache_new(sn_model *m, const sn_pcache_opts *o, sn_pcache **out)
@@ -213,21 +287,32 @@ sn_status sn_pcache_new(sn_model *m, const sn_pcache_opts *o, sn_pcache **out)
         return SN_FAIL(SN_E_INVALID, "prompt cache: ckpt_every must be in [16, 1048576], got %d", o->ckpt_every);
     if (o->min_fresh < 1 || o->min_fresh > 2)
         return SN_FAIL(SN_E_INVALID, "prompt cache: min_fresh must be 1 or 2, got %d", o->min_fresh);
+    if ((int)o->store < SN_PCACHE_STORE_AUTO || (int)o->store > SN_PCACHE_STORE_BACKEND)
+        return SN_FAIL(SN_E_INVALID, "prompt cache: store must be auto, host or backend, got %d", (int)o->store);
     sn_pcache *pc = calloc(1, sizeof *pc);
     if (!pc) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory");
     pc->m = m;
     pc->o = *o;
+    /* AUTO: the CPU backend's buffers are host memory already (its copy is
+     * the memcpy to_host does); any other backend's are device memory */
+    pc->dev = o->store == SN_PCACHE_STORE_BACKEND ||
+              (o->store == SN_PCACHE_STORE_AUTO && strncmp(m->be->ops->name, "cpu", 3) != 0);
     pthread_mutex_init(&pc->lock, NULL);
     *out = pc;
     return SN_OK;
 }
 
-/* Under pc->lock. */
+/* Under pc->lock; takes the model lock when backend buffers go (pool lock
+ * then model lock, the order sn_pcache_begin uses). */
 static void seg_unref(sn_pcache *pc, pc_seg *g)
 {
     if (!g || --g->refs > 0) return;
     pc->bytes -= g->bytes;
-    free(g->kv);
+    pc->dev_bytes -= g->dev_bytes;
+    if (g->dev_bytes) MLOCK(pc->m);
+    pcb_free(pc->m, &g->kv);
+    for (int k = 0; k < g->n_ck; k++) pcb_free(pc->m, &g->ck[k]);
+    if (g->dev_bytes) MUNLOCK(pc->m);
     free(g->ck_pos);
     free(g->ck);
     free(g);
@@ -297,7 +382,13 @@ void sn_pcache_get_stats(sn_pcache *pc, sn_pcache_stats *out)
     out->evictions = pc->evictions;
     out->entries = pc->n_entries;
     out->bytes = pc->bytes;
+    out->backend_bytes = pc->dev_bytes;
+    out->lookup_s = pc->lookup_s;
+    out->restore_s = pc->restore_s;
+    out->capture_s = pc->capture_s;
+    out->commit_s = pc->commit_s;
     pthread_mutex_unlock(&pc->lock);
+    out->host_fallbacks = __atomic_load_n(&pc->fallbacks, __ATOMIC_RELAXED);
 }
 
 static int lcp(const int32_t *a, int na, const int32_t *b, int nb)
@@ -359,27 +450,28 @@ static int cmp_int(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Copies rows [a, b) of every attention layer of seq from segment g (which
- * starts at g->a <= a). Under the model lock. */
+/* Copies rows [g->a, b) of every attention layer of seq from segment g:
+ * two copies (K, V) per layer, only the rows below the resume point. Under
+ * the model lock. */
 static sn_status seg_restore(sn_seq *seq, const pc_seg *g, int b)
 {
     sn_backend *be = seq->m->be;
     size_t rf = seq->kv_row_floats, row = rf * sizeof(float), gb = (size_t)(g->b - g->a) * row;
-    size_t nb = (size_t)(b - g->a) * row;
-    const unsigned char *src = g->kv;
+    size_t nb = (size_t)(b - g->a) * row, off = 0;
+    if (!nb) return SN_OK;
     for (int l = 0; l < seq->m->n_layers; l++) {
         if (!seq->kv[l].k) continue;
-        SN_TRY(be->ops->from_host(be, seq->kv[l].k + (size_t)g->a * rf, src, nb));
-        SN_TRY(be->ops->from_host(be, seq->kv[l].v + (size_t)g->a * rf, src + gb, nb));
-        src += 2 * gb;
+        SN_TRY(pcb_get(be, seq->kv[l].k + (size_t)g->a * rf, &g->kv, off, nb));
+        SN_TRY(pcb_get(be, seq->kv[l].v + (size_t)g->a * rf, &g->kv, off + gb, nb));
+        off += 2 * gb;
     }
     return SN_OK;
 }
 
-static const unsigned char *seg_ck(const pc_seg *g, int pos, size_t gdn_bytes)
+static const pc_buf *seg_ck(const pc_seg *g, int pos)
 {
     for (int k = 0; k < g->n_ck; k++)
-        if (g->ck_pos[k] == pos) return g->ck + (size_t)k * gdn_bytes;
+        if (g->ck_pos[k] == pos) return &g->ck[k];
     return NULL;
 }
 
@@ -447,6 +539,7 @@ sn_status sn_pcache_begin_ex(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, 
     }
 
     pthread_mutex_lock(&pc->lock);
+    double t0 = now_s();
     pc_entry *best = NULL;
     int best_pos = 0;
     for (pc_entry *e = pc->head; e; e = e->next) {
@@ -456,6 +549,8 @@ sn_status sn_pcache_begin_ex(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, 
             best_pos = pos;
         }
     }
+    double t1 = now_s();
+    pc->lookup_s += t1 - t0;
     if (best) {
         /* the segments below best_pos, the last one cut there */
         int k = 0;
@@ -469,11 +564,11 @@ sn_status sn_pcache_begin_ex(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, 
             st = seg_restore(seq, best->segs[i], end);
         }
         if (st == SN_OK && recurrent) {
-            const unsigned char *ck = seg_ck(best->segs[k], best_pos, r->gdn_bytes);
-            st = ck ? gdn_from_host(seq, ck)
-                    : SN_FAIL(SN_E_INVALID, "prompt cache: no checkpoint at %d (internal)", best_pos);
+            const pc_buf *ck = seg_ck(best->segs[k], best_pos);
+            st = ck ? gdn_load(seq, ck) : SN_FAIL(SN_E_INVALID, "prompt cache: no checkpoint at %d (internal)", best_pos);
         }
         MUNLOCK(seq->m);
+        pc->restore_s += now_s() - t1;
         if (st == SN_OK) {
             for (int i = 0; i <= k; i++) {
                 r->segs[i] = best->segs[i];
@@ -527,16 +622,25 @@ static sn_status capture_now(sn_pcache_req *r, const sn_seq *seq)
         int *np = realloc(r->ck_pos, (size_t)nc * sizeof *np);
         if (!np) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for checkpoints");
         r->ck_pos = np;
-        unsigned char *nd = realloc(r->ck, (size_t)nc * r->gdn_bytes);
+        pc_buf *nd = realloc(r->ck, (size_t)nc * sizeof *nd);
         if (!nd) return SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for %d checkpoints", nc);
         r->ck = nd;
         r->cap_ck = nc;
     }
+    sn_pcache *pc = r->pc;
+    double t0 = now_s();
+    pc_buf b;
     MLOCK(seq->m);
-    sn_status st = gdn_to_host(seq, r->ck + (size_t)r->n_ck * r->gdn_bytes);
+    sn_status st = pcb_alloc(seq->m, pc->dev, r->gdn_bytes, &b, &pc->fallbacks);
+    if (st == SN_OK && (st = gdn_save(seq, &b)) != SN_OK) pcb_free(seq->m, &b);
     MUNLOCK(seq->m);
     if (st != SN_OK) return st;
+    r->ck[r->n_ck] = b;
     r->ck_pos[r->n_ck++] = seq->pos;
+    double dt = now_s() - t0;
+    pthread_mutex_lock(&pc->lock);
+    pc->capture_s += dt;
+    pthread_mutex_unlock(&pc->lock);
     return SN_OK;
 }
 
@@ -583,6 +687,7 @@ sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *t
                                      n, n_tokens);
     if (n < r->start) return SN_FAIL(SN_E_INVALID, "prompt cache: the sequence went back below its resume point");
     bool recurrent = r->gdn_bytes > 0;
+    double t_start = now_s();
     {
         /* what this request adds must fit the budget on its own */
         size_t add = (size_t)n_attn_layers(seq) * 2 * (size_t)(n - r->start) * seq->kv_row_floats * sizeof(float) +
@@ -623,21 +728,26 @@ sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *t
         g->refs = 1;
         g->a = r->start;
         g->b = n;
-        g->kv = malloc(na ? (size_t)na * 2 * gb : 1);
-        if (!g->kv) { st = SN_FAIL(SN_E_NOMEM, "prompt cache: out of memory for %zu bytes of KV", (size_t)na * 2 * gb); goto out; }
         sn_backend *be = seq->m->be;
-        unsigned char *dst = g->kv;
+        size_t off = 0;
         MLOCK(seq->m);
+        st = pcb_alloc(seq->m, pc->dev && na, (size_t)na * 2 * gb, &g->kv, &pc->fallbacks);
         for (int l = 0; l < seq->m->n_layers && st == SN_OK; l++) {
             if (!seq->kv[l].k) continue;
-            if ((st = be->ops->to_host(be, dst, seq->kv[l].k + (size_t)g->a * rf, gb)) != SN_OK) break;
-            st = be->ops->to_host(be, dst + gb, seq->kv[l].v + (size_t)g->a * rf, gb);
-            dst += 2 * gb;
+            if ((st = pcb_put(be, &g->kv, off, seq->kv[l].k + (size_t)g->a * rf, gb)) != SN_OK) break;
+            st = pcb_put(be, &g->kv, off + gb, seq->kv[l].v + (size_t)g->a * rf, gb);
+            off += 2 * gb;
         }
         MUNLOCK(seq->m);
         if (st != SN_OK) goto out;
         int k = 0;
         while (k < r->n_ck && r->ck_pos[k] <= n) k++;
+        if (k < r->n_ck) {
+            /* checkpoints past the end (none today): not kept */
+            MLOCK(seq->m);
+            for (int i = k; i < r->n_ck; i++) pcb_free(seq->m, &r->ck[i]);
+            MUNLOCK(seq->m);
+        }
         g->n_ck = k;
         g->ck_pos = r->ck_pos;
         g->ck = r->ck;
@@ -645,6 +755,8 @@ sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *t
         r->ck = NULL;
         r->n_ck = r->cap_ck = 0;
         g->bytes = sizeof *g + (size_t)na * 2 * gb + (size_t)k * (r->gdn_bytes + sizeof(int));
+        g->dev_bytes = g->kv.dev ? (size_t)na * 2 * gb : 0;
+        for (int i = 0; i < k; i++) g->dev_bytes += g->ck[i].dev ? r->gdn_bytes : 0;
     }
     /* the entry takes over the request's references */
     for (int i = 0; i < r->n_segs; i++) {
@@ -659,7 +771,10 @@ sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *t
     e->n_segs = ns;
 
     pthread_mutex_lock(&pc->lock);
-    if (g) pc->bytes += g->bytes;
+    if (g) {
+        pc->bytes += g->bytes;
+        pc->dev_bytes += g->dev_bytes;
+    }
     g = NULL;
     pc->bytes += e->own_bytes;
     pc->n_entries++;
@@ -681,11 +796,15 @@ sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *t
     } else {
         lru_push_front(pc, e);
     }
+    pc->commit_s += now_s() - t_start;
     pthread_mutex_unlock(&pc->lock);
     e = NULL;
 out:
     if (g) {
-        free(g->kv);
+        /* its checkpoints are still the request's */
+        MLOCK(seq->m);
+        pcb_free(seq->m, &g->kv);
+        MUNLOCK(seq->m);
         free(g);
     }
     if (e) {
@@ -704,6 +823,12 @@ void sn_pcache_req_free(sn_pcache_req *r)
         pthread_mutex_lock(&r->pc->lock);
         for (int i = 0; i < r->n_segs; i++) seg_unref(r->pc, r->segs[i]);
         pthread_mutex_unlock(&r->pc->lock);
+    }
+    if (r->n_ck) {
+        /* captured, never committed */
+        MLOCK(r->pc->m);
+        for (int i = 0; i < r->n_ck; i++) pcb_free(r->pc->m, &r->ck[i]);
+        MUNLOCK(r->pc->m);
     }
     free(r->segs);
     free(r->ends);
