@@ -4,9 +4,12 @@
  * prompt lengths 1, 2, 63, 64, 65, and byte-identical generations with the
  * cache cold or warm (repeat, a prefix that ends inside a message, two
  * continuations of one prefix, prewarm, min_fresh 2), LRU eviction under
- * the byte budget, and concurrent use. Models: pcache_fixtures.h. */
+ * the byte budget, and concurrent use; the same with the pool in backend
+ * buffers (the CUDA storage path, here on CPU buffers) and with backend
+ * allocations failing (host fallback). Models: pcache_fixtures.h. */
 #include <pthread.h>
 
+#include "models/model_impl.h"
 #include "pcache_fixtures.h"
 #include "sanctum/chat.h"
 #include "server/api.h"
@@ -686,6 +689,153 @@ static void test_threads(void)
     sn_pcache_free(pc);
 }
 
+/* Pool storage: where the bytes go (stats.backend_bytes), and the same
+ * bits whatever the storage. The pool is forced into backend buffers (on
+ * the CPU those are host memory, so the copies are memcpy as on the host
+ * path, but the logic is the one CUDA runs: buf_alloc, copy, buf_free),
+ * and then the backend's buf_alloc is made to fail always or every other
+ * call, so segments and checkpoints fall back to host memory, alone or
+ * mixed with backend ones. Each case: random prompts over shared bases
+ * through a small pool with evictions, every restore bitwise the cold
+ * logits, the byte counts back to zero once cleared. */
+static const sn_backend_ops *st_real;
+static sn_backend_ops st_fake;
+static int st_fail;          /* 0: never, 1: always, 2: every other call */
+static unsigned st_calls;
+
+static sn_status st_alloc(sn_backend *be, size_t bytes, void **out)
+{
+    st_calls++;
+    if (st_fail == 1 || (st_fail == 2 && (st_calls & 1))) {
+        *out = NULL;
+        return SN_FAIL(SN_E_NOMEM, "test: backend memory is full");
+    }
+    return st_real->buf_alloc(be, bytes, out);
+}
+
+static void test_store_paths(void)
+{
+    /* AUTO on the CPU keeps host memory; a bad store value is refused */
+    {
+        pf_model *pm = &pf_models[0];
+        sn_pcache_opts o;
+        sn_pcache_opts_default(&o);
+        CHECK(o.store == SN_PCACHE_STORE_AUTO);
+        o.store = (sn_pcache_store)7;
+        sn_pcache *pc = NULL;
+        CHECK(sn_pcache_new(pm->m, &o, &pc) == SN_E_INVALID && strstr(sn_errmsg(), "store"));
+        setenv("SANCTUM_PCACHE_STORE", "backend", 1);
+        sn_pcache_opts_default(&o);
+        CHECK(o.store == SN_PCACHE_STORE_BACKEND);
+        setenv("SANCTUM_PCACHE_STORE", "host", 1);
+        sn_pcache_opts_default(&o);
+        CHECK(o.store == SN_PCACHE_STORE_HOST);
+        unsetenv("SANCTUM_PCACHE_STORE");
+    }
+    FOR_MODELS {
+        if (strncmp(PM->name, "synth_", 6) != 0) continue;   /* the four architectures once */
+        int V = PM->vocab < 500 ? PM->vocab : 500;
+        int32_t base[2][300], P[400];
+        for (int b = 0; b < 2; b++) pf_tokens(base[b], 300, 401 + (uint64_t)b, 0, V);
+        float *cold = malloc(sizeof(float) * (size_t)PM->vocab), *warm = malloc(sizeof(float) * (size_t)PM->vocab);
+        sn_seq *s = NULL, *c = NULL;
+        CHECK_OK(sn_seq_new(PM->m, 512, &s));
+        CHECK_OK(sn_seq_new(PM->m, 512, &c));
+        static const struct { sn_pcache_store store; int fail; } cases[] = {
+            { SN_PCACHE_STORE_AUTO, 0 }, { SN_PCACHE_STORE_HOST, 0 }, { SN_PCACHE_STORE_BACKEND, 0 },
+            { SN_PCACHE_STORE_BACKEND, 1 }, { SN_PCACHE_STORE_BACKEND, 2 },
+        };
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            sn_pcache_opts o;
+            sn_pcache_opts_default(&o);
+            o.ckpt_every = 32;
+            o.store = cases[ci].store;
+            o.budget_bytes = 0;
+            sn_pcache *pc = NULL;
+            sn_pcache_stats st;
+            /* budget: about three 250-token entries */
+            {
+                sn_pcache_opts h = o;
+                h.store = SN_PCACHE_STORE_HOST;
+                h.budget_bytes = (size_t)1 << 30;
+                CHECK_OK(sn_pcache_new(PM->m, &h, &pc));
+                CHECK_OK(sn_pcache_prewarm(pc, PM->m, s, base[0], 250, NULL, 0));
+                sn_pcache_get_stats(pc, &st);
+                o.budget_bytes = st.bytes * 3;
+                sn_pcache_free(pc);
+            }
+            CHECK_OK(sn_pcache_new(PM->m, &o, &pc));
+            /* only the pool allocates from here on (the sequences exist) */
+            st_real = PM->m->be->ops;
+            st_fake = *st_real;
+            st_fake.buf_alloc = st_alloc;
+            st_fail = cases[ci].fail;
+            st_calls = 0;
+            PM->m->be->ops = &st_fake;
+            uint64_t x = 991 + (uint64_t)mi * 7 + ci;
+            int hits = 0;
+            bool saw_dev = false;
+            for (int it = 0; it < 16; it++) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                int b = (int)((x >> 33) % 2), cut = 1 + (int)((x >> 40) % 299), tail = 1 + (int)((x >> 20) % 60);
+                memcpy(P, base[b], (size_t)cut * sizeof(int32_t));
+                pf_tokens(P + cut, tail, x, 0, V);
+                int n = cut + tail;
+                sn_seq_reset(c);
+                CHECK_OK(sn_forward(PM->m, c, P, n, cold, false));
+                sn_seq_reset(s);
+                sn_pcache_req *r = NULL;
+                int cached = -1;
+                CHECK_OK(sn_pcache_begin(pc, s, P, n, NULL, 0, &r, &cached));
+                hits += cached > 0;
+                for (int i = cached; i < n;) {
+                    int end = sn_pcache_next_stop(r, i, n);
+                    CHECK_OK(sn_forward(PM->m, s, P + i, end - i, end == n ? warm : NULL, false));
+                    CHECK_OK(sn_pcache_capture(r, s));
+                    i = end;
+                }
+                CHECKF(!memcmp(cold, warm, sizeof(float) * (size_t)PM->vocab),
+                       "%s: store %d fail %d: iteration %d (cut %d tail %d, cached %d) differs from cold", PM->name,
+                       (int)cases[ci].store, cases[ci].fail, it, cut, tail, cached);
+                CHECK_OK(sn_pcache_commit(r, s, P, n));
+                sn_pcache_req_free(r);
+                sn_pcache_get_stats(pc, &st);
+                CHECK(st.bytes <= o.budget_bytes && st.backend_bytes <= st.bytes);
+                saw_dev |= st.backend_bytes > 0;
+            }
+            PM->m->be->ops = st_real;
+            sn_pcache_get_stats(pc, &st);
+            bool dev = cases[ci].store == SN_PCACHE_STORE_BACKEND;
+            fprintf(stderr, "  %s: store %d, backend allocations fail %d: %d/16 hits, %llu evictions, %llu host "
+                    "fallbacks\n", PM->name, (int)cases[ci].store, cases[ci].fail, hits,
+                    (unsigned long long)st.evictions, (unsigned long long)st.host_fallbacks);
+            CHECKF(hits >= 4 && st.evictions > 0, "%s: case %zu: %d hits, %llu evictions", PM->name, ci, hits,
+                   (unsigned long long)st.evictions);
+            CHECKF(saw_dev == (dev && cases[ci].fail != 1), "%s: case %zu: backend bytes seen %d", PM->name, ci, saw_dev);
+            CHECKF((st.host_fallbacks > 0) == (dev && cases[ci].fail != 0), "%s: case %zu: %llu fallbacks", PM->name,
+                   ci, (unsigned long long)st.host_fallbacks);
+            CHECK(st.lookup_s >= 0 && st.restore_s >= 0 && st.capture_s >= 0 && st.commit_s > 0);
+            sn_pcache_clear(pc);
+            sn_pcache_get_stats(pc, &st);
+            CHECK(st.bytes == 0 && st.backend_bytes == 0 && st.entries == 0);
+            sn_pcache_free(pc);
+        }
+        sn_seq_free(s);
+        sn_seq_free(c);
+        free(cold);
+        free(warm);
+    }
+}
+
+/* The pool tests again with the pool in backend buffers (main). */
+#define BACKEND_STORE(fn) \
+    static void fn##_backend_store(void) { fn(); }
+BACKEND_STORE(test_pool_restore_lengths)
+BACKEND_STORE(test_generate_cold_warm)
+BACKEND_STORE(test_sharing)
+BACKEND_STORE(test_threads)
+BACKEND_STORE(canon_cold_warm)
+
 /* The server side: the "pld" request field, usage.prompt_tokens_details
  * and the /metrics counters. */
 static void test_server_fields(void)
@@ -754,7 +904,15 @@ int main(void)
     RUN(test_pool_random);
     RUN(test_bad_args);
     RUN(test_threads);
+    RUN(test_store_paths);
     RUN(test_server_fields);
+    /* the pool in backend buffers (the CUDA storage path) on CPU buffers */
+    setenv("SANCTUM_PCACHE_STORE", "backend", 1);
+    RUN(test_pool_restore_lengths_backend_store);
+    RUN(test_generate_cold_warm_backend_store);
+    RUN(test_sharing_backend_store);
+    RUN(test_threads_backend_store);
+    unsetenv("SANCTUM_PCACHE_STORE");
     /* the engine path of a backend that is not batch invariant (CUDA),
      * here on the CPU: canonical schedule, resume points, PLD row cap */
     setenv("SANCTUM_INVARIANT_ROWS", "4", 1);
@@ -762,6 +920,9 @@ int main(void)
     RUN(canon_cold_warm);
     RUN(canon_pld);
     RUN(canon_chat_default);
+    setenv("SANCTUM_PCACHE_STORE", "backend", 1);
+    RUN(canon_cold_warm_backend_store);
+    unsetenv("SANCTUM_PCACHE_STORE");
     unsetenv("SANCTUM_INVARIANT_ROWS");
     pf_teardown();
     return TEST_END();
