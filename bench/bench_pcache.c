@@ -15,6 +15,16 @@
  * issue's goal is <= 30 ms warm for a 2k prefix on an H200; the CPU figure
  * is for comparison with cold on the same machine.
  *
+ * Then one more warm request runs through the pool API step by step (what
+ * sn_generate does) and a second line gives its breakdown: sn_pcache_begin
+ * (lookup + restore; on CUDA with the pool in device memory the restore
+ * copies are only queued there and run ahead of the first forward, so
+ * their device time shows in the tail prefill), the tail prefill, the
+ * checkpoint taken at the prompt end, the first token (argmax of the last
+ * logits) and the commit that follows it; plus the pool's own timers
+ * averaged over the warm reps. Where the pool lives follows
+ * sn_pcache_opts.store (SANCTUM_PCACHE_STORE=host|backend to compare).
+ *
  * Usage: bench_pcache --model DIR --tokenizer FILE [--prefix 2048] [--tail 32]
  *        [--reps 3] [--threads N] [--backend cpu|cuda] [--log bench/results.log]
  * (bench/bench_pcache.sh makes a ~1B model with sanctum-synth and runs it.) */
@@ -87,6 +97,7 @@ int main(int argc, char **argv)
     sn_tokenizer *tok = NULL;
     sn_seq *seq = NULL;
     sn_pcache *pc = NULL;
+    float *logits = NULL;
     int rc = 1;
     sn_load_opts lo = { .backend = backend, .n_threads = threads };
     if (sn_model_load(model_dir, &lo, &m) != SN_OK || sn_tok_load(tok_path, NULL, &tok) != SN_OK) {
@@ -119,7 +130,8 @@ int main(int argc, char **argv)
     double cold = r.first_token_s;
     fprintf(stderr, "  cold: TTFT %.1f ms (%d tokens computed, %.1f tok/s)\n", cold * 1e3, r.prompt_tokens,
             r.prompt_tokens / cold);
-    sn_pcache_stats st;
+    sn_pcache_stats st, st0;
+    sn_pcache_get_stats(pc, &st0);
     int cached = 0;
     for (int k = 0; k < reps; k++) {
         for (int i = prefix; i < n; i++) ids[i] = rand_id(vocab);
@@ -131,6 +143,9 @@ int main(int argc, char **argv)
                 r.prompt_tokens - r.cached_tokens);
     }
     sn_pcache_get_stats(pc, &st);
+    /* the pool's timers per warm request */
+    double avg_lookup = (st.lookup_s - st0.lookup_s) / reps, avg_restore = (st.restore_s - st0.restore_s) / reps;
+    double avg_capture = (st.capture_s - st0.capture_s) / reps, avg_commit = (st.commit_s - st0.commit_s) / reps;
     qsort(warm, (size_t)reps, sizeof *warm, bench_cmp_double);
     double med = warm[reps / 2];
     /* estimate: the tail at the cold per-token rate + copying the restored
@@ -143,14 +158,76 @@ int main(int argc, char **argv)
     snprintf(line, sizeof line,
              "bench_pcache %s (%s, %d layers, %s, %d threads): prefix %d + tail %d: TTFT cold %.1f ms, warm median "
              "%.1f ms (%.1fx, %d cached) vs estimate %.1f ms (tail at the cold rate + %.1f MB state at %.1f GB/s memcpy); "
-             "pool %llu entries %.1f MB",
+             "pool %llu entries %.1f MB (store %s, %.1f MB in backend memory, %llu host fallbacks)",
              info->name, info->model_type, info->n_layers, backend == SN_BACKEND_CUDA ? "cuda" : "cpu", threads, prefix,
              tail, cold * 1e3, med * 1e3, cold / med, cached, bound * 1e3, state_bytes / 1e6, gbs,
-             (unsigned long long)st.entries, st.bytes / 1e6);
+             (unsigned long long)st.entries, st.bytes / 1e6, st.backend_bytes ? "backend" : "host",
+             st.backend_bytes / 1e6, (unsigned long long)st.host_fallbacks);
+    printf("%s\n", line);
+    bench_log_line(log_path, line, argc, argv);
+
+    /* breakdown: one more warm request, sn_generate's steps timed one by one */
+    logits = malloc(sizeof(float) * (size_t)info->vocab_size);
+    if (!logits) goto done;
+    for (int i = prefix; i < n; i++) ids[i] = rand_id(vocab);
+    sn_seq_reset(seq);
+    sn_pcache_req *req = NULL;
+    int bcached = 0, n_fwd = 0;
+    double t_fwd = 0, t_cap = 0;
+    sn_pcache_stats sb0, sb1;
+    sn_pcache_get_stats(pc, &sb0);
+    double t0 = bench_now();
+    if (sn_pcache_begin_ex(pc, seq, ids, n, NULL, 0, 0, &req, &bcached) != SN_OK) {
+        fprintf(stderr, "bench_pcache: %s\n", sn_errmsg());
+        goto done;
+    }
+    double t_begin = bench_now() - t0;
+    int chunk = sn_prefill_chunk(m, 0);
+    for (int i = bcached; i < n;) {
+        int end = sn_pcache_next_stop(req, i, n - i < chunk ? n : i + chunk);
+        double a = bench_now();
+        if (sn_forward(m, seq, ids + i, end - i, end == n ? logits : NULL, false) != SN_OK) {
+            fprintf(stderr, "bench_pcache: %s\n", sn_errmsg());
+            sn_pcache_req_free(req);
+            goto done;
+        }
+        double b = bench_now();
+        if (sn_pcache_capture(req, seq) != SN_OK) {
+            fprintf(stderr, "bench_pcache: %s\n", sn_errmsg());
+            sn_pcache_req_free(req);
+            goto done;
+        }
+        t_fwd += b - a;
+        t_cap += bench_now() - b;
+        n_fwd++;
+        i = end;
+    }
+    double a = bench_now();
+    int32_t first = 0;
+    for (int v = 1; v < info->vocab_size; v++)
+        if (logits[v] > logits[first]) first = v;
+    double t_tok = bench_now() - a;
+    double t_ttft = bench_now() - t0;
+    a = bench_now();
+    sn_status cst = sn_pcache_commit(req, seq, ids, n);
+    double t_commit = bench_now() - a;
+    sn_pcache_req_free(req);
+    if (cst != SN_OK) { fprintf(stderr, "bench_pcache: %s\n", sn_errmsg()); goto done; }
+    sn_pcache_get_stats(pc, &sb1);
+    snprintf(line, sizeof line,
+             "bench_pcache_breakdown %s (%s): one warm request (%d cached, %d computed in %d forwards, first token %d): "
+             "begin %.2f ms (lookup %.3f, restore %.2f queued), tail prefill %.2f ms, checkpoints %.2f ms, first token "
+             "%.2f ms, sum %.2f ms; commit %.2f ms after it; pool timers per warm rep: lookup %.3f restore %.2f "
+             "capture %.2f commit %.2f ms",
+             info->name, backend == SN_BACKEND_CUDA ? "cuda" : "cpu", bcached, n - bcached, n_fwd, (int)first,
+             t_begin * 1e3, (sb1.lookup_s - sb0.lookup_s) * 1e3, (sb1.restore_s - sb0.restore_s) * 1e3, t_fwd * 1e3,
+             t_cap * 1e3, t_tok * 1e3, t_ttft * 1e3, t_commit * 1e3, avg_lookup * 1e3, avg_restore * 1e3,
+             avg_capture * 1e3, avg_commit * 1e3);
     printf("%s\n", line);
     bench_log_line(log_path, line, argc, argv);
     rc = 0;
 done:
+    free(logits);
     free(ids);
     free(warm);
 out:
