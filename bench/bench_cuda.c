@@ -307,15 +307,18 @@ static void forward(model_t *m, const int32_t *ids, int T, int pos0, int32_t *ne
         TRY(O->add(B, m->h, m->r, (size_t)T * H));
         TRY(O->rmsnorm(B, m->h, y->post_norm, T, H, c->eps, m->xn));
         if (c->E > 0) {
+            /* [moe] qwen3_5_moe.c's order: router + shared gate logit, shared
+             * gate + up, swiglu, shared down, moe, add_gated into its output,
+             * then the residual add (forward.c) */
             TRY(O->matmul(B, y->router, 0, m->xn, T, m->lg));
-            TRY(O->moe(B, y->eg, y->eu, y->ed, m->lg, c->topk, true, m->xn, T, m->mo));
-            TRY(O->add(B, m->h, m->mo, (size_t)T * H));
+            TRY(O->matmul(B, y->sgw, 0, m->xn, T, m->sgl));
             TRY(O->matmul(B, y->sg, 0, m->xn, T, m->mg));
             TRY(O->matmul(B, y->su, 0, m->xn, T, m->mu));
             TRY(O->swiglu(B, m->mg, m->mu, (size_t)T * c->Is, m->ma));
             TRY(O->matmul(B, y->sd, 0, m->ma, T, m->r));
-            TRY(O->matmul(B, y->sgw, 0, m->xn, T, m->sgl));
-            TRY(O->add_gated(B, m->h, m->r, m->sgl, T, H));
+            TRY(O->moe(B, y->eg, y->eu, y->ed, m->lg, c->topk, true, m->xn, T, m->mo));
+            TRY(O->add_gated(B, m->mo, m->r, m->sgl, T, H));
+            TRY(O->add(B, m->h, m->mo, (size_t)T * H));
         } else {
             TRY(O->matmul(B, y->gate, 0, m->xn, T, m->mg));
             TRY(O->matmul(B, y->up, 0, m->xn, T, m->mu));
@@ -336,18 +339,22 @@ static void gemv_one(const char *name, const sn_weight *w, float *x, float *y)
     int reps = 100;
     double bytes = (double)sn_weight_bytes(w);
     printf("  gemv %-10s [%6lld x %6lld] %5.1f MB:", name, (long long)w->rows, (long long)w->cols, bytes / 1e6);
-    for (int rpw = 2; rpw <= 4; rpw += 2) {
-        TRY(sn_cuda_tune(B, "gemv_rpw", rpw));
+    /* the integer tensor-core GEMV with 1 and 2 row tiles per block, then the fp32 GEMV */
+    static const char *const lbl[3] = { "i8", "i8mb2", "fp32" };
+    for (int v = 0; v < 3; v++) {
+        TRY(sn_cuda_tune(B, "gemv_i8", v < 2));
+        TRY(sn_cuda_tune(B, "gemv_mb", v == 1 ? 2 : 1));
         for (int i = 0; i < 3; i++) TRY(O->matmul(B, w, 0, x, 1, y));
         TRY(O->sync(B));
         double t0 = now();
         for (int i = 0; i < reps; i++) TRY(O->matmul(B, w, 0, x, 1, y));
         TRY(O->sync(B));
         double dt = (now() - t0) / reps;
-        printf("  rpw%d %7.1f us %6.0f GB/s", rpw, dt * 1e6, bytes / dt / 1e9);
+        printf("  %s %7.1f us %5.0f GB/s", lbl[v], dt * 1e6, bytes / dt / 1e9);
     }
     printf("\n");
-    TRY(sn_cuda_tune(B, "gemv_rpw", 0));
+    TRY(sn_cuda_tune(B, "gemv_i8", 1));
+    TRY(sn_cuda_tune(B, "gemv_mb", 1));
 }
 
 static void gemv_micro(model_t *m)
@@ -378,13 +385,18 @@ static void gemv_micro(model_t *m)
     if (c->E > 0) {
         layer_t *y = &m->ly[0];
         int reps = 100;
-        for (int i = 0; i < 3; i++) TRY(O->moe(B, y->eg, y->eu, y->ed, m->lg, c->topk, true, m->xn, 1, m->mo));
-        TRY(O->sync(B));
-        double t0 = now();
-        for (int i = 0; i < reps; i++) TRY(O->moe(B, y->eg, y->eu, y->ed, m->lg, c->topk, true, m->xn, 1, m->mo));
-        TRY(O->sync(B));
-        double dt = (now() - t0) / reps, bytes = 3.0 * c->topk * sn_weight_bytes(y->eg);
-        printf("  moe (route + %d experts x 3) %.1f us, %.0f GB/s\n", c->topk, dt * 1e6, bytes / dt / 1e9);
+        for (int md = 2; md >= 0; md--) { /* [moe] the two-launch path (+/- L2 prefetch), then the old kernels */
+            TRY(sn_cuda_tune(B, "moe_dec", md));
+            for (int i = 0; i < 3; i++) TRY(O->moe(B, y->eg, y->eu, y->ed, m->lg, c->topk, true, m->xn, 1, m->mo));
+            TRY(O->sync(B));
+            double t0 = now();
+            for (int i = 0; i < reps; i++) TRY(O->moe(B, y->eg, y->eu, y->ed, m->lg, c->topk, true, m->xn, 1, m->mo));
+            TRY(O->sync(B));
+            double dt = (now() - t0) / reps, bytes = 3.0 * c->topk * sn_weight_bytes(y->eg);
+            printf("  moe (route + %d experts x 3, moe_dec=%d) %.1f us, %.0f GB/s\n", c->topk, md, dt * 1e6,
+                   bytes / dt / 1e9);
+        }
+        TRY(sn_cuda_tune(B, "moe_dec", 2));
     }
 }
 
@@ -477,6 +489,7 @@ int main(int argc, char **argv)
      * both in the single-pass fp16 form */
     double ttft_own = 0, ttft_fast = 0, ttft_fast_own = 0;
     int have_blas = strstr(dev, "cuBLAS") != NULL;
+    TRY(sn_cuda_tune(B, "gemm_i8", 0)); /* [gemm_i8] the fp16 GEMMs for the variants below */
     for (int v = 0; v < 3; v++) {
         if (v == 0 && !have_blas) continue;
         TRY(sn_cuda_tune(B, "cublas_min_t", v == 1 && have_blas ? 64 : 0));
@@ -492,6 +505,20 @@ int main(int argc, char **argv)
     }
     TRY(sn_cuda_tune(B, "gemm_fast", 0));
     if (have_blas) TRY(sn_cuda_tune(B, "cublas_min_t", 64));
+    /* [gemm_i8] the integer tensor-core GEMM (3 digits, 2 digits), then the split fp16x3 GEMM with
+     * cuBLAS as it loaded; the creation default (SANCTUM_CUDA_GEMM) is restored */
+    const char *gemm_env = getenv("SANCTUM_CUDA_GEMM");
+    double ttft_i8[3];
+    for (int v = 0; v < 3; v++) {
+        TRY(sn_cuda_tune(B, "gemm_i8", v == 0 ? 3 : v == 1 ? 2 : 0));
+        reset_state(&m);
+        TRY(O->sync(B));
+        double t1 = now();
+        forward(&m, ids, prefill, 0, &tok);
+        ttft_i8[v] = now() - t1;
+    }
+    TRY(sn_cuda_tune(B, "gemm_i8", !gemm_env || !strcmp(gemm_env, "i8") ? 3 : !strcmp(gemm_env, "i8fast") ? 2 : 0));
+    /* [gemm_i8] end */
     reset_state(&m);
     forward(&m, ids, prefill, 0, &tok);
     float probe[8];
@@ -530,11 +557,13 @@ int main(int argc, char **argv)
     }
     double dec_nofuse = (nnf - 1) / tn;
     TRY(sn_cuda_tune(B, "fuse", 1));
-    /* decode variants (graph): PDL off, 2 and 4 rows per GEMV warp */
+    /* decode variants (graph): PDL off, the fp32 GEMV, 2 row tiles per integer-GEMV block */
     int nv = ndec / 2 < 8 ? 8 : ndec / 2;
     double dec_nopdl = decode_with(&m, "pdl", 0, 1, prefill, nv, &tok);
-    double dec_rpw2 = decode_with(&m, "gemv_rpw", 2, 0, prefill, nv, &tok);
-    double dec_rpw4 = decode_with(&m, "gemv_rpw", 4, 0, prefill, nv, &tok);
+    double dec_fp32 = decode_with(&m, "gemv_i8", 0, 1, prefill, nv, &tok);
+    double dec_mb2 = decode_with(&m, "gemv_mb", 2, 1, prefill, nv, &tok);
+    double dec_moe0 = c->E > 0 ? decode_with(&m, "moe_dec", 0, 2, prefill, nv, &tok) : 0; /* [moe] */
+    double dec_moe1 = c->E > 0 ? decode_with(&m, "moe_dec", 1, 2, prefill, nv, &tok) : 0; /* [moe] */
     /* eager: fewer steps (same positions range) */
     int neager = ndec / 4 < 8 ? 8 : ndec / 4;
     pos = prefill;
@@ -550,8 +579,8 @@ int main(int argc, char **argv)
     printf("  GPU memory: %.2f GB in use (%.2f GB held by the backend) of %.1f GB\n", used / 1e9, held / 1e9,
            total / 1e9);
     printf("  copy bandwidth (d2d, read+write): %.0f GB/s\n", copy_gbs);
-    printf("  prefill %d tokens (default: fp32-class split GEMM%s): %.3f s = %.0f tok/s (TTFT %.1f ms)%s\n", prefill,
-           have_blas ? " via cuBLAS" : "", ttft, prefill / ttft, ttft * 1e3, finite ? "" : "  [non-finite logits!]");
+    printf("  prefill %d tokens (default GEMM, SANCTUM_CUDA_GEMM=%s): %.3f s = %.0f tok/s (TTFT %.1f ms)%s\n", /* [gemm_i8] */
+           prefill, gemm_env ? gemm_env : "i8 (unset)", ttft, prefill / ttft, ttft * 1e3, finite ? "" : "  [non-finite logits!]");
     if (have_blas)
         printf("  prefill %d tokens, fp32-class GEMM, own kernel (no cuBLAS): %.3f s = %.0f tok/s\n", prefill,
                ttft_own, prefill / ttft_own);
@@ -560,12 +589,22 @@ int main(int argc, char **argv)
                prefill / ttft_fast);
     printf("  prefill %d tokens, single-pass fp16 GEMM, own kernel: %.3f s = %.0f tok/s\n", prefill, ttft_fast_own,
            prefill / ttft_fast_own);
+    /* [gemm_i8] */
+    printf("  prefill %d tokens, integer tensor-core GEMM (repacked Q4), 3 digits (fp32-class, i8): %.3f s = %.0f tok/s\n",
+           prefill, ttft_i8[0], prefill / ttft_i8[0]);
+    printf("  prefill %d tokens, integer tensor-core GEMM, 2 digits (16-bit x, i8fast): %.3f s = %.0f tok/s\n", prefill,
+           ttft_i8[1], prefill / ttft_i8[1]);
+    printf("  prefill %d tokens, fp32-class split fp16x3 GEMM%s (split): %.3f s = %.0f tok/s\n", prefill,
+           have_blas ? " via cuBLAS" : ", own kernel", ttft_i8[2], prefill / ttft_i8[2]);
     printf("  decode (graph): %.1f tok/s (median step %.3f ms), %.0f GB/s = %.0f%% of copy bandwidth\n", dec_graph,
            med * 1e3, gbs, 100.0 * gbs / copy_gbs);
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
-    printf("  decode (graph) variants: PDL off %.1f tok/s; GEMV 2 rows/warp %.1f, 4 rows/warp %.1f\n", dec_nopdl,
-           dec_rpw2, dec_rpw4);
+    printf("  decode (graph) variants: PDL off %.1f tok/s; fp32 GEMV %.1f; integer GEMV with 2 row tiles per block "
+           "%.1f\n", dec_nopdl, dec_fp32, dec_mb2);
+    if (c->E > 0) /* [moe] */
+        printf("  decode (graph) MoE variants: old route/gate_up/down/sum kernels %.1f tok/s; two-launch MoE without "
+               "the L2 prefetch %.1f\n", dec_moe0, dec_moe1);
     gemv_micro(&m);
     /* [prefill-breakdown] one prefill per setting of the prefill kernels
      * (cuda_prefill.cu: chunked GDN + flash attention, or the old ones),

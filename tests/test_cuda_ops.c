@@ -223,6 +223,30 @@ static void test_matmul_q4(void)
     g_fast = 0;
 }
 
+/* The integer tensor-core GEMV (repacked Q4: groups 32/64/128, bf16/f16
+ * scales, cols % 64 == 0) against the oracle, incl. large activations, both block shapes,
+ * and the fp32 GEMV on the same shapes. */
+static void test_matmul_q4_gemv_i8(void)
+{
+    for (int mb = 1; mb <= 2; mb++) {
+        CHECK_OK(sn_cuda_tune(G, "gemv_mb", mb));
+        int Ts[] = { 1, 2, 3, 5, 6, 8 };
+        for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
+            mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, Ts[i], 0, 1);
+            mm_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, Ts[i], 0, 0);
+            mm_case(SN_DT_Q4, 300, 2048, 128, SN_DT_BF16, Ts[i], 0, 0);
+            mm_case(SN_DT_Q4, 17, 64, 64, SN_DT_BF16, Ts[i], 0, 1);
+        }
+        mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 1, 0, 0);
+        mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 7, 0, 0);
+    }
+    CHECK_OK(sn_cuda_tune(G, "gemv_mb", 1));
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 0));
+    mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1, 0, 1);
+    mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 6, 0, 1);
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
+}
+
 static void test_matmul_q8(void)
 {
     int Ts[] = { 1, 2, 5, 8, 33 };
@@ -267,9 +291,20 @@ static void test_gemv_batch_invariant(void)
     gemv_invariance_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
+    gemv_invariance_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, 1);
+    gemv_invariance_case(SN_DT_Q4, 300, 2048, 128, SN_DT_BF16, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_mb", 2));
+    gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
+    gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_mb", 1));
+    /* the fp32 GEMV (for weights the integer kernel does not take) */
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 0));
+    gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
+    gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
     CHECK_OK(sn_cuda_tune(G, "gemv_rpw", 4));
     gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
     CHECK_OK(sn_cuda_tune(G, "gemv_rpw", 0));
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
 }
 
 static void test_matmul_dense(void)
@@ -746,6 +781,7 @@ int main(void)
     fprintf(stderr, "device: %s, %.1f / %.1f GiB in use\n", name, used / 1073741824.0, total / 1073741824.0);
     RUN(test_matmul_q4);
     RUN(test_matmul_q8);
+    RUN(test_matmul_q4_gemv_i8);
     RUN(test_gemv_batch_invariant);
     RUN(test_matmul_dense);
     RUN(test_matmul_errors);

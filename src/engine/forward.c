@@ -207,8 +207,8 @@ static int graph_rows(void)
     int v = __atomic_load_n(&graph_rows_v, __ATOMIC_RELAXED);
     if (v) return v;
     const char *e = getenv("SANCTUM_GRAPH_ROWS");
-    v = e && *e ? atoi(e) : 1;
-    if (v < 1 || v > 8) v = 1;
+    v = e && *e ? atoi(e) : 8;
+    if (v < 1 || v > 8) v = 8;
     __atomic_store_n(&graph_rows_v, v, __ATOMIC_RELAXED);
     return v;
 }
@@ -236,11 +236,10 @@ static sn_status run_step(sn_model *m, const step *st)
     for (int i = 0; i < st->n_items; i++) decode = decode && st->it[i].n <= grows;
     /* only decode steps: they repeat with positions shifted, which is what
      * a recorded graph can replay; a prefill chunk would be captured once
-     * and never replayed. A PLD verify pass (2..8 rows) repeats too, but
-     * alternating with one-row steps it would re-capture each time while
-     * the backend keeps one graph: SANCTUM_GRAPH_ROWS=N (default 1) lets
-     * steps of up to N rows per sequence into graphs, for a backend that
-     * keeps one per row count. */
+     * and never replayed. A PLD verify pass (2..8 rows) repeats too: the
+     * CUDA backend keeps a graph per step shape, so steps of up to
+     * SANCTUM_GRAPH_ROWS rows per sequence (default 8; 1 = one-row steps
+     * only) go into graphs. */
     bool graph = decode && one_head && OPS->begin_step && OPS->end_step;
     if (graph) SN_TRY(OPS->begin_step(BE));
     sn_status s = run_layers(m, st);

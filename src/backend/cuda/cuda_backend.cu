@@ -58,6 +58,16 @@ struct prof_ev {
     cudaEvent_t a, b;
 };
 
+/* A captured step graph and the record it was captured from. */
+struct gslot {
+    rec *recs;
+    int n, cap;
+    bool valid;
+    cudaGraphExec_t exec;
+    long used;
+};
+constexpr int GRAPH_SLOTS = 8;
+
 struct cuda_be {
     sn_backend base; /* first: the table's sn_backend * is this struct */
     int dev;
@@ -85,11 +95,10 @@ struct cuda_be {
     int32_t *out_ptrs[STEP_MAX_OUTS]; /* host destinations of argmax rows */
     int n_outs;
 
-    /* the cached graph */
-    rec *g_recs;
-    int g_n, g_cap;
-    bool g_valid;
-    cudaGraphExec_t exec;
+    /* the cached graphs: one per step shape seen lately (a decode step, and
+     * prompt-lookup verify steps of 2..8 rows), least recently used replaced */
+    gslot gs[GRAPH_SLOTS];
+    long g_clock;
     long n_replayed, n_captured, n_eager;
 
     bool fuse;              /* group decode GEMVs and fold residual adds inside graphs */
@@ -101,6 +110,13 @@ struct cuda_be {
 };
 
 cuda_be *cb_of(sn_backend *b) { return (cuda_be *)b; }
+
+/* Every cached graph holds pointers and kernel choices: any change to those drops them all. */
+void graphs_invalidate(cuda_be *cb)
+{
+    for (int i = 0; i < GRAPH_SLOTS; i++)
+        cb->gs[i].valid = false;
+}
 
 sn_status cu_err(cudaError_t e, const char *what)
 {
@@ -126,7 +142,7 @@ sn_status ensure_scratch(cuda_be *cb, size_t bytes)
         return SN_FAIL(SN_E_NOMEM, "cuda scratch of %zu bytes: %s", want, cudaGetErrorString(e));
     cb->scratch_cap = want;
     cb->held += want;
-    cb->g_valid = false; /* a captured graph holds the old pointer */
+    graphs_invalidate(cb); /* a captured graph holds the old pointer */
     return SN_OK;
 }
 
@@ -308,15 +324,15 @@ rec rec_new(int kind)
 /* Graph capture / replay                                                     */
 /* ------------------------------------------------------------------------ */
 
-/* The delta that maps the cached record onto the pending one, or false. */
-bool records_match(const cuda_be *cb, int *delta)
+/* The delta that maps a cached record onto the pending one, or false. */
+bool records_match(const cuda_be *cb, const gslot *g, int *delta)
 {
-    if (!cb->g_valid || cb->g_n != cb->n_recs)
+    if (!g->valid || g->n != cb->n_recs)
         return false;
     bool have = false;
     int dl = 0;
     for (int k = 0; k < cb->n_recs; k++) {
-        rec a = cb->recs[k], b = cb->g_recs[k];
+        rec a = cb->recs[k], b = g->recs[k];
         if (a.has_pos) {
             int d = a.pos0 - b.pos0;
             if (have && d != dl)
@@ -407,11 +423,71 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
         norm.threads = cu_rmsnorm_threads((int)nr->i[1]);
         norm.xn = (float *)nr->p[2];
     }
-    *st = cu_matmul_group(&cb->di, cb->st, n, ws, es, ys, adds, (const float *)raw, nr ? &norm : NULL);
+    *st = cu_matmul_group(&cb->di, cb->st, n, ws, es, ys, adds, (const float *)raw, nr ? &norm : NULL,
+                          cb->scratch);
     return used;
 }
 
-sn_status capture_and_run(cuda_be *cb)
+/* [moe] Inside a capture: an MoE of T tokens on the two-launch decode path
+ * followed by add_gated into its output and/or a residual add of its
+ * output (the model's y = moe; y += sigmoid(g) * sh; x += y) runs as that
+ * pair with both adds in the down kernel's epilogue, with the float
+ * operations of k_add_gated and k_add, so the bits equal the ops run one by
+ * one. Refused when a buffer the epilogue reads overlaps one it writes
+ * (only add_to[i] is read and written, by the same thread). */
+bool moe_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    const char *pa = (const char *)a, *pb = (const char *)b;
+    return a && b && pa < pb + nb && pb < pa + na;
+}
+
+int try_fuse_moe(cuda_be *cb, int k, sn_status *st)
+{
+    const rec &r = cb->recs[k];
+    if (!cb->fuse || r.kind != R_MOE)
+        return 0;
+    const cu_weight *g = cw_of(r.p[0]), *u = cw_of(r.p[1]), *d = cw_of(r.p[2]);
+    const int top_k = (int)r.i[0], T = (int)r.i[2];
+    if (T >= 32 && cb->di.moe_gemm)
+        return 0; /* cu_moe's grouped path */
+    if (!cu_moe_dec_ok(g, u, d, T, top_k))
+        return 0;
+    float *out = (float *)r.p[5];
+    const int64_t H = d->rows;
+    const size_t nout = sizeof(float) * (size_t)T * (size_t)H;
+    const void *scr = cb->scratch;
+    const size_t nscr = cu_moe_dec_scratch_bytes(g, T, top_k);
+    cu_moe_epi epi = { NULL, NULL, NULL };
+    int used = 1;
+    if (k + used < cb->n_recs && cb->recs[k + used].kind == R_ADDGATED) {
+        const rec &a = cb->recs[k + used];
+        if (a.p[0] == out && a.i[0] == T && a.i[1] == H && !moe_overlap(out, nout, a.p[1], nout) &&
+            !moe_overlap(out, nout, a.p[2], sizeof(float) * T) && !moe_overlap(scr, nscr, a.p[1], nout) &&
+            !moe_overlap(scr, nscr, a.p[2], sizeof(float) * T)) {
+            epi.sh = (const float *)a.p[1];
+            epi.sg = (const float *)a.p[2];
+            used++;
+        }
+    }
+    if (k + used < cb->n_recs && cb->recs[k + used].kind == R_ADD) {
+        const rec &a = cb->recs[k + used];
+        float *tgt = (float *)a.p[0];
+        if (a.p[1] == out && a.i[0] == (int64_t)T * H && !moe_overlap(tgt, nout, out, nout) &&
+            !moe_overlap(tgt, nout, scr, nscr) && !moe_overlap(tgt, nout, epi.sh, nout) &&
+            !moe_overlap(tgt, nout, epi.sg, sizeof(float) * T)) {
+            epi.add_to = tgt;
+            used++;
+        }
+    }
+    if (used == 1)
+        return 0;
+    *st = cu_moe_dec(cb->st, g, u, d, (const float *)r.p[3], top_k, (int)r.i[1], (const float *)r.p[4], T, out,
+                     cb->scratch, &epi);
+    return used;
+}
+/* [moe] end */
+
+sn_status capture_and_run(cuda_be *cb, gslot *gsl)
 {
     cudaStream_t s = cb->st;
     cb->h_sp->delta = 0;
@@ -424,6 +500,8 @@ sn_status capture_and_run(cuda_be *cb)
         st = cu_err(e, "graph params");
     for (int k = 0; k < cb->n_recs && st == SN_OK;) {
         int used = try_fuse(cb, k, &st);
+        if (!used && st == SN_OK)
+            used = try_fuse_moe(cb, k, &st); /* [moe] */
         if (used) {
             k += used;
             continue;
@@ -446,37 +524,39 @@ sn_status capture_and_run(cuda_be *cb)
         return st != SN_OK ? st : cu_err(e, "graph capture end");
     }
     bool updated = false;
-    if (cb->exec) {
+    gsl->valid = false;
+    if (gsl->exec) {
         cudaGraphExecUpdateResultInfo info;
-        if (cudaGraphExecUpdate(cb->exec, g, &info) == cudaSuccess)
+        if (cudaGraphExecUpdate(gsl->exec, g, &info) == cudaSuccess)
             updated = true;
         else {
             cudaGetLastError();
-            cudaGraphExecDestroy(cb->exec);
-            cb->exec = NULL;
+            cudaGraphExecDestroy(gsl->exec);
+            gsl->exec = NULL;
         }
     }
     if (!updated) {
-        e = cudaGraphInstantiate(&cb->exec, g, 0);
+        e = cudaGraphInstantiate(&gsl->exec, g, 0);
         if (e != cudaSuccess) {
             cudaGraphDestroy(g);
-            cb->exec = NULL;
+            gsl->exec = NULL;
             return cu_err(e, "graph instantiate");
         }
     }
     cudaGraphDestroy(g);
-    if (cb->g_cap < cb->n_recs) {
-        rec *nr = (rec *)realloc(cb->g_recs, sizeof(rec) * cb->n_recs);
+    if (gsl->cap < cb->n_recs) {
+        rec *nr = (rec *)realloc(gsl->recs, sizeof(rec) * cb->n_recs);
         if (!nr)
             return SN_FAIL(SN_E_NOMEM, "cuda graph record");
-        cb->g_recs = nr;
-        cb->g_cap = cb->n_recs;
+        gsl->recs = nr;
+        gsl->cap = cb->n_recs;
     }
-    memcpy(cb->g_recs, cb->recs, sizeof(rec) * cb->n_recs);
-    cb->g_n = cb->n_recs;
-    cb->g_valid = true;
+    memcpy(gsl->recs, cb->recs, sizeof(rec) * cb->n_recs);
+    gsl->n = cb->n_recs;
+    gsl->valid = true;
+    gsl->used = ++cb->g_clock;
     cb->n_captured++;
-    CU_TRY(cudaGraphLaunch(cb->exec, s), "graph launch");
+    CU_TRY(cudaGraphLaunch(gsl->exec, s), "graph launch");
     return SN_OK;
 }
 
@@ -496,10 +576,15 @@ void cuda_destroy(sn_backend *b)
         cudaFree(w->q);
         cudaFree(w->sb);
         cudaFree(w->bias);
+        cudaFree(w->qr);
+        cudaFree(w->sr);
         free(w);
     }
-    if (cb->exec)
-        cudaGraphExecDestroy(cb->exec);
+    for (int i = 0; i < GRAPH_SLOTS; i++) {
+        if (cb->gs[i].exec)
+            cudaGraphExecDestroy(cb->gs[i].exec);
+        free(cb->gs[i].recs);
+    }
     cu_blas_close(cb->di.blas);
     for (int k = 0; k < cb->n_evs; k++) {
         cudaEventDestroy(cb->evs[k].a);
@@ -516,7 +601,6 @@ void cuda_destroy(sn_backend *b)
     if (cb->st)
         cudaStreamDestroy(cb->st);
     free(cb->recs);
-    free(cb->g_recs);
     free(cb);
 }
 
@@ -654,6 +738,8 @@ sn_status upload_fail(cu_weight *cw, sn_status st)
         cudaFree(cw->q);
         cudaFree(cw->sb);
         cudaFree(cw->bias);
+        cudaFree(cw->qr);
+        cudaFree(cw->sr);
         free(cw);
     }
     return st;
@@ -707,6 +793,13 @@ sn_status cuda_upload_weight(sn_backend *b, sn_weight *w)
         if (e != cudaSuccess)
             return upload_fail(cw, cu_err(e, "upload_weight scales"));
         cw->bytes = qbytes + ng * 2 * ssize;
+        /* SANCTUM_CUDA_GEMV=fp32: no repacked copy, decode on the fp32 GEMV */
+        const char *gv = getenv("SANCTUM_CUDA_GEMV");
+        if (!(gv && !strcmp(gv, "fp32"))) {
+            sn_status rs = cu_repack_q4(cb->st, cw, &cw->bytes);
+            if (rs != SN_OK)
+                return upload_fail(cw, rs);
+        }
     } else {
         cw->fmt = w->dtype == SN_DT_F32 ? CW_F32 : w->dtype == SN_DT_F16 ? CW_F16 : CW_BF16;
         size_t bytes = (size_t)E * w->rows * w->cols * sn_dtype_size(w->dtype);
@@ -1084,21 +1177,39 @@ extern "C" sn_status sn_cuda_end_step(sn_backend *b)
         cudaError_t e = cudaStreamSynchronize(cb->st);
         if (e != cudaSuccess)
             st = cu_err(e, "end_step");
-        else if (records_match(cb, &delta)) {
-            cb->h_sp->delta = delta;
-            memcpy(cb->h_sp->ids, cb->pend_ids, sizeof(int32_t) * cb->n_ids);
-            e = cudaGraphLaunch(cb->exec, cb->st);
-            if (e != cudaSuccess)
-                st = cu_err(e, "graph replay");
-            cb->n_replayed++;
-        } else {
-            st = capture_and_run(cb);
-            if (st != SN_OK) {
-                /* capture failed: run the step eagerly so it still happens */
-                cb->g_valid = false;
-                sn_status st2 = flush_step(cb);
-                if (st2 == SN_OK)
-                    st = SN_OK;
+        else {
+            gslot *hit = NULL;
+            for (int i = 0; i < GRAPH_SLOTS && !hit; i++)
+                if (records_match(cb, &cb->gs[i], &delta))
+                    hit = &cb->gs[i];
+            if (hit) {
+                cb->h_sp->delta = delta;
+                memcpy(cb->h_sp->ids, cb->pend_ids, sizeof(int32_t) * cb->n_ids);
+                e = cudaGraphLaunch(hit->exec, cb->st);
+                if (e != cudaSuccess)
+                    st = cu_err(e, "graph replay");
+                hit->used = ++cb->g_clock;
+                cb->n_replayed++;
+            } else {
+                /* a new shape: an empty slot, else the least recently used */
+                gslot *v = &cb->gs[0];
+                for (int i = 0; i < GRAPH_SLOTS; i++) {
+                    gslot *c = &cb->gs[i];
+                    if (!c->valid) {
+                        v = c;
+                        break;
+                    }
+                    if (c->used < v->used)
+                        v = c;
+                }
+                st = capture_and_run(cb, v);
+                if (st != SN_OK) {
+                    /* capture failed: run the step eagerly so it still happens */
+                    v->valid = false;
+                    sn_status st2 = flush_step(cb);
+                    if (st2 == SN_OK)
+                        st = SN_OK;
+                }
             }
         }
         if (st == SN_OK && !cb->broken) {
@@ -1186,10 +1297,15 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->dev = gpu;
     cb->fuse = true;
     cb->di.moe_gemm = 1;
+    cb->di.gemv_i8 = 1;
+    cb->di.gemv_mb = 1;
     {
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
         const char *g = getenv("SANCTUM_CUDA_GEMM");
         cb->di.gemm_fast = g && !strcmp(g, "fast");
+        /* [gemm_i8] SANCTUM_CUDA_GEMM=i8 (default: 3 digits) | i8fast (2 digits) | split | fast: the
+         * integer tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every weight */
+        cb->di.gemm_i8 = !g || !strcmp(g, "i8") ? 3 : !strcmp(g, "i8fast") ? 2 : 0;
         /* SANCTUM_CUDA_PDL=0: kernels wait for the previous one to finish before they launch */
         const char *p = getenv("SANCTUM_CUDA_PDL");
         cu_pdl = !(p && !strcmp(p, "0"));
@@ -1296,7 +1412,14 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
             return SN_FAIL(SN_E_INVALID, "cuda tune gemv_rpw=%d (0, 2 or 4)", value);
         SN_TRY(host_barrier(cb));
         cb->di.gemv_rpw = value;
-        cb->g_valid = false; /* the graph was captured with the old choice */
+        graphs_invalidate(cb); /* the graph was captured with the old choice */
+        return SN_OK;
+    }
+    if (!strcmp(key, "gemm_i8")) { /* [gemm_i8] 0 off, 2 or 3 digits */
+        if (value != 0 && value != 2 && value != 3)
+            return SN_FAIL(SN_E_INVALID, "cuda tune gemm_i8=%d (0, 2 or 3)", value);
+        SN_TRY(host_barrier(cb));
+        cb->di.gemm_i8 = value;
         return SN_OK;
     }
     if (!strcmp(key, "gemm_fast")) {
@@ -1304,21 +1427,43 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
         cb->di.gemm_fast = value != 0;
         return SN_OK;
     }
+    if (!strcmp(key, "moe_dec")) { /* [moe] 0 off, 1 on, 2 on + L2 prefetch (default) */
+        if (value < 0 || value > 2)
+            return SN_FAIL(SN_E_INVALID, "cuda tune moe_dec=%d (0, 1 or 2)", value);
+        SN_TRY(host_barrier(cb));
+        cu_moe_dec_mode = value;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
     if (!strcmp(key, "moe_gemm")) {
         SN_TRY(host_barrier(cb));
         cb->di.moe_gemm = value != 0;
         return SN_OK;
     }
+    if (!strcmp(key, "gemv_i8")) {
+        SN_TRY(host_barrier(cb));
+        cb->di.gemv_i8 = value != 0;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
+    if (!strcmp(key, "gemv_mb")) {
+        if (value != 1 && value != 2)
+            return SN_FAIL(SN_E_INVALID, "cuda tune gemv_mb=%d (1 or 2)", value);
+        SN_TRY(host_barrier(cb));
+        cb->di.gemv_mb = value;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
     if (!strcmp(key, "pdl")) {
         SN_TRY(host_barrier(cb));
         cu_pdl = value != 0;
-        cb->g_valid = false;
+        graphs_invalidate(cb);
         return SN_OK;
     }
     if (!strcmp(key, "fuse")) {
         SN_TRY(host_barrier(cb));
         cb->fuse = value != 0;
-        cb->g_valid = false;
+        graphs_invalidate(cb);
         return SN_OK;
     }
     if (!strcmp(key, "cublas_min_t")) {

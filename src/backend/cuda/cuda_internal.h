@@ -101,6 +101,13 @@ typedef struct cu_weight {
     void *q;              /* packed words or dense values */
     void *sb;             /* interleaved (scale, bias) pairs */
     float *bias;          /* optional linear bias [rows] */
+    /* Q4 repacked for the integer tensor-core GEMV (cu_repack_q4), NULL when
+     * the weight does not qualify: mt tiles of 16 rows, per tile and 64
+     * columns one uint4 per lane holding that lane's mma.m16n8k32 A
+     * fragments of two k-tiles; sr the (scale, bias) pairs as [mt][group][16]. */
+    uint4 *qr;
+    void *sr;
+    int64_t mt;
     size_t bytes;         /* device bytes held */
     struct cu_weight *next; /* the backend's list, freed on destroy */
 } cu_weight;
@@ -116,6 +123,9 @@ typedef struct {
     int blas_min_t;       /* quantized GEMMs of at least this many tokens use cuBLAS; 0 = never */
     int gemm_fast;        /* 1: single fp16 pass (11-bit operands); 0: split fp16x3, fp32-class (default) */
     int moe_gemm;         /* MoE of T >= 32 tokens as grouped expert GEMMs (1, default) or per-token GEMVs */
+    int gemv_i8;          /* decode GEMV on the integer tensor cores for repacked Q4 weights (1, default) */
+    int gemv_mb;          /* 16-row tiles per block of that GEMV (1 or 2) */
+    int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4 on the integer tensor cores: 3 digits (default), 2 (fast), 0 off */
 } cu_devinfo;
 
 /* ---- optional cuBLAS (cuda_blas.cu), loaded with dlopen ---- */
@@ -125,6 +135,24 @@ size_t cu_blas_scratch_bytes(const cu_weight *w, int nseg);
 /* y[T, rows] = sig[t] * (xh[T, :] @ W_e'^T) + bias, xh fp16 rows of nseg segments of Kp (see k_x_to_f16) */
 sn_status cu_blas_matmul(void *h, cudaStream_t s, const cu_weight *w, int64_t e, const __half *xh, int64_t Kp,
                          int nseg, const float *sig, int T, float *y, void *wscratch);
+
+/* The repacked copy of a Q4 weight for the integer tensor-core GEMV (see
+ * cu_weight.qr): done at upload when the weight qualifies (one matrix,
+ * group 32/64/128, columns a multiple of 64); sets w->qr/sr/mt and adds the
+ * bytes to *bytes. SN_OK without a copy when it does not qualify. */
+bool cu_repack_q4_ok(const cu_weight *w);
+sn_status cu_repack_q4(cudaStream_t s, cu_weight *w, size_t *bytes);
+
+/* [gemm_i8] Prefill GEMM (T >= 9) of a repacked Q4 weight (w->qr) on the
+ * integer tensor cores (cuda_gemm_i8.cu): x split per (token, quant group)
+ * into `digits` 8-bit digit planes (3: 24-bit x, fp32-class; 2: 16-bit x),
+ * exact int32 MMAs, per-group fp32 scaling. Deterministic, and a token's
+ * row does not depend on T. scratch: cu_gemm_i8_scratch_bytes(w, T, digits). */
+sn_status cu_gemm_i8_init(const cu_devinfo *di); /* from cu_matmul_init: shared memory limits */
+size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits);
+sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x, int T, float *y,
+                     void *scratch, int digits);
+/* [gemm_i8] end */
 
 /* Raise the dynamic shared memory limit of every kernel that needs more
  * than 48 KB, once per process and device (not legal inside a capture). */
@@ -151,7 +179,8 @@ typedef struct {
 } cu_gemv_norm;
 bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b);
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
-                          float *const *y, float *const *add_to, const float *x, const cu_gemv_norm *norm);
+                          float *const *y, float *const *add_to, const float *x, const cu_gemv_norm *norm,
+                          void *scratch); /* scratch: cu_matmul_scratch_bytes(w[0], 1) */
 /* y[T, cols] = dequantized rows d_ids[t] of W (ids validated by the caller). */
 sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int T, float *y);
 /* MoE FFN over the experts of one layer for T tokens, routing on the GPU:
@@ -202,5 +231,7 @@ bool cu_pf_attn_use(const sn_kv_view *kv, int T, int n_q_heads);
 sn_status cu_pf_attention(cudaStream_t s, const float *q, const sn_kv_view *kv, int T, int pos0, const int *d_delta,
                           int n_q_heads, float scale, float *out);
 /* ---- end prefill kernels ---- */
+
+#include "backend/cuda/cuda_moe.h" /* [moe] two-launch MoE decode (cuda_moe.cu) */
 
 #endif

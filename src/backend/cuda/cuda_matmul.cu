@@ -32,6 +32,14 @@ namespace {
 constexpr int GEMV_WARPS = 8;
 constexpr int GEMM_MIN_T = 9;    /* T at which the tensor-core GEMM takes over (the GEMV does up to 8) */
 
+/* 16 bytes global -> shared through L2 only (cp.async.cg): a weight
+ * stream must not evict the activations a kernel keeps in L1. */
+__device__ __forceinline__ void cp16_cg(void *smem, const void *gmem)
+{
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
+}
+
 __device__ __forceinline__ float2 load_sb(const void *sb, int sf, int64_t i)
 {
     if (sf == CS_BF16) {
@@ -513,8 +521,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
 #pragma unroll
             for (int r = 0; r < RPW; r++)
                 if (r < ic.nrows) {
-                    __pipeline_memcpy_async(ring + (slot * RPW + r) * 32 + lane,
-                                            (const uint4 *)(ic.W + r * words) + c, 16);
+                    cp16_cg(ring + (slot * RPW + r) * 32 + lane, (const uint4 *)(ic.W + r * words) + c);
                     if (sf == CS_F32)
                         __pipeline_memcpy_async(sring + (slot * RPW + r) * 32 + lane,
                                                 (const float2 *)ic.sb + r * groups + gi, 8);
@@ -618,6 +625,416 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             cc.it = 0;
             if (++cc.grp < ge)
                 gv_locate(g, RPW, words, groups, sbsz, cc);
+        }
+    }
+}
+
+/* ---- decode GEMV on the integer tensor cores (repacked Q4) -------------- */
+/*
+ * Exact integer products instead of fp32 FMAs: the 4-bit weights are the A
+ * operand of mma.m16n8k32 (u8 values 0..15, unpacked by one AND or a shift
+ * and an AND per 4 values), and each token's x becomes three signed 8-bit
+ * digit planes of integers X = round(x * 2^e), e per token and quant group
+ * so that |X| <= 2^22 (x = (65536*d0 + 256*d1 + d2) * 2^-e, d* in
+ * [-128, 127]). The int32 products are exact, so per group and digit plane
+ * the partial is exact; it is scaled (s * 2^-e, exact) into an fp32
+ * accumulator per plane (the group's bias times sum(x) rides on plane d0,
+ * divided by 65536), and the planes are combined once at the end:
+ * fp32-class results (x kept to 23 bits of its group's maximum, fp32
+ * accumulation) for about a third of the instructions per weight of the
+ * fp32 FMA kernel, which is instruction bound. A token occupies three of the eight columns of an n-tile; the
+ * integer MMA is exact whatever sits in the other columns, so a token's
+ * result is bitwise the same alone or among up to 8.
+ *
+ * Work: a block of 8 warps takes MB tiles of 16 rows; warp w takes the
+ * 64-column blocks [w*KB/8, (w+1)*KB/8), and the 8 partials are added in
+ * warp order. Weights stream in 16-byte loads per lane, four blocks ahead
+ * of the MMAs (the first four before pdl_wait). */
+
+__global__ void k_repack_q4(const uint32_t *__restrict__ q, int64_t rows, int64_t words, int64_t MT, int64_t KB,
+                            uint4 *__restrict__ out)
+{
+    const size_t n = (size_t)MT * KB * 32;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const int lane = (int)(i % 32), g = lane >> 2, t = lane & 3;
+        const int64_t kb = (int64_t)(i / 32) % KB, mt = (int64_t)(i / 32) / KB;
+        const int64_t r0 = 16 * mt + g, r1 = r0 + 8;
+        uint32_t wd[4];
+#pragma unroll
+        for (int kt = 0; kt < 2; kt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t v = 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int64_t k = kb * 64 + 32 * kt + 16 * h + 4 * t + j;
+                    const uint32_t sh = 4u * (uint32_t)(k % 8);
+                    uint32_t n0 = r0 < rows ? (q[r0 * words + k / 8] >> sh) & 15u : 0u;
+                    uint32_t n1 = r1 < rows ? (q[r1 * words + k / 8] >> sh) & 15u : 0u;
+                    v |= n0 << (8 * j);
+                    v |= n1 << (8 * j + 4);
+                }
+                wd[2 * kt + h] = v;
+            }
+        out[i] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+    }
+}
+
+/* (scale, bias) pairs [rows][groups] -> [mt][groups][16] (zeros past the last row) */
+__global__ void k_repack_sb(const void *__restrict__ sb, int pair_bytes, int64_t rows, int64_t groups, int64_t MT,
+                            void *__restrict__ out)
+{
+    const size_t n = (size_t)MT * groups * 16;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const int64_t r = (int64_t)(i % 16), grp = (int64_t)(i / 16) % groups, mt = (int64_t)(i / 16) / groups;
+        const int64_t row = 16 * mt + r;
+        if (pair_bytes == 8)
+            ((float2 *)out)[i] = row < rows ? ((const float2 *)sb)[row * groups + grp] : make_float2(0.f, 0.f);
+        else
+            ((uint32_t *)out)[i] = row < rows ? ((const uint32_t *)sb)[row * groups + grp] : 0u;
+    }
+}
+
+struct gi_seg {
+    const uint4 *W[CU_GROUP_MAX];
+    const void *S[CU_GROUP_MAX];
+    const float *bias[CU_GROUP_MAX];
+    float *y[CU_GROUP_MAX];
+    float *add_to[CU_GROUP_MAX];
+    int64_t rows[CU_GROUP_MAX], mt[CU_GROUP_MAX];
+    int b0[CU_GROUP_MAX + 1]; /* first block of segment i; b0[n] = the grid */
+    int n;
+};
+
+constexpr int GI_S = 8;          /* ring stages of the integer GEMV: 64-column blocks, GI_S - 1 in flight */
+constexpr int GI_TMAX = 8;
+
+__device__ __forceinline__ void imma_u8s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float2 pair_f2(uint32_t e, int sf)
+{
+    if (sf == CS_BF16)
+        return make_float2(__uint_as_float(e << 16), __uint_as_float(e & 0xffff0000u));
+    return __half22float2(*reinterpret_cast<__half2 *>(&e));
+}
+
+/* The digit form of T rows of x (scratch of cu_matmul for T <= 8):
+ * planes [3T][cols] int8 (plane 3t+d = digit d of token t), esc [T][groups]
+ * = 2^-e, xsb [T][groups] = sum(X) * 2^-e / 65536. */
+struct gi_x {
+    int8_t *planes;
+    float *esc, *xsb;
+};
+
+__host__ __device__ __forceinline__ size_t gi_x_bytes(int64_t cols, int64_t groups, int T)
+{
+    return ((size_t)3 * T * cols + 255) / 256 * 256 + (size_t)2 * T * groups * 4 + 256;
+}
+
+__host__ __device__ __forceinline__ gi_x gi_x_at(void *scratch, int64_t cols, int64_t groups, int T)
+{
+    gi_x d;
+    d.planes = (int8_t *)scratch;
+    d.esc = (float *)((char *)scratch + ((size_t)3 * T * cols + 255) / 256 * 256);
+    d.xsb = d.esc + (size_t)T * groups;
+    return d;
+}
+
+/* x -> digits. Grid (column blocks of 1024, T), 256 threads of 4 values;
+ * a quant group's values sit in G/4 consecutive lanes. With nw set, x is
+ * RMS-normalised first, bitwise as k_rmsnorm with norm_threads threads
+ * (same per-thread order, same tree), and the normalised row goes to xn. */
+template <int GS>
+__global__ void __launch_bounds__(256)
+k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const float *__restrict__ nw, float eps,
+           int norm_threads, float *__restrict__ xn, gi_x d, int T)
+{
+    pdl_enter();
+    __shared__ float red_n[32];
+    __shared__ float inv_s;
+    constexpr int G = 32 * GS, LPG = G / 4; /* lanes per group */
+    const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float *xr = x + (size_t)t * cols;
+    float inv = 1.f;
+    if (nw) {
+        const int nt = norm_threads, nvw = nt / 32;
+        for (int vw = warp; vw < nvw; vw += 8) {
+            float ss = 0.f;
+            for (int64_t i = vw * 32 + lane; i < cols; i += nt)
+                ss += xr[i] * xr[i];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0)
+                red_n[vw] = ss;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            float v = lane < nvw ? red_n[lane] : 0.f;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0)
+                inv_s = 1.f / sqrtf(v / (float)cols + eps);
+        }
+        __syncthreads();
+        inv = inv_s;
+    }
+    const int64_t q = (int64_t)blockIdx.x * 256 + threadIdx.x; /* float4 index */
+    const bool in = 4 * q < cols;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (in) {
+        v = __ldg((const float4 *)xr + q);
+        if (nw) {
+            const float4 w4 = __ldg((const float4 *)nw + q);
+            /* k_rmsnorm: y = x * inv * w, in that order */
+            v = make_float4(v.x * inv * w4.x, v.y * inv * w4.y, v.z * inv * w4.z, v.w * inv * w4.w);
+            if (xn)
+                *((float4 *)(xn + (size_t)t * cols) + q) = v;
+        }
+    }
+    float mx = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = LPG / 2; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    int e2 = 0;
+    if (mx > 0.f && isfinite(mx)) {
+        frexpf(mx, &e2); /* mx < 2^e2 */
+        e2 = max(-100, min(100, 22 - e2));
+    }
+    const float vv[4] = { v.x, v.y, v.z, v.w };
+    uint32_t p0 = 0, p1 = 0, p2 = 0;
+    int sum = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int X = __float2int_rn(ldexpf(vv[j], e2));
+        sum += X;
+        int d2 = ((X + 128) & 255) - 128;
+        int X1 = (X - d2) >> 8;
+        int d1 = ((X1 + 128) & 255) - 128;
+        int d0 = (X1 - d1) >> 8;
+        p0 |= (uint32_t)(d0 & 255) << (8 * j);
+        p1 |= (uint32_t)(d1 & 255) << (8 * j);
+        p2 |= (uint32_t)(d2 & 255) << (8 * j);
+    }
+#pragma unroll
+    for (int o = LPG / 2; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o); /* integers: exact */
+    if (in) {
+        ((uint32_t *)(d.planes + (size_t)(3 * t) * cols))[q] = p0;
+        ((uint32_t *)(d.planes + (size_t)(3 * t + 1) * cols))[q] = p1;
+        ((uint32_t *)(d.planes + (size_t)(3 * t + 2) * cols))[q] = p2;
+        if ((threadIdx.x % LPG) == 0) {
+            const int64_t grp = 4 * q / G;
+            const float es = ldexpf(1.f, -e2);
+            d.esc[(size_t)t * groups + grp] = es;
+            d.xsb[(size_t)t * groups + grp] = (float)sum * es * (1.f / 65536.f);
+        }
+    }
+}
+
+/* Dynamic shared memory of a k_gemv_i8 block: 8 warps' rings. */
+__host__ __device__ __forceinline__ size_t gi_ring_bytes(int MB, int SPK)
+{
+    return (size_t)8 * GI_S * MB * 32 * (sizeof(uint4) + (size_t)SPK * 2 * sizeof(uint32_t));
+}
+
+/* GS: k-tiles (32 columns) per quant group; NT: n-tiles of 8 digit planes */
+template <int GS, int NT, int MB>
+__global__ void __launch_bounds__(256, NT == 1 && MB == 1 ? 4 : 1)
+k_gemv_i8(gi_seg g, int sf, int64_t cols, int64_t groups, gi_x xd, int T)
+{
+    pdl_launch();
+    __shared__ float red[8 * MB * 16 * 8 * NT];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    int si = 0;
+    while (si + 1 < g.n && (int)blockIdx.x >= g.b0[si + 1])
+        si++;
+    const int mt0 = ((int)blockIdx.x - g.b0[si]) * MB;
+    const int KB = (int)(cols / 64), ngr = (int)groups;
+    const int kb_beg = warp * KB / 8, kb_end = (warp + 1) * KB / 8;
+    const int P = 3 * T;
+    constexpr int SPK = GS == 1 ? 2 : 1; /* quant groups per 64-column block */
+    constexpr int KPG = GS == 4 ? 2 : 1; /* 64-column blocks per group */
+
+    bool mv[MB];
+    const uint4 *Wp[MB];
+    const uint32_t *Sp[MB];
+#pragma unroll
+    for (int m = 0; m < MB; m++) {
+        mv[m] = mt0 + m < g.mt[si];
+        Wp[m] = g.W[si] + (size_t)(mt0 + m) * KB * 32 + lane;
+        Sp[m] = (const uint32_t *)g.S[si] + (size_t)(mt0 + m) * ngr * 16 + gq;
+    }
+    /* the weight stream: a per-warp ring of GI_S 64-column blocks (and
+     * their scale pairs) filled by cp.async, GI_S - 1 blocks ahead; every
+     * lane reads back only what it copied itself */
+    extern __shared__ uint4 ring_[];
+    uint4 *wr = ring_ + (size_t)warp * GI_S * MB * 32;
+    uint32_t *srg = (uint32_t *)(ring_ + (size_t)8 * GI_S * MB * 32) + (size_t)warp * GI_S * MB * SPK * 2 * 32;
+    auto issue = [&](int kb) {
+        const int slot = (kb - kb_beg) % GI_S;
+#pragma unroll
+        for (int m = 0; m < MB; m++)
+            if (mv[m]) {
+                cp16_cg(wr + (slot * MB + m) * 32 + lane, Wp[m] + kb * 32);
+#pragma unroll
+                for (int kt = 0; kt < SPK; kt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        __pipeline_memcpy_async(srg + (((slot * MB + m) * SPK + kt) * 2 + h) * 32 + lane,
+                                                Sp[m] + ((kb * 2 + kt) / GS) * 16 + 8 * h, 4);
+            }
+    };
+#pragma unroll
+    for (int st = 0; st < GI_S - 1; st++) {
+        if (kb_beg + st < kb_end)
+            issue(kb_beg + st);
+        __pipeline_commit();
+    }
+
+    pdl_wait(); /* x's digits come from the kernel before */
+
+    /* per column of this lane: the token, live or not, digit 0 or not */
+    const float *escp[NT][2], *xsbp[NT][2];
+    bool live[NT][2], d0[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int p = 8 * j + 2 * tq + c, tok = p / 3;
+            live[j][c] = p < P;
+            d0[j][c] = p < P && p % 3 == 0;
+            escp[j][c] = xd.esc + (size_t)(live[j][c] ? tok : 0) * ngr;
+            xsbp[j][c] = xd.xsb + (size_t)(live[j][c] ? tok : 0) * ngr;
+        }
+    const uint32_t *bp[NT];
+    bool bl[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        bl[j] = 8 * j + gq < P;
+        bp[j] = (const uint32_t *)(xd.planes + (size_t)(bl[j] ? 8 * j + gq : 0) * cols) + tq;
+    }
+
+    float acc[MB][NT][4];
+    int C[MB][NT][4];
+#pragma unroll
+    for (int m = 0; m < MB; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                acc[m][j][i] = 0.f;
+                C[m][j][i] = 0;
+            }
+    /* scale the integer partials into acc; the bias term at the group's end */
+    auto flush = [&](int m, uint32_t e0, uint32_t e1, int grp, bool gend) {
+        const float2 s0 = pair_f2(e0, sf), s1 = pair_f2(e1, sf);
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const float es = live[j][c] ? __ldg(escp[j][c] + grp) : 0.f;
+                const float xb = d0[j][c] && gend ? __ldg(xsbp[j][c] + grp) : 0.f;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int i = 2 * h + c;
+                    const float2 sr = h == 0 ? s0 : s1;
+                    acc[m][j][i] = fmaf(sr.x * es, (float)C[m][j][i], acc[m][j][i]);
+                    acc[m][j][i] = fmaf(sr.y, xb, acc[m][j][i]);
+                    C[m][j][i] = 0;
+                }
+            }
+    };
+    for (int kb = kb_beg; kb < kb_end; kb++) {
+        if (kb + GI_S - 1 < kb_end)
+            issue(kb + GI_S - 1);
+        __pipeline_commit();
+        __pipeline_wait_prior(GI_S - 1);
+        const int slot = (kb - kb_beg) % GI_S;
+        uint32_t b0[NT][2], b1[NT][2];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int kt = 0; kt < 2; kt++) {
+                const uint32_t *r = bp[j] + (kb * 64 + 32 * kt) / 4;
+                b0[j][kt] = bl[j] ? __ldg(r) : 0u;
+                b1[j][kt] = bl[j] ? __ldg(r + 4) : 0u;
+            }
+#pragma unroll
+        for (int m = 0; m < MB; m++) {
+            const uint4 w = wr[(slot * MB + m) * 32 + lane];
+            const uint32_t *sq = srg + (slot * MB + m) * SPK * 2 * 32 + lane;
+            const uint32_t a0[4] = { w.x & 0x0F0F0F0Fu, (w.x >> 4) & 0x0F0F0F0Fu, w.y & 0x0F0F0F0Fu,
+                                     (w.y >> 4) & 0x0F0F0F0Fu };
+            const uint32_t a1[4] = { w.z & 0x0F0F0F0Fu, (w.z >> 4) & 0x0F0F0F0Fu, w.w & 0x0F0F0F0Fu,
+                                     (w.w >> 4) & 0x0F0F0F0Fu };
+            if (GS == 1) {
+                /* a group per k-tile */
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    imma_u8s8(C[m][j], a0, b0[j][0], b1[j][0]);
+                flush(m, sq[0], sq[32], kb * 2, true);
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    imma_u8s8(C[m][j], a1, b0[j][1], b1[j][1]);
+                flush(m, sq[(SPK - 1) * 64], sq[(SPK - 1) * 64 + 32], kb * 2 + 1, true);
+            } else {
+                /* both k-tiles of the block in one group: two independent
+                 * integer chains, added exactly */
+                int D[NT][4];
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        D[j][i] = 0;
+                    imma_u8s8(C[m][j], a0, b0[j][0], b1[j][0]);
+                    imma_u8s8(D[j], a1, b0[j][1], b1[j][1]);
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        C[m][j][i] += D[j][i];
+                }
+                const bool gend = KPG == 1 || (kb & 1) == 1;
+                if (gend || kb == kb_end - 1)
+                    flush(m, sq[0], sq[32], kb / KPG, gend);
+            }
+        }
+    }
+
+    /* ---- combine: planes -> tokens, then the warps in order ---- */
+    constexpr int NP = 8 * NT;
+#pragma unroll
+    for (int m = 0; m < MB; m++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int row = gq + 8 * (i >> 1), p = 8 * j + 2 * tq + (i & 1);
+                red[((warp * MB + m) * 16 + row) * NP + p] = acc[m][j][i];
+            }
+    __syncthreads();
+    const int64_t rows = g.rows[si];
+    for (int o = threadIdx.x; o < MB * 16 * T; o += blockDim.x) {
+        const int m = o / (16 * T), rem = o % (16 * T), row = rem / T, t = rem % T;
+        float v = 0.f;
+        for (int w = 0; w < 8; w++) {
+            const float *b = red + ((w * MB + m) * 16 + row) * NP + 3 * t;
+            const float vw = (65536.f * b[0] + 256.f * b[1]) + b[2];
+            v = w == 0 ? vw : v + vw;
+        }
+        const int64_t r = 16 * (mt0 + m) + row;
+        if (r < rows && mt0 + m < g.mt[si]) {
+            if (g.bias[si])
+                v += g.bias[si][r];
+            g.y[si][(size_t)t * rows + r] = v;
+            if (g.add_to[si])
+                g.add_to[si][(size_t)t * rows + r] += v;
         }
     }
 }
@@ -1321,6 +1738,20 @@ size_t gemv_smem(const cu_weight *w, int tt, int rpw)
     return xstage_bytes(tt, nch, stride4) + ring;
 }
 
+/* The opt-in limit less the kernel's static shared memory. */
+template <typename K>
+sn_status max_smem_dyn(K kern, const cu_devinfo *di, const char *what)
+{
+    cudaFuncAttributes fa;
+    CU_TRY(cudaFuncGetAttributes(&fa, kern), what);
+    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(di->smem_optin - fa.sharedSizeBytes)),
+           what);
+    /* all of L1 as shared memory, so several rings fit per SM */
+    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, 100), what);
+    return SN_OK;
+}
+
 template <typename K>
 sn_status max_smem(K kern, const cu_devinfo *di, const char *what)
 {
@@ -1373,6 +1804,9 @@ sn_status gv_max_smem(K kern, const cu_devinfo *di)
     CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)(di->smem_optin - GV_STATIC_SMEM)),
            "gemv init");
+    /* all of L1 as shared memory: the grid is sized for as many blocks per SM
+     * as the occupancy query says, which assumes the largest carveout */
+    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, 100), "gemv init");
     return SN_OK;
 }
 
@@ -1461,6 +1895,60 @@ sn_status gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weig
     return SN_OK;
 }
 
+template <int GS, int NT>
+sn_status gi_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, const cu_weight *w0, gi_x xd, int T,
+                       int MB)
+{
+    unsigned grid = (unsigned)g.b0[g.n];
+    const size_t smem = gi_ring_bytes(MB, GS == 1 ? 2 : 1);
+    if (MB == 2)
+        (void)cu_launch(k_gemv_i8<GS, NT, 2>, dim3(grid), dim3(256), smem, s, g, w0->sfmt, (int64_t)w0->cols,
+                        (int64_t)w0->groups, xd, T);
+    else
+        (void)cu_launch(k_gemv_i8<GS, NT, 1>, dim3(grid), dim3(256), smem, s, g, w0->sfmt, (int64_t)w0->cols,
+                        (int64_t)w0->groups, xd, T);
+    CU_CHECK_LAUNCH("matmul gemv i8");
+    return SN_OK;
+}
+
+template <int GS>
+sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, const cu_weight *w0, const float *x,
+                    int T, int MB, const cu_gemv_norm *norm, void *scratch)
+{
+    gi_x xd = gi_x_at(scratch, w0->cols, w0->groups, T);
+    dim3 qg((unsigned)((w0->cols + 1023) / 1024), (unsigned)T);
+    (void)cu_launch(k_x_digits<GS>, qg, dim3(256), 0, s, x, (int64_t)w0->cols, (int64_t)w0->groups,
+                    norm ? norm->w : (const float *)NULL, norm ? norm->eps : 0.f, norm ? norm->threads : 0,
+                    norm ? norm->xn : (float *)NULL, xd, T);
+    CU_CHECK_LAUNCH("matmul gemv digits");
+    if (T <= 2)
+        return gi_launch_nt<GS, 1>(di, s, g, w0, xd, T, MB);
+    if (T <= 5)
+        return gi_launch_nt<GS, 2>(di, s, g, w0, xd, T, MB);
+    return gi_launch_nt<GS, 3>(di, s, g, w0, xd, T, MB);
+}
+
+bool gi_ok(const cu_devinfo *di, const cu_weight *w, const float *x, int T)
+{
+    return di->gemv_i8 && w->qr && T >= 1 && T <= GI_TMAX && ((uintptr_t)x & 15) == 0;
+}
+
+/* T <= GI_TMAX tokens in one pass through the repacked segments of g: x to
+ * digits (norm folded in when given), then the tensor-core GEMV. */
+sn_status gi_run(const cu_devinfo *di, cudaStream_t s, gi_seg g, const cu_weight *w0, const float *x, int T,
+                 const cu_gemv_norm *norm, void *scratch)
+{
+    const int MB = di->gemv_mb == 2 ? 2 : 1;
+    g.b0[0] = 0;
+    for (int i = 0; i < g.n; i++)
+        g.b0[i + 1] = g.b0[i] + (int)((g.mt[i] + MB - 1) / MB);
+    switch (w0->group) {
+    case 32: return gi_launch<1>(di, s, g, w0, x, T, MB, norm, scratch);
+    case 64: return gi_launch<2>(di, s, g, w0, x, T, MB, norm, scratch);
+    default: return gi_launch<4>(di, s, g, w0, x, T, MB, norm, scratch);
+    }
+}
+
 template <int FMT>
 sn_status launch_gemm(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t e, const __half *xh,
                       const float *sig, int64_t Kp, int nseg, int T, float *y)
@@ -1494,6 +1982,18 @@ sn_status cu_matmul_init(const cu_devinfo *di)
     GEMV_INIT(8, 2)
     GEMV_INIT(8, 4)
 #undef GEMV_INIT
+#define GI_INIT(GS)                                                                                               \
+    SN_TRY(max_smem_dyn(k_gemv_i8<GS, 1, 1>, di, "gemv init"));                                                    \
+    SN_TRY(max_smem_dyn(k_gemv_i8<GS, 2, 1>, di, "gemv init"));                                                    \
+    SN_TRY(max_smem_dyn(k_gemv_i8<GS, 3, 1>, di, "gemv init"));                                                    \
+    SN_TRY(max_smem_dyn(k_gemv_i8<GS, 1, 2>, di, "gemv init"));                                                    \
+    SN_TRY(max_smem_dyn(k_gemv_i8<GS, 2, 2>, di, "gemv init"));                                                    \
+    SN_TRY(max_smem_dyn(k_gemv_i8<GS, 3, 2>, di, "gemv init"));
+    GI_INIT(1)
+    GI_INIT(2)
+    GI_INIT(4)
+#undef GI_INIT
+    SN_TRY(cu_gemm_i8_init(di)); /* [gemm_i8] */
     SN_TRY(max_smem(k_gemm<CW_Q4>, di, "gemm init"));
     SN_TRY(max_smem(k_gemm<CW_Q8>, di, "gemm init"));
     SN_TRY(max_smem(k_gemm<CW_F32>, di, "gemm init"));
@@ -1520,7 +2020,9 @@ static bool use_blas(const cu_devinfo *di, const cu_weight *w, int T)
 size_t cu_matmul_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T)
 {
     if (T < GEMM_MIN_T)
-        return 0;
+        return w->qr && T <= GI_TMAX ? gi_x_bytes(w->cols, w->groups, T) : 0;
+    if (w->qr && di->gemm_i8) /* [gemm_i8] */
+        return cu_gemm_i8_scratch_bytes(w, T, di->gemm_i8);
     int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK), nseg = di->gemm_fast ? 1 : 3;
     size_t a = (size_t)round_up((int64_t)(Tp * nseg * Kp * sizeof(__half)), 256) + (size_t)round_up(Tp * 4, 256);
     return a + (use_blas(di, w, T) ? cu_blas_scratch_bytes(w, (int)nseg) : 0) + 256;
@@ -1533,6 +2035,8 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
         return SN_OK;
     int64_t e = expert;
     if (T >= GEMM_MIN_T) {
+        if (e == 0 && w->qr && di->gemm_i8) /* [gemm_i8] */
+            return cu_gemm_i8(di, s, w, x, T, y, scratch, di->gemm_i8);
         int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK);
         int nseg = di->gemm_fast ? 1 : 3;
         __half *xh = (__half *)scratch;
@@ -1551,6 +2055,18 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
         case CW_F16: return launch_gemm<CW_F16>(di, s, w, e, xh, sig, Kp, nseg, T, y);
         default: return launch_gemm<CW_BF16>(di, s, w, e, xh, sig, Kp, nseg, T, y);
         }
+    }
+    if (e == 0 && gi_ok(di, w, x, T)) {
+        gi_seg g;
+        memset(&g, 0, sizeof g);
+        g.n = 1;
+        g.W[0] = w->qr;
+        g.S[0] = w->sr;
+        g.bias[0] = w->bias;
+        g.y[0] = y;
+        g.rows[0] = w->rows;
+        g.mt[0] = w->mt;
+        return gi_run(di, s, g, w, x, T, NULL, scratch);
     }
     if (w->fmt == CW_Q4 || w->fmt == CW_Q8) {
         gemv_seg g;
@@ -1698,6 +2214,9 @@ sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, co
         return SN_FAIL(SN_E_UNSUPPORTED, "moe: top_k %d > %d", top_k, MOE_MAX_K);
     if (T >= MOE_GEMM_MIN_T && di->moe_gemm)
         return moe_grouped(di, s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch);
+    /* [moe] decode: routing + gate/up, then down + weighted sum (cuda_moe.cu) */
+    if (cu_moe_dec_ok(gate, up, down, T, top_k))
+        return cu_moe_dec(s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch, NULL);
     int E = (int)gate->n_experts;
     int32_t *idx = (int32_t *)scratch;
     float *wts = (float *)((char *)scratch + round_up((int64_t)T * top_k * 4, 256));
@@ -1742,10 +2261,29 @@ bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b)
 }
 
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
-                          float *const *y, float *const *add_to, const float *x, const cu_gemv_norm *norm)
+                          float *const *y, float *const *add_to, const float *x, const cu_gemv_norm *norm,
+                          void *scratch)
 {
     if (n < 1 || n > CU_GROUP_MAX)
         return SN_FAIL(SN_E_INVALID, "matmul group of %d", n);
+    bool i8 = (norm == NULL || (((uintptr_t)norm->w | (uintptr_t)norm->xn) & 15) == 0);
+    for (int i = 0; i < n && i8; i++)
+        i8 = e[i] == 0 && gi_ok(di, w[i], x, 1) && cu_matmul_groupable(w[0], w[i]);
+    if (i8) {
+        gi_seg g;
+        memset(&g, 0, sizeof g);
+        g.n = n;
+        for (int i = 0; i < n; i++) {
+            g.W[i] = w[i]->qr;
+            g.S[i] = w[i]->sr;
+            g.bias[i] = w[i]->bias;
+            g.y[i] = y[i];
+            g.add_to[i] = add_to ? add_to[i] : NULL;
+            g.rows[i] = w[i]->rows;
+            g.mt[i] = w[i]->mt;
+        }
+        return gi_run(di, s, g, w[0], x, 1, norm, scratch);
+    }
     gemv_seg g;
     memset(&g, 0, sizeof g);
     g.n = n;
@@ -1765,4 +2303,42 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
         g.xn = norm->xn;
     }
     return gv_run(di, s, g, w[0], x, 1);
+}
+
+bool cu_repack_q4_ok(const cu_weight *w)
+{
+    /* bf16/f16 scale pairs (4 bytes): what MLX checkpoints carry */
+    return w->fmt == CW_Q4 && w->sfmt != CS_F32 && w->n_experts == 1 && (w->group == 32 || w->group == 64 || w->group == 128) &&
+           w->cols % 64 == 0 && w->rows > 0 && w->cols > 0;
+}
+
+sn_status cu_repack_q4(cudaStream_t s, cu_weight *w, size_t *bytes)
+{
+    if (!cu_repack_q4_ok(w))
+        return SN_OK;
+    const int64_t MT = (w->rows + 15) / 16, KB = w->cols / 64;
+    const size_t pb = w->sfmt == CS_F32 ? 8 : 4;
+    const size_t qb = (size_t)MT * KB * 32 * sizeof(uint4), sbb = (size_t)MT * w->groups * 16 * pb;
+    uint4 *qr = NULL;
+    void *sr = NULL;
+    cudaError_t e;
+    if ((e = cudaMalloc(&qr, qb)) != cudaSuccess || (e = cudaMalloc(&sr, sbb)) != cudaSuccess) {
+        cudaFree(qr);
+        return SN_FAIL(SN_E_NOMEM, "upload_weight: repacked copy of %zu bytes: %s", qb + sbb, cudaGetErrorString(e));
+    }
+    k_repack_q4<<<2048, 256, 0, s>>>((const uint32_t *)w->q, w->rows, w->words, MT, KB, qr);
+    k_repack_sb<<<1024, 256, 0, s>>>(w->sb, (int)pb, w->rows, w->groups, MT, sr);
+    e = cudaGetLastError();
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) {
+        cudaFree(qr);
+        cudaFree(sr);
+        return SN_FAIL(SN_E_BACKEND, "upload_weight: repack: %s", cudaGetErrorString(e));
+    }
+    w->qr = qr;
+    w->sr = sr;
+    w->mt = MT;
+    *bytes += qb + sbb;
+    return SN_OK;
 }
