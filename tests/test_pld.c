@@ -81,6 +81,15 @@ static void test_controller(void)
     int drafted = 0;
     for (int i = 0; i < 48; i++) drafted += sn_pld_ctl_choose(&c, 1, 5);
     CHECK(drafted == 2);
+    /* graph backend: the first forward of each row count also captures its
+     * graph (50x a step here); that sample must not stop drafting */
+    sn_pld_ctl_init(&c, true);
+    sn_pld_ctl_observe(&c, 1, 0.500, 0, 0, 0);
+    for (int i = 0; i < 10; i++) sn_pld_ctl_observe(&c, 1, 0.010, 0, 0, 0);
+    sn_pld_ctl_observe(&c, 6, 0.500, 3, 5, 5);
+    for (int i = 0; i < 10; i++) sn_pld_ctl_observe(&c, 6, 0.0105, 3, 5, 5);
+    sn_pld_ctl_observe(&c, 6, 0.400, 3, 5, 5); /* a re-capture later */
+    CHECKF(sn_pld_ctl_choose(&c, 3, 5) == 5, "row1 %.4f extra %.4f", c.row1_s, c.extra_s);
     /* not adaptive: always everything available */
     sn_pld_ctl_init(&c, false);
     CHECK(sn_pld_ctl_choose(&c, 1, 4) == 4 && sn_pld_ctl_choose(&c, 0, 4) == 0);

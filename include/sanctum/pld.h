@@ -63,6 +63,7 @@ typedef struct {
     double extra_s;                     /* EMA seconds per extra row (< 0: unknown) */
     double acc[SN_PLD_MAX_NGRAM + 1];   /* per match length: P(a draft token is accepted | the previous was) */
     int idle;                           /* steps since the last draft while a match existed */
+    unsigned seen_rows;                 /* row counts timed once already (bit r) */
     bool adaptive;
 } sn_pld_ctl;
 

@@ -110,9 +110,20 @@ int sn_pld_ctl_choose(sn_pld_ctl *c, int match_n, int avail)
 
 void sn_pld_ctl_observe(sn_pld_ctl *c, int rows, double seconds, int match_n, int drafted, int accepted)
 {
-    if (rows == 1) {
+    /* The first forward of each row count is not timed: on a graph backend
+     * it includes capturing that step's graph (milliseconds), which would
+     * make drafting look costly for the rest of the request. A later sample
+     * far above the estimate (a re-capture) is skipped for the same reason. */
+    bool timed = true;
+    if (rows >= 1 && rows < 32 && !(c->seen_rows & (1u << rows))) {
+        c->seen_rows |= 1u << rows;
+        timed = false;
+    } else if (c->row1_s > 0 && seconds > 4.0 * cost(c, rows)) {
+        timed = false;
+    }
+    if (timed && rows == 1) {
         c->row1_s = c->row1_s > 0 ? (1 - EMA) * c->row1_s + EMA * seconds : seconds;
-    } else if (rows > 1 && c->row1_s > 0) {
+    } else if (timed && rows > 1 && c->row1_s > 0) {
         double x = (seconds - c->row1_s) / (rows - 1);
         if (x < 0) x = 0;
         c->extra_s = c->extra_s >= 0 ? (1 - EMA) * c->extra_s + EMA * x : x;
