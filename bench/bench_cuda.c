@@ -354,7 +354,7 @@ static void gemv_one(const char *name, const sn_weight *w, float *x, float *y)
     }
     printf("\n");
     TRY(sn_cuda_tune(B, "gemv_i8", 1));
-    TRY(sn_cuda_tune(B, "gemv_mb", 1));
+    TRY(sn_cuda_tune(B, "gemv_mb", 0));
 }
 
 static void gemv_micro(model_t *m)
@@ -561,7 +561,7 @@ int main(int argc, char **argv)
     int nv = ndec / 2 < 8 ? 8 : ndec / 2;
     double dec_nopdl = decode_with(&m, "pdl", 0, 1, prefill, nv, &tok);
     double dec_fp32 = decode_with(&m, "gemv_i8", 0, 1, prefill, nv, &tok);
-    double dec_mb2 = decode_with(&m, "gemv_mb", 2, 1, prefill, nv, &tok);
+    double dec_mb2 = decode_with(&m, "gemv_mb", 2, 0, prefill, nv, &tok);
     double dec_moe0 = c->E > 0 ? decode_with(&m, "moe_dec", 0, 2, prefill, nv, &tok) : 0; /* [moe] */
     double dec_moe1 = c->E > 0 ? decode_with(&m, "moe_dec", 1, 2, prefill, nv, &tok) : 0; /* [moe] */
     /* eager: fewer steps (same positions range) */

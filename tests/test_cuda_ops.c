@@ -240,7 +240,7 @@ static void test_matmul_q4_gemv_i8(void)
         mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 1, 0, 0);
         mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 7, 0, 0);
     }
-    CHECK_OK(sn_cuda_tune(G, "gemv_mb", 1));
+    CHECK_OK(sn_cuda_tune(G, "gemv_mb", 0));
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 0));
     mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1, 0, 1);
     mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 6, 0, 1);
@@ -296,7 +296,24 @@ static void test_gemv_batch_invariant(void)
     CHECK_OK(sn_cuda_tune(G, "gemv_mb", 2));
     gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
-    CHECK_OK(sn_cuda_tune(G, "gemv_mb", 1));
+    CHECK_OK(sn_cuda_tune(G, "gemv_mb", 0));
+    /* row tiles per block (chosen by shape) leave a row's bits alone */
+    {
+        tw w;
+        tw_make(&w, SN_DT_Q4, 300, 5120, 64, SN_DT_BF16, 0, 1);
+        float *x = hrand((size_t)3 * 5120, 1.0f), *dx = dcopy(x, (size_t)3 * 5120);
+        float *d1 = dpoison((size_t)3 * 300), *d2 = dpoison((size_t)3 * 300);
+        CHECK_OK(sn_cuda_tune(G, "gemv_mb", 1));
+        CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 3, d1));
+        CHECK_OK(sn_cuda_tune(G, "gemv_mb", 2));
+        CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 3, d2));
+        CHECK_OK(sn_cuda_tune(G, "gemv_mb", 0));
+        float *a = tohost(d1, (size_t)3 * 300), *b = tohost(d2, (size_t)3 * 300);
+        CHECK(memcmp(a, b, sizeof(float) * 3 * 300) == 0);
+        free(x); free(a); free(b);
+        dfree(dx); dfree(d1); dfree(d2);
+        tw_free(&w);
+    }
     /* the fp32 GEMV (for weights the integer kernel does not take) */
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 0));
     gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);

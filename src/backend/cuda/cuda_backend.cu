@@ -1298,7 +1298,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->fuse = true;
     cb->di.moe_gemm = 1;
     cb->di.gemv_i8 = 1;
-    cb->di.gemv_mb = 1;
+    cb->di.gemv_mb = 0; /* by shape */
     {
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
         const char *g = getenv("SANCTUM_CUDA_GEMM");
@@ -1447,8 +1447,8 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
         return SN_OK;
     }
     if (!strcmp(key, "gemv_mb")) {
-        if (value != 1 && value != 2)
-            return SN_FAIL(SN_E_INVALID, "cuda tune gemv_mb=%d (1 or 2)", value);
+        if (value < 0 || value > 2)
+            return SN_FAIL(SN_E_INVALID, "cuda tune gemv_mb=%d (0 = by shape, 1 or 2)", value);
         SN_TRY(host_barrier(cb));
         cb->di.gemv_mb = value;
         graphs_invalidate(cb);

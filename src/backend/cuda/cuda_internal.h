@@ -124,7 +124,7 @@ typedef struct {
     int gemm_fast;        /* 1: single fp16 pass (11-bit operands); 0: split fp16x3, fp32-class (default) */
     int moe_gemm;         /* MoE of T >= 32 tokens as grouped expert GEMMs (1, default) or per-token GEMVs */
     int gemv_i8;          /* decode GEMV on the integer tensor cores for repacked Q4 weights (1, default) */
-    int gemv_mb;          /* 16-row tiles per block of that GEMV (1 or 2) */
+    int gemv_mb;          /* 16-row tiles per block of that GEMV: 1, 2, or 0 = by shape (default) */
     int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4 on the integer tensor cores: 3 digits (default), 2 (fast), 0 off */
 } cu_devinfo;
 

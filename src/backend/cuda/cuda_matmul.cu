@@ -1938,7 +1938,13 @@ bool gi_ok(const cu_devinfo *di, const cu_weight *w, const float *x, int T)
 sn_status gi_run(const cu_devinfo *di, cudaStream_t s, gi_seg g, const cu_weight *w0, const float *x, int T,
                  const cu_gemv_norm *norm, void *scratch)
 {
-    const int MB = di->gemv_mb == 2 ? 2 : 1;
+    /* two row tiles per block for matrices of at most 6144 rows (measured on
+     * the H200: 10-30% faster there, slower above); the tile count does not
+     * change a row's arithmetic, so results do not depend on it */
+    int64_t maxr = 0;
+    for (int i = 0; i < g.n; i++)
+        maxr = g.rows[i] > maxr ? g.rows[i] : maxr;
+    const int MB = di->gemv_mb ? di->gemv_mb : maxr <= 6144 ? 2 : 1;
     g.b0[0] = 0;
     for (int i = 0; i < g.n; i++)
         g.b0[i + 1] = g.b0[i] + (int)((g.mt[i] + MB - 1) / MB);
