@@ -42,16 +42,8 @@
 #include "backend/cuda/sn_cuda.h"
 #endif
 
-static uint64_t rng = 0x5851f42d4c957f2dull;
-
-static uint32_t rnd_u32(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float rnd_f(float a) { return a * ((float)(rnd_u32() & 0xffffff) / 8388608.0f - 1.0f); }
+#define TU_SEED 0x5851f42d4c957f2dull
+#include "cuda_test_util.h"
 
 static double rel_err(const float *a, const double *ref, size_t n)
 {
@@ -508,7 +500,7 @@ static void test_emulated(void)
 /* ------------------------------------------------------------------ */
 
 #ifdef SN_HAVE_CUDA
-static sn_backend *G, *C;
+static sn_backend *C;
 
 static sn_weight host_view(const hq4 *w)
 {
@@ -524,14 +516,6 @@ static sn_weight host_view(const hq4 *w)
     v.sdtype = w->f16 ? SN_DT_F16 : SN_DT_BF16;
     v.bias = w->bias;
     return v;
-}
-
-static float *dcopy(const float *h, size_t n)
-{
-    void *d = NULL;
-    if (G->ops->buf_alloc(G, sizeof(float) * n, &d) != SN_OK) return NULL;
-    G->ops->from_host(G, d, h, sizeof(float) * n);
-    return d;
 }
 
 /* y = W x on the GPU with gemm_i8 = D (output poisoned with NaN first) */

@@ -28,51 +28,11 @@
 #include "sanctum/tensor.h"
 
 #ifdef SN_HAVE_CUDA
+#define TU_SEED 0x2545f4914f6cdd1dull
 #include "backend/cuda/sn_cuda.h"
+#include "cuda_test_util.h"
 
-static sn_backend *G, *C;
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-
-static uint32_t rnd_u32(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float rnd_f(float a) { return a * ((float)(rnd_u32() & 0xffffff) / 8388608.0f - 1.0f); }
-
-static float *hrand(size_t n, float a)
-{
-    float *p = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) p[i] = rnd_f(a);
-    return p;
-}
-
-static float *dcopy(const float *h, size_t n)
-{
-    void *d = NULL;
-    if (G->ops->buf_alloc(G, sizeof(float) * (n ? n : 1), &d) != SN_OK) return NULL;
-    if (n) G->ops->from_host(G, d, h, sizeof(float) * n);
-    return d;
-}
-
-static float *dpoison(size_t n)
-{
-    float *h = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = dcopy(h, n);
-    free(h);
-    return d;
-}
-
-static float *tohost(const float *d, size_t n)
-{
-    float *h = malloc(sizeof(float) * (n ? n : 1));
-    if (G->ops->to_host(G, h, d, sizeof(float) * n) != SN_OK)
-        for (size_t i = 0; i < n; i++) h[i] = NAN;
-    return h;
-}
+static sn_backend *C;
 
 static double rel_err(const float *a, const float *ref, size_t n)
 {
@@ -86,7 +46,6 @@ static double rel_err(const float *a, const float *ref, size_t n)
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static void dfree(void *p) { G->ops->buf_free(G, p); }
 
 /* ---- quantized weights: host view (CPU) and uploaded copy (GPU) ---- */
 

@@ -28,53 +28,9 @@
 
 #ifdef SN_HAVE_CUDA
 #include "backend/cuda/sn_cuda.h"
+#include "cuda_test_util.h"
 
-static sn_backend *G, *C;
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static uint32_t rnd_u32(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float rnd_f(float a) { return a * ((float)(rnd_u32() & 0xffffff) / 8388608.0f - 1.0f); }
-
-static float *hrand(size_t n, float a)
-{
-    float *p = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) p[i] = rnd_f(a);
-    return p;
-}
-
-/* Device copy of a host array. */
-static float *dcopy(const float *h, size_t n)
-{
-    void *d = NULL;
-    if (G->ops->buf_alloc(G, sizeof(float) * (n ? n : 1), &d) != SN_OK) return NULL;
-    if (n) G->ops->from_host(G, d, h, sizeof(float) * n);
-    return d;
-}
-
-/* Device buffer of n floats filled with NaN. */
-static float *dpoison(size_t n)
-{
-    float *h = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = dcopy(h, n);
-    free(h);
-    return d;
-}
-
-static float *tohost(const float *d, size_t n)
-{
-    float *h = malloc(sizeof(float) * (n ? n : 1));
-    if (G->ops->to_host(G, h, d, sizeof(float) * n) != SN_OK) {
-        for (size_t i = 0; i < n; i++) h[i] = NAN;
-    }
-    return h;
-}
+static sn_backend *C;
 
 static double rel_err(const float *a, const float *ref, size_t n)
 {
@@ -87,8 +43,6 @@ static double rel_err(const float *a, const float *ref, size_t n)
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
-
-static void dfree(void *p) { G->ops->buf_free(G, p); }
 
 /* ---- weights ---- */
 

@@ -37,25 +37,10 @@
 #include "sanctum/backend.h"
 #include "sanctum/cpu.h"
 
-static uint64_t rng = 0x243f6a8885a308d3ull;
-static float rnd_f(float a);
+#define TU_SEED 0x243f6a8885a308d3ull
+#include "cuda_test_util.h"
 
-static uint32_t rnd_u32(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float rnd_f(float a) { return a * ((float)(rnd_u32() & 0xffffff) / 8388608.0f - 1.0f); }
 static float rnd_u(void) { return (float)(rnd_u32() & 0xffffff) / 16777216.0f; } /* [0, 1) */
-
-static float *hrand(size_t n, float a)
-{
-    float *p = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) p[i] = rnd_f(a);
-    return p;
-}
 
 static double rel_err(const float *a, const float *ref, size_t n)
 {
@@ -274,34 +259,7 @@ static void test_flash_emulated(void)
 #ifdef SN_HAVE_CUDA
 #include "backend/cuda/sn_cuda.h"
 
-static sn_backend *G, *C;
-
-static float *dcopy(const float *h, size_t n)
-{
-    void *d = NULL;
-    if (G->ops->buf_alloc(G, sizeof(float) * (n ? n : 1), &d) != SN_OK) return NULL;
-    if (n) G->ops->from_host(G, d, h, sizeof(float) * n);
-    return d;
-}
-
-static float *dpoison(size_t n)
-{
-    float *h = malloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = dcopy(h, n);
-    free(h);
-    return d;
-}
-
-static float *tohost(const float *d, size_t n)
-{
-    float *h = malloc(sizeof(float) * (n ? n : 1));
-    if (G->ops->to_host(G, h, d, sizeof(float) * n) != SN_OK)
-        for (size_t i = 0; i < n; i++) h[i] = NAN;
-    return h;
-}
-
-static void dfree(void *p) { G->ops->buf_free(G, p); }
+static sn_backend *C;
 
 static int g_min_t = 64;
 static void set_mode(int on) { sn_cuda_prefill_mode(on ? SN_CUDA_PREFILL_NEW : SN_CUDA_PREFILL_OLD, g_min_t); }
