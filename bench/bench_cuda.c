@@ -464,6 +464,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < 10; i++) TRY(O->copy(B, c1, c0, cb));
     TRY(O->sync(B));
     double copy_gbs = 2.0 * cb * 10 / (now() - tc) / 1e9;
+    double read_gbs = 0;
+    TRY(sn_cuda_read_bandwidth(B, (size_t)4 << 30, 10, &read_gbs));
     O->buf_free(B, c0);
     O->buf_free(B, c1);
 
@@ -578,7 +580,8 @@ int main(int argc, char **argv)
            bytes_total / 1e9, bytes_decode / 1e9, t_build);
     printf("  GPU memory: %.2f GB in use (%.2f GB held by the backend) of %.1f GB\n", used / 1e9, held / 1e9,
            total / 1e9);
-    printf("  copy bandwidth (d2d, read+write): %.0f GB/s\n", copy_gbs);
+    printf("  copy bandwidth (d2d, read+write): %.0f GB/s; read-only streaming kernel: %.0f GB/s\n", copy_gbs,
+           read_gbs);
     printf("  prefill %d tokens (default GEMM, SANCTUM_CUDA_GEMM=%s): %.3f s = %.0f tok/s (TTFT %.1f ms)%s\n", /* [gemm_i8] */
            prefill, gemm_env ? gemm_env : "i8 (unset)", ttft, prefill / ttft, ttft * 1e3, finite ? "" : "  [non-finite logits!]");
     if (have_blas)
@@ -596,8 +599,8 @@ int main(int argc, char **argv)
            ttft_i8[1], prefill / ttft_i8[1]);
     printf("  prefill %d tokens, fp32-class split fp16x3 GEMM%s (split): %.3f s = %.0f tok/s\n", prefill,
            have_blas ? " via cuBLAS" : ", own kernel", ttft_i8[2], prefill / ttft_i8[2]);
-    printf("  decode (graph): %.1f tok/s (median step %.3f ms), %.0f GB/s = %.0f%% of copy bandwidth\n", dec_graph,
-           med * 1e3, gbs, 100.0 * gbs / copy_gbs);
+    printf("  decode (graph): %.1f tok/s (median step %.3f ms), %.0f GB/s = %.0f%% of copy bandwidth, %.0f%% of "
+           "read-only\n", dec_graph, med * 1e3, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs);
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
     printf("  decode (graph) variants: PDL off %.1f tok/s; fp32 GEMV %.1f; integer GEMV with 2 row tiles per block "

@@ -1478,6 +1478,80 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
     return SN_FAIL(SN_E_INVALID, "cuda tune: unknown key '%s'", key);
 }
 
+namespace {
+
+/* Every thread sums uint4 loads of its grid-stride range, 8 in flight; the
+ * sum goes to out so the loads are not dropped. */
+__global__ void k_read_probe(const uint4 *__restrict__ p, size_t n, unsigned *__restrict__ out)
+{
+    unsigned acc = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 7 * stride < n; i += 8 * stride) {
+        uint4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = __ldcs(p + i + k * stride);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    }
+    for (; i < n; i += stride) {
+        uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u)
+        *out = acc;
+}
+
+} // namespace
+
+extern "C" sn_status sn_cuda_read_bandwidth(sn_backend *b, size_t bytes, int reps, double *gbs)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    SN_TRY(host_barrier(cb));
+    cudaSetDevice(cb->dev);
+    if (bytes < 16 || reps < 1)
+        return SN_FAIL(SN_E_INVALID, "read bandwidth: %zu bytes, %d reps", bytes, reps);
+    void *buf = NULL;
+    CU_TRY(cudaMalloc(&buf, bytes + 16), "read bandwidth buffer");
+    sn_status st = SN_OK;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaError_t e = cudaMemsetAsync(buf, 1, bytes, cb->st);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&e0);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&e1);
+    const size_t n = bytes / 16;
+    const unsigned grid = (unsigned)cb->di.n_sm * 8;
+    if (e == cudaSuccess) {
+        k_read_probe<<<grid, 512, 0, cb->st>>>((const uint4 *)buf, n, (unsigned *)((char *)buf + bytes));
+        e = cudaEventRecord(e0, cb->st);
+    }
+    for (int r = 0; r < reps && e == cudaSuccess; r++) {
+        k_read_probe<<<grid, 512, 0, cb->st>>>((const uint4 *)buf, n, (unsigned *)((char *)buf + bytes));
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess)
+        e = cudaEventRecord(e1, cb->st);
+    if (e == cudaSuccess)
+        e = cudaEventSynchronize(e1);
+    float ms = 0;
+    if (e == cudaSuccess)
+        e = cudaEventElapsedTime(&ms, e0, e1);
+    if (e != cudaSuccess)
+        st = cu_err(e, "read bandwidth");
+    else
+        *gbs = (double)n * 16 * reps / (ms * 1e-3) / 1e9;
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    cudaFree(buf);
+    return st;
+}
+
 extern "C" void sn_cuda_graph_stats(sn_backend *b, long *replayed, long *captured, long *eager)
 {
     SN_ASSERT(sn_cuda_is(b));

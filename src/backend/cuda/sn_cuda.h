@@ -29,6 +29,10 @@ sn_status sn_cuda_profile_report(sn_backend *be, FILE *f);
 /* Graph statistics: steps replayed from a graph, steps (re)captured, steps
  * that ran eagerly because something inside needed the host. */
 void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *eager);
+/* Read-only streaming bandwidth of the device: reps passes of a plain
+ * 16-byte-per-load reading kernel over a fresh buffer of bytes (the bound
+ * a weight-streaming GEMV is measured against). */
+sn_status sn_cuda_read_bandwidth(sn_backend *be, size_t bytes, int reps, double *gbs);
 
 /* Kernel choices for benchmarks: "gemv_rpw" = rows per warp of the
  * quantized GEMV (0: by shape, 2 or 4); "cublas_min_t" = quantized GEMMs
