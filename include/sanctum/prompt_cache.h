@@ -167,6 +167,10 @@ typedef struct sn_rewind sn_rewind;
 
 sn_status sn_rewind_new(const sn_seq *seq, sn_rewind **out);
 void sn_rewind_free(sn_rewind *r);
+/* The sequence's own rewind buffers, made on the first call and kept until
+ * sn_seq_free (nothing saved yet when handed out): a request with PLD then
+ * allocates nothing per request (on CUDA each free would stall the device). */
+sn_status sn_rewind_of(sn_seq *seq, sn_rewind **out);
 /* Remembers seq's recurrent state and position. */
 sn_status sn_rewind_save(sn_rewind *r, const sn_seq *seq);
 /* Puts seq back to position pos, between the saved position and its

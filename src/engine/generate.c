@@ -197,7 +197,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
 
     sn_pld_ctl own, *ctl = p->pld_ctl ? p->pld_ctl : &own;
     if (!p->pld_ctl) sn_pld_ctl_init(&own, po.adaptive);
-    if (p->pld && (st = sn_rewind_new(seq, &rw)) != SN_OK) goto out;
+    if (p->pld && (st = sn_rewind_of(seq, &rw)) != SN_OK) goto out;
     bool recurrent = rw && sn_rewind_has_state(rw);
     int32_t id, draft[SN_PLD_MAX_LOOKUP];
     int what;
@@ -275,6 +275,5 @@ out:
     sn_sampler_free(g.smp);
     sn_stop_free(g.stop);
     sn_pcache_req_free(pcr);
-    sn_rewind_free(rw);
-    return st;
+    return st; /* rw belongs to seq */
 }

@@ -904,6 +904,15 @@ out:
     return st;
 }
 
+sn_status sn_rewind_of(sn_seq *seq, sn_rewind **out)
+{
+    *out = NULL;
+    if (!seq->rw) SN_TRY(sn_rewind_new(seq, &seq->rw));
+    seq->rw->pos = -1;
+    *out = seq->rw;
+    return SN_OK;
+}
+
 void sn_rewind_free(sn_rewind *r)
 {
     if (!r) return;

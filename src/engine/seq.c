@@ -8,6 +8,7 @@
  * each KV cache (positions [0, pos)), which keeps it proportional to the
  * tokens consumed rather than to max_ctx. */
 #include "models/model_impl.h"
+#include "sanctum/prompt_cache.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,7 @@ sn_status sn_seq_new(sn_model *m, int max_ctx, sn_seq **out)
 void sn_seq_free(sn_seq *s)
 {
     if (!s) return;
+    sn_rewind_free(s->rw); /* takes the model lock itself */
     sn_backend *be = s->m->be;
     pthread_mutex_lock(&s->m->lock);
     for (int l = 0; s->kv && s->gdn && l < s->m->n_layers; l++) {

@@ -189,6 +189,7 @@ struct sn_seq {
     sn_kv_view *kv;          /* [n_layers]; k == NULL for non-attention layers */
     sn_gdn_view *gdn;        /* [n_layers]; S == NULL for non-GDN layers */
     size_t conv_floats, S_floats, kv_row_floats; /* per layer: (K-1)*conv_dim, Hv*Dk*Dv, Hkv*D */
+    struct sn_rewind *rw;    /* the PLD rollback buffers, made on first use and kept (sn_rewind_of) */
 };
 
 /* y[0..n) *= alpha on the backend (n even). The op set has no row scale,
