@@ -40,18 +40,22 @@ __device__ __forceinline__ void cp16_cg(void *smem, const void *gmem)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
 }
 
+/* An interleaved (scale, bias) pair as floats: bf16/f16 halves in e.x
+ * (scale low), or two f32 words. */
+__device__ __forceinline__ float2 sb_pair(uint2 e, int sf)
+{
+    if (sf == CS_F32)
+        return make_float2(__uint_as_float(e.x), __uint_as_float(e.y));
+    if (sf == CS_BF16)
+        return make_float2(__uint_as_float(e.x << 16), __uint_as_float(e.x & 0xffff0000u));
+    return __half22float2(*reinterpret_cast<__half2 *>(&e.x));
+}
+
 __device__ __forceinline__ float2 load_sb(const void *sb, int sf, int64_t i)
 {
-    if (sf == CS_BF16) {
-        uint32_t v = __ldg((const unsigned int *)sb + i);
-        return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-    }
-    if (sf == CS_F16) {
-        uint32_t v = __ldg((const unsigned int *)sb + i);
-        __half2 h = *reinterpret_cast<__half2 *>(&v);
-        return __half22float2(h);
-    }
-    return __ldg((const float2 *)sb + i);
+    if (sf == CS_F32)
+        return __ldg((const float2 *)sb + i);
+    return sb_pair(make_uint2(__ldg((const unsigned int *)sb + i), 0u), sf);
 }
 
 /* Two quantized values of word w as floats 1 + q/2^bits: pair k of a Q4 word
@@ -90,6 +94,62 @@ __device__ __forceinline__ int64_t xperm(int64_t c, int i)
     return ((c >> 5) * NF4 + i) * 32 + (c & 31);
 }
 
+/* RMSNorm's sum of squares for one row exactly as k_rmsnorm with nt
+ * threads forms it: thread j adds x[j], x[j+nt], ... in order, then
+ * block_sum's tree (xor shuffles in each warp of 32, then over the warp
+ * partials). rms_partials: warp w of this block plays that block's warps
+ * w, w + nwarps, ..., red[vw] gets warp vw's sum; after a barrier,
+ * rms_total (by one full warp) finishes the tree. */
+__device__ __forceinline__ void rms_partials(const float *xr, int64_t cols, int nt, float *red)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    for (int vw = warp; vw < nt / 32; vw += nwarps) {
+        float ss = 0.f;
+        for (int64_t i = vw * 32 + lane; i < cols; i += nt)
+            ss += xr[i] * xr[i];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0)
+            red[vw] = ss;
+    }
+}
+
+__device__ __forceinline__ float rms_total(const float *red, int nt)
+{
+    const int lane = threadIdx.x & 31;
+    float v = lane < nt / 32 ? red[lane] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* After the staged x of T tokens ([T][stride4] float4s, lane-major), the
+ * sum of each chunk's values ([T][nch] floats), in value order; so the
+ * affine bias costs one FMA per chunk and row. Ends with a barrier. */
+template <int BITS>
+__device__ void chunk_sums(float4 *xs, int T, int64_t nch, int64_t stride4)
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+    float *sums = (float *)(xs + (size_t)T * stride4);
+    for (int64_t tc = threadIdx.x; tc < T * nch; tc += blockDim.x) {
+        int t = (int)(tc / nch);
+        int64_t c = tc % nch;
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < NF4; i++) {
+            float4 f = xs[t * stride4 + xperm<BITS>(c, i)];
+            a += f.x;
+            a += f.y;
+            a += f.z;
+            a += f.w;
+        }
+        sums[tc] = a;
+    }
+    __syncthreads();
+}
+
 /* x_t for t < T into shared memory in the lane-major order, followed by
  * the sum of each chunk's values ([T][nch] floats after the T*stride4
  * float4s), so the affine bias costs one FMA per chunk and row. Ends with
@@ -110,22 +170,7 @@ __device__ void stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t
         }
     }
     __syncthreads();
-    float *sums = (float *)(xs + (size_t)T * stride4);
-    for (int64_t tc = threadIdx.x; tc < T * nch; tc += blockDim.x) {
-        int t = (int)(tc / nch);
-        int64_t c = tc % nch;
-        float a = 0.f;
-#pragma unroll
-        for (int i = 0; i < NF4; i++) {
-            float4 f = xs[t * stride4 + xperm<BITS>(c, i)];
-            a += f.x;
-            a += f.y;
-            a += f.z;
-            a += f.w;
-        }
-        sums[tc] = a;
-    }
-    __syncthreads();
+    chunk_sums<BITS>(xs, T, nch, stride4);
 }
 
 /* Q4 values as floats without a conversion instruction: the low nibbles
@@ -210,12 +255,7 @@ __device__ __forceinline__ void qdot_rows(const uint32_t *W, const void *sb, int
             if (r < nrows) {
                 wv[r] = ring[(slot * RPW + r) * 32 + lane];
                 uint2 e = sring[(slot * RPW + r) * 32 + lane];
-                if (sf == CS_F32)
-                    sbv[r] = make_float2(__uint_as_float(e.x), __uint_as_float(e.y));
-                else if (sf == CS_BF16)
-                    sbv[r] = make_float2(__uint_as_float(e.x << 16), __uint_as_float(e.x & 0xffff0000u));
-                else
-                    sbv[r] = __half22float2(*reinterpret_cast<__half2 *>(&e.x));
+                sbv[r] = sb_pair(e, sf);
             } else {
                 wv[r] = make_uint4(0, 0, 0, 0);
                 sbv[r] = make_float2(0.f, 0.f);
@@ -338,32 +378,14 @@ __device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int6
     __shared__ float red[TT][32];
     const int64_t n4 = cols / 4, nch = n4 / NF4;
     if (g.nw) {
-        /* sum of x^2 exactly as k_rmsnorm with nt threads forms it: thread j
-         * adds x[j], x[j+nt], ... in order, then block_sum's tree (xor
-         * shuffles in each warp of 32, then over the warp partials); warp w
-         * here plays that block's warps w, w + nwarps, ... */
-        const int nt = g.norm_threads, nvw = nt / 32;
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-        for (int t = 0; t < T && t < TT; t++) {
-            const float *xr = x + (size_t)t * cols;
-            for (int vw = warp; vw < nvw; vw += nwarps) {
-                float ss = 0.f;
-                for (int64_t i = vw * 32 + lane; i < cols; i += nt)
-                    ss += xr[i] * xr[i];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    ss += __shfl_xor_sync(0xffffffffu, ss, o);
-                if (lane == 0)
-                    red[t][vw] = ss;
-            }
-        }
+        /* the sum of x^2 exactly as k_rmsnorm forms it (rms_partials) */
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        for (int t = 0; t < T && t < TT; t++)
+            rms_partials(x + (size_t)t * cols, cols, g.norm_threads, red[t]);
         __syncthreads();
         if (warp == 0)
             for (int t = 0; t < TT; t++) {
-                float v = t < T && lane < nvw ? red[t][lane] : 0.f;
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    v += __shfl_xor_sync(0xffffffffu, v, o);
+                float v = t < T ? rms_total(red[t], g.norm_threads) : 0.f;
                 if (lane == 0)
                     inv[t] = 1.f / sqrtf(v / (float)cols + g.eps);
             }
@@ -390,22 +412,7 @@ __device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int6
         }
     }
     __syncthreads();
-    float *sums = (float *)(xs + (size_t)TT * stride4);
-    for (int64_t tc = threadIdx.x; tc < TT * nch; tc += blockDim.x) {
-        int t = (int)(tc / nch);
-        int64_t c = tc % nch;
-        float a = 0.f;
-#pragma unroll
-        for (int i = 0; i < NF4; i++) {
-            float4 f = xs[t * stride4 + xperm<BITS>(c, i)];
-            a += f.x;
-            a += f.y;
-            a += f.z;
-            a += f.w;
-        }
-        sums[tc] = a;
-    }
-    __syncthreads();
+    chunk_sums<BITS>(xs, TT, nch, stride4);
 }
 
 /* One chunk (one uint4 of words per row) of RPW rows against TT tokens.
@@ -573,12 +580,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                 if (r < cc.nrows) {
                     wv[r] = ring[(slot * RPW + r) * 32 + lane];
                     uint2 e = sring[(slot * RPW + r) * 32 + lane];
-                    if (sf == CS_F32)
-                        sbv[r] = make_float2(__uint_as_float(e.x), __uint_as_float(e.y));
-                    else if (sf == CS_BF16)
-                        sbv[r] = make_float2(__uint_as_float(e.x << 16), __uint_as_float(e.x & 0xffff0000u));
-                    else
-                        sbv[r] = __half22float2(*reinterpret_cast<__half2 *>(&e.x));
+                    sbv[r] = sb_pair(e, sf);
                 } else {
                     wv[r] = make_uint4(0, 0, 0, 0);
                     sbv[r] = make_float2(0.f, 0.f);
@@ -717,13 +719,6 @@ __device__ __forceinline__ void imma_u8s8(int (&d)[4], const uint32_t (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ float2 pair_f2(uint32_t e, int sf)
-{
-    if (sf == CS_BF16)
-        return make_float2(__uint_as_float(e << 16), __uint_as_float(e & 0xffff0000u));
-    return __half22float2(*reinterpret_cast<__half2 *>(&e));
-}
-
 /* The digit form of T rows of x (scratch of cu_matmul for T <= 8):
  * planes [3T][cols] int8 (plane 3t+d = digit d of token t), esc [T][groups]
  * = 2^-e, xsb [T][groups] = sum(X) * 2^-e / 65536. */
@@ -763,23 +758,10 @@ k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const floa
     const float *xr = x + (size_t)t * cols;
     float inv = 1.f;
     if (nw) {
-        const int nt = norm_threads, nvw = nt / 32;
-        for (int vw = warp; vw < nvw; vw += 8) {
-            float ss = 0.f;
-            for (int64_t i = vw * 32 + lane; i < cols; i += nt)
-                ss += xr[i] * xr[i];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (lane == 0)
-                red_n[vw] = ss;
-        }
+        rms_partials(xr, cols, norm_threads, red_n);
         __syncthreads();
         if (warp == 0) {
-            float v = lane < nvw ? red_n[lane] : 0.f;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                v += __shfl_xor_sync(0xffffffffu, v, o);
+            float v = rms_total(red_n, norm_threads);
             if (lane == 0)
                 inv_s = 1.f / sqrtf(v / (float)cols + eps);
         }
@@ -935,7 +917,7 @@ k_gemv_i8(gi_seg g, int sf, int64_t cols, int64_t groups, gi_x xd, int T)
             }
     /* scale the integer partials into acc; the bias term at the group's end */
     auto flush = [&](int m, uint32_t e0, uint32_t e1, int grp, bool gend) {
-        const float2 s0 = pair_f2(e0, sf), s1 = pair_f2(e1, sf);
+        const float2 s0 = sb_pair(make_uint2(e0, 0u), sf), s1 = sb_pair(make_uint2(e1, 0u), sf);
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
