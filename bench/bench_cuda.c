@@ -336,14 +336,24 @@ static void forward(model_t *m, const int32_t *ids, int T, int pos0, int32_t *ne
  * kernel's own bandwidth, without the step around it. */
 static void gemv_one(const char *name, const sn_weight *w, float *x, float *y)
 {
-    int reps = 100;
+    /* SN_BENCH_GEMV="gate lm_head": only those matrices; SN_BENCH_GEMV_REPS: timed launches (for ncu runs) */
+    const char *only = getenv("SN_BENCH_GEMV"), *rs = getenv("SN_BENCH_GEMV_REPS");
+    if (only) {
+        char want[256], key[64];
+        snprintf(want, sizeof want, " %s ", only);
+        snprintf(key, sizeof key, " %s ", name);
+        if (!strstr(want, key)) return;
+    }
+    int reps = rs && atoi(rs) > 0 ? atoi(rs) : 100;
     double bytes = (double)sn_weight_bytes(w);
     printf("  gemv %-10s [%6lld x %6lld] %5.1f MB:", name, (long long)w->rows, (long long)w->cols, bytes / 1e6);
-    /* the integer tensor-core GEMV with 1 and 2 row tiles per block, then the fp32 GEMV */
-    static const char *const lbl[3] = { "i8", "i8mb2", "fp32" };
-    for (int v = 0; v < 3; v++) {
-        TRY(sn_cuda_tune(B, "gemv_i8", v < 2));
-        TRY(sn_cuda_tune(B, "gemv_mb", v == 1 ? 2 : 1));
+    /* the integer tensor-core GEMV in its stream-K form, in its ring form with 1
+     * and 2 row tiles per block, then the fp32 GEMV */
+    static const char *const lbl[4] = { "sk", "i8", "i8mb2", "fp32" };
+    for (int v = 0; v < 4; v++) {
+        TRY(sn_cuda_tune(B, "gemv_i8", v < 3));
+        TRY(sn_cuda_tune(B, "gemv_sk", v == 0));
+        TRY(sn_cuda_tune(B, "gemv_mb", v == 2 ? 2 : 1));
         for (int i = 0; i < 3; i++) TRY(O->matmul(B, w, 0, x, 1, y));
         TRY(O->sync(B));
         double t0 = now();
@@ -354,6 +364,7 @@ static void gemv_one(const char *name, const sn_weight *w, float *x, float *y)
     }
     printf("\n");
     TRY(sn_cuda_tune(B, "gemv_i8", 1));
+    TRY(sn_cuda_tune(B, "gemv_sk", 1));
     TRY(sn_cuda_tune(B, "gemv_mb", 0));
 }
 
@@ -428,6 +439,7 @@ int main(int argc, char **argv)
     const char *cfgp = NULL, *logp = NULL;
     int prefill = 4096, ndec = 128, layers = 0, profile = 1;
     int breakdown = 0; /* [prefill-breakdown] */
+    int gemv_only = 0; /* only the decode GEMV alone per matrix (gemv_micro) */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config") && i + 1 < argc) cfgp = argv[++i];
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
@@ -436,9 +448,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--log") && i + 1 < argc) logp = argv[++i];
         else if (!strcmp(argv[i], "--no-profile")) profile = 0;
         else if (!strcmp(argv[i], "--prefill-breakdown")) breakdown = 1; /* [prefill-breakdown] */
+        else if (!strcmp(argv[i], "--gemv-only")) gemv_only = 1;
         else {
             fprintf(stderr, "usage: %s --config config.json [--prefill P] [--decode N] [--layers L] [--log F] "
-                            "[--no-profile] [--prefill-breakdown]\n", argv[0]);
+                            "[--no-profile] [--prefill-breakdown] [--gemv-only]\n", argv[0]);
             return 2;
         }
     }
@@ -475,6 +488,11 @@ int main(int argc, char **argv)
     cfg_t *c = &m.c;
     size_t used, held;
     TRY(sn_cuda_info(B, NULL, 0, &used, NULL, &held));
+    if (gemv_only) {
+        printf("bench_cuda %s: decode GEMV alone (read-only bound %.0f GB/s)\n", cfgp, read_gbs);
+        gemv_micro(&m);
+        return 0;
+    }
 
     /* prefill: P random tokens at position 0 (one warm-up run first) */
     int32_t *ids = malloc(sizeof(int32_t) * prefill), tok = 0;
@@ -559,11 +577,11 @@ int main(int argc, char **argv)
     }
     double dec_nofuse = (nnf - 1) / tn;
     TRY(sn_cuda_tune(B, "fuse", 1));
-    /* decode variants (graph): PDL off, the fp32 GEMV, 2 row tiles per integer-GEMV block */
+    /* decode variants (graph): PDL off, the fp32 GEMV, the integer GEMV's ring form */
     int nv = ndec / 2 < 8 ? 8 : ndec / 2;
     double dec_nopdl = decode_with(&m, "pdl", 0, 1, prefill, nv, &tok);
     double dec_fp32 = decode_with(&m, "gemv_i8", 0, 1, prefill, nv, &tok);
-    double dec_mb2 = decode_with(&m, "gemv_mb", 2, 0, prefill, nv, &tok);
+    double dec_ring = decode_with(&m, "gemv_sk", 0, 1, prefill, nv, &tok);
     double dec_moe0 = c->E > 0 ? decode_with(&m, "moe_dec", 0, 2, prefill, nv, &tok) : 0; /* [moe] */
     double dec_moe1 = c->E > 0 ? decode_with(&m, "moe_dec", 1, 2, prefill, nv, &tok) : 0; /* [moe] */
     /* eager: fewer steps (same positions range) */
@@ -603,8 +621,8 @@ int main(int argc, char **argv)
            "read-only\n", dec_graph, med * 1e3, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs);
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
-    printf("  decode (graph) variants: PDL off %.1f tok/s; fp32 GEMV %.1f; integer GEMV with 2 row tiles per block "
-           "%.1f\n", dec_nopdl, dec_fp32, dec_mb2);
+    printf("  decode (graph) variants: PDL off %.1f tok/s; fp32 GEMV %.1f; integer GEMV in its ring form "
+           "%.1f\n", dec_nopdl, dec_fp32, dec_ring);
     if (c->E > 0) /* [moe] */
         printf("  decode (graph) MoE variants: old route/gate_up/down/sum kernels %.1f tok/s; two-launch MoE without "
                "the L2 prefetch %.1f\n", dec_moe0, dec_moe1);

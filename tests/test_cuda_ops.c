@@ -178,12 +178,16 @@ static void test_matmul_q4(void)
 }
 
 /* The integer tensor-core GEMV (repacked Q4: groups 32/64/128, bf16/f16
- * scales, cols % 64 == 0) against the oracle, incl. large activations, both block shapes,
- * and the fp32 GEMV on the same shapes. */
+ * scales, cols % 64 == 0) against the oracle, incl. large activations, in
+ * both forms (stream-K, the default, and the ring form with 1 and 2 row
+ * tiles per block), and the fp32 GEMV on the same shapes. The shapes give
+ * the stream-K split row tiles cut between warps, mid-group cuts (group
+ * 128) and warps with no units (17 x 64 is one unit). */
 static void test_matmul_q4_gemv_i8(void)
 {
-    for (int mb = 1; mb <= 2; mb++) {
-        CHECK_OK(sn_cuda_tune(G, "gemv_mb", mb));
+    for (int form = 0; form < 3; form++) {
+        CHECK_OK(sn_cuda_tune(G, "gemv_sk", form == 0));
+        CHECK_OK(sn_cuda_tune(G, "gemv_mb", form == 2 ? 2 : 1));
         int Ts[] = { 1, 2, 3, 5, 6, 8 };
         for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
             mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, Ts[i], 0, 1);
@@ -193,7 +197,10 @@ static void test_matmul_q4_gemv_i8(void)
         }
         mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 1, 0, 0);
         mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 7, 0, 0);
+        mm_case(SN_DT_Q4, 6000, 384, 128, SN_DT_BF16, 1, 0, 1);
+        mm_case(SN_DT_Q4, 4100, 2048, 64, SN_DT_BF16, 2, 0, 0);
     }
+    CHECK_OK(sn_cuda_tune(G, "gemv_sk", 1));
     CHECK_OK(sn_cuda_tune(G, "gemv_mb", 0));
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 0));
     mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1, 0, 1);
@@ -247,6 +254,10 @@ static void test_gemv_batch_invariant(void)
     gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, 1);
     gemv_invariance_case(SN_DT_Q4, 300, 2048, 128, SN_DT_BF16, 0);
+    gemv_invariance_case(SN_DT_Q4, 6000, 384, 128, SN_DT_BF16, 1);
+    /* the ring form of the integer GEMV */
+    CHECK_OK(sn_cuda_tune(G, "gemv_sk", 0));
+    gemv_invariance_case(SN_DT_Q4, 300, 2048, 128, SN_DT_BF16, 0);
     CHECK_OK(sn_cuda_tune(G, "gemv_mb", 2));
     gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
@@ -262,6 +273,7 @@ static void test_gemv_batch_invariant(void)
         CHECK_OK(sn_cuda_tune(G, "gemv_mb", 2));
         CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 3, d2));
         CHECK_OK(sn_cuda_tune(G, "gemv_mb", 0));
+        CHECK_OK(sn_cuda_tune(G, "gemv_sk", 1));
         float *a = tohost(d1, (size_t)3 * 300), *b = tohost(d2, (size_t)3 * 300);
         CHECK(memcmp(a, b, sizeof(float) * 3 * 300) == 0);
         free(x); free(a); free(b);

@@ -593,6 +593,7 @@ void cuda_destroy(sn_backend *b)
     free(cb->evs);
     cudaFree(cb->scratch);
     cudaFree(cb->d_zero);
+    cu_matmul_buffers_free(&cb->di);
     cudaFree(cb->d_ids);
     cudaFree(cb->d_outs);
     cudaFree(cb->d_sp);
@@ -1299,6 +1300,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.moe_gemm = 1;
     cb->di.gemv_i8 = 1;
     cb->di.gemv_mb = 0; /* by shape */
+    cb->di.gemv_sk = 1;
     {
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
         const char *g = getenv("SANCTUM_CUDA_GEMM");
@@ -1330,6 +1332,8 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     }
     if (st == SN_OK)
         st = cu_matmul_init(&cb->di);
+    if (st == SN_OK)
+        st = cu_matmul_buffers(&cb->di);
     if (st == SN_OK) {
         /* cuBLAS for long prefill GEMMs when it can be loaded; SANCTUM_CUDA_CUBLAS=0 turns it off */
         const char *env = getenv("SANCTUM_CUDA_CUBLAS");
@@ -1443,6 +1447,12 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
     if (!strcmp(key, "gemv_i8")) {
         SN_TRY(host_barrier(cb));
         cb->di.gemv_i8 = value != 0;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
+    if (!strcmp(key, "gemv_sk")) {
+        SN_TRY(host_barrier(cb));
+        cb->di.gemv_sk = value != 0;
         graphs_invalidate(cb);
         return SN_OK;
     }

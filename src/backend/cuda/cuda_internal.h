@@ -125,6 +125,9 @@ typedef struct {
     int moe_gemm;         /* MoE of T >= 32 tokens as grouped expert GEMMs (1, default) or per-token GEMVs */
     int gemv_i8;          /* decode GEMV on the integer tensor cores for repacked Q4 weights (1, default) */
     int gemv_mb;          /* 16-row tiles per block of that GEMV: 1, 2, or 0 = by shape (default) */
+    int gemv_sk;          /* that GEMV in its stream-K form (1, default) or the per-block ring form (0) */
+    float *gk_part;       /* stream-K partial tiles and per-tile counters (cu_matmul_buffers) */
+    int *gk_cnt;
     int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4 on the integer tensor cores: 3 digits (default), 2 (fast), 0 off */
 } cu_devinfo;
 
@@ -157,6 +160,10 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
 /* Raise the dynamic shared memory limit of every kernel that needs more
  * than 48 KB, once per process and device (not legal inside a capture). */
 sn_status cu_matmul_init(const cu_devinfo *di);
+/* Device buffers the matmul kernels keep across launches (the stream-K
+ * GEMV's partials and zeroed tile counters); freed by cu_matmul_buffers_free. */
+sn_status cu_matmul_buffers(cu_devinfo *di);
+void cu_matmul_buffers_free(cu_devinfo *di);
 sn_status cu_ops_init(const cu_devinfo *di);
 
 /* y[T, rows] = x[T, cols] @ W_e^T (+ bias). scratch: device buffer of at

@@ -704,7 +704,11 @@ struct gi_seg {
     float *y[CU_GROUP_MAX];
     float *add_to[CU_GROUP_MAX];
     int64_t rows[CU_GROUP_MAX], mt[CU_GROUP_MAX];
-    int b0[CU_GROUP_MAX + 1]; /* first block of segment i; b0[n] = the grid */
+    int b0[CU_GROUP_MAX + 1]; /* ring kernel: first block of segment i; b0[n] = the grid */
+    /* stream-K kernel: first unit (16 rows x 64 columns) and first row tile of
+     * segment i over the concatenated segments; u0[n] = all units */
+    int64_t u0[CU_GROUP_MAX + 1];
+    int t0[CU_GROUP_MAX + 1];
     int n;
 };
 
@@ -727,9 +731,16 @@ struct gi_x {
     float *esc, *xsb;
 };
 
+/* The stream-K GEMV's form of the digits: one record per 64-column block,
+ * [planes 3T x 64 bytes (words permuted) | esc [SPK][T] | xsb [SPK][T]],
+ * rounded to 16 bytes (SPK: quant groups per block, 2 for group 32). */
+__host__ __device__ __forceinline__ int gi_rec_bytes(int T, int spk) { return (3 * T * 64 + 2 * spk * T * 4 + 15) / 16 * 16; }
+
 __host__ __device__ __forceinline__ size_t gi_x_bytes(int64_t cols, int64_t groups, int T)
 {
-    return ((size_t)3 * T * cols + 255) / 256 * 256 + (size_t)2 * T * groups * 4 + 256;
+    const size_t planar = ((size_t)3 * T * cols + 255) / 256 * 256 + (size_t)2 * T * groups * 4;
+    const size_t rec = (size_t)(cols / 64) * gi_rec_bytes(T, 2);
+    return (planar > rec ? planar : rec) + 256;
 }
 
 __host__ __device__ __forceinline__ gi_x gi_x_at(void *scratch, int64_t cols, int64_t groups, int T)
@@ -748,7 +759,7 @@ __host__ __device__ __forceinline__ gi_x gi_x_at(void *scratch, int64_t cols, in
 template <int GS>
 __global__ void __launch_bounds__(256)
 k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const float *__restrict__ nw, float eps,
-           int norm_threads, float *__restrict__ xn, gi_x d, int T)
+           int norm_threads, float *__restrict__ xn, gi_x d, int T, int rec)
 {
     pdl_enter();
     __shared__ float red_n[32];
@@ -808,7 +819,30 @@ k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const floa
 #pragma unroll
     for (int o = LPG / 2; o > 0; o >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, o); /* integers: exact */
-    if (in) {
+    if (in && rec) {
+        /* the stream-K GEMV's records: in each 64-column block the 4x4
+         * words transposed, so a lane's two k-tiles of B are one 16-byte load */
+        constexpr int SPK = GS == 1 ? 2 : 1;
+        const int64_t kb = q / 16;
+        const int ow = (int)(q & 15), np = ((ow & 3) << 2) | (ow >> 2);
+        char *r = (char *)d.planes + (size_t)kb * rec;
+        ((uint32_t *)(r + (3 * t) * 64))[np] = p0;
+        ((uint32_t *)(r + (3 * t + 1) * 64))[np] = p1;
+        ((uint32_t *)(r + (3 * t + 2) * 64))[np] = p2;
+        if ((threadIdx.x % LPG) == 0) {
+            const float es = ldexpf(1.f, -e2), xb = (float)sum * es * (1.f / 65536.f);
+            /* the group's slot in the record of each block it covers */
+            const int k = GS == 1 ? (int)((4 * q / G) & 1) : 0;
+            float *e = (float *)(r + 3 * T * 64);
+            e[k * T + t] = es;
+            e[SPK * T + k * T + t] = xb;
+            if (GS == 4) { /* a group of 128 spans two blocks: write the other one too */
+                float *e2p = (float *)((char *)d.planes + (size_t)(kb ^ 1) * rec + 3 * T * 64);
+                e2p[t] = es;
+                e2p[T + t] = xb;
+            }
+        }
+    } else if (in) {
         ((uint32_t *)(d.planes + (size_t)(3 * t) * cols))[q] = p0;
         ((uint32_t *)(d.planes + (size_t)(3 * t + 1) * cols))[q] = p1;
         ((uint32_t *)(d.planes + (size_t)(3 * t + 2) * cols))[q] = p2;
@@ -1018,6 +1052,373 @@ k_gemv_i8(gi_seg g, int sf, int64_t cols, int64_t groups, gi_x xd, int T)
             if (g.add_to[si])
                 g.add_to[si][(size_t)t * rows + r] += v;
         }
+    }
+}
+
+/* ---- the integer GEMV, stream-K form (default) ------------------------- */
+/*
+ * Same arithmetic per unit as k_gemv_i8 (exact int32 MMAs per quant group,
+ * fp32 scaling per group and digit plane), a different division of the work:
+ * the repacked weights of all segments are one stream of units (one uint4
+ * per lane: 16 rows x 64 columns, 512 bytes), and warp w of a grid of NW
+ * warps takes units [W*w/NW, W*(w+1)/NW): every warp streams the same number
+ * of contiguous bytes, so there is no wave tail. Each warp's stream comes in
+ * through a ring of GK_S stages of GK_SU units in shared memory, filled by
+ * bulk asynchronous copies (cp.async.bulk, one instruction per stage for the
+ * weights and one for their (scale, bias) pairs, which are contiguous too)
+ * that complete on a per-stage mbarrier; the first GK_S stages are issued
+ * before pdl_wait. A row tile whose units one warp covers is written by that
+ * warp; a tile cut between warps leaves one partial per warp in part[], and
+ * the warp that brings the tile's count to its number of pieces adds them in
+ * warp order. NW depends on the shape and the device only (never on T), so
+ * the order of every fp32 sum is fixed: results are deterministic and a
+ * token's bits do not depend on T. x's digits come in the permuted word
+ * order (k_x_digits with perm), one 16-byte load per lane and n-tile. */
+
+constexpr int GK_BPS = 2;         /* resident blocks of 8 warps per SM the split assumes */
+constexpr int GK_MINU = 4;        /* fewest units per warp */
+constexpr int GK_SLOT = 16 * 24;  /* floats of one partial: 16 rows x up to 24 digit planes */
+constexpr int GK_TILES = 1 << 16; /* row tiles one launch may cut (counters) */
+constexpr int GK_SU = 4;          /* units per stage */
+constexpr int GK_S = 3;           /* stages per warp */
+constexpr int GK_SBW = (2 * GK_SU + 1) * 16; /* (scale, bias) words per stage, at most (group 32) */
+constexpr int GK_XREC = 416;      /* gi_rec_bytes(2, 2): the largest x record staged (T <= 2) */
+constexpr int GK_XOFF = GK_SU * 512 + GK_SBW * 4;
+constexpr int GK_STAGE = GK_XOFF + GK_SU * GK_XREC;
+
+/* the stage stride: x records staged (T <= 2) or not */
+__host__ __device__ constexpr int gk_stage_bytes(bool xs) { return xs ? GK_STAGE : GK_XOFF; }
+__host__ __device__ constexpr size_t gk_smem_bytes(bool xs) { return (size_t)8 * GK_S * (gk_stage_bytes(xs) + 8); }
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+
+/* expect bytes on the barrier's current phase without arriving */
+__device__ __forceinline__ void mbar_expect_only(uint64_t *b, uint32_t bytes)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect(uint64_t *b, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *b)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(b))
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t phase)
+{
+    uint32_t ok = 0;
+    while (!ok)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok)
+                     : "r"(smem_u32(b)), "r"(phase)
+                     : "memory");
+}
+
+/* the warp whose units include unit u */
+__device__ __forceinline__ int64_t gk_warp_of(int64_t u, int64_t W, int64_t NW) { return ((u + 1) * NW - 1) / W; }
+
+template <int GS, int NT, int SF>
+__global__ void __launch_bounds__(256, GK_BPS)
+k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ part, int *__restrict__ cnt)
+{
+    pdl_launch();
+    constexpr int NP = 8 * NT;
+    /* T <= 2: the stage's x records come into shared memory with its weights */
+    constexpr bool XS = NT == 1;
+    constexpr int STG = gk_stage_bytes(XS);
+    constexpr int SPK = GS == 1 ? 2 : 1; /* groups per unit */
+    __shared__ float red[8][16 * NP];
+    extern __shared__ __align__(128) unsigned char gk_ring[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const int64_t NW = (int64_t)gridDim.x * 8, wid = (int64_t)blockIdx.x * 8 + warp, W = g.u0[g.n];
+    const int64_t ua = W * wid / NW, ub = W * (wid + 1) / NW;
+    const int KB = (int)(cols / 64), P = 3 * T;
+
+    unsigned char *ring = gk_ring + (size_t)warp * GK_S * STG;
+    uint64_t *bar = (uint64_t *)(gk_ring + (size_t)8 * GK_S * STG) + warp * GK_S;
+
+    /* A stage: up to GK_SU units of one row tile. The producer and the
+     * consumer walk the same sequence with their own cursors. */
+    struct cursor {
+        int s, mt, kb;
+        int64_t u;
+        int n; /* units of the stage at this cursor */
+    };
+    auto start = [&](cursor &c) {
+        c.u = ua;
+        c.s = 0;
+        while (c.s + 1 < g.n && ua >= g.u0[c.s + 1])
+            c.s++;
+        c.mt = (int)((ua - g.u0[c.s]) / KB);
+        c.kb = (int)((ua - g.u0[c.s]) % KB);
+    };
+    auto size = [&](cursor &c) {
+        int n = GK_SU;
+        if (KB - c.kb < n)
+            n = KB - c.kb;
+        if (ub - c.u < n)
+            n = (int)(ub - c.u);
+        c.n = n;
+    };
+    auto next = [&](cursor &c) {
+        c.u += c.n;
+        c.kb += c.n;
+        if (c.kb == KB) {
+            c.kb = 0;
+            if (++c.mt == g.mt[c.s]) {
+                c.mt = 0;
+                c.s++;
+            }
+        }
+    };
+    cursor pc;
+    start(pc);
+    /* weights and pairs of the stage at pc into slot k; the x records go
+     * with them (xnow) or, for the stages issued before pdl_wait, after it */
+    int xkb[GK_S], xn[GK_S];
+    auto issue = [&](int k, bool xnow) {
+        if (pc.u >= ub)
+            return;
+        size(pc);
+        if (lane == 0) {
+            const int64_t lu0 = (int64_t)pc.mt * KB + pc.kb;
+            const int64_t gf = GS == 4 ? lu0 / 2 : lu0 * SPK, gl = GS == 4 ? (lu0 + pc.n - 1) / 2 : (lu0 + pc.n) * SPK - 1;
+            unsigned char *d = ring + (size_t)k * STG;
+            const uint32_t bw = (uint32_t)pc.n * 512u, bs = (uint32_t)(gl - gf + 1) * 64u;
+            const uint32_t bx = XS && xnow ? (uint32_t)(pc.n * rec) : 0u;
+            if (xnow)
+                mbar_expect(bar + k, bw + bs + bx);
+            else
+                mbar_expect_only(bar + k, bw + bs);
+            bulk_g2s(d, g.W[pc.s] + (size_t)lu0 * 32, bw, bar + k);
+            bulk_g2s(d + GK_SU * 512, (const uint32_t *)g.S[pc.s] + (size_t)gf * 16, bs, bar + k);
+            if (bx)
+                bulk_g2s(d + GK_XOFF, (const char *)xd.planes + (size_t)pc.kb * rec, bx, bar + k);
+        }
+        if (!xnow) {
+            xkb[k] = pc.kb;
+            xn[k] = pc.n;
+        }
+        next(pc);
+    };
+    if (lane == 0) {
+        for (int k = 0; k < GK_S; k++)
+            mbar_init(bar + k, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    int pro = 0; /* stages issued before pdl_wait */
+#pragma unroll
+    for (int k = 0; k < GK_S; k++) {
+        const bool any = pc.u < ub;
+        issue(k, false);
+        pro += any;
+    }
+
+    pdl_wait(); /* x's digits come from the kernel before */
+    if (lane == 0)
+        for (int k = 0; k < pro; k++) {
+            const uint32_t bx = XS ? (uint32_t)(xn[k] * rec) : 0u;
+            mbar_expect(bar + k, bx);
+            if (bx)
+                bulk_g2s(ring + (size_t)k * STG + GK_XOFF, (const char *)xd.planes + (size_t)xkb[k] * rec, bx,
+                         bar + k);
+        }
+    if (ua >= ub)
+        return;
+
+    /* this lane's pieces of an x record: its B words per n-tile, and per
+     * column the offset of the token's esc (xsb follows SPK * T floats on) */
+    int boff[NT], eoff[NT][2];
+    bool bl[NT], live[NT][2], d0[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        bl[j] = 8 * j + gq < P;
+        boff[j] = (bl[j] ? 8 * j + gq : 0) * 64 + tq * 16;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int p = 8 * j + 2 * tq + c;
+            live[j][c] = p < P;
+            d0[j][c] = p < P && p % 3 == 0;
+            eoff[j][c] = 3 * T * 64 + (live[j][c] ? p / 3 : 0) * 4;
+        }
+    }
+    const int xbo = SPK * T * 4;
+
+    float acc[NT][4];
+    int C[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            acc[j][i] = 0.f;
+            C[j][i] = 0;
+        }
+    /* scale the integer partials into acc (r: the x record, k: the group's slot) */
+    auto flush = [&](uint32_t e0, uint32_t e1, const char *r, int k, bool gend) {
+        const float2 s0 = sb_pair(make_uint2(e0, 0u), SF), s1 = sb_pair(make_uint2(e1, 0u), SF);
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const float *ep = (const float *)(r + eoff[j][c]) + k * T;
+                const float *xp = (const float *)((const char *)ep + xbo);
+                const float es = live[j][c] ? (XS ? *ep : __ldg(ep)) : 0.f;
+                const float xb = d0[j][c] && gend ? (XS ? *xp : __ldg(xp)) : 0.f;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int i = 2 * h + c;
+                    const float2 sr = h == 0 ? s0 : s1;
+                    acc[j][i] = fmaf(sr.x * es, (float)C[j][i], acc[j][i]);
+                    acc[j][i] = fmaf(sr.y, xb, acc[j][i]);
+                    C[j][i] = 0;
+                }
+            }
+    };
+    auto put = [&](int s, int mt, int row, int t, float v) {
+        const int64_t r = 16 * (int64_t)mt + row, rows = g.rows[s];
+        if (r < rows) {
+            if (g.bias[s])
+                v += g.bias[s][r];
+            g.y[s][(size_t)t * rows + r] = v;
+            if (g.add_to[s])
+                g.add_to[s][(size_t)t * rows + r] += v;
+        }
+    };
+    /* a row tile ends in this warp: write it, or leave a partial */
+    auto emit = [&](int s, int mt) {
+        const int64_t ts = g.u0[s] + (int64_t)mt * KB, te = ts + KB;
+        if (ts >= ua && te <= ub) {
+            float *r = red[warp];
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    r[(gq + 8 * (i >> 1)) * NP + 8 * j + 2 * tq + (i & 1)] = acc[j][i];
+            __syncwarp();
+            for (int o = lane; o < 16 * T; o += 32) {
+                const int row = o / T, t = o % T;
+                const float *b = r + row * NP + 3 * t;
+                put(s, mt, row, t, (65536.f * b[0] + 256.f * b[1]) + b[2]);
+            }
+            __syncwarp();
+            return;
+        }
+        float *dst = part + ((size_t)wid * 2 + (ua >= ts ? 0 : 1)) * GK_SLOT;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                dst[(gq + 8 * (i >> 1)) * 24 + 8 * j + 2 * tq + (i & 1)] = acc[j][i];
+        __threadfence();
+        __syncwarp();
+        const int64_t wf = gk_warp_of(ts, W, NW), wl = gk_warp_of(te - 1, W, NW);
+        const int tile = g.t0[s] + mt;
+        int last = 0;
+        if (lane == 0)
+            last = atomicAdd(cnt + tile, 1) == (int)(wl - wf);
+        if (!__shfl_sync(0xffffffffu, last, 0))
+            return;
+        __threadfence();
+        for (int o = lane; o < 16 * T; o += 32) {
+            const int row = o / T, t = o % T;
+            float p0 = 0.f, p1 = 0.f, p2 = 0.f;
+            for (int64_t w2 = wf; w2 <= wl; w2++) {
+                const int64_t ua2 = W * w2 / NW;
+                const float *src = part + ((size_t)w2 * 2 + (ua2 >= ts ? 0 : 1)) * GK_SLOT + row * 24 + 3 * t;
+                const float a = __ldcg(src), b = __ldcg(src + 1), c = __ldcg(src + 2);
+                p0 = w2 == wf ? a : p0 + a;
+                p1 = w2 == wf ? b : p1 + b;
+                p2 = w2 == wf ? c : p2 + c;
+            }
+            put(s, mt, row, t, (65536.f * p0 + 256.f * p1) + p2);
+        }
+        if (lane == 0)
+            cnt[tile] = 0; /* ready for the next launch */
+    };
+
+    cursor cc;
+    start(cc);
+    for (int c = 0; cc.u < ub; c++) {
+        const int k = c % GK_S;
+        size(cc);
+        mbar_wait(bar + k, (uint32_t)(c / GK_S) & 1u);
+        const uint4 *ws = (const uint4 *)(ring + (size_t)k * STG) + lane;
+        const uint32_t *ss = (const uint32_t *)(ring + (size_t)k * STG + GK_SU * 512) + gq;
+        const char *xr = XS ? (const char *)(ring + (size_t)k * STG + GK_XOFF)
+                            : (const char *)xd.planes + (size_t)cc.kb * rec;
+        const int odd = GS == 4 ? (cc.kb & 1) : 0; /* group 128: the stage may start mid-group */
+#pragma unroll
+        for (int i = 0; i < GK_SU; i++) {
+            if (i >= cc.n)
+                break;
+            const uint4 w = ws[i * 32];
+            const char *r = xr + i * rec;
+            uint4 b[NT];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const uint4 *bq = (const uint4 *)(r + boff[j]);
+                b[j] = bl[j] ? (XS ? *bq : __ldg(bq)) : make_uint4(0u, 0u, 0u, 0u);
+            }
+            const uint32_t a0[4] = { w.x & 0x0F0F0F0Fu, (w.x >> 4) & 0x0F0F0F0Fu, w.y & 0x0F0F0F0Fu,
+                                     (w.y >> 4) & 0x0F0F0F0Fu };
+            const uint32_t a1[4] = { w.z & 0x0F0F0F0Fu, (w.z >> 4) & 0x0F0F0F0Fu, w.w & 0x0F0F0F0Fu,
+                                     (w.w >> 4) & 0x0F0F0F0Fu };
+            if (GS == 1) {
+                /* a group per k-tile */
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    imma_u8s8(C[j], a0, b[j].x, b[j].y);
+                flush(ss[i * 32], ss[i * 32 + 8], r, 0, true);
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    imma_u8s8(C[j], a1, b[j].z, b[j].w);
+                flush(ss[i * 32 + 16], ss[i * 32 + 24], r, 1, true);
+            } else {
+                /* both k-tiles in one group: two integer chains, added exactly */
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    int D[4] = { 0, 0, 0, 0 };
+                    imma_u8s8(C[j], a0, b[j].x, b[j].y);
+                    imma_u8s8(D, a1, b[j].z, b[j].w);
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        C[j][q] += D[q];
+                }
+                if (GS == 2) {
+                    flush(ss[i * 16], ss[i * 16 + 8], r, 0, true);
+                } else {
+                    /* the group ends at an odd block; a warp's range may end mid-group */
+                    const int gi = (i + odd) >> 1;
+                    const bool gend = ((i + odd) & 1) == 1;
+                    if (gend || cc.u + i + 1 == ub)
+                        flush(ss[gi * 16], ss[gi * 16 + 8], r, 0, gend);
+                }
+            }
+        }
+        __syncwarp(); /* every lane is done with stage k: refill it */
+        issue(k, true);
+        if (cc.kb + cc.n == KB || cc.u + cc.n == ub) {
+            emit(cc.s, cc.mt);
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    acc[j][q] = 0.f;
+        }
+        next(cc);
     }
 }
 
@@ -1893,16 +2294,58 @@ sn_status gi_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, co
     return SN_OK;
 }
 
+template <int GS, int NT>
+sn_status gk_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, const cu_weight *w0, gi_x xd, int T,
+                       unsigned grid)
+{
+    const int rec = gi_rec_bytes(T, GS == 1 ? 2 : 1);
+    if (w0->sfmt == CS_BF16)
+        (void)cu_launch(k_gemv_sk<GS, NT, CS_BF16>, dim3(grid), dim3(256), gk_smem_bytes(NT == 1), s, g, (int64_t)w0->cols,
+                        xd, T, rec, di->gk_part, di->gk_cnt);
+    else
+        (void)cu_launch(k_gemv_sk<GS, NT, CS_F16>, dim3(grid), dim3(256), gk_smem_bytes(NT == 1), s, g, (int64_t)w0->cols,
+                        xd, T, rec, di->gk_part, di->gk_cnt);
+    CU_CHECK_LAUNCH("matmul gemv i8 stream-K");
+    return SN_OK;
+}
+
+/* The stream-K split of g (sets u0/t0): the grid, or 0 when the kernel
+ * cannot take it (too many row tiles for the counters). */
+unsigned gk_plan(const cu_devinfo *di, gi_seg &g, int64_t KB)
+{
+    g.u0[0] = 0;
+    g.t0[0] = 0;
+    for (int i = 0; i < g.n; i++) {
+        g.u0[i + 1] = g.u0[i] + g.mt[i] * KB;
+        g.t0[i + 1] = g.t0[i] + (int)g.mt[i];
+    }
+    if (!di->gk_part || g.t0[g.n] > GK_TILES || g.u0[g.n] < 1)
+        return 0;
+    int64_t nw = (int64_t)di->n_sm * GK_BPS * 8, cap = g.u0[g.n] / GK_MINU;
+    if (nw > cap)
+        nw = cap;
+    nw = nw / 8 * 8;
+    return (unsigned)(nw < 8 ? 1 : nw / 8);
+}
+
 template <int GS>
-sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, const cu_weight *w0, const float *x,
+sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, gi_seg &g, const cu_weight *w0, const float *x,
                     int T, int MB, const cu_gemv_norm *norm, void *scratch)
 {
     gi_x xd = gi_x_at(scratch, w0->cols, w0->groups, T);
+    const unsigned gk = di->gemv_sk ? gk_plan(di, g, w0->cols / 64) : 0;
     dim3 qg((unsigned)((w0->cols + 1023) / 1024), (unsigned)T);
     (void)cu_launch(k_x_digits<GS>, qg, dim3(256), 0, s, x, (int64_t)w0->cols, (int64_t)w0->groups,
                     norm ? norm->w : (const float *)NULL, norm ? norm->eps : 0.f, norm ? norm->threads : 0,
-                    norm ? norm->xn : (float *)NULL, xd, T);
+                    norm ? norm->xn : (float *)NULL, xd, T, gk ? gi_rec_bytes(T, GS == 1 ? 2 : 1) : 0);
     CU_CHECK_LAUNCH("matmul gemv digits");
+    if (gk) {
+        if (T <= 2)
+            return gk_launch_nt<GS, 1>(di, s, g, w0, xd, T, gk);
+        if (T <= 5)
+            return gk_launch_nt<GS, 2>(di, s, g, w0, xd, T, gk);
+        return gk_launch_nt<GS, 3>(di, s, g, w0, xd, T, gk);
+    }
     if (T <= 2)
         return gi_launch_nt<GS, 1>(di, s, g, w0, xd, T, MB);
     if (T <= 5)
@@ -1958,6 +2401,28 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 } // namespace
 
+sn_status cu_matmul_buffers(cu_devinfo *di)
+{
+    const size_t pb = (size_t)di->n_sm * GK_BPS * 8 * 2 * GK_SLOT * sizeof(float);
+    cudaError_t e;
+    if ((e = cudaMalloc(&di->gk_part, pb)) != cudaSuccess ||
+        (e = cudaMalloc(&di->gk_cnt, GK_TILES * sizeof(int))) != cudaSuccess ||
+        (e = cudaMemset(di->gk_cnt, 0, GK_TILES * sizeof(int))) != cudaSuccess) {
+        cu_matmul_buffers_free(di);
+        return SN_FAIL(SN_E_NOMEM, "cuda: GEMV buffers (%zu bytes): %s", pb + GK_TILES * sizeof(int),
+                       cudaGetErrorString(e));
+    }
+    return SN_OK;
+}
+
+void cu_matmul_buffers_free(cu_devinfo *di)
+{
+    cudaFree(di->gk_part);
+    cudaFree(di->gk_cnt);
+    di->gk_part = NULL;
+    di->gk_cnt = NULL;
+}
+
 sn_status cu_matmul_init(const cu_devinfo *di)
 {
 #define GEMV_INIT(B, R)                                                                                           \
@@ -1981,6 +2446,17 @@ sn_status cu_matmul_init(const cu_devinfo *di)
     GI_INIT(2)
     GI_INIT(4)
 #undef GI_INIT
+#define GK_INIT(GS, SF)                                                                                           \
+    SN_TRY(max_smem_dyn(k_gemv_sk<GS, 1, SF>, di, "gemv init"));                                                   \
+    SN_TRY(max_smem_dyn(k_gemv_sk<GS, 2, SF>, di, "gemv init"));                                                   \
+    SN_TRY(max_smem_dyn(k_gemv_sk<GS, 3, SF>, di, "gemv init"));
+    GK_INIT(1, CS_BF16)
+    GK_INIT(2, CS_BF16)
+    GK_INIT(4, CS_BF16)
+    GK_INIT(1, CS_F16)
+    GK_INIT(2, CS_F16)
+    GK_INIT(4, CS_F16)
+#undef GK_INIT
     SN_TRY(cu_gemm_i8_init(di)); /* [gemm_i8] */
     SN_TRY(max_smem(k_gemm<CW_Q4>, di, "gemm init"));
     SN_TRY(max_smem(k_gemm<CW_Q8>, di, "gemm init"));
