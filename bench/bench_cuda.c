@@ -350,6 +350,7 @@ static void gemv_one(const char *name, const sn_weight *w, float *x, float *y)
     /* the integer tensor-core GEMV in its stream-K form, in its ring form with 1
      * and 2 row tiles per block, then the fp32 GEMV */
     static const char *const lbl[4] = { "sk", "i8", "i8mb2", "fp32" };
+    TRY(sn_cuda_tune(B, "gemv_i8_min_kb", 0)); /* every size on the kernel asked for */
     for (int v = 0; v < 4; v++) {
         TRY(sn_cuda_tune(B, "gemv_i8", v < 3));
         TRY(sn_cuda_tune(B, "gemv_sk", v == 0));
@@ -366,6 +367,7 @@ static void gemv_one(const char *name, const sn_weight *w, float *x, float *y)
     TRY(sn_cuda_tune(B, "gemv_i8", 1));
     TRY(sn_cuda_tune(B, "gemv_sk", 1));
     TRY(sn_cuda_tune(B, "gemv_mb", 0));
+    TRY(sn_cuda_tune(B, "gemv_i8_min_kb", -1));
 }
 
 static void gemv_micro(model_t *m)
@@ -582,6 +584,11 @@ int main(int argc, char **argv)
     double dec_nopdl = decode_with(&m, "pdl", 0, 1, prefill, nv, &tok);
     double dec_fp32 = decode_with(&m, "gemv_i8", 0, 1, prefill, nv, &tok);
     double dec_ring = decode_with(&m, "gemv_sk", 0, 1, prefill, nv, &tok);
+    /* the fp32 GEMV below a size, the integer one above (gemv_i8_min_kb; the default, restored after, picks by shape) */
+    const int min_kb_def = -1, min_kbs[4] = { 0, 4096, 12288, 24576 };
+    double dec_min[4];
+    for (int i = 0; i < 4; i++)
+        dec_min[i] = decode_with(&m, "gemv_i8_min_kb", min_kbs[i], min_kb_def, prefill, nv, &tok);
     double dec_moe0 = c->E > 0 ? decode_with(&m, "moe_dec", 0, 2, prefill, nv, &tok) : 0; /* [moe] */
     double dec_moe1 = c->E > 0 ? decode_with(&m, "moe_dec", 1, 2, prefill, nv, &tok) : 0; /* [moe] */
     /* eager: fewer steps (same positions range) */
@@ -623,6 +630,8 @@ int main(int argc, char **argv)
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
     printf("  decode (graph) variants: PDL off %.1f tok/s; fp32 GEMV %.1f; integer GEMV in its ring form "
            "%.1f\n", dec_nopdl, dec_fp32, dec_ring);
+    printf("  decode (graph), fp32 GEMV for launches under N MB of 4-bit weights: N=0 %.1f, 4 %.1f, 12 %.1f, 24 %.1f tok/s\n",
+           dec_min[0], dec_min[1], dec_min[2], dec_min[3]);
     if (c->E > 0) /* [moe] */
         printf("  decode (graph) MoE variants: old route/gate_up/down/sum kernels %.1f tok/s; two-launch MoE without "
                "the L2 prefetch %.1f\n", dec_moe0, dec_moe1);

@@ -185,6 +185,7 @@ static void test_matmul_q4(void)
  * 128) and warps with no units (17 x 64 is one unit). */
 static void test_matmul_q4_gemv_i8(void)
 {
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0)); /* the integer GEMV for every size */
     for (int form = 0; form < 3; form++) {
         CHECK_OK(sn_cuda_tune(G, "gemv_sk", form == 0));
         CHECK_OK(sn_cuda_tune(G, "gemv_mb", form == 2 ? 2 : 1));
@@ -247,6 +248,7 @@ static void gemv_invariance_case(sn_dtype dt, int64_t rows, int64_t cols, int gr
 
 static void test_gemv_batch_invariant(void)
 {
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
     gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q4, 130, 96, 32, SN_DT_F16, 0);
     gemv_invariance_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 0);

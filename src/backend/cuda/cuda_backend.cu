@@ -1301,6 +1301,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_i8 = 1;
     cb->di.gemv_mb = 0; /* by shape */
     cb->di.gemv_sk = 1;
+    cb->di.gemv_i8_min = -1; /* by shape */
     {
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
         const char *g = getenv("SANCTUM_CUDA_GEMM");
@@ -1447,6 +1448,14 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
     if (!strcmp(key, "gemv_i8")) {
         SN_TRY(host_barrier(cb));
         cb->di.gemv_i8 = value != 0;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
+    if (!strcmp(key, "gemv_i8_min_kb")) {
+        if (value < -1)
+            return SN_FAIL(SN_E_INVALID, "cuda tune gemv_i8_min_kb=%d (-1 = by shape, or >= 0)", value);
+        SN_TRY(host_barrier(cb));
+        cb->di.gemv_i8_min = value < 0 ? -1 : (int64_t)value << 10;
         graphs_invalidate(cb);
         return SN_OK;
     }

@@ -126,6 +126,7 @@ typedef struct {
     int gemv_i8;          /* decode GEMV on the integer tensor cores for repacked Q4 weights (1, default) */
     int gemv_mb;          /* 16-row tiles per block of that GEMV: 1, 2, or 0 = by shape (default) */
     int gemv_sk;          /* that GEMV in its stream-K form (1, default) or the per-block ring form (0) */
+    int64_t gemv_i8_min;  /* 4-bit bytes below which a decode GEMV (or group) takes the fp32 kernel; < 0: by shape (default) */
     float *gk_part;       /* stream-K partial tiles and per-tile counters (cu_matmul_buffers) */
     int *gk_cnt;
     int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4 on the integer tensor cores: 3 digits (default), 2 (fast), 0 off */

@@ -1076,7 +1076,7 @@ k_gemv_i8(gi_seg g, int sf, int64_t cols, int64_t groups, gi_x xd, int T)
  * order (k_x_digits with perm), one 16-byte load per lane and n-tile. */
 
 constexpr int GK_BPS = 2;         /* resident blocks of 8 warps per SM the split assumes */
-constexpr int GK_MINU = 4;        /* fewest units per warp */
+constexpr int GK_MINU = 16;       /* fewest units per warp (fewer pieces per tile of a small matrix) */
 constexpr int GK_SLOT = 16 * 24;  /* floats of one partial: 16 rows x up to 24 digit planes */
 constexpr int GK_TILES = 1 << 16; /* row tiles one launch may cut (counters) */
 constexpr int GK_SU = 4;          /* units per stage */
@@ -1335,13 +1335,28 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
         for (int o = lane; o < 16 * T; o += 32) {
             const int row = o / T, t = o % T;
             float p0 = 0.f, p1 = 0.f, p2 = 0.f;
-            for (int64_t w2 = wf; w2 <= wl; w2++) {
-                const int64_t ua2 = W * w2 / NW;
-                const float *src = part + ((size_t)w2 * 2 + (ua2 >= ts ? 0 : 1)) * GK_SLOT + row * 24 + 3 * t;
-                const float a = __ldcg(src), b = __ldcg(src + 1), c = __ldcg(src + 2);
-                p0 = w2 == wf ? a : p0 + a;
-                p1 = w2 == wf ? b : p1 + b;
-                p2 = w2 == wf ? c : p2 + c;
+            /* the pieces in warp order, loaded 8 at a time so their
+             * latencies overlap (a small matrix has many pieces per tile) */
+            for (int64_t w0 = wf; w0 <= wl; w0 += 8) {
+                float v[8][3];
+#pragma unroll
+                for (int q = 0; q < 8; q++) {
+                    const int64_t w2 = w0 + q;
+                    if (w2 <= wl) {
+                        const int64_t ua2 = W * w2 / NW;
+                        const float *src = part + ((size_t)w2 * 2 + (ua2 >= ts ? 0 : 1)) * GK_SLOT + row * 24 + 3 * t;
+                        v[q][0] = __ldcg(src);
+                        v[q][1] = __ldcg(src + 1);
+                        v[q][2] = __ldcg(src + 2);
+                    }
+                }
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    if (w0 + q <= wl) {
+                        p0 = w0 + q == wf ? v[q][0] : p0 + v[q][0];
+                        p1 = w0 + q == wf ? v[q][1] : p1 + v[q][1];
+                        p2 = w0 + q == wf ? v[q][2] : p2 + v[q][2];
+                    }
             }
             put(s, mt, row, t, (65536.f * p0 + 256.f * p1) + p2);
         }
@@ -2353,6 +2368,20 @@ sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, gi_seg &g, const cu_we
     return gi_launch_nt<GS, 3>(di, s, g, w0, xd, T, MB);
 }
 
+/* Whether a decode launch of qbytes of 4-bit weights over cols columns
+ * takes the integer GEMV rather than the fp32 one. By shape (gemv_i8_min
+ * < 0), from the H200 decode benches: the integer one streams faster (27B
+ * lm_head 3.36 vs 2.82 TB/s) but costs a digits pass and a few us more per
+ * launch, so it wins from 24 MB, or 12 MB with at least 4096 columns (the
+ * 27B's 17.7 MB projections), and loses on the 35B-A3B's 4.7-14 MB ones of
+ * 2048 columns (316.7 tok/s with the fp32 GEMV for all of them vs 297.5). */
+bool gi_size_ok(const cu_devinfo *di, int64_t qbytes, int64_t cols)
+{
+    if (di->gemv_i8_min >= 0)
+        return qbytes >= di->gemv_i8_min;
+    return qbytes >= ((int64_t)24 << 20) || (qbytes >= ((int64_t)12 << 20) && cols >= 4096);
+}
+
 bool gi_ok(const cu_devinfo *di, const cu_weight *w, const float *x, int T)
 {
     return di->gemv_i8 && w->qr && T >= 1 && T <= GI_TMAX && ((uintptr_t)x & 15) == 0;
@@ -2520,7 +2549,7 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
         default: return launch_gemm<CW_BF16>(di, s, w, e, xh, sig, Kp, nseg, T, y);
         }
     }
-    if (e == 0 && gi_ok(di, w, x, T)) {
+    if (e == 0 && gi_ok(di, w, x, T) && gi_size_ok(di, w->rows * w->cols / 2, w->cols)) {
         gi_seg g;
         memset(&g, 0, sizeof g);
         g.n = 1;
@@ -2731,8 +2760,12 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
     if (n < 1 || n > CU_GROUP_MAX)
         return SN_FAIL(SN_E_INVALID, "matmul group of %d", n);
     bool i8 = (norm == NULL || (((uintptr_t)norm->w | (uintptr_t)norm->xn) & 15) == 0);
-    for (int i = 0; i < n && i8; i++)
+    int64_t qbytes = 0;
+    for (int i = 0; i < n && i8; i++) {
         i8 = e[i] == 0 && gi_ok(di, w[i], x, 1) && cu_matmul_groupable(w[0], w[i]);
+        qbytes += w[i]->rows * w[i]->cols / 2;
+    }
+    i8 = i8 && gi_size_ok(di, qbytes, w[0]->cols);
     if (i8) {
         gi_seg g;
         memset(&g, 0, sizeof g);
