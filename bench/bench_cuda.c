@@ -584,6 +584,7 @@ int main(int argc, char **argv)
     double dec_nopdl = decode_with(&m, "pdl", 0, 1, prefill, nv, &tok);
     double dec_fp32 = decode_with(&m, "gemv_i8", 0, 1, prefill, nv, &tok);
     double dec_ring = decode_with(&m, "gemv_sk", 0, 1, prefill, nv, &tok);
+    double dec_bps1 = decode_with(&m, "gemv_sk_bps", 1, 2, prefill, nv, &tok);
     /* the fp32 GEMV below a size, the integer one above (gemv_i8_min_kb; the default, restored after, picks by shape) */
     const int min_kb_def = -1, min_kbs[4] = { 0, 4096, 12288, 24576 };
     double dec_min[4];
@@ -630,6 +631,7 @@ int main(int argc, char **argv)
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
     printf("  decode (graph) variants: PDL off %.1f tok/s; fp32 GEMV %.1f; integer GEMV in its ring form "
            "%.1f\n", dec_nopdl, dec_fp32, dec_ring);
+    printf("  decode (graph), stream-K GEMV split for 1 block per SM: %.1f tok/s\n", dec_bps1);
     printf("  decode (graph), fp32 GEMV for launches under N MB of 4-bit weights: N=0 %.1f, 4 %.1f, 12 %.1f, 24 %.1f tok/s\n",
            dec_min[0], dec_min[1], dec_min[2], dec_min[3]);
     if (c->E > 0) /* [moe] */

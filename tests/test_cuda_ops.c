@@ -663,10 +663,10 @@ static void test_argmax(void)
 /* ---- decode-step graph: a small layer loop, eager vs recorded ---- */
 
 typedef struct {
-    tw emb, wq, wk, wv, wo;
+    tw emb, wq, wk, wv, wo, wg, wu, wd;
     float *norm_w, *inv_freq;
-    float *h, *xn, *q, *k, *v, *att, *o, *kc, *vc;
-    int H, Hq, Hkv, D, ctx;
+    float *h, *xn, *q, *k, *v, *att, *o, *kc, *vc, *mg, *mu, *ma;
+    int H, Hq, Hkv, D, ctx, I;
 } mini;
 
 static void mini_step(mini *m, int32_t tok, int pos, int32_t *next)
@@ -685,6 +685,13 @@ static void mini_step(mini *m, int32_t tok, int pos, int32_t *next)
         CHECK_OK(b->ops->attention(b, m->q, &kv, 1, pos, m->Hq, 0.125f, m->att));
         CHECK_OK(b->ops->matmul(b, &m->wo.wg, 0, m->att, 1, m->o));
         CHECK_OK(b->ops->add(b, m->h, m->o, (size_t)m->H));
+        /* the MLP: norm folded into gate/up, swiglu folded into down */
+        CHECK_OK(b->ops->rmsnorm(b, m->h, m->norm_w, 1, m->H, 1e-6f, m->xn));
+        CHECK_OK(b->ops->matmul(b, &m->wg.wg, 0, m->xn, 1, m->mg));
+        CHECK_OK(b->ops->matmul(b, &m->wu.wg, 0, m->xn, 1, m->mu));
+        CHECK_OK(b->ops->swiglu(b, m->mg, m->mu, (size_t)m->I, m->ma));
+        CHECK_OK(b->ops->matmul(b, &m->wd.wg, 0, m->ma, 1, m->o));
+        CHECK_OK(b->ops->add(b, m->h, m->o, (size_t)m->H));
     }
     CHECK_OK(b->ops->argmax(b, m->h, 1, m->H, next));
 }
@@ -693,12 +700,15 @@ static void mini_step(mini *m, int32_t tok, int pos, int32_t *next)
  * 512 threads (fewer and more virtual warps than the GEMV block has). */
 static void graph_case(int H)
 {
-    mini m = { .H = H, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 64 };
+    mini m = { .H = H, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 64, .I = H + 128 };
     tw_make(&m.emb, SN_DT_Q4, 256, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wq, SN_DT_Q4, m.Hq * m.D, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wk, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wv, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wo, SN_DT_Q4, m.H, m.Hq * m.D, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wg, SN_DT_Q4, m.I, m.H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wu, SN_DT_Q4, m.I, m.H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wd, SN_DT_Q4, m.H, m.I, 64, SN_DT_BF16, 0, 0);
     float *nw = hrand((size_t)m.H, 1.f), inv[32];
     for (int i = 0; i < 32; i++) inv[i] = powf(10000.f, -2.f * i / 32);
     m.norm_w = dcopy(nw, m.H);
@@ -706,6 +716,7 @@ static void graph_case(int H)
     m.h = dpoison(m.H); m.xn = dpoison(m.H); m.q = dpoison(m.Hq * m.D); m.k = dpoison(m.Hkv * m.D);
     m.v = dpoison(m.Hkv * m.D); m.att = dpoison(m.Hq * m.D); m.o = dpoison(m.H);
     m.kc = dpoison((size_t)m.ctx * m.Hkv * m.D); m.vc = dpoison((size_t)m.ctx * m.Hkv * m.D);
+    m.mg = dpoison(m.I); m.mu = dpoison(m.I); m.ma = dpoison(m.I);
     /* eager run: tokens and final hidden states per step */
     enum { N = 12 };
     int32_t toks_e[N + 1], toks_g[N + 1];
@@ -739,14 +750,21 @@ static void graph_case(int H)
     CHECK(t_out >= 0 && t_out < m.H);
     free(nw); free(hs_e); free(hs_g);
     tw_free(&m.emb); tw_free(&m.wq); tw_free(&m.wk); tw_free(&m.wv); tw_free(&m.wo);
+    tw_free(&m.wg); tw_free(&m.wu); tw_free(&m.wd);
+    dfree(m.mg); dfree(m.mu); dfree(m.ma);
     dfree(m.norm_w); dfree(m.inv_freq); dfree(m.h); dfree(m.xn); dfree(m.q); dfree(m.k); dfree(m.v);
     dfree(m.att); dfree(m.o); dfree(m.kc); dfree(m.vc);
 }
 
 static void test_graph_replay(void)
 {
+    /* the integer GEMV at every size (its digits pass folds the norm and the swiglu) */
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
     graph_case(256);
     graph_case(5120);
+    /* by shape: at H = 256 the fp32 GEMV (norm folded, swiglu run before it) */
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
+    graph_case(256);
 }
 
 int main(void)

@@ -64,6 +64,7 @@ struct gslot {
     int n, cap;
     bool valid;
     cudaGraphExec_t exec;
+    size_t nodes; /* of the graph exec was made from */
     long used;
 };
 constexpr int GRAPH_SLOTS = 8;
@@ -349,9 +350,9 @@ bool records_match(const cuda_be *cb, const gslot *g, int *delta)
 }
 
 /* Inside a capture: consecutive decode matmuls (T = 1, quantized, same x)
- * become one grouped launch, an RMSNorm of one row right before them that
- * produces their x is done inside that launch (it still writes its output,
- * for later readers), and a residual add right after them that reads one of
+ * become one grouped launch, an RMSNorm or a swiglu of one row right before
+ * them that produces their x is done inside that launch (it still writes its
+ * output, for later readers), and a residual add right after them that reads one of
  * their outputs is folded into it (the output is still written). The
  * arithmetic is unchanged (the fused norm reproduces cu_rmsnorm's sum
  * order), so a fused graph gives the same bits as the ops run one by one.
@@ -360,11 +361,14 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
 {
     if (!cb->fuse)
         return 0;
-    const rec *nr = NULL;
+    const rec *nr = NULL, *sw = NULL;
     int k0 = k;
     if (cb->recs[k].kind == R_RMSNORM && cb->recs[k].i[0] == 1 && cb->recs[k].p[0] != cb->recs[k].p[2] &&
         k + 1 < cb->n_recs) {
         nr = &cb->recs[k];
+        k0 = k + 1;
+    } else if (cb->recs[k].kind == R_SWIGLU && k + 1 < cb->n_recs) {
+        sw = &cb->recs[k]; /* one row's swiglu that makes the x of the matmuls after it */
         k0 = k + 1;
     }
     const rec &r0 = cb->recs[k0];
@@ -377,8 +381,11 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
     int64_t es[CU_GROUP_MAX];
     float *ys[CU_GROUP_MAX], *adds[CU_GROUP_MAX] = { 0 };
     const void *x = r0.p[1];
-    const void *raw = nr ? nr->p[0] : x; /* what the launch reads */
+    const void *raw = nr ? nr->p[0] : sw ? sw->p[0] : x; /* what the launch reads */
+    const void *raw2 = sw ? sw->p[1] : raw;                  /* (and swiglu's u) */
     if (nr && (nr->p[2] != x || nr->i[1] != w0->cols))
+        return 0;
+    if (sw && (sw->p[2] != x || sw->i[0] != w0->cols))
         return 0;
     int n = 0, j = k0;
     while (j < cb->n_recs && n < CU_GROUP_MAX) {
@@ -387,7 +394,7 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
             break;
         const cu_weight *w = cw_of(r.p[0]);
         float *y = (float *)r.p[2];
-        bool clash = !cu_matmul_groupable(w0, w) || y == x || y == raw;
+        bool clash = !cu_matmul_groupable(w0, w) || y == x || y == raw || y == raw2;
         for (int i = 0; i < n; i++)
             clash = clash || ys[i] == y;
         if (clash)
@@ -404,7 +411,7 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
     if (j < cb->n_recs && cb->recs[j].kind == R_ADD) {
         const rec &a = cb->recs[j];
         float *tgt = (float *)a.p[0];
-        bool ok = tgt != x && tgt != raw; /* the launch must not write what it reads */
+        bool ok = tgt != x && tgt != raw && tgt != raw2; /* the launch must not write what it reads */
         for (int i = 0; i < n; i++)
             ok = ok && tgt != ys[i];
         for (int i = 0; i < n && ok; i++)
@@ -417,13 +424,17 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
     if (n < 2 && used == n)
         return 0;
     cu_gemv_norm norm;
+    memset(&norm, 0, sizeof norm);
     if (nr) {
         norm.w = (const float *)nr->p[1];
         norm.eps = nr->f[0];
         norm.threads = cu_rmsnorm_threads((int)nr->i[1]);
         norm.xn = (float *)nr->p[2];
+    } else if (sw) {
+        norm.su = (const float *)sw->p[1];
+        norm.xn = (float *)sw->p[2];
     }
-    *st = cu_matmul_group(&cb->di, cb->st, n, ws, es, ys, adds, (const float *)raw, nr ? &norm : NULL,
+    *st = cu_matmul_group(&cb->di, cb->st, n, ws, es, ys, adds, (const float *)raw, nr || sw ? &norm : NULL,
                           cb->scratch);
     return used;
 }
@@ -525,6 +536,17 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
     }
     bool updated = false;
     gsl->valid = false;
+    size_t nodes = 0;
+    if (cudaGraphGetNodes(g, NULL, &nodes) != cudaSuccess) {
+        cudaGetLastError();
+        nodes = 0;
+    }
+    /* an update can only work on the same topology: a different node count
+     * (another fusion, another GEMV form) goes straight to instantiation */
+    if (gsl->exec && gsl->nodes != nodes) {
+        cudaGraphExecDestroy(gsl->exec);
+        gsl->exec = NULL;
+    }
     if (gsl->exec) {
         cudaGraphExecUpdateResultInfo info;
         if (cudaGraphExecUpdate(gsl->exec, g, &info) == cudaSuccess)
@@ -544,6 +566,7 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
         }
     }
     cudaGraphDestroy(g);
+    gsl->nodes = nodes;
     if (gsl->cap < cb->n_recs) {
         rec *nr = (rec *)realloc(gsl->recs, sizeof(rec) * cb->n_recs);
         if (!nr)
@@ -1301,6 +1324,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_i8 = 1;
     cb->di.gemv_mb = 0; /* by shape */
     cb->di.gemv_sk = 1;
+    cb->di.gemv_sk_bps = 2;
     cb->di.gemv_i8_min = -1; /* by shape */
     {
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
@@ -1456,6 +1480,14 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
             return SN_FAIL(SN_E_INVALID, "cuda tune gemv_i8_min_kb=%d (-1 = by shape, or >= 0)", value);
         SN_TRY(host_barrier(cb));
         cb->di.gemv_i8_min = value < 0 ? -1 : (int64_t)value << 10;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
+    if (!strcmp(key, "gemv_sk_bps")) {
+        if (value < 1 || value > 2)
+            return SN_FAIL(SN_E_INVALID, "cuda tune gemv_sk_bps=%d (1 or 2)", value);
+        SN_TRY(host_barrier(cb));
+        cb->di.gemv_sk_bps = value;
         graphs_invalidate(cb);
         return SN_OK;
     }

@@ -127,6 +127,8 @@ typedef struct {
     int gemv_mb;          /* 16-row tiles per block of that GEMV: 1, 2, or 0 = by shape (default) */
     int gemv_sk;          /* that GEMV in its stream-K form (1, default) or the per-block ring form (0) */
     int64_t gemv_i8_min;  /* 4-bit bytes below which a decode GEMV (or group) takes the fp32 kernel; < 0: by shape (default) */
+    int gemv_sk_bps;      /* blocks per SM its split assumes: 1 or 2 (default) */
+    int gk_warps;         /* warps gk_part has room for */
     float *gk_part;       /* stream-K partial tiles and per-tile counters (cu_matmul_buffers) */
     int *gk_cnt;
     int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4 on the integer tensor cores: 3 digits (default), 2 (fast), 0 off */
@@ -184,6 +186,9 @@ typedef struct {
     float eps;
     int threads;
     float *xn;
+    /* instead of the norm (w NULL): x is silu(x) * su elementwise, as
+     * cu_swiglu computes it, and that row goes to xn */
+    const float *su;
 } cu_gemv_norm;
 bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b);
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
@@ -207,6 +212,8 @@ sn_status cu_gated_rmsnorm(cudaStream_t s, const float *o, const float *z, const
                            float eps, float *y);
 sn_status cu_add(cudaStream_t s, float *y, const float *x, size_t n);
 sn_status cu_swiglu(cudaStream_t s, const float *g, const float *u, size_t n, float *out);
+/* silu as every kernel computes it (the swiglu folded into a GEMV must match k_swiglu bitwise) */
+__device__ __forceinline__ float cu_silu(float x) { return x / (1.f + expf(-x)); }
 sn_status cu_mul_sigmoid(cudaStream_t s, float *y, const float *g, size_t n);
 sn_status cu_add_gated(cudaStream_t s, float *y, const float *x, const float *g, int T, int n);
 sn_status cu_rope(cudaStream_t s, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,

@@ -709,6 +709,7 @@ struct gi_seg {
      * segment i over the concatenated segments; u0[n] = all units */
     int64_t u0[CU_GROUP_MAX + 1];
     int t0[CU_GROUP_MAX + 1];
+    int wb[CU_GROUP_MAX + 1]; /* first warp of segment i (a multiple of 8); wb[n] = all warps */
     int n;
 };
 
@@ -759,7 +760,7 @@ __host__ __device__ __forceinline__ gi_x gi_x_at(void *scratch, int64_t cols, in
 template <int GS>
 __global__ void __launch_bounds__(256)
 k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const float *__restrict__ nw, float eps,
-           int norm_threads, float *__restrict__ xn, gi_x d, int T, int rec)
+           int norm_threads, float *__restrict__ xn, const float *__restrict__ su, gi_x d, int T, int rec)
 {
     pdl_enter();
     __shared__ float red_n[32];
@@ -784,7 +785,13 @@ k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const floa
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
     if (in) {
         v = __ldg((const float4 *)xr + q);
-        if (nw) {
+        if (su) {
+            /* k_swiglu: out = silu(g) * u */
+            const float4 u4 = __ldg((const float4 *)(su + (size_t)t * cols) + q);
+            v = make_float4(cu_silu(v.x) * u4.x, cu_silu(v.y) * u4.y, cu_silu(v.z) * u4.z, cu_silu(v.w) * u4.w);
+            if (xn)
+                *((float4 *)(xn + (size_t)t * cols) + q) = v;
+        } else if (nw) {
             const float4 w4 = __ldg((const float4 *)nw + q);
             /* k_rmsnorm: y = x * inv * w, in that order */
             v = make_float4(v.x * inv * w4.x, v.y * inv * w4.y, v.z * inv * w4.z, v.w * inv * w4.w);
@@ -1075,10 +1082,10 @@ k_gemv_i8(gi_seg g, int sf, int64_t cols, int64_t groups, gi_x xd, int T)
  * token's bits do not depend on T. x's digits come in the permuted word
  * order (k_x_digits with perm), one 16-byte load per lane and n-tile. */
 
-constexpr int GK_BPS = 2;         /* resident blocks of 8 warps per SM the split assumes */
+constexpr int GK_BPS = 2;         /* resident blocks of 8 warps per SM at most (registers, shared memory) */
 constexpr int GK_MINU = 16;       /* fewest units per warp (fewer pieces per tile of a small matrix) */
 constexpr int GK_SLOT = 16 * 24;  /* floats of one partial: 16 rows x up to 24 digit planes */
-constexpr int GK_TILES = 1 << 16; /* row tiles one launch may cut (counters) */
+constexpr int GK_TILES = 1 << 20; /* row tiles of one launch (counters) */
 constexpr int GK_SU = 4;          /* units per stage */
 constexpr int GK_S = 3;           /* stages per warp */
 constexpr int GK_SBW = (2 * GK_SU + 1) * 16; /* (scale, bias) words per stage, at most (group 32) */
@@ -1126,8 +1133,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t phase)
                      : "memory");
 }
 
-/* the warp whose units include unit u */
-__device__ __forceinline__ int64_t gk_warp_of(int64_t u, int64_t W, int64_t NW) { return ((u + 1) * NW - 1) / W; }
+/* Each segment is split over its own warps exactly as it would be alone,
+ * so a matrix gives the same bits grouped (inside a graph) or not: segment
+ * s has units [u0, u0 + W) and warps [wb, wb + NW). */
+struct gk_split {
+    int64_t u0, W, wb, NW;
+    __device__ __forceinline__ int64_t first(int64_t w) const { return u0 + W * (w - wb) / NW; }
+    /* the warp whose units include unit u */
+    __device__ __forceinline__ int64_t warp_of(int64_t u) const { return wb + ((u - u0 + 1) * NW - 1) / W; }
+};
 
 template <int GS, int NT, int SF>
 __global__ void __launch_bounds__(256, GK_BPS)
@@ -1142,34 +1156,52 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
     __shared__ float red[8][16 * NP];
     extern __shared__ __align__(128) unsigned char gk_ring[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    const int64_t NW = (int64_t)gridDim.x * 8, wid = (int64_t)blockIdx.x * 8 + warp, W = g.u0[g.n];
-    const int64_t ua = W * wid / NW, ub = W * (wid + 1) / NW;
+    /* this warp walks the virtual warps v = p, p + NWP, ... of the split */
+    const int64_t p0 = (int64_t)blockIdx.x * 8 + warp, NWP = (int64_t)gridDim.x * 8, NV = g.wb[g.n];
     const int KB = (int)(cols / 64), P = 3 * T;
+    auto split_of = [&](int s) {
+        return gk_split{ g.u0[s], g.u0[s + 1] - g.u0[s], g.wb[s], g.wb[s + 1] - g.wb[s] };
+    };
 
     unsigned char *ring = gk_ring + (size_t)warp * GK_S * STG;
     uint64_t *bar = (uint64_t *)(gk_ring + (size_t)8 * GK_S * STG) + warp * GK_S;
 
-    /* A stage: up to GK_SU units of one row tile. The producer and the
-     * consumer walk the same sequence with their own cursors. */
+    /* A stage: up to GK_SU units of one row tile of one virtual warp's
+     * range. The producer and the consumer walk the same sequence with
+     * their own cursors. */
     struct cursor {
         int s, mt, kb;
-        int64_t u;
-        int n; /* units of the stage at this cursor */
+        int64_t v, ua, ub, u; /* virtual warp, its units [ua, ub), the next unit */
+        int n;                /* units of the stage at this cursor */
+    };
+    /* move c to the next virtual warp with units (c.v >= NV: none left) */
+    auto range = [&](cursor &c) {
+        for (c.v += NWP; c.v < NV; c.v += NWP) {
+            c.s = 0;
+            while (c.s + 1 < g.n && c.v >= g.wb[c.s + 1])
+                c.s++;
+            const gk_split sp = split_of(c.s);
+            c.ua = sp.first(c.v);
+            c.ub = sp.first(c.v + 1);
+            if (c.ua < c.ub)
+                break;
+        }
+        c.u = c.ua;
+        if (c.v < NV) {
+            c.mt = (int)((c.ua - g.u0[c.s]) / KB);
+            c.kb = (int)((c.ua - g.u0[c.s]) % KB);
+        }
     };
     auto start = [&](cursor &c) {
-        c.u = ua;
-        c.s = 0;
-        while (c.s + 1 < g.n && ua >= g.u0[c.s + 1])
-            c.s++;
-        c.mt = (int)((ua - g.u0[c.s]) / KB);
-        c.kb = (int)((ua - g.u0[c.s]) % KB);
+        c.v = p0 - NWP;
+        range(c);
     };
     auto size = [&](cursor &c) {
         int n = GK_SU;
         if (KB - c.kb < n)
             n = KB - c.kb;
-        if (ub - c.u < n)
-            n = (int)(ub - c.u);
+        if (c.ub - c.u < n)
+            n = (int)(c.ub - c.u);
         c.n = n;
     };
     auto next = [&](cursor &c) {
@@ -1177,11 +1209,10 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
         c.kb += c.n;
         if (c.kb == KB) {
             c.kb = 0;
-            if (++c.mt == g.mt[c.s]) {
-                c.mt = 0;
-                c.s++;
-            }
+            c.mt++;
         }
+        if (c.u == c.ub)
+            range(c);
     };
     cursor pc;
     start(pc);
@@ -1189,7 +1220,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
      * with them (xnow) or, for the stages issued before pdl_wait, after it */
     int xkb[GK_S], xn[GK_S];
     auto issue = [&](int k, bool xnow) {
-        if (pc.u >= ub)
+        if (pc.v >= NV)
             return;
         size(pc);
         if (lane == 0) {
@@ -1222,7 +1253,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
     int pro = 0; /* stages issued before pdl_wait */
 #pragma unroll
     for (int k = 0; k < GK_S; k++) {
-        const bool any = pc.u < ub;
+        const bool any = pc.v < NV;
         issue(k, false);
         pro += any;
     }
@@ -1236,9 +1267,6 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                 bulk_g2s(ring + (size_t)k * STG + GK_XOFF, (const char *)xd.planes + (size_t)xkb[k] * rec, bx,
                          bar + k);
         }
-    if (ua >= ub)
-        return;
-
     /* this lane's pieces of an x record: its B words per n-tile, and per
      * column the offset of the token's esc (xsb follows SPK * T floats on) */
     int boff[NT], eoff[NT][2];
@@ -1297,8 +1325,11 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                 g.add_to[s][(size_t)t * rows + r] += v;
         }
     };
-    /* a row tile ends in this warp: write it, or leave a partial */
-    auto emit = [&](int s, int mt) {
+    /* a row tile ends in this virtual warp: write it, or leave a partial */
+    auto emit = [&](const cursor &c) {
+        const int s = c.s, mt = c.mt;
+        const int64_t ua = c.ua, ub = c.ub, wid = c.v;
+        const gk_split sp = split_of(s);
         const int64_t ts = g.u0[s] + (int64_t)mt * KB, te = ts + KB;
         if (ts >= ua && te <= ub) {
             float *r = red[warp];
@@ -1324,7 +1355,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                 dst[(gq + 8 * (i >> 1)) * 24 + 8 * j + 2 * tq + (i & 1)] = acc[j][i];
         __threadfence();
         __syncwarp();
-        const int64_t wf = gk_warp_of(ts, W, NW), wl = gk_warp_of(te - 1, W, NW);
+        const int64_t wf = sp.warp_of(ts), wl = sp.warp_of(te - 1);
         const int tile = g.t0[s] + mt;
         int last = 0;
         if (lane == 0)
@@ -1343,7 +1374,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                 for (int q = 0; q < 8; q++) {
                     const int64_t w2 = w0 + q;
                     if (w2 <= wl) {
-                        const int64_t ua2 = W * w2 / NW;
+                        const int64_t ua2 = sp.first(w2);
                         const float *src = part + ((size_t)w2 * 2 + (ua2 >= ts ? 0 : 1)) * GK_SLOT + row * 24 + 3 * t;
                         v[q][0] = __ldcg(src);
                         v[q][1] = __ldcg(src + 1);
@@ -1366,7 +1397,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
 
     cursor cc;
     start(cc);
-    for (int c = 0; cc.u < ub; c++) {
+    for (int c = 0; cc.v < NV; c++) {
         const int k = c % GK_S;
         size(cc);
         mbar_wait(bar + k, (uint32_t)(c / GK_S) & 1u);
@@ -1418,15 +1449,15 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                     /* the group ends at an odd block; a warp's range may end mid-group */
                     const int gi = (i + odd) >> 1;
                     const bool gend = ((i + odd) & 1) == 1;
-                    if (gend || cc.u + i + 1 == ub)
+                    if (gend || cc.u + i + 1 == cc.ub)
                         flush(ss[gi * 16], ss[gi * 16 + 8], r, 0, gend);
                 }
             }
         }
         __syncwarp(); /* every lane is done with stage k: refill it */
         issue(k, true);
-        if (cc.kb + cc.n == KB || cc.u + cc.n == ub) {
-            emit(cc.s, cc.mt);
+        if (cc.kb + cc.n == KB || cc.u + cc.n == cc.ub) {
+            emit(cc);
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -2330,17 +2361,29 @@ unsigned gk_plan(const cu_devinfo *di, gi_seg &g, int64_t KB)
 {
     g.u0[0] = 0;
     g.t0[0] = 0;
+    g.wb[0] = 0;
+    /* blocks per SM the split assumes (tune gemv_sk_bps): fewer leave room
+     * for the next kernel's blocks to start while this one runs */
+    const int bps = di->gemv_sk_bps >= 1 && di->gemv_sk_bps <= GK_BPS ? di->gemv_sk_bps : GK_BPS;
     for (int i = 0; i < g.n; i++) {
-        g.u0[i + 1] = g.u0[i] + g.mt[i] * KB;
+        const int64_t W = g.mt[i] * KB;
+        g.u0[i + 1] = g.u0[i] + W;
         g.t0[i + 1] = g.t0[i] + (int)g.mt[i];
+        /* the segment's warps as if it were launched alone */
+        int64_t nw = (int64_t)di->n_sm * bps * 8, cap = W / GK_MINU;
+        if (nw > cap)
+            nw = cap;
+        nw = nw < 8 ? 8 : nw / 8 * 8;
+        g.wb[i + 1] = g.wb[i] + (int)nw;
     }
-    if (!di->gk_part || g.t0[g.n] > GK_TILES || g.u0[g.n] < 1)
+    if (!di->gk_part || g.t0[g.n] > GK_TILES || g.wb[g.n] > di->gk_warps || g.u0[g.n] < 1)
         return 0;
-    int64_t nw = (int64_t)di->n_sm * GK_BPS * 8, cap = g.u0[g.n] / GK_MINU;
-    if (nw > cap)
-        nw = cap;
-    nw = nw / 8 * 8;
-    return (unsigned)(nw < 8 ? 1 : nw / 8);
+    /* resident warps walk the virtual ones (a group of big matrices has
+     * more than one wave of them) */
+    int64_t blocks = g.wb[g.n] / 8;
+    if (blocks > (int64_t)di->n_sm * bps)
+        blocks = (int64_t)di->n_sm * bps;
+    return (unsigned)blocks;
 }
 
 template <int GS>
@@ -2352,7 +2395,8 @@ sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, gi_seg &g, const cu_we
     dim3 qg((unsigned)((w0->cols + 1023) / 1024), (unsigned)T);
     (void)cu_launch(k_x_digits<GS>, qg, dim3(256), 0, s, x, (int64_t)w0->cols, (int64_t)w0->groups,
                     norm ? norm->w : (const float *)NULL, norm ? norm->eps : 0.f, norm ? norm->threads : 0,
-                    norm ? norm->xn : (float *)NULL, xd, T, gk ? gi_rec_bytes(T, GS == 1 ? 2 : 1) : 0);
+                    norm ? norm->xn : (float *)NULL, norm ? norm->su : (const float *)NULL, xd, T,
+                    gk ? gi_rec_bytes(T, GS == 1 ? 2 : 1) : 0);
     CU_CHECK_LAUNCH("matmul gemv digits");
     if (gk) {
         if (T <= 2)
@@ -2370,16 +2414,17 @@ sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, gi_seg &g, const cu_we
 
 /* Whether a decode launch of qbytes of 4-bit weights over cols columns
  * takes the integer GEMV rather than the fp32 one. By shape (gemv_i8_min
- * < 0), from the H200 decode benches: the integer one streams faster (27B
- * lm_head 3.36 vs 2.82 TB/s) but costs a digits pass and a few us more per
- * launch, so it wins from 24 MB, or 12 MB with at least 4096 columns (the
- * 27B's 17.7 MB projections), and loses on the 35B-A3B's 4.7-14 MB ones of
- * 2048 columns (316.7 tok/s with the fp32 GEMV for all of them vs 297.5). */
+ * < 0), from the H200 benches (docs/PERFORMANCE.md): the integer stream-K
+ * GEMV wins on long rows (27B down 17408 columns: 24 vs 34 us; o/out 6144:
+ * 12.3 vs 15.1 us) and on the lm_head (214 vs 254 us), ties or loses at
+ * 5120 columns and below (a digits pass and a few us more per launch; 27B
+ * gate 28 vs 26.5 us), and groups split per matrix (so that a matrix's bits
+ * do not depend on its grouping) lost 27B decode 108 -> 96 tok/s. */
 bool gi_size_ok(const cu_devinfo *di, int64_t qbytes, int64_t cols)
 {
     if (di->gemv_i8_min >= 0)
         return qbytes >= di->gemv_i8_min;
-    return qbytes >= ((int64_t)24 << 20) || (qbytes >= ((int64_t)12 << 20) && cols >= 4096);
+    return (cols >= 6144 && qbytes >= ((int64_t)12 << 20)) || qbytes >= ((int64_t)256 << 20);
 }
 
 bool gi_ok(const cu_devinfo *di, const cu_weight *w, const float *x, int T)
@@ -2432,7 +2477,9 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 sn_status cu_matmul_buffers(cu_devinfo *di)
 {
-    const size_t pb = (size_t)di->n_sm * GK_BPS * 8 * 2 * GK_SLOT * sizeof(float);
+    /* partials for every segment of a full group split as if alone */
+    di->gk_warps = di->n_sm * GK_BPS * 8 * CU_GROUP_MAX;
+    const size_t pb = (size_t)di->gk_warps * 2 * GK_SLOT * sizeof(float);
     cudaError_t e;
     if ((e = cudaMalloc(&di->gk_part, pb)) != cudaSuccess ||
         (e = cudaMalloc(&di->gk_cnt, GK_TILES * sizeof(int))) != cudaSuccess ||
@@ -2759,7 +2806,7 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
 {
     if (n < 1 || n > CU_GROUP_MAX)
         return SN_FAIL(SN_E_INVALID, "matmul group of %d", n);
-    bool i8 = (norm == NULL || (((uintptr_t)norm->w | (uintptr_t)norm->xn) & 15) == 0);
+    bool i8 = (norm == NULL || (((uintptr_t)norm->w | (uintptr_t)norm->xn | (uintptr_t)norm->su) & 15) == 0);
     int64_t qbytes = 0;
     for (int i = 0; i < n && i8; i++) {
         i8 = e[i] == 0 && gi_ok(di, w[i], x, 1) && cu_matmul_groupable(w[0], w[i]);
@@ -2792,6 +2839,12 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
         g.y[i] = y[i];
         g.add_to[i] = add_to ? add_to[i] : NULL;
         g.rows[i] = w[i]->rows;
+    }
+    if (norm && norm->su) {
+        /* the fp32 GEMV has no swiglu stage: run it first */
+        SN_TRY(cu_swiglu(s, x, norm->su, (size_t)w[0]->cols, norm->xn));
+        x = norm->xn;
+        norm = NULL;
     }
     if (norm) {
         g.nw = norm->w;
