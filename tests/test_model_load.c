@@ -226,6 +226,16 @@ static void test_good_checkpoint_runs(void)
     int32_t many[64] = { 0 };
     CHECK(sn_forward(m, s, many, 64, NULL, false) == SN_E_RANGE);
     CHECK(strstr(sn_errmsg(), "context") != NULL);
+    /* a bad SANCTUM_GRAPH_ROWS is refused by name, not silently replaced */
+    const char *bad_rows[] = { "9", "0", "4x", "-1" };
+    for (size_t i = 0; i < sizeof bad_rows / sizeof *bad_rows; i++) {
+        setenv("SANCTUM_GRAPH_ROWS", bad_rows[i], 1);
+        CHECK(sn_forward(m, s, ids, 1, lg, false) == SN_E_INVALID);
+        CHECK(strstr(sn_errmsg(), "SANCTUM_GRAPH_ROWS") != NULL);
+    }
+    setenv("SANCTUM_GRAPH_ROWS", "3", 1);
+    CHECK_OK(sn_forward(m, s, ids, 1, lg, false));
+    unsetenv("SANCTUM_GRAPH_ROWS");
     free(lg);
     sn_seq_free(s);
     sn_model_free(m);

@@ -200,17 +200,21 @@ static sn_status head_finish(sn_model *m, const head_row *rows, int nr, const in
     return SN_OK;
 }
 
-static int graph_rows_v;   /* 0: not read yet */
-
-static int graph_rows(void)
+/* SANCTUM_GRAPH_ROWS: the most rows per sequence a step may have to go
+ * into a backend graph (1..8, default 8); anything else is refused. Read at
+ * every step (a getenv is nothing next to a forward), so a bad value is an
+ * error of the step that meets it, not of the whole process. */
+static sn_status graph_rows(int *out)
 {
-    int v = __atomic_load_n(&graph_rows_v, __ATOMIC_RELAXED);
-    if (v) return v;
     const char *e = getenv("SANCTUM_GRAPH_ROWS");
-    v = e && *e ? atoi(e) : 8;
-    if (v < 1 || v > 8) v = 8;
-    __atomic_store_n(&graph_rows_v, v, __ATOMIC_RELAXED);
-    return v;
+    *out = 8;
+    if (!e || !*e) return SN_OK;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    if (*end || v < 1 || v > 8)
+        return SN_FAIL(SN_E_INVALID, "SANCTUM_GRAPH_ROWS=%s: want an integer from 1 to 8", e);
+    *out = (int)v;
+    return SN_OK;
 }
 
 /* A decode step (one token per sequence) runs inside begin_step/end_step
@@ -232,7 +236,8 @@ static sn_status run_step(sn_model *m, const step *st)
     }
     int32_t ids[SN_LOGIT_ROWS];
     bool have_ids = false, one_head = nr <= SN_LOGIT_ROWS, decode = true;
-    int grows = graph_rows();
+    int grows;
+    SN_TRY(graph_rows(&grows));
     for (int i = 0; i < st->n_items; i++) decode = decode && st->it[i].n <= grows;
     /* only decode steps: they repeat with positions shifted, which is what
      * a recorded graph can replay; a prefill chunk would be captured once

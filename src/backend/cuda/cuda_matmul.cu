@@ -724,6 +724,20 @@ __device__ __forceinline__ void imma_u8s8(int (&d)[4], const uint32_t (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* A lane's repacked uint4 -> its u8 A fragments of the block's two k-tiles
+ * (low nibbles: row g, high: row g + 8; see k_repack_q4) */
+__device__ __forceinline__ void unpack_a(const uint4 &w, uint32_t (&a0)[4], uint32_t (&a1)[4])
+{
+    a0[0] = w.x & 0x0F0F0F0Fu;
+    a0[1] = (w.x >> 4) & 0x0F0F0F0Fu;
+    a0[2] = w.y & 0x0F0F0F0Fu;
+    a0[3] = (w.y >> 4) & 0x0F0F0F0Fu;
+    a1[0] = w.z & 0x0F0F0F0Fu;
+    a1[1] = (w.z >> 4) & 0x0F0F0F0Fu;
+    a1[2] = w.w & 0x0F0F0F0Fu;
+    a1[3] = (w.w >> 4) & 0x0F0F0F0Fu;
+}
+
 /* The digit form of T rows of x (scratch of cu_matmul for T <= 8):
  * planes [3T][cols] int8 (plane 3t+d = digit d of token t), esc [T][groups]
  * = 2^-e, xsb [T][groups] = sum(X) * 2^-e / 65536. */
@@ -994,10 +1008,8 @@ k_gemv_i8(gi_seg g, int sf, int64_t cols, int64_t groups, gi_x xd, int T)
         for (int m = 0; m < MB; m++) {
             const uint4 w = wr[(slot * MB + m) * 32 + lane];
             const uint32_t *sq = srg + (slot * MB + m) * SPK * 2 * 32 + lane;
-            const uint32_t a0[4] = { w.x & 0x0F0F0F0Fu, (w.x >> 4) & 0x0F0F0F0Fu, w.y & 0x0F0F0F0Fu,
-                                     (w.y >> 4) & 0x0F0F0F0Fu };
-            const uint32_t a1[4] = { w.z & 0x0F0F0F0Fu, (w.z >> 4) & 0x0F0F0F0Fu, w.w & 0x0F0F0F0Fu,
-                                     (w.w >> 4) & 0x0F0F0F0Fu };
+            uint32_t a0[4], a1[4];
+            unpack_a(w, a0, a1);
             if (GS == 1) {
                 /* a group per k-tile */
 #pragma unroll
@@ -1418,10 +1430,8 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                 const uint4 *bq = (const uint4 *)(r + boff[j]);
                 b[j] = bl[j] ? (XS ? *bq : __ldg(bq)) : make_uint4(0u, 0u, 0u, 0u);
             }
-            const uint32_t a0[4] = { w.x & 0x0F0F0F0Fu, (w.x >> 4) & 0x0F0F0F0Fu, w.y & 0x0F0F0F0Fu,
-                                     (w.y >> 4) & 0x0F0F0F0Fu };
-            const uint32_t a1[4] = { w.z & 0x0F0F0F0Fu, (w.z >> 4) & 0x0F0F0F0Fu, w.w & 0x0F0F0F0Fu,
-                                     (w.w >> 4) & 0x0F0F0F0Fu };
+            uint32_t a0[4], a1[4];
+            unpack_a(w, a0, a1);
             if (GS == 1) {
                 /* a group per k-tile */
 #pragma unroll
