@@ -20,6 +20,10 @@
 #     comparison unless quick. Every step has a timeout and the whole mode
 #     keeps under $SN_GPU_BUDGET_S s (default 540; run: 590), inside the
 #     device tool's 10 minutes.
+# Device time (2026-12-01): a call is charged about 60 s more than its wall
+# time (machine start, transfers), and only 8 files come back from $OUT:
+# tar the logs into one. A full record (every test, memcheck, both benches
+# at 4096, pcache quick) runs in about 125 s of wall time.
 # Logs go to $OUT (or ./gpu-out); a summary of every step is printed last,
 # and one step failing never stops the others.
 # Dry run of the pcache mode on a machine without a GPU (checks the script):
