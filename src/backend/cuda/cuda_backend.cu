@@ -821,6 +821,9 @@ sn_status cuda_upload_weight(sn_backend *b, sn_weight *w)
         const char *gv = getenv("SANCTUM_CUDA_GEMV");
         if (!(gv && !strcmp(gv, "fp32"))) {
             sn_status rs = cu_repack_q4(cb->st, cw, &cw->bytes);
+            /* the stream-K GEMV's buffers, with the first weight it can take */
+            if (rs == SN_OK && cw->qr && !cb->di.gk_part)
+                rs = cu_matmul_buffers(&cb->di);
             if (rs != SN_OK)
                 return upload_fail(cw, rs);
         }
@@ -1357,8 +1360,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     }
     if (st == SN_OK)
         st = cu_matmul_init(&cb->di);
-    if (st == SN_OK)
-        st = cu_matmul_buffers(&cb->di);
     if (st == SN_OK) {
         /* cuBLAS for long prefill GEMMs when it can be loaded; SANCTUM_CUDA_CUBLAS=0 turns it off */
         const char *env = getenv("SANCTUM_CUDA_CUBLAS");

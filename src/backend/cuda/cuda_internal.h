@@ -164,7 +164,9 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
  * than 48 KB, once per process and device (not legal inside a capture). */
 sn_status cu_matmul_init(const cu_devinfo *di);
 /* Device buffers the matmul kernels keep across launches (the stream-K
- * GEMV's partials and zeroed tile counters); freed by cu_matmul_buffers_free. */
+ * GEMV's partials and zeroed tile counters), made with the first repacked
+ * weight (without them that GEMV takes its ring form); freed by
+ * cu_matmul_buffers_free. */
 sn_status cu_matmul_buffers(cu_devinfo *di);
 void cu_matmul_buffers_free(cu_devinfo *di);
 sn_status cu_ops_init(const cu_devinfo *di);

@@ -713,6 +713,30 @@ struct gi_seg {
     int n;
 };
 
+/* A row's digit-plane sums -> its value: x = (65536*d0 + 256*d1 + d2) * 2^-e,
+ * in this fixed order (every form of the integer GEMV combines the same way). */
+__device__ __forceinline__ float gi_planes(float p0, float p1, float p2) { return (65536.f * p0 + 256.f * p1) + p2; }
+
+/* One quant group's exact partial C of a plane, scaled into acc: s * 2^-e * C,
+ * then the group's bias times sum(x) (xb, nonzero on plane d0 at the group's end). */
+__device__ __forceinline__ void gi_scale(float &acc, int &C, float2 sr, float es, float xb)
+{
+    acc = fmaf(sr.x * es, (float)C, acc);
+    acc = fmaf(sr.y, xb, acc);
+    C = 0;
+}
+
+/* Output row r of segment s, token t: + the linear bias, stored, added to add_to. */
+__device__ __forceinline__ void gi_put(const gi_seg &g, int s, int64_t r, int t, float v)
+{
+    const int64_t rows = g.rows[s];
+    if (g.bias[s])
+        v += g.bias[s][r];
+    g.y[s][(size_t)t * rows + r] = v;
+    if (g.add_to[s])
+        g.add_to[s][(size_t)t * rows + r] += v;
+}
+
 constexpr int GI_S = 8;          /* ring stages of the integer GEMV: 64-column blocks, GI_S - 1 in flight */
 constexpr int GI_TMAX = 8;
 
@@ -749,7 +773,7 @@ struct gi_x {
 /* The stream-K GEMV's form of the digits: one record per 64-column block,
  * [planes 3T x 64 bytes (words permuted) | esc [SPK][T] | xsb [SPK][T]],
  * rounded to 16 bytes (SPK: quant groups per block, 2 for group 32). */
-__host__ __device__ __forceinline__ int gi_rec_bytes(int T, int spk) { return (3 * T * 64 + 2 * spk * T * 4 + 15) / 16 * 16; }
+__host__ __device__ constexpr int gi_rec_bytes(int T, int spk) { return (3 * T * 64 + 2 * spk * T * 4 + 15) / 16 * 16; }
 
 __host__ __device__ __forceinline__ size_t gi_x_bytes(int64_t cols, int64_t groups, int T)
 {
@@ -980,13 +1004,8 @@ k_gemv_i8(gi_seg g, int sf, int64_t cols, int64_t groups, gi_x xd, int T)
                 const float es = live[j][c] ? __ldg(escp[j][c] + grp) : 0.f;
                 const float xb = d0[j][c] && gend ? __ldg(xsbp[j][c] + grp) : 0.f;
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int i = 2 * h + c;
-                    const float2 sr = h == 0 ? s0 : s1;
-                    acc[m][j][i] = fmaf(sr.x * es, (float)C[m][j][i], acc[m][j][i]);
-                    acc[m][j][i] = fmaf(sr.y, xb, acc[m][j][i]);
-                    C[m][j][i] = 0;
-                }
+                for (int h = 0; h < 2; h++)
+                    gi_scale(acc[m][j][2 * h + c], C[m][j][2 * h + c], h == 0 ? s0 : s1, es, xb);
             }
     };
     for (int kb = kb_beg; kb < kb_end; kb++) {
@@ -1060,17 +1079,12 @@ k_gemv_i8(gi_seg g, int sf, int64_t cols, int64_t groups, gi_x xd, int T)
         float v = 0.f;
         for (int w = 0; w < 8; w++) {
             const float *b = red + ((w * MB + m) * 16 + row) * NP + 3 * t;
-            const float vw = (65536.f * b[0] + 256.f * b[1]) + b[2];
+            const float vw = gi_planes(b[0], b[1], b[2]);
             v = w == 0 ? vw : v + vw;
         }
         const int64_t r = 16 * (mt0 + m) + row;
-        if (r < rows && mt0 + m < g.mt[si]) {
-            if (g.bias[si])
-                v += g.bias[si][r];
-            g.y[si][(size_t)t * rows + r] = v;
-            if (g.add_to[si])
-                g.add_to[si][(size_t)t * rows + r] += v;
-        }
+        if (r < rows && mt0 + m < g.mt[si])
+            gi_put(g, si, r, t, v);
     }
 }
 
@@ -1101,7 +1115,7 @@ constexpr int GK_TILES = 1 << 20; /* row tiles of one launch (counters) */
 constexpr int GK_SU = 4;          /* units per stage */
 constexpr int GK_S = 3;           /* stages per warp */
 constexpr int GK_SBW = (2 * GK_SU + 1) * 16; /* (scale, bias) words per stage, at most (group 32) */
-constexpr int GK_XREC = 416;      /* gi_rec_bytes(2, 2): the largest x record staged (T <= 2) */
+constexpr int GK_XREC = gi_rec_bytes(2, 2); /* the largest x record staged (T <= 2) */
 constexpr int GK_XOFF = GK_SU * 512 + GK_SBW * 4;
 constexpr int GK_STAGE = GK_XOFF + GK_SU * GK_XREC;
 
@@ -1318,24 +1332,14 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                 const float es = live[j][c] ? (XS ? *ep : __ldg(ep)) : 0.f;
                 const float xb = d0[j][c] && gend ? (XS ? *xp : __ldg(xp)) : 0.f;
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int i = 2 * h + c;
-                    const float2 sr = h == 0 ? s0 : s1;
-                    acc[j][i] = fmaf(sr.x * es, (float)C[j][i], acc[j][i]);
-                    acc[j][i] = fmaf(sr.y, xb, acc[j][i]);
-                    C[j][i] = 0;
-                }
+                for (int h = 0; h < 2; h++)
+                    gi_scale(acc[j][2 * h + c], C[j][2 * h + c], h == 0 ? s0 : s1, es, xb);
             }
     };
     auto put = [&](int s, int mt, int row, int t, float v) {
-        const int64_t r = 16 * (int64_t)mt + row, rows = g.rows[s];
-        if (r < rows) {
-            if (g.bias[s])
-                v += g.bias[s][r];
-            g.y[s][(size_t)t * rows + r] = v;
-            if (g.add_to[s])
-                g.add_to[s][(size_t)t * rows + r] += v;
-        }
+        const int64_t r = 16 * (int64_t)mt + row;
+        if (r < g.rows[s])
+            gi_put(g, s, r, t, v);
     };
     /* a row tile ends in this virtual warp: write it, or leave a partial */
     auto emit = [&](const cursor &c) {
@@ -1354,7 +1358,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
             for (int o = lane; o < 16 * T; o += 32) {
                 const int row = o / T, t = o % T;
                 const float *b = r + row * NP + 3 * t;
-                put(s, mt, row, t, (65536.f * b[0] + 256.f * b[1]) + b[2]);
+                put(s, mt, row, t, gi_planes(b[0], b[1], b[2]));
             }
             __syncwarp();
             return;
@@ -1401,7 +1405,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                         p2 = w0 + q == wf ? v[q][2] : p2 + v[q][2];
                     }
             }
-            put(s, mt, row, t, (65536.f * p0 + 256.f * p1) + p2);
+            put(s, mt, row, t, gi_planes(p0, p1, p2));
         }
         if (lane == 0)
             cnt[tile] = 0; /* ready for the next launch */
