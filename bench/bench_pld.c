@@ -22,7 +22,8 @@
  *
  * Usage: bench_pld --model DIR [--tokenizer PATH] --task copy|random [--n 8]
  *        [--words 8] [--prompt-len 256 (random task)] [--max-tokens 64] [--reps 3] [--threads N]
- *        [--backend cpu|cuda] [--log bench/results.log] */
+ *        [--backend cpu|cuda] [--log bench/results.log] [--cost-curve R: only print the forward cost of
+ *        1..R rows] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,7 +144,7 @@ static sn_status run(sn_model *m, const sn_tokenizer *tok, const int32_t *p, int
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *tok_path = NULL, *task = "copy", *log_path = "bench/results.log";
-    int n_prompts = 8, words = 8, max_tokens = 64, reps = 3, threads = 0, prompt_len = 256;
+    int n_prompts = 8, words = 8, max_tokens = 64, reps = 3, threads = 0, prompt_len = 256, cost_curve = 0;
     sn_backend_kind backend = SN_BACKEND_CPU;
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -159,6 +160,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--reps")) reps = atoi(v);
         else if (!strcmp(k, "--threads")) threads = atoi(v);
         else if (!strcmp(k, "--log")) log_path = v;
+        else if (!strcmp(k, "--cost-curve")) cost_curve = atoi(v);
         else if (!strcmp(k, "--backend")) backend = !strcmp(v, "cuda") ? SN_BACKEND_CUDA : SN_BACKEND_CPU;
         else { fprintf(stderr, "bench_pld: unknown option %s\n", k); return 2; }
     }
@@ -208,6 +210,14 @@ int main(int argc, char **argv)
     for (int mode = 0; mode < 3; mode++) sn_pld_ctl_init(&g_ctl[mode], mode == 1);
     double c1 = fwd_cost(m, prompts[0].ids, (int)prompts[0].n, 1), c6 = fwd_cost(m, prompts[0].ids, (int)prompts[0].n, 6);
     fprintf(stderr, "  forward cost: 1 row %.2f ms, 6 rows %.2f ms (%.2fx)\n", c1 * 1e3, c6 * 1e3, c1 > 0 ? c6 / c1 : 0);
+    if (cost_curve > 0) {
+        /* what a verify pass costs by its rows (graphs on a CUDA backend), then stop */
+        printf("bench_pld %s: forward cost by rows (best of 9, position %zu):", info->name, prompts[0].n);
+        for (int r = 1; r <= cost_curve && r <= 64; r++)
+            printf(" %d: %.3f ms%s", r, fwd_cost(m, prompts[0].ids, (int)prompts[0].n, r) * 1e3, r < cost_curve ? "," : "\n");
+        rc = 0;
+        goto done;
+    }
     double best[3] = { 0, 0, 0 };
     ratio1 = calloc((size_t)reps, sizeof(double));
     ratio2 = calloc((size_t)reps, sizeof(double));
