@@ -294,7 +294,7 @@ static void forward(model_t *m, const int32_t *ids, int T, int pos0, int32_t *ne
             TRY(O->matmul(B, y->wo, 0, m->att, T, m->r));
         } else {
             sn_gdn_dims d = { c->Hk, c->Hv, c->Dk, c->Dv, c->K, 1e-6f };
-            sn_gdn_view st = { y->conv, y->S };
+            sn_gdn_view st = { y->conv, y->S, NULL, 0 };
             TRY(O->matmul(B, y->qkv, 0, m->xn, T, m->qkv));
             TRY(O->matmul(B, y->z, 0, m->xn, T, m->z));
             TRY(O->matmul(B, y->wb, 0, m->xn, T, m->b));

@@ -973,8 +973,8 @@ static void test_gdn(void)
             size_t nS = (size_t)Hv * d->dk * d->dv;
             rs.conv = calloc((size_t)(K - 1) * C + 1, sizeof(double));
             rs.S = calloc(nS, sizeof(double));
-            sn_gdn_view st = { calloc((size_t)(K - 1) * C + 1, 4), calloc(nS, 4) };
-            sn_gdn_view st1 = { calloc((size_t)(K - 1) * C + 1, 4), calloc(nS, 4) }; /* token-at-a-time copy */
+            sn_gdn_view st = { calloc((size_t)(K - 1) * C + 1, 4), calloc(nS, 4), NULL, 0 };
+            sn_gdn_view st1 = { calloc((size_t)(K - 1) * C + 1, 4), calloc(nS, 4), NULL, 0 }; /* token-at-a-time copy */
             float *cw = malloc(sizeof(float) * C * K), A_log[8], dtb[8];
             fill(cw, (size_t)C * K, -0.6f, 0.6f);
             fill(A_log, 8, -1, 1);

@@ -288,6 +288,9 @@ static void test_gemv_batch_invariant(void)
     gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
     CHECK_OK(sn_cuda_tune(G, "gemv_rpw", 4));
     gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
+    CHECK_OK(sn_cuda_tune(G, "gemv_rpw", 1));
+    gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
+    gemv_invariance_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 0);
     CHECK_OK(sn_cuda_tune(G, "gemv_rpw", 0));
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
 }
@@ -544,13 +547,13 @@ static void gdn_case(int Hk, int Hv, int Dk, int Dv, int K, int T)
     memcpy(conv_c, conv, sizeof(float) * (K - 1) * Cd);
     memcpy(S_c, S, sizeof(float) * Hv * Dk * Dv);
     float *ref = malloc(sizeof(float) * T * Hv * Dv);
-    sn_gdn_view hst = { conv_c, S_c };
+    sn_gdn_view hst = { conv_c, S_c, NULL, 0 };
     CHECK_OK(C->ops->gdn(C, &d, qkv, a, b, cw, Al, dtb, &hst, T, ref));
     float *dqkv = dcopy(qkv, (size_t)T * Cd), *da = dcopy(a, (size_t)T * Hv), *db = dcopy(b, (size_t)T * Hv);
     float *dcw = dcopy(cw, Cd * K), *dAl = dcopy(Al, Hv), *ddt = dcopy(dtb, Hv);
     float *dconv = dcopy(conv, (size_t)(K - 1) * Cd), *dS = dcopy(S, (size_t)Hv * Dk * Dv);
     float *dout = dpoison((size_t)T * Hv * Dv);
-    sn_gdn_view gst = { dconv, dS };
+    sn_gdn_view gst = { dconv, dS, NULL, 0 };
     CHECK_OK(G->ops->gdn(G, &d, dqkv, da, db, dcw, dAl, ddt, &gst, T, dout));
     float *out = tohost(dout, (size_t)T * Hv * Dv), *Sg = tohost(dS, (size_t)Hv * Dk * Dv);
     float *cg = tohost(dconv, (size_t)(K - 1) * Cd);
@@ -558,6 +561,32 @@ static void gdn_case(int Hk, int Hv, int Dk, int Dv, int K, int T)
     double e3 = rel_err(cg, conv_c, (size_t)(K - 1) * Cd);
     CHECKF(e1 <= 2e-5 && e2 <= 2e-5 && e3 == 0.0, "gdn Hk=%d Hv=%d Dk=%d Dv=%d K=%d T=%d: out %.3g S %.3g conv %.3g", Hk,
            Hv, Dk, Dv, K, T, e1, e2, e3);
+    if (T >= 2 && T <= 9) {
+        /* with the per-token history (PLD rollback): the same outputs and
+         * final state bitwise, and slot t = the state after token t (CPU's
+         * history as the reference: conv exact, S within the tolerance) */
+        size_t hf = sn_gdn_hist_floats(&d), cf = (size_t)(K - 1) * Cd;
+        float *hc = malloc(sizeof(float) * hf * (T - 1));
+        memcpy(conv_c, conv, sizeof(float) * cf);
+        memcpy(S_c, S, sizeof(float) * Hv * Dk * Dv);
+        sn_gdn_view hh = { conv_c, S_c, hc, T - 1 };
+        CHECK_OK(C->ops->gdn(C, &d, qkv, a, b, cw, Al, dtb, &hh, T, ref));
+        float *dconv2 = dcopy(conv, cf), *dS2 = dcopy(S, (size_t)Hv * Dk * Dv);
+        float *dout2 = dpoison((size_t)T * Hv * Dv), *dh = dpoison(hf * (T - 1));
+        sn_gdn_view g2 = { dconv2, dS2, dh, T - 1 };
+        CHECK_OK(G->ops->gdn(G, &d, dqkv, da, db, dcw, dAl, ddt, &g2, T, dout2));
+        float *out2 = tohost(dout2, (size_t)T * Hv * Dv), *S2 = tohost(dS2, (size_t)Hv * Dk * Dv);
+        float *hg = tohost(dh, hf * (T - 1));
+        CHECKF(!memcmp(out2, out, sizeof(float) * T * Hv * Dv) && !memcmp(S2, Sg, sizeof(float) * Hv * Dk * Dv),
+               "gdn T=%d: the history changed the outputs", T);
+        for (int t = 0; t + 1 < T; t++) {
+            double ec = cf ? rel_err(hg + t * hf, hc + t * hf, cf) : 0.0;
+            double es = rel_err(hg + t * hf + cf, hc + t * hf + cf, hf - cf);
+            CHECKF(ec == 0.0 && es <= 2e-5, "gdn T=%d history slot %d: conv %.3g S %.3g", T, t, ec, es);
+        }
+        free(hc); free(out2); free(S2); free(hg);
+        dfree(dconv2); dfree(dS2); dfree(dout2); dfree(dh);
+    }
     free(qkv); free(a); free(b); free(cw); free(Al); free(dtb); free(conv); free(S); free(conv_c); free(S_c);
     free(ref); free(out); free(Sg); free(cg);
     dfree(dqkv); dfree(da); dfree(db); dfree(dcw); dfree(dAl); dfree(ddt); dfree(dconv); dfree(dS); dfree(dout);
@@ -667,40 +696,48 @@ typedef struct {
     float *norm_w, *inv_freq;
     float *h, *xn, *q, *k, *v, *att, *o, *kc, *vc, *mg, *mu, *ma;
     int H, Hq, Hkv, D, ctx, I;
+    int R; /* rows per step: 1 = a decode step, 2..8 = a prompt-lookup verify pass */
+    int32_t outs[8]; /* argmax of each row: valid after the step (after end_step inside one) */
 } mini;
 
-static void mini_step(mini *m, int32_t tok, int pos, int32_t *next)
+/* R tokens tok, tok+1, ... at positions pos..pos+R-1 */
+static void mini_step(mini *m, int32_t tok, int pos)
 {
     sn_backend *b = G;
+    const int R = m->R;
     sn_kv_view kv = { m->kc, m->vc, m->ctx, m->Hkv, m->D };
-    CHECK_OK(b->ops->embed(b, &m->emb.wg, &tok, 1, m->h));
+    int32_t ids[8];
+    for (int r = 0; r < R; r++) ids[r] = (tok + r) % 256;
+    CHECK_OK(b->ops->embed(b, &m->emb.wg, ids, R, m->h));
     for (int layer = 0; layer < 3; layer++) {
-        CHECK_OK(b->ops->rmsnorm(b, m->h, m->norm_w, 1, m->H, 1e-6f, m->xn));
-        CHECK_OK(b->ops->matmul(b, &m->wq.wg, 0, m->xn, 1, m->q));
-        CHECK_OK(b->ops->matmul(b, &m->wk.wg, 0, m->xn, 1, m->k));
-        CHECK_OK(b->ops->matmul(b, &m->wv.wg, 0, m->xn, 1, m->v));
-        CHECK_OK(b->ops->rope(b, m->q, 1, m->Hq, m->D, m->D / 2, pos, m->inv_freq, 1.f));
-        CHECK_OK(b->ops->rope(b, m->k, 1, m->Hkv, m->D, m->D / 2, pos, m->inv_freq, 1.f));
-        CHECK_OK(b->ops->kv_write(b, &kv, m->k, m->v, 1, pos));
-        CHECK_OK(b->ops->attention(b, m->q, &kv, 1, pos, m->Hq, 0.125f, m->att));
-        CHECK_OK(b->ops->matmul(b, &m->wo.wg, 0, m->att, 1, m->o));
-        CHECK_OK(b->ops->add(b, m->h, m->o, (size_t)m->H));
+        CHECK_OK(b->ops->rmsnorm(b, m->h, m->norm_w, R, m->H, 1e-6f, m->xn));
+        CHECK_OK(b->ops->matmul(b, &m->wq.wg, 0, m->xn, R, m->q));
+        CHECK_OK(b->ops->matmul(b, &m->wk.wg, 0, m->xn, R, m->k));
+        CHECK_OK(b->ops->matmul(b, &m->wv.wg, 0, m->xn, R, m->v));
+        CHECK_OK(b->ops->rope(b, m->q, R, m->Hq, m->D, m->D / 2, pos, m->inv_freq, 1.f));
+        CHECK_OK(b->ops->rope(b, m->k, R, m->Hkv, m->D, m->D / 2, pos, m->inv_freq, 1.f));
+        CHECK_OK(b->ops->kv_write(b, &kv, m->k, m->v, R, pos));
+        CHECK_OK(b->ops->attention(b, m->q, &kv, R, pos, m->Hq, 0.125f, m->att));
+        CHECK_OK(b->ops->matmul(b, &m->wo.wg, 0, m->att, R, m->o));
+        CHECK_OK(b->ops->add(b, m->h, m->o, (size_t)R * m->H));
         /* the MLP: norm folded into gate/up, swiglu folded into down */
-        CHECK_OK(b->ops->rmsnorm(b, m->h, m->norm_w, 1, m->H, 1e-6f, m->xn));
-        CHECK_OK(b->ops->matmul(b, &m->wg.wg, 0, m->xn, 1, m->mg));
-        CHECK_OK(b->ops->matmul(b, &m->wu.wg, 0, m->xn, 1, m->mu));
-        CHECK_OK(b->ops->swiglu(b, m->mg, m->mu, (size_t)m->I, m->ma));
-        CHECK_OK(b->ops->matmul(b, &m->wd.wg, 0, m->ma, 1, m->o));
-        CHECK_OK(b->ops->add(b, m->h, m->o, (size_t)m->H));
+        CHECK_OK(b->ops->rmsnorm(b, m->h, m->norm_w, R, m->H, 1e-6f, m->xn));
+        CHECK_OK(b->ops->matmul(b, &m->wg.wg, 0, m->xn, R, m->mg));
+        CHECK_OK(b->ops->matmul(b, &m->wu.wg, 0, m->xn, R, m->mu));
+        CHECK_OK(b->ops->swiglu(b, m->mg, m->mu, (size_t)R * m->I, m->ma));
+        CHECK_OK(b->ops->matmul(b, &m->wd.wg, 0, m->ma, R, m->o));
+        CHECK_OK(b->ops->add(b, m->h, m->o, (size_t)R * m->H));
     }
-    CHECK_OK(b->ops->argmax(b, m->h, 1, m->H, next));
+    CHECK_OK(b->ops->argmax(b, m->h, R, m->H, m->outs));
 }
 
 /* H = 256 and 5120: the fused norm replays k_rmsnorm's sum with 128 and
- * 512 threads (fewer and more virtual warps than the GEMV block has). */
-static void graph_case(int H)
+ * 512 threads (fewer and more virtual warps than the GEMV block has).
+ * R rows per step: the grouped, folded launches of a verify pass give the
+ * bits of the same ops run one by one. */
+static void graph_case(int H, int R)
 {
-    mini m = { .H = H, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 64, .I = H + 128 };
+    mini m = { .H = H, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 128, .I = H + 128, .R = R };
     tw_make(&m.emb, SN_DT_Q4, 256, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wq, SN_DT_Q4, m.Hq * m.D, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wk, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
@@ -713,41 +750,45 @@ static void graph_case(int H)
     for (int i = 0; i < 32; i++) inv[i] = powf(10000.f, -2.f * i / 32);
     m.norm_w = dcopy(nw, m.H);
     m.inv_freq = dcopy(inv, 32);
-    m.h = dpoison(m.H); m.xn = dpoison(m.H); m.q = dpoison(m.Hq * m.D); m.k = dpoison(m.Hkv * m.D);
-    m.v = dpoison(m.Hkv * m.D); m.att = dpoison(m.Hq * m.D); m.o = dpoison(m.H);
+    m.h = dpoison((size_t)R * m.H); m.xn = dpoison((size_t)R * m.H); m.q = dpoison((size_t)R * m.Hq * m.D);
+    m.k = dpoison((size_t)R * m.Hkv * m.D); m.v = dpoison((size_t)R * m.Hkv * m.D);
+    m.att = dpoison((size_t)R * m.Hq * m.D); m.o = dpoison((size_t)R * m.H);
     m.kc = dpoison((size_t)m.ctx * m.Hkv * m.D); m.vc = dpoison((size_t)m.ctx * m.Hkv * m.D);
-    m.mg = dpoison(m.I); m.mu = dpoison(m.I); m.ma = dpoison(m.I);
+    m.mg = dpoison((size_t)R * m.I); m.mu = dpoison((size_t)R * m.I); m.ma = dpoison((size_t)R * m.I);
     /* eager run: tokens and final hidden states per step */
     enum { N = 12 };
     int32_t toks_e[N + 1], toks_g[N + 1];
-    float *hs_e = malloc(sizeof(float) * N * m.H), *hs_g = malloc(sizeof(float) * N * m.H);
+    size_t hb = sizeof(float) * (size_t)R * m.H;
+    float *hs_e = malloc(hb * N), *hs_g = malloc(hb * N);
     toks_e[0] = toks_g[0] = 7;
     for (int s = 0; s < N; s++) {
-        mini_step(&m, toks_e[s] % 256, s, &toks_e[s + 1]);
-        CHECK_OK(G->ops->to_host(G, hs_e + (size_t)s * m.H, m.h, sizeof(float) * m.H));
+        mini_step(&m, toks_e[s] % 256, s * R);
+        toks_e[s + 1] = m.outs[R - 1];
+        CHECK_OK(G->ops->to_host(G, (char *)hs_e + hb * s, m.h, hb));
     }
     long r0, c0, e0;
     sn_cuda_graph_stats(G, &r0, &c0, &e0);
     for (int s = 0; s < N; s++) {
         CHECK_OK(G->ops->begin_step(G));
-        mini_step(&m, toks_g[s] % 256, s, &toks_g[s + 1]);
+        mini_step(&m, toks_g[s] % 256, s * R);
         CHECK_OK(G->ops->end_step(G));
-        CHECK_OK(G->ops->to_host(G, hs_g + (size_t)s * m.H, m.h, sizeof(float) * m.H));
+        toks_g[s + 1] = m.outs[R - 1];
+        CHECK_OK(G->ops->to_host(G, (char *)hs_g + hb * s, m.h, hb));
     }
     long r1, c1, e1;
     sn_cuda_graph_stats(G, &r1, &c1, &e1);
-    CHECK(memcmp(toks_e, toks_g, sizeof toks_e) == 0);
-    CHECK(memcmp(hs_e, hs_g, sizeof(float) * N * m.H) == 0);
+    CHECKF(memcmp(toks_e, toks_g, sizeof toks_e) == 0, "graph H=%d R=%d: tokens differ from eager", H, R);
+    CHECKF(memcmp(hs_e, hs_g, hb * N) == 0, "graph H=%d R=%d: hidden states differ from eager", H, R);
     CHECKF(c1 - c0 == 1 && r1 - r0 == N - 1 && e1 == e0, "graphs: captured %ld replayed %ld eager %ld", c1 - c0,
            r1 - r0, e1 - e0);
     /* a host read inside a step runs it eagerly, with the same result */
     CHECK_OK(sn_cuda_begin_step(G));
-    int32_t t_in = 3, t_out = -1;
-    mini_step(&m, t_in, 20, &t_out);
+    m.outs[R - 1] = -1;
+    mini_step(&m, 3, 100);
     float tmp[4];
     CHECK_OK(G->ops->to_host(G, tmp, m.h, sizeof tmp));
     CHECK_OK(sn_cuda_end_step(G));
-    CHECK(t_out >= 0 && t_out < m.H);
+    CHECK(m.outs[R - 1] >= 0 && m.outs[R - 1] < m.H);
     free(nw); free(hs_e); free(hs_g);
     tw_free(&m.emb); tw_free(&m.wq); tw_free(&m.wk); tw_free(&m.wv); tw_free(&m.wo);
     tw_free(&m.wg); tw_free(&m.wu); tw_free(&m.wd);
@@ -760,11 +801,14 @@ static void test_graph_replay(void)
 {
     /* the integer GEMV at every size (its digits pass folds the norm and the swiglu) */
     CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
-    graph_case(256);
-    graph_case(5120);
+    graph_case(256, 1);
+    graph_case(5120, 1);
+    graph_case(256, 3);
+    graph_case(5120, 6);
     /* by shape: at H = 256 the fp32 GEMV (norm folded, swiglu run before it) */
     CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
-    graph_case(256);
+    graph_case(256, 1);
+    graph_case(256, 8);
 }
 
 int main(void)

@@ -282,14 +282,14 @@ static void gdn_case(int Hk, int Hv, int Dk, int Dv, int K, int T, int kind)
     memcpy(conv_c, conv, sizeof(float) * nc);
     memcpy(S_c, S, sizeof(float) * ns);
     float *ref = malloc(sizeof(float) * T * Hv * Dv);
-    sn_gdn_view hst = { conv_c, S_c };
+    sn_gdn_view hst = { conv_c, S_c, NULL, 0 };
     CHECK_OK(C->ops->gdn(C, &d, qkv, a, b, cw, Al, dtb, &hst, T, ref));
     float *dqkv = dcopy(qkv, (size_t)T * Cd), *da = dcopy(a, (size_t)T * Hv), *db = dcopy(b, (size_t)T * Hv);
     float *dcw = dcopy(cw, Cd * K), *dAl = dcopy(Al, Hv), *ddt = dcopy(dtb, Hv);
     for (int mode = 1; mode >= 0; mode--) {
         set_mode(mode);
         float *dconv = dcopy(conv, nc), *dS = dcopy(S, ns), *dout = dpoison((size_t)T * Hv * Dv);
-        sn_gdn_view gst = { dconv, dS };
+        sn_gdn_view gst = { dconv, dS, NULL, 0 };
         CHECK_OK(G->ops->gdn(G, &d, dqkv, da, db, dcw, dAl, ddt, &gst, T, dout));
         float *out = tohost(dout, (size_t)T * Hv * Dv), *Sg = tohost(dS, ns), *cg = tohost(dconv, nc);
         double e1 = rel_err(out, ref, (size_t)T * Hv * Dv), e2 = rel_err(Sg, S_c, ns), e3 = rel_err(cg, conv_c, nc);
@@ -334,7 +334,7 @@ static void test_gdn_split(void)
     float *z = calloc(ns, sizeof(float));
     float *c1 = dcopy(z, nc), *S1 = dcopy(z, ns), *c2 = dcopy(z, nc), *S2 = dcopy(z, ns);
     float *o1 = dpoison((size_t)T * Hv * Dv), *o2 = dpoison((size_t)T * Hv * Dv);
-    sn_gdn_view v1 = { c1, S1 }, v2 = { c2, S2 };
+    sn_gdn_view v1 = { c1, S1, NULL, 0 }, v2 = { c2, S2, NULL, 0 };
     set_mode(1);
     CHECK_OK(G->ops->gdn(G, &d, dqkv, da, db, dcw, dAl, ddt, &v1, T, o1));
     CHECK_OK(G->ops->gdn(G, &d, dqkv, da, db, dcw, dAl, ddt, &v2, T - 1, o2));

@@ -106,6 +106,67 @@ static void test_rewind(void)
     }
 }
 
+/* Tracked rewind (what PLD verification uses): at every prompt length,
+ * track, run 6 tokens, go back to each position inside them from the
+ * state the pass recorded, and run the rest again: bitwise the same
+ * logits. Going back before the pass, a second restore, and a restore
+ * with no forward since the tracking are refused. */
+static void test_rewind_tracked(void)
+{
+    FOR_MODELS {
+        int V = PM->vocab;
+        int32_t ids[700];
+        pf_tokens(ids, 700, 41 + (uint64_t)mi, 0, V);
+        float *a = malloc(sizeof(float) * 6 * (size_t)V), *b = malloc(sizeof(float) * 6 * (size_t)V);
+        sn_seq *s = NULL;
+        sn_rewind *rw = NULL;
+        CHECK_OK(sn_seq_new(PM->m, 1024, &s));
+        CHECK_OK(sn_rewind_new(s, &rw));
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            int L = lens[li];
+            for (int keep = 1; keep <= 6; keep++) {
+                sn_seq_reset(s);
+                CHECK_OK(sn_forward(PM->m, s, ids, L, NULL, false));
+                CHECK_OK(sn_rewind_track(rw, s, 6));
+                CHECK_OK(sn_forward(PM->m, s, ids + L, 6, a, true));
+                CHECK_OK(sn_rewind_restore(rw, s, L + keep));
+                CHECK(sn_seq_pos(s) == L + keep);
+                if (keep < 6) {
+                    CHECK_OK(sn_forward(PM->m, s, ids + L + keep, 6 - keep, b, true));
+                    CHECKF(!memcmp(a + (size_t)keep * V, b, sizeof(float) * (size_t)(6 - keep) * V),
+                           "%s: tracked rewind to %d + %d changed the logits", PM->name, L, keep);
+                }
+                /* the tracking ended with the restore */
+                CHECK(sn_rewind_restore(rw, s, sn_seq_pos(s)) == SN_E_INVALID);
+            }
+            if (PM->recurrent) {
+                /* before the tracked pass: no state there */
+                CHECK_OK(sn_rewind_track(rw, s, 6));
+                int p0 = sn_seq_pos(s);
+                CHECK_OK(sn_forward(PM->m, s, ids + 200, 4, NULL, false));
+                CHECK(sn_rewind_restore(rw, s, p0) == SN_E_INVALID);
+                /* tracked, but no forward ran */
+                CHECK_OK(sn_rewind_track(rw, s, 6));
+                CHECK(sn_rewind_restore(rw, s, sn_seq_pos(s)) == SN_E_INVALID);
+                /* a pass longer than the tracked rows records only rows - 1 states */
+                CHECK_OK(sn_rewind_track(rw, s, 3));
+                p0 = sn_seq_pos(s);
+                CHECK_OK(sn_forward(PM->m, s, ids + 300, 6, NULL, false));
+                CHECK(sn_rewind_restore(rw, s, p0 + 4) == SN_E_INVALID);
+                CHECK_OK(sn_rewind_track(rw, s, 3));
+                p0 = sn_seq_pos(s);
+                CHECK_OK(sn_forward(PM->m, s, ids + 300, 6, NULL, false));
+                CHECK_OK(sn_rewind_restore(rw, s, p0 + 2));
+            }
+        }
+        CHECK(sn_rewind_track(rw, s, 0) == SN_E_INVALID);
+        sn_rewind_free(rw);
+        sn_seq_free(s);
+        free(a);
+        free(b);
+    }
+}
+
 /* The largest regular checkpoint at or below x (prompt_cache.c's spacing:
  * every `every` up to 4 x every, then two per doubling). */
 static int ck_below(int x, int every)
@@ -895,6 +956,7 @@ int main(void)
     for (int i = 0; i < pf_n; i++) fprintf(stderr, "model %s\n", pf_models[i].name);
     RUN(test_batch_invariance);
     RUN(test_rewind);
+    RUN(test_rewind_tracked);
     RUN(test_pool_restore_lengths);
     RUN(test_generate_cold_warm);
     RUN(test_bounds_and_min_fresh);

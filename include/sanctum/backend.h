@@ -41,12 +41,26 @@ typedef struct {
 typedef struct {
     float *conv;
     float *S;
+    /* Optional per-token history (prompt-lookup rollback without a
+     * recompute): when hist is set, the gdn op also writes the state after
+     * each token t < min(T - 1, n_hist) of the call to slot t of hist, each
+     * slot the conv state [K-1, conv_dim] then S [Hv, Dk, Dv] (stride
+     * sn_gdn_hist_floats). The state after the last token is the live one. */
+    float *hist;
+    int n_hist;
 } sn_gdn_view;
 
 typedef struct {
     int n_k_heads, n_v_heads, dk, dv, conv_k; /* Hk, Hv, Dk, Dv, K */
     float norm_eps; /* l2norm epsilon for q and k (HF: 1e-6); <= 0 means 1e-6. Not the gated-norm eps. */
 } sn_gdn_dims;
+
+/* Floats of one sn_gdn_view history slot: (K-1)*conv_dim + Hv*Dk*Dv. */
+static inline size_t sn_gdn_hist_floats(const sn_gdn_dims *d)
+{
+    size_t conv_dim = 2 * (size_t)d->n_k_heads * (size_t)d->dk + (size_t)d->n_v_heads * (size_t)d->dv;
+    return (size_t)(d->conv_k > 1 ? d->conv_k - 1 : 0) * conv_dim + (size_t)d->n_v_heads * d->dk * d->dv;
+}
 
 typedef struct sn_backend_ops {
     const char *name;

@@ -171,13 +171,26 @@ void sn_rewind_free(sn_rewind *r);
  * sn_seq_free (nothing saved yet when handed out): a request with PLD then
  * allocates nothing per request (on CUDA each free would stall the device). */
 sn_status sn_rewind_of(sn_seq *seq, sn_rewind **out);
-/* Remembers seq's recurrent state and position. */
+/* Two ways back.
+ * sn_rewind_save copies seq's recurrent state and remembers its position;
+ * sn_rewind_restore can then go back to exactly that position, any number
+ * of times.
+ * sn_rewind_track copies nothing: the next forward (of at most rows tokens)
+ * also records the recurrent state after each of its tokens but the last
+ * (the backends' gdn history, backend.h), so sn_rewind_restore can go to
+ * any position inside it, tracked + 1 .. its end: a prompt-lookup verify
+ * pass keeps its accepted drafts without feeding them again. Restore ends
+ * the tracking (call it with the current position to keep everything). */
 sn_status sn_rewind_save(sn_rewind *r, const sn_seq *seq);
-/* Puts seq back to position pos, between the saved position and its
- * current one. With recurrent layers only the saved position itself can be
- * reached (its state is restored; the caller feeds the tokens after it
- * again); without them any such pos is a plain cut of the KV cache. */
-sn_status sn_rewind_restore(const sn_rewind *r, sn_seq *seq, int pos);
+sn_status sn_rewind_track(sn_rewind *r, sn_seq *seq, int rows);
+/* Makes the history buffers for tracked forwards of up to rows tokens now
+ * (a backend allocation can stall the device or drop its graphs; better
+ * before decoding than in the middle of it). */
+sn_status sn_rewind_reserve(sn_rewind *r, const sn_seq *seq, int rows);
+/* Puts seq back to position pos (see above). Without recurrent layers any
+ * position from the saved one to the current one is a plain cut of the KV
+ * cache. */
+sn_status sn_rewind_restore(sn_rewind *r, sn_seq *seq, int pos);
 int sn_rewind_pos(const sn_rewind *r);
 /* True when the model has recurrent layers (rewinding copies state). */
 int sn_rewind_has_state(const sn_rewind *r);

@@ -182,9 +182,16 @@ static sn_status head_finish(sn_model *m, const head_row *rows, int nr, const in
 {
     sn_workspace *ws = &m->ws;
     const size_t vb = (size_t)m->V * sizeof(float);
-    for (int r = 0; r < nr; r++) {
+    for (int r = 0, copied = 0; r < nr; r++) {
         const float *lg = ws->lg + (int64_t)r * m->V;
-        if (rows[r].dst) SN_TRY(OPS->to_host(BE, rows[r].dst, lg, vb));
+        if (rows[r].dst && r >= copied) {
+            /* a verify pass's rows are consecutive on both sides: one copy
+             * for the run (each to_host waits for the device) */
+            int n = 1;
+            while (r + n < nr && rows[r + n].dst == rows[r].dst + (int64_t)n * m->V) n++;
+            SN_TRY(OPS->to_host(BE, rows[r].dst, lg, (size_t)n * vb));
+            copied = r + n;
+        }
         if (!rows[r].id) continue;
         if (have_ids) {
             *rows[r].id = ids[r];
@@ -253,6 +260,21 @@ static sn_status run_step(sn_model *m, const step *st)
         /* close the step even after a failure, or the next begin_step refuses */
         sn_status e = OPS->end_step(BE);
         if (s == SN_OK) s = e;
+    }
+    for (int i = 0; i < st->n_items; i++) {
+        /* a tracked forward records the gdn history once (sn_rewind_track) */
+        sn_seq *q = st->it[i].seq;
+        if (!q->hist_armed) continue;
+        q->hist_armed = false;
+        q->hist_from = q->pos;
+        q->hist_valid = 0;
+        for (int l = 0; l < m->n_layers; l++) {
+            if (!q->gdn[l].hist) continue;
+            int nh = q->gdn[l].n_hist < st->it[i].n - 1 ? q->gdn[l].n_hist : st->it[i].n - 1;
+            q->hist_valid = s == SN_OK ? nh : 0;
+            q->gdn[l].hist = NULL;
+            q->gdn[l].n_hist = 0;
+        }
     }
     if (s != SN_OK) return s;
     for (int i = 0; i < st->n_items; i++) st->it[i].seq->pos += st->it[i].n;

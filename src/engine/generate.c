@@ -198,13 +198,13 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     sn_pld_ctl own, *ctl = p->pld_ctl ? p->pld_ctl : &own;
     if (!p->pld_ctl) sn_pld_ctl_init(&own, po.adaptive);
     if (p->pld && (st = sn_rewind_of(seq, &rw)) != SN_OK) goto out;
-    bool recurrent = rw && sn_rewind_has_state(rw);
+    if (rw && (st = sn_rewind_reserve(rw, seq, 1 + po.max_lookup)) != SN_OK) goto out;
     int32_t id, draft[SN_PLD_MAX_LOOKUP];
     int what;
     if ((st = emit(&g, logits, &id, &what)) != SN_OK) goto out;
     while (what == EMIT_MORE) {
-        /* Tokens emitted but not yet in the state: the newest one, plus
-         * those a recurrent rollback handed back to be fed again. */
+        /* Tokens emitted but not yet in the state: the newest one (a
+         * rollback keeps the accepted drafts in the state). */
         int at = sn_seq_pos(seq) - pos0, nf = g.n_hist - at, nd = 0, match = 0;
         if (rw && nf == 1) {
             int avail = p->max_tokens - res->completion_tokens;
@@ -217,7 +217,9 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
         int32_t feed[2 * SN_PLD_MAX_LOOKUP + 2];
         memcpy(feed, g.hist + at, (size_t)nf * sizeof *feed);
         memcpy(feed + nf, draft, (size_t)nd * sizeof *feed);
-        if (nd && (st = sn_rewind_save(rw, seq)) != SN_OK) goto out;
+        /* the verify pass records the recurrent state after each of its
+         * tokens, so a rejection costs no recompute */
+        if (nd && (st = sn_rewind_track(rw, seq, nf + nd)) != SN_OK) goto out;
         double tf = now_s();
         if ((st = sn_forward(m, seq, feed, nf + nd, logits, nd > 0)) != SN_OK) goto out;
         res->forward_calls++;
@@ -236,13 +238,10 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
         if (nd) {
             res->pld_drafted += nd;
             res->pld_accepted += acc;
-            if (acc < nd) {
-                /* rejected drafts are in the state: cut the KV position, or
-                 * restore the recurrent state and feed the accepted tokens
-                 * again with the next step */
-                int keep = recurrent ? sn_rewind_pos(rw) : sn_rewind_pos(rw) + nf + acc;
-                if ((st = sn_rewind_restore(rw, seq, keep)) != SN_OK) goto out;
-            }
+            /* rejected drafts are in the state: back to the last accepted
+             * token (the KV position cut, the recurrent state from the
+             * pass's history); with none rejected this only ends the tracking */
+            if ((st = sn_rewind_restore(rw, seq, sn_rewind_pos(rw) + nf + acc)) != SN_OK) goto out;
         }
         if (p->pld) sn_pld_ctl_observe(ctl, nf + nd, tf, match, nd, acc);
     }

@@ -868,10 +868,13 @@ out:
 
 struct sn_rewind {
     sn_model *m;
-    int pos;
+    int pos;            /* the saved (or tracked) position; -1: none */
+    bool tracking;      /* pos is a tracked one (sn_rewind_track), not a saved state */
     int n_layers;
     void **conv, **S;   /* [n_layers] backend buffers, NULL for layers without recurrent state */
     size_t cb, sb;
+    void **hist;        /* [n_layers] gdn history buffers of slots * (cb + sb) bytes, made on demand */
+    int slots;
 };
 
 sn_status sn_rewind_new(const sn_seq *seq, sn_rewind **out)
@@ -886,8 +889,9 @@ sn_status sn_rewind_new(const sn_seq *seq, sn_rewind **out)
     r->sb = seq->S_floats * sizeof(float);
     r->conv = calloc((size_t)r->n_layers, sizeof *r->conv);
     r->S = calloc((size_t)r->n_layers, sizeof *r->S);
+    r->hist = calloc((size_t)r->n_layers, sizeof *r->hist);
     sn_status st = SN_OK;
-    if (!r->conv || !r->S) { st = SN_FAIL(SN_E_NOMEM, "rewind: out of memory"); goto out; }
+    if (!r->conv || !r->S || !r->hist) { st = SN_FAIL(SN_E_NOMEM, "rewind: out of memory"); goto out; }
     sn_backend *be = seq->m->be;
     MLOCK(seq->m);
     for (int l = 0; l < r->n_layers && st == SN_OK; l++) {
@@ -909,8 +913,19 @@ sn_status sn_rewind_of(sn_seq *seq, sn_rewind **out)
     *out = NULL;
     if (!seq->rw) SN_TRY(sn_rewind_new(seq, &seq->rw));
     seq->rw->pos = -1;
+    seq->rw->tracking = false;
     *out = seq->rw;
     return SN_OK;
+}
+
+static void hist_free_locked(sn_rewind *r)
+{
+    sn_backend *be = r->m->be;
+    for (int l = 0; r->hist && l < r->n_layers; l++) {
+        if (r->hist[l]) be->ops->buf_free(be, r->hist[l]);
+        r->hist[l] = NULL;
+    }
+    r->slots = 0;
 }
 
 void sn_rewind_free(sn_rewind *r)
@@ -922,9 +937,11 @@ void sn_rewind_free(sn_rewind *r)
         if (r->conv && r->conv[l]) be->ops->buf_free(be, r->conv[l]);
         if (r->S && r->S[l]) be->ops->buf_free(be, r->S[l]);
     }
+    hist_free_locked(r);
     MUNLOCK(r->m);
     free(r->conv);
     free(r->S);
+    free(r->hist);
     free(r);
 }
 
@@ -940,33 +957,119 @@ sn_status sn_rewind_save(sn_rewind *r, const sn_seq *seq)
         st = be->ops->copy(be, r->S[l], seq->gdn[l].S, r->sb);
     }
     MUNLOCK(r->m);
-    if (st == SN_OK) r->pos = seq->pos;
+    r->tracking = false;
+    r->pos = st == SN_OK ? seq->pos : -1;
     return st;
 }
 
-sn_status sn_rewind_restore(const sn_rewind *r, sn_seq *seq, int pos)
+/* History buffers for tracked forwards of up to rows tokens, grown (never
+ * shrunk) under the model lock. */
+static sn_status hist_reserve_locked(sn_rewind *r, int rows)
+{
+    if (r->slots >= rows - 1) return SN_OK;
+    sn_backend *be = r->m->be;
+    sn_status st = SN_OK;
+    hist_free_locked(r);
+    size_t bytes = (size_t)(rows - 1) * (r->cb + r->sb);
+    for (int l = 0; l < r->n_layers && st == SN_OK; l++)
+        if (r->S[l]) st = be->ops->buf_alloc(be, bytes, &r->hist[l]);
+    if (st == SN_OK) r->slots = rows - 1;
+    else hist_free_locked(r);
+    return st;
+}
+
+static sn_status rows_check(const sn_rewind *r, const sn_seq *seq, int rows)
+{
+    if (seq->m != r->m) return SN_FAIL(SN_E_INVALID, "rewind: the sequence belongs to another model");
+    if (rows < 1 || rows > SN_STEP_TOKENS)
+        return SN_FAIL(SN_E_INVALID, "rewind: tracking a forward of %d rows (1..%d)", rows, SN_STEP_TOKENS);
+    if (sn_rewind_has_state(r) && seq->conv_floats + seq->S_floats != sn_gdn_hist_floats(&r->m->gdn))
+        return SN_FAIL(SN_E_INVALID, "rewind: the sequence's gdn state is not the backend's history slot");
+    return SN_OK;
+}
+
+sn_status sn_rewind_reserve(sn_rewind *r, const sn_seq *seq, int rows)
+{
+    SN_TRY(rows_check(r, seq, rows));
+    if (!sn_rewind_has_state(r)) return SN_OK;
+    MLOCK(r->m);
+    sn_status st = hist_reserve_locked(r, rows);
+    MUNLOCK(r->m);
+    return st;
+}
+
+sn_status sn_rewind_track(sn_rewind *r, sn_seq *seq, int rows)
+{
+    SN_TRY(rows_check(r, seq, rows));
+    r->pos = seq->pos;
+    r->tracking = true;
+    if (!sn_rewind_has_state(r)) return SN_OK; /* a KV cut needs no history */
+    MLOCK(r->m);
+    sn_status st = hist_reserve_locked(r, rows);
+    if (st == SN_OK) {
+        for (int l = 0; l < r->n_layers; l++) {
+            if (!r->S[l]) continue;
+            seq->gdn[l].hist = r->hist[l];
+            seq->gdn[l].n_hist = rows - 1;
+        }
+        seq->hist_armed = true;
+        seq->hist_from = -1;
+        seq->hist_valid = 0;
+    }
+    MUNLOCK(r->m);
+    if (st != SN_OK) {
+        r->pos = -1;
+        r->tracking = false;
+    }
+    return st;
+}
+
+static void untrack(sn_seq *seq)
+{
+    for (int l = 0; l < seq->m->n_layers; l++) {
+        seq->gdn[l].hist = NULL;
+        seq->gdn[l].n_hist = 0;
+    }
+    seq->hist_armed = false;
+}
+
+sn_status sn_rewind_restore(sn_rewind *r, sn_seq *seq, int pos)
 {
     if (seq->m != r->m) return SN_FAIL(SN_E_INVALID, "rewind: the sequence belongs to another model");
     if (r->pos < 0) return SN_FAIL(SN_E_INVALID, "rewind: nothing saved");
-    if (pos < r->pos || pos > seq->pos)
-        return SN_FAIL(SN_E_INVALID, "rewind: position %d is outside [saved %d, current %d]", pos, r->pos, seq->pos);
-    bool recurrent = sn_rewind_has_state(r);
-    if (recurrent && pos != r->pos)
-        return SN_FAIL(SN_E_INVALID, "rewind: recurrent state exists only at the saved position %d, not %d", r->pos, pos);
-    if (!recurrent) {
+    const bool tracking = r->tracking, recurrent = sn_rewind_has_state(r);
+    int from = r->pos;
+    if (tracking) {
+        untrack(seq); /* whatever happens next, the tracking ends here */
+        r->tracking = false;
+        r->pos = -1;
+        if (recurrent && seq->hist_from != from)
+            return SN_FAIL(SN_E_INVALID, "rewind: no forward ran from the tracked position %d", from);
+    }
+    if (pos < from || pos > seq->pos)
+        return SN_FAIL(SN_E_INVALID, "rewind: position %d is outside [saved %d, current %d]", pos, from, seq->pos);
+    if (!recurrent || pos == seq->pos) {
         seq->pos = pos;
         return SN_OK;
     }
+    int slot = pos - from - 1; /* tracked: the state after token `slot` of that forward */
+    if (tracking && (slot < 0 || slot >= seq->hist_valid))
+        return SN_FAIL(SN_E_INVALID, "rewind: the tracked forward from %d recorded states at %d..%d, not %d", from,
+                       from + 1, from + seq->hist_valid, pos);
+    if (!tracking && pos != r->pos)
+        return SN_FAIL(SN_E_INVALID, "rewind: recurrent state exists only at the saved position %d, not %d", r->pos, pos);
     sn_backend *be = r->m->be;
     sn_status st = SN_OK;
     MLOCK(r->m);
     for (int l = 0; l < r->n_layers && st == SN_OK; l++) {
         if (!r->S[l]) continue;
-        if (r->cb && (st = be->ops->copy(be, seq->gdn[l].conv, r->conv[l], r->cb)) != SN_OK) break;
-        st = be->ops->copy(be, seq->gdn[l].S, r->S[l], r->sb);
+        const char *cv = tracking ? (const char *)r->hist[l] + (size_t)slot * (r->cb + r->sb) : r->conv[l];
+        const char *sv = tracking ? cv + r->cb : r->S[l];
+        if (r->cb && (st = be->ops->copy(be, seq->gdn[l].conv, cv, r->cb)) != SN_OK) break;
+        st = be->ops->copy(be, seq->gdn[l].S, sv, r->sb);
     }
     MUNLOCK(r->m);
-    if (st == SN_OK) seq->pos = r->pos;
+    if (st == SN_OK) seq->pos = pos;
     return st;
 }
 

@@ -190,6 +190,11 @@ struct sn_seq {
     sn_gdn_view *gdn;        /* [n_layers]; S == NULL for non-GDN layers */
     size_t conv_floats, S_floats, kv_row_floats; /* per layer: (K-1)*conv_dim, Hv*Dk*Dv, Hkv*D */
     struct sn_rewind *rw;    /* the PLD rollback buffers, made on first use and kept (sn_rewind_of) */
+    /* gdn history (sn_rewind_track): hist_armed while the next forward is to
+     * record it; that forward then disarms it and notes where it started and
+     * how many history slots it filled (forward.c) */
+    bool hist_armed;
+    int hist_from, hist_valid;
 };
 
 /* y[0..n) *= alpha on the backend (n even). The op set has no row scale,

@@ -578,6 +578,8 @@ static sn_status cpu_gdn(sn_backend *b, const sn_gdn_dims *d, const float *qkv, 
         return SN_FAIL(SN_E_INVALID, "gdn: T=%d", T);
     if (!st || !st->S || (d->conv_k > 1 && !st->conv))
         return SN_FAIL(SN_E_INVALID, "gdn: missing state");
+    if (st->hist && st->n_hist < 0)
+        return SN_FAIL(SN_E_INVALID, "gdn: history of %d slots", st->n_hist);
     if (T == 0)
         return SN_OK;
     if (!qkv || !a || !bb || !conv_w || !A_log || !dt_bias || !out)

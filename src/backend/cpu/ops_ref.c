@@ -263,6 +263,15 @@ void cpu_op_gdn_conv(const cpu_gdn_job *j, int64_t c0, int64_t c1)
             j->c[(size_t)t * C + ch] = silu(acc);
         }
     }
+    /* History slot t (the state after token t) = X(t+1 .. t+K-1), taken
+     * before the in-place update below. */
+    int nh = j->st->hist ? (j->st->n_hist < T - 1 ? j->st->n_hist : T - 1) : 0;
+    for (int t = 0; t < nh; t++) {
+        float *hs = j->st->hist + (size_t)t * sn_gdn_hist_floats(j->d);
+        for (int i = 0; i < K - 1; i++)
+            for (int64_t ch = c0; ch < c1; ch++)
+                hs[(size_t)i * C + ch] = X(t + 1 + i, ch);
+    }
     /* New state = X(T .. T+K-2). Reading index T+i >= i, ascending i, so
      * the in-place update never reads a row it already replaced. */
     for (int i = 0; i < K - 1; i++)
@@ -319,6 +328,10 @@ void cpu_op_gdn_head(const cpu_kernels *k, const cpu_gdn_job *j, int hv)
             float *Si = S + (size_t)i * Dv;
             k->axpy(Si, kk[i], kv_mem, Dv);
             k->axpy(o, q[i], Si, Dv);
+        }
+        if (j->st->hist && t < j->st->n_hist && t < j->T - 1) {
+            float *hs = j->st->hist + (size_t)t * sn_gdn_hist_floats(d) + (size_t)(d->conv_k - 1) * j->conv_dim;
+            memcpy(hs + (size_t)hv * Dk * Dv, S, sizeof(float) * Dk * Dv);
         }
     }
 }

@@ -204,7 +204,7 @@ sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
         sn_gdn_dims d = { (int)r.i[0], (int)r.i[1], (int)r.i[2], (int)r.i[3], (int)r.i[4], r.f[0] };
         return cu_gdn(s, &d, (const float *)r.p[0], (const float *)r.p[1], (const float *)r.p[2],
                       (const float *)r.p[3], (const float *)r.p[4], (const float *)r.p[5], (float *)r.p[6],
-                      (float *)r.p[7], (int)r.i[5], (float *)r.p[8], cb->scratch);
+                      (float *)r.p[7], (float *)r.p[9], (int)r.i[6], (int)r.i[5], (float *)r.p[8], cb->scratch);
     }
     case R_COPY:
         CU_TRY(cudaMemcpyAsync((void *)r.p[0], r.p[1], (size_t)r.i[0], cudaMemcpyDeviceToDevice, s), "copy");
@@ -349,8 +349,9 @@ bool records_match(const cuda_be *cb, const gslot *g, int *delta)
     return true;
 }
 
-/* Inside a capture: consecutive decode matmuls (T = 1, quantized, same x)
- * become one grouped launch, an RMSNorm or a swiglu of one row right before
+/* Inside a capture: consecutive decode matmuls (the same T <= CU_GROUP_T_MAX
+ * rows, quantized, same x, same kernel as each would get alone) become one
+ * grouped launch, an RMSNorm or a swiglu of those rows right before
  * them that produces their x is done inside that launch (it still writes its
  * output, for later readers), and a residual add right after them that reads one of
  * their outputs is folded into it (the output is still written). The
@@ -363,8 +364,7 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
         return 0;
     const rec *nr = NULL, *sw = NULL;
     int k0 = k;
-    if (cb->recs[k].kind == R_RMSNORM && cb->recs[k].i[0] == 1 && cb->recs[k].p[0] != cb->recs[k].p[2] &&
-        k + 1 < cb->n_recs) {
+    if (cb->recs[k].kind == R_RMSNORM && cb->recs[k].p[0] != cb->recs[k].p[2] && k + 1 < cb->n_recs) {
         nr = &cb->recs[k];
         k0 = k + 1;
     } else if (cb->recs[k].kind == R_SWIGLU && k + 1 < cb->n_recs) {
@@ -372,7 +372,8 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
         k0 = k + 1;
     }
     const rec &r0 = cb->recs[k0];
-    if (r0.kind != R_MATMUL || r0.i[1] != 1)
+    const int64_t T = r0.i[1];
+    if (r0.kind != R_MATMUL || T < 1 || T > CU_GROUP_T_MAX)
         return 0;
     const cu_weight *w0 = cw_of(r0.p[0]);
     if (w0->fmt != CW_Q4 && w0->fmt != CW_Q8)
@@ -383,18 +384,21 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
     const void *x = r0.p[1];
     const void *raw = nr ? nr->p[0] : sw ? sw->p[0] : x; /* what the launch reads */
     const void *raw2 = sw ? sw->p[1] : raw;                  /* (and swiglu's u) */
-    if (nr && (nr->p[2] != x || nr->i[1] != w0->cols))
+    if (nr && (nr->p[2] != x || nr->i[0] != T || nr->i[1] != w0->cols))
         return 0;
-    if (sw && (sw->p[2] != x || sw->i[0] != w0->cols))
+    if (sw && (sw->p[2] != x || sw->i[0] != T * w0->cols))
         return 0;
     int n = 0, j = k0;
     while (j < cb->n_recs && n < CU_GROUP_MAX) {
         const rec &r = cb->recs[j];
-        if (r.kind != R_MATMUL || r.i[1] != 1 || r.p[1] != x)
+        if (r.kind != R_MATMUL || r.i[1] != T || r.p[1] != x)
             break;
         const cu_weight *w = cw_of(r.p[0]);
         float *y = (float *)r.p[2];
-        bool clash = !cu_matmul_groupable(w0, w) || y == x || y == raw || y == raw2;
+        /* a matrix grouped must get the kernel it gets alone (its bits) */
+        bool clash = !cu_matmul_groupable(w0, w) || y == x || y == raw || y == raw2 ||
+                     cu_matmul_int_path(&cb->di, w, r.i[0], (const float *)x, (int)T) !=
+                         cu_matmul_int_path(&cb->di, w0, r0.i[0], (const float *)x, (int)T);
         for (int i = 0; i < n; i++)
             clash = clash || ys[i] == y;
         if (clash)
@@ -415,7 +419,7 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
         for (int i = 0; i < n; i++)
             ok = ok && tgt != ys[i];
         for (int i = 0; i < n && ok; i++)
-            if (a.p[1] == ys[i] && a.i[0] == ws[i]->rows) {
+            if (a.p[1] == ys[i] && a.i[0] == T * ws[i]->rows) {
                 adds[i] = tgt;
                 used++;
                 break;
@@ -434,7 +438,7 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
         norm.su = (const float *)sw->p[1];
         norm.xn = (float *)sw->p[2];
     }
-    *st = cu_matmul_group(&cb->di, cb->st, n, ws, es, ys, adds, (const float *)raw, nr || sw ? &norm : NULL,
+    *st = cu_matmul_group(&cb->di, cb->st, n, ws, es, ys, adds, (const float *)raw, (int)T, nr || sw ? &norm : NULL,
                           cb->scratch);
     return used;
 }
@@ -1088,11 +1092,14 @@ sn_status cuda_gdn(sn_backend *b, const sn_gdn_dims *d, const float *qkv, const 
         return SN_FAIL(SN_E_INVALID, "gdn: NULL buffer");
     if (T > 65535)
         return SN_FAIL(SN_E_UNSUPPORTED, "gdn: %d tokens in one call (max 65535)", T);
+    if (st->hist && st->n_hist < 0)
+        return SN_FAIL(SN_E_INVALID, "gdn: history of %d slots", st->n_hist);
+    int nh = st->hist ? (st->n_hist < T - 1 ? st->n_hist : T - 1) : 0;
     rec r = rec_new(R_GDN);
     r.p[0] = qkv; r.p[1] = a; r.p[2] = bb; r.p[3] = conv_w; r.p[4] = A_log; r.p[5] = dt_bias;
-    r.p[6] = st->conv; r.p[7] = st->S; r.p[8] = out;
+    r.p[6] = st->conv; r.p[7] = st->S; r.p[8] = out; r.p[9] = nh ? st->hist : NULL;
     r.i[0] = d->n_k_heads; r.i[1] = d->n_v_heads; r.i[2] = d->dk; r.i[3] = d->dv; r.i[4] = d->conv_k;
-    r.i[5] = T;
+    r.i[5] = T; r.i[6] = nh;
     r.f[0] = d->norm_eps;
     return submit(cb_of(b), r, cu_gdn_scratch_bytes(d, T));
 }
@@ -1438,8 +1445,8 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
     SN_ASSERT(sn_cuda_is(b));
     cuda_be *cb = cb_of(b);
     if (!strcmp(key, "gemv_rpw")) {
-        if (value != 0 && value != 2 && value != 4)
-            return SN_FAIL(SN_E_INVALID, "cuda tune gemv_rpw=%d (0, 2 or 4)", value);
+        if (value != 0 && value != 1 && value != 2 && value != 4)
+            return SN_FAIL(SN_E_INVALID, "cuda tune gemv_rpw=%d (0, 1, 2 or 4)", value);
         SN_TRY(host_barrier(cb));
         cb->di.gemv_rpw = value;
         graphs_invalidate(cb); /* the graph was captured with the old choice */

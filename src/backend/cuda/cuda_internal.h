@@ -118,7 +118,7 @@ typedef struct cu_weight {
 typedef struct {
     int n_sm;
     size_t smem_optin;    /* max dynamic shared memory per block */
-    int gemv_rpw;         /* rows per warp of the quantized GEMV: 0 = by shape, else 2 or 4 */
+    int gemv_rpw;         /* rows per warp of the quantized GEMV: 0 = by shape, else 1, 2 or 4 */
     void *blas;           /* cuBLAS context (cuda_blas.cu) or NULL when not loaded */
     int blas_min_t;       /* quantized GEMMs of at least this many tokens use cuBLAS; 0 = never */
     int gemm_fast;        /* 1: single fp16 pass (11-bit operands); 0: split fp16x3, fp32-class (default) */
@@ -176,13 +176,16 @@ sn_status cu_ops_init(const cu_devinfo *di);
 size_t cu_matmul_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T);
 sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int expert, const float *x, int T,
                     float *y, void *scratch);
-/* Decode (T = 1) GEMVs of n weights that share x, in one launch; add_to
- * (may be NULL, or hold NULLs) receives a fused y[i] residual add. The
- * weights must be groupable (same quant format, group, columns). With norm,
- * x is first RMS-normalised inside the launch, bitwise as cu_rmsnorm with
- * norm->threads threads would (cu_rmsnorm_threads), and the normalised row
- * is written to norm->xn when that is not NULL. */
+/* Decode GEMVs (T <= CU_GROUP_T_MAX rows) of n weights that share x, in one
+ * launch; add_to (may be NULL, or hold NULLs) receives a fused y[i]
+ * residual add. The weights must be groupable (same quant format, group,
+ * columns) and take the same kernel alone (cu_matmul_int_path), so each
+ * y[i] is bitwise what cu_matmul would give. With norm, x is first
+ * RMS-normalised inside the launch, bitwise as cu_rmsnorm with
+ * norm->threads threads would (cu_rmsnorm_threads), and the normalised rows
+ * are written to norm->xn when that is not NULL. */
 #define CU_GROUP_MAX 8
+#define CU_GROUP_T_MAX 8
 typedef struct {
     const float *w;
     float eps;
@@ -193,9 +196,12 @@ typedef struct {
     const float *su;
 } cu_gemv_norm;
 bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b);
+/* Whether cu_matmul of T rows of x through expert e of w takes the integer
+ * tensor-core GEMV (else the fp32 GEMV, or the GEMM from GEMM_MIN_T rows). */
+bool cu_matmul_int_path(const cu_devinfo *di, const cu_weight *w, int64_t e, const float *x, int T);
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
-                          float *const *y, float *const *add_to, const float *x, const cu_gemv_norm *norm,
-                          void *scratch); /* scratch: cu_matmul_scratch_bytes(w[0], 1) */
+                          float *const *y, float *const *add_to, const float *x, int T, const cu_gemv_norm *norm,
+                          void *scratch); /* scratch: cu_matmul_scratch_bytes(w[0], T) */
 /* y[T, cols] = dequantized rows d_ids[t] of W (ids validated by the caller). */
 sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int T, float *y);
 /* MoE FFN over the experts of one layer for T tokens, routing on the GPU:
@@ -226,9 +232,11 @@ size_t cu_attention_scratch_bytes(const sn_kv_view *kv, int T, int n_q_heads);
 sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, const sn_kv_view *kv, int T,
                        int pos0, const int *d_delta, int n_q_heads, float scale, float *out, void *scratch);
 size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T);
+/* hist / n_hist: sn_gdn_view's per-token history (NULL / 0: none); with a
+ * history the token-by-token recurrence runs, never the chunked form. */
 sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
                  const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
-                 int T, float *out, void *scratch);
+                 float *hist, int n_hist, int T, float *out, void *scratch);
 /* out[r] = index of the largest x[r, :] (the first one on ties). */
 size_t cu_argmax_scratch_bytes(int rows);
 sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_out, void *scratch);

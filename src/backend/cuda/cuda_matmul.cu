@@ -368,6 +368,8 @@ __device__ __forceinline__ void gv_locate(const gemv_seg &g, int rpw, int64_t wo
     c.sb = (const char *)g.sb[i] + (size_t)c.r0 * groups * sbsz;
 }
 
+constexpr int GV_STAGE_U = 4; /* x loads in flight per thread while staging */
+
 /* x for tokens t < TT into shared memory (lane-major, zeros for t >= T),
  * normalised when g.nw is set, then the chunk sums. Ends with a barrier. */
 template <int BITS, int TT>
@@ -378,10 +380,25 @@ __device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int6
     __shared__ float red[TT][32];
     const int64_t n4 = cols / 4, nch = n4 / NF4;
     if (g.nw) {
-        /* the sum of x^2 exactly as k_rmsnorm forms it (rms_partials) */
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        for (int t = 0; t < T && t < TT; t++)
-            rms_partials(x + (size_t)t * cols, cols, g.norm_threads, red[t]);
+        /* the sum of x^2 exactly as k_rmsnorm forms it (rms_partials' virtual
+         * warps), the tokens' virtual warps spread over the block's warps so
+         * their loads are in flight together (a verify pass of 8 rows took 8
+         * load latencies one after the other) */
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+        const int nvw = g.norm_threads / 32, nt = T < TT ? T : TT;
+        for (int p = warp; p < nt * nvw; p += nwarps) {
+            const int t = p / nvw, vw = p % nvw;
+            const float *xr = x + (size_t)t * cols;
+            float ss = 0.f;
+#pragma unroll 4
+            for (int64_t i = vw * 32 + lane; i < cols; i += g.norm_threads)
+                ss += xr[i] * xr[i];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            if (lane == 0)
+                red[t][vw] = ss;
+        }
         __syncthreads();
         if (warp == 0)
             for (int t = 0; t < TT; t++) {
@@ -392,23 +409,48 @@ __device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int6
         __syncthreads();
     }
     const bool aligned = ((uintptr_t)x & 15) == 0; /* cols % 32 == 0 always */
-    for (int t = 0; t < TT; t++) {
-        const float *xr = x + (size_t)t * cols;
-        for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) {
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (t < T) {
-                v = aligned ? __ldg((const float4 *)xr + q)
-                            : make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
-                if (g.nw) {
+    /* QU float4 columns of all TT tokens per thread and pass, every load
+     * issued before any is used (at least GV_STAGE_U in flight): staging
+     * costs about one load latency, not one per token or per pass of the
+     * block over a long row; no division in the index math */
+    constexpr int QU = TT >= GV_STAGE_U ? 1 : GV_STAGE_U / TT;
+    const int64_t bd = blockDim.x;
+    const bool w_al = g.nw && ((uintptr_t)g.nw & 15) == 0;
+    for (int64_t q0 = threadIdx.x; q0 < n4; q0 += QU * bd) {
+        float4 v[QU][TT];
+#pragma unroll
+        for (int u = 0; u < QU; u++) {
+            const int64_t q = q0 + u * bd;
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                const float *xr = x + (size_t)t * cols;
+                v[u][t] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (q < n4 && t < T)
+                    v[u][t] = aligned ? __ldg((const float4 *)xr + q)
+                                      : make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < QU; u++) {
+            const int64_t q = q0 + u * bd;
+            if (q >= n4)
+                break;
+            float4 w4 = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (g.nw)
+                w4 = w_al ? __ldg((const float4 *)g.nw + q)
+                          : make_float4(g.nw[4 * q], g.nw[4 * q + 1], g.nw[4 * q + 2], g.nw[4 * q + 3]);
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                float4 y = v[u][t];
+                if (t < T && g.nw) {
                     /* k_rmsnorm: y = x * inv * w, in that order */
                     const float iv = inv[t];
-                    const float4 w4 = make_float4(g.nw[4 * q], g.nw[4 * q + 1], g.nw[4 * q + 2], g.nw[4 * q + 3]);
-                    v = make_float4(v.x * iv * w4.x, v.y * iv * w4.y, v.z * iv * w4.z, v.w * iv * w4.w);
+                    y = make_float4(y.x * iv * w4.x, y.y * iv * w4.y, y.z * iv * w4.z, y.w * iv * w4.w);
                     if (g.xn && blockIdx.x == 0)
-                        *(float4 *)(g.xn + (size_t)t * cols + 4 * q) = v;
+                        *(float4 *)(g.xn + (size_t)t * cols + 4 * q) = y;
                 }
+                xs[t * stride4 + xperm<BITS>(q / NF4, (int)(q % NF4))] = y;
             }
-            xs[t * stride4 + xperm<BITS>(q / NF4, (int)(q % NF4))] = v;
         }
     }
     __syncthreads();
@@ -420,8 +462,10 @@ __device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int6
  * per (row, token) the FMA sequence is word by word, value by value. */
 template <int BITS, int TT, int RPW>
 __device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, const float4 *xs, int64_t stride4,
-                                         const float *xsums, int64_t nch, int64_t c, float acc[RPW][TT])
+                                         const float *xsums, int64_t nch, int64_t c, float acc[RPW][TT], int T)
 {
+    /* token slots past T (a pass of 6 tokens in 8 slots) are skipped: the
+     * branch is uniform over the warp and a real token's FMAs are unchanged */
     float d[RPW][TT];
 #pragma unroll
     for (int r = 0; r < RPW; r++)
@@ -444,6 +488,8 @@ __device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, con
             }
 #pragma unroll
             for (int t = 0; t < TT; t++) {
+                if (TT > 1 && t >= T)
+                    break;
                 const float4 a = xs[t * stride4 + xperm<BITS>(c, 2 * j)];
                 const float4 b = xs[t * stride4 + xperm<BITS>(c, 2 * j + 1)];
                 const float xv[8] = { a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w };
@@ -468,6 +514,8 @@ __device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, con
             }
 #pragma unroll
             for (int t = 0; t < TT; t++) {
+                if (TT > 1 && t >= T)
+                    break;
                 const float4 a = xs[t * stride4 + xperm<BITS>(c, j)];
 #pragma unroll
                 for (int r = 0; r < RPW; r++) {
@@ -483,12 +531,16 @@ __device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, con
     }
 #pragma unroll
     for (int t = 0; t < TT; t++) {
+        if (TT > 1 && t >= T)
+            break;
         const float xsum = xsums[t * nch + c];
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
-            /* Q4: sum q*x = 256*(d - xsum/2); Q8: 256*(d - xsum) (values 1 + q/256) */
-            float qd = BITS == 4 ? 256.f * (d[r][t] - 0.5f * xsum) : 256.f * (d[r][t] - xsum);
-            acc[r][t] += sbv[r].x * qd + sbv[r].y * xsum;
+            /* Q4: sum q*x = 256*(d - xsum/2); Q8: 256*(d - xsum) (values 1 + q/256).
+             * Rounding spelled out (no contraction left to the compiler), so
+             * every TT / RPW instantiation gives a token the same bits. */
+            float qd = __fmul_rn(256.f, __fsub_rn(d[r][t], BITS == 4 ? __fmul_rn(0.5f, xsum) : xsum));
+            acc[r][t] = __fadd_rn(acc[r][t], fmaf(sbv[r].x, qd, __fmul_rn(sbv[r].y, xsum)));
         }
     }
 }
@@ -586,7 +638,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                     sbv[r] = make_float2(0.f, 0.f);
                 }
             }
-            gv_chunk<BITS, TT, RPW>(wv, sbv, xs, stride4, xsums, nch, c, acc);
+            gv_chunk<BITS, TT, RPW>(wv, sbv, xs, stride4, xsums, nch, c, acc, T);
         }
         if (++cc.it == nit) {
             /* the row group is complete: reduce over the lanes and store */
@@ -594,6 +646,8 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             for (int r = 0; r < RPW; r++)
 #pragma unroll
                 for (int t = 0; t < TT; t++) {
+                    if (TT > 1 && t >= T)
+                        break;
                     float v = acc[r][t];
 #pragma unroll
                     for (int o = 16; o > 0; o >>= 1)
@@ -2305,7 +2359,13 @@ sn_status gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weig
     int64_t tot = 0;
     for (int i = 0; i < g.n; i++)
         tot += g.rows[i];
-    int rpw = di->gemv_rpw ? di->gemv_rpw : (T <= 2 && tot >= 8192 ? 4 : 2);
+    /* rows per warp: a verify pass (T > 2) through a small matrix leaves
+     * most resident warps idle while each busy one runs every token of its
+     * rows in series, so there one row a warp halves that chain (the 8-layer
+     * default model's 6-row step: see docs/PERFORMANCE.md) */
+    int rpw = di->gemv_rpw ? di->gemv_rpw
+              : T <= 2          ? (tot >= 8192 ? 4 : 2)
+              : (tot + 1) / 2 < (int64_t)di->n_sm * 8 ? 1 : 2;
     g.g0[0] = 0;
     for (int i = 0; i < g.n; i++)
         g.g0[i + 1] = g.g0[i] + (g.rows[i] + rpw - 1) / rpw;
@@ -2329,9 +2389,13 @@ sn_status gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weig
         const float *xp = x + (size_t)t0 * w0->cols;
         sn_status st;
         if (w0->fmt == CW_Q4)
-            st = rpw == 4 ? gv_pass<4, 4>(di, s, p, w0, xp, nt, tt) : gv_pass<4, 2>(di, s, p, w0, xp, nt, tt);
+            st = rpw == 4   ? gv_pass<4, 4>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<4, 1>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<4, 2>(di, s, p, w0, xp, nt, tt);
         else
-            st = rpw == 4 ? gv_pass<8, 4>(di, s, p, w0, xp, nt, tt) : gv_pass<8, 2>(di, s, p, w0, xp, nt, tt);
+            st = rpw == 4   ? gv_pass<8, 4>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<8, 1>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<8, 2>(di, s, p, w0, xp, nt, tt);
         SN_TRY(st);
         t0 += nt;
     }
@@ -2520,8 +2584,10 @@ sn_status cu_matmul_init(const cu_devinfo *di)
     SN_TRY(gv_max_smem(k_gemv<B, 2, R>, di));                                                                      \
     SN_TRY(gv_max_smem(k_gemv<B, 4, R>, di));                                                                      \
     SN_TRY(gv_max_smem(k_gemv<B, 8, R>, di));
+    GEMV_INIT(4, 1)
     GEMV_INIT(4, 2)
     GEMV_INIT(4, 4)
+    GEMV_INIT(8, 1)
     GEMV_INIT(8, 2)
     GEMV_INIT(8, 4)
 #undef GEMV_INIT
@@ -2610,7 +2676,7 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
         default: return launch_gemm<CW_BF16>(di, s, w, e, xh, sig, Kp, nseg, T, y);
         }
     }
-    if (e == 0 && gi_ok(di, w, x, T) && gi_size_ok(di, w->rows * w->cols / 2, w->cols)) {
+    if (cu_matmul_int_path(di, w, e, x, T)) {
         gi_seg g;
         memset(&g, 0, sizeof g);
         g.n = 1;
@@ -2814,19 +2880,45 @@ bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b)
            b->cols == a->cols;
 }
 
+bool cu_matmul_int_path(const cu_devinfo *di, const cu_weight *w, int64_t e, const float *x, int T)
+{
+    return T < GEMM_MIN_T && e == 0 && gi_ok(di, w, x, T) && gi_size_ok(di, w->rows * w->cols / 2, w->cols);
+}
+
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
-                          float *const *y, float *const *add_to, const float *x, const cu_gemv_norm *norm,
+                          float *const *y, float *const *add_to, const float *x, int T, const cu_gemv_norm *norm,
                           void *scratch)
 {
     if (n < 1 || n > CU_GROUP_MAX)
         return SN_FAIL(SN_E_INVALID, "matmul group of %d", n);
-    bool i8 = (norm == NULL || (((uintptr_t)norm->w | (uintptr_t)norm->xn | (uintptr_t)norm->su) & 15) == 0);
-    int64_t qbytes = 0;
-    for (int i = 0; i < n && i8; i++) {
-        i8 = e[i] == 0 && gi_ok(di, w[i], x, 1) && cu_matmul_groupable(w[0], w[i]);
-        qbytes += w[i]->rows * w[i]->cols / 2;
+    if (T < 1 || T > CU_GROUP_T_MAX)
+        return SN_FAIL(SN_E_INVALID, "matmul group of %d rows (1..%d)", T, CU_GROUP_T_MAX);
+    /* each matrix takes the kernel it would take alone, on its own input
+     * (the folded op's output row): its bits do not depend on the grouping,
+     * which is what prompt-lookup verification relies on */
+    const float *in = norm && norm->xn ? norm->xn : x;
+    const bool i8 = cu_matmul_int_path(di, w[0], e[0], in, T);
+    for (int i = 1; i < n; i++)
+        if (cu_matmul_int_path(di, w[i], e[i], in, T) != i8 || !cu_matmul_groupable(w[0], w[i]))
+            return SN_FAIL(SN_E_INVALID, "matmul group: weight %d takes another kernel than weight 0", i);
+    const size_t cols = (size_t)w[0]->cols;
+    if (norm) {
+        /* a folded stage the kernel has no form for (the fp32 GEMV has no
+         * swiglu; the digits pass reads and writes whole float4s) runs
+         * first as its own op, with the same arithmetic */
+        const uintptr_t al = (uintptr_t)x | (uintptr_t)norm->w | (uintptr_t)norm->su | (uintptr_t)norm->xn;
+        bool apart = (norm->su && !i8) || (i8 && (al & 15) != 0);
+        if (apart && !norm->xn)
+            return SN_FAIL(SN_E_INVALID, "matmul group: a folded op without an output row");
+        if (apart) {
+            if (norm->su)
+                SN_TRY(cu_swiglu(s, x, norm->su, (size_t)T * cols, norm->xn));
+            else
+                SN_TRY(cu_rmsnorm(s, x, norm->w, T, (int)cols, norm->eps, norm->xn));
+            x = norm->xn;
+            norm = NULL;
+        }
     }
-    i8 = i8 && gi_size_ok(di, qbytes, w[0]->cols);
     if (i8) {
         gi_seg g;
         memset(&g, 0, sizeof g);
@@ -2840,7 +2932,7 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
             g.rows[i] = w[i]->rows;
             g.mt[i] = w[i]->mt;
         }
-        return gi_run(di, s, g, w[0], x, 1, norm, scratch);
+        return gi_run(di, s, g, w[0], x, T, norm, scratch);
     }
     gemv_seg g;
     memset(&g, 0, sizeof g);
@@ -2854,19 +2946,13 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
         g.add_to[i] = add_to ? add_to[i] : NULL;
         g.rows[i] = w[i]->rows;
     }
-    if (norm && norm->su) {
-        /* the fp32 GEMV has no swiglu stage: run it first */
-        SN_TRY(cu_swiglu(s, x, norm->su, (size_t)w[0]->cols, norm->xn));
-        x = norm->xn;
-        norm = NULL;
-    }
     if (norm) {
         g.nw = norm->w;
         g.eps = norm->eps;
         g.norm_threads = norm->threads;
         g.xn = norm->xn;
     }
-    return gv_run(di, s, g, w[0], x, 1);
+    return gv_run(di, s, g, w[0], x, T);
 }
 
 bool cu_repack_q4_ok(const cu_weight *w)

@@ -573,15 +573,25 @@ __global__ void k_gdn_conv(const float *__restrict__ qkv, const float *__restric
 /* New conv state = rows T..T+K-2 of concat(state, qkv); one thread per
  * channel, ascending rows, so the in-place update never reads a row it
  * already replaced. Runs after k_gdn_conv has read the old state. */
-__global__ void k_gdn_state(float *__restrict__ state, const float *__restrict__ qkv, int C, int K, int T)
+__global__ void k_gdn_state(float *__restrict__ state, const float *__restrict__ qkv, int C, int K, int T,
+                            float *__restrict__ hist, size_t hstride, int nh)
 {
     pdl_enter();
-    for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < C; ch += gridDim.x * blockDim.x)
+    for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < C; ch += gridDim.x * blockDim.x) {
+        /* history slot t (the state after token t): rows t+1 .. t+K-1, read
+         * before this thread replaces its channel below */
+        for (int t = 0; t < nh; t++)
+            for (int i = 0; i < K - 1; i++) {
+                int xi = t + 1 + i;
+                hist[(size_t)t * hstride + (size_t)i * C + ch] =
+                    xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
+            }
         for (int i = 0; i < K - 1; i++) {
             int xi = T + i;
             float v = xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
             state[(size_t)i * C + ch] = v;
         }
+    }
 }
 
 /* The delta rule. Block (value head hv, 32 columns of Dv), 4 warps; lane =
@@ -591,7 +601,8 @@ __global__ void k_gdn_state(float *__restrict__ state, const float *__restrict__
 template <int RPT>
 __global__ void __launch_bounds__(128)
 k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const float *__restrict__ decay,
-          float *__restrict__ S, int Hk, int Hv, int Dk, int Dv, int T, float *__restrict__ out)
+          float *__restrict__ S, int Hk, int Hv, int Dk, int Dv, int T, float *__restrict__ out,
+          float *__restrict__ hist, size_t hstride, int nh)
 {
     pdl_enter();
     const int hv = blockIdx.x, hk = hv / (Hv / Hk);
@@ -609,34 +620,72 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
         int i = i0 + r;
         s[r] = (active && r < rows_per && i < Dk) ? Sh[(size_t)i * Dv + col] : 0.f;
     }
-    for (int t = 0; t < T; t++) {
+    /* token t's k, q, v, decay and beta are loaded while token t-1 is
+     * computed (they do not depend on S): a verify pass of T tokens pays
+     * about one load latency instead of T. Up to 16 rows a thread; above,
+     * the second set of registers would spill, so loads stay in the step. */
+    constexpr bool PF = RPT <= 16;
+    float kr[RPT], qr[RPT], v = 0.f, a = 0.f, bt = 0.f;
+    auto load = [&](int t, float (&kk)[RPT], float (&qq)[RPT], float &vv, float &aa, float &bb) {
         const float *ct = c + (size_t)t * C;
         const float *qv = ct + (size_t)hk * Dk, *kv = ct + key_dim + (size_t)hk * Dk;
-        float v = active ? ct[2 * key_dim + (size_t)hv * Dv + col] : 0.f;
-        float a = decay[(size_t)t * Hv + hv], bt = beta[(size_t)t * Hv + hv];
-        float kr[RPT];
-        float dot = 0.f;
 #pragma unroll
         for (int r = 0; r < RPT; r++) {
             int i = i0 + r;
-            kr[r] = (r < rows_per && i < Dk) ? __ldg(kv + i) : 0.f;
-            dot = fmaf(s[r], kr[r], dot);
+            kk[r] = (r < rows_per && i < Dk) ? __ldg(kv + i) : 0.f;
+            qq[r] = (r < rows_per && i < Dk) ? __ldg(qv + i) : 0.f;
         }
+        vv = active ? ct[2 * key_dim + (size_t)hv * Dv + col] : 0.f;
+        aa = decay[(size_t)t * Hv + hv];
+        bb = beta[(size_t)t * Hv + hv];
+    };
+    if (PF && T > 0)
+        load(0, kr, qr, v, a, bt);
+    for (int t = 0; t < T; t++) {
+        float kn[PF ? RPT : 1], qn[PF ? RPT : 1], vn = 0.f, an = 0.f, bn = 0.f;
+        if constexpr (PF) {
+            if (t + 1 < T)
+                load(t + 1, kn, qn, vn, an, bn);
+        } else {
+            load(t, kr, qr, v, a, bt);
+        }
+        float dot = 0.f;
+#pragma unroll
+        for (int r = 0; r < RPT; r++)
+            dot = fmaf(s[r], kr[r], dot);
         dot += __shfl_xor_sync(0xffffffffu, dot, 8);
         dot += __shfl_xor_sync(0xffffffffu, dot, 16);
         float delta = (v - a * dot) * bt;
         float od = 0.f;
 #pragma unroll
         for (int r = 0; r < RPT; r++) {
-            int i = i0 + r;
-            float qi = (r < rows_per && i < Dk) ? __ldg(qv + i) : 0.f;
             s[r] = fmaf(kr[r], delta, a * s[r]);
-            od = fmaf(s[r], qi, od);
+            od = fmaf(s[r], qr[r], od);
         }
         od += __shfl_xor_sync(0xffffffffu, od, 8);
         od += __shfl_xor_sync(0xffffffffu, od, 16);
         if (active && part == 0)
             out[((size_t)t * Hv + hv) * Dv + col] = od;
+        if (t < nh) {
+            /* the state after token t, for a rollback to it */
+            float *Hh = hist + (size_t)t * hstride + (size_t)hv * Dk * Dv;
+#pragma unroll
+            for (int r = 0; r < RPT; r++) {
+                int i = i0 + r;
+                if (active && r < rows_per && i < Dk)
+                    Hh[(size_t)i * Dv + col] = s[r];
+            }
+        }
+        if constexpr (PF) {
+#pragma unroll
+            for (int r = 0; r < RPT; r++) {
+                kr[r] = kn[r];
+                qr[r] = qn[r];
+            }
+            v = vn;
+            a = an;
+            bt = bn;
+        }
     }
 #pragma unroll
     for (int r = 0; r < RPT; r++) {
@@ -900,10 +949,15 @@ size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T)
 
 sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
                  const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
-                 int T, float *out, void *scratch)
+                 float *hist, int n_hist, int T, float *out, void *scratch)
 {
     if (T <= 0)
         return SN_OK;
+    const int nh = hist ? min(n_hist, T - 1) : 0;
+    const size_t hconv = (size_t)(d->conv_k > 1 ? d->conv_k - 1 : 0) *
+                         (2 * (size_t)d->n_k_heads * d->dk + (size_t)d->n_v_heads * d->dv);
+    const size_t hstride = hconv + (size_t)d->n_v_heads * d->dk * d->dv;
+    float *hS = nh ? hist + hconv : nullptr; /* the S part of slot 0 */
     int Hk = d->n_k_heads, Hv = d->n_v_heads, Dk = d->dk, Dv = d->dv, K = d->conv_k;
     if (Dk > 256 || Dv > 512)
         return SN_FAIL(SN_E_UNSUPPORTED, "gdn: dk %d (max 256) dv %d (max 512)", Dk, Dv);
@@ -916,22 +970,27 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
                                                                           l2eps, a, b, A_log, dt_bias, c, beta, decay);
     CU_CHECK_LAUNCH("gdn conv");
     if (K > 1) {
-        (void)cu_launch(k_gdn_state, (unsigned)((C + 255) / 256), 256, 0, s, conv_state, qkv, (int)C, K, T);
+        (void)cu_launch(k_gdn_state, (unsigned)((C + 255) / 256), 256, 0, s, conv_state, qkv, (int)C, K, T, hist,
+                        hstride, nh);
         CU_CHECK_LAUNCH("gdn conv state");
     }
     /* [prefill] chunked delta rule for long T (cuda_prefill.cu); its scratch follows decay */
-    if (cu_pf_gdn_use(d, T))
+    if (!nh && cu_pf_gdn_use(d, T))
         return cu_pf_gdn(s, d, c, beta, decay, S, T, out, decay + (size_t)T * Hv);
     dim3 grid((unsigned)Hv, (unsigned)((Dv + 31) / 32));
     int rpt = (Dk + 3) / 4;
     if (rpt <= 8)
-        (void)cu_launch(k_gdn_rec<8>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+        (void)cu_launch(k_gdn_rec<8>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out, hS,
+                        hstride, nh);
     else if (rpt <= 16)
-        (void)cu_launch(k_gdn_rec<16>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+        (void)cu_launch(k_gdn_rec<16>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out, hS,
+                        hstride, nh);
     else if (rpt <= 32)
-        (void)cu_launch(k_gdn_rec<32>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+        (void)cu_launch(k_gdn_rec<32>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out, hS,
+                        hstride, nh);
     else
-        (void)cu_launch(k_gdn_rec<64>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out);
+        (void)cu_launch(k_gdn_rec<64>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out, hS,
+                        hstride, nh);
     CU_CHECK_LAUNCH("gdn recurrence");
     return SN_OK;
 }

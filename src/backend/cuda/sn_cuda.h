@@ -35,7 +35,7 @@ void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *e
 sn_status sn_cuda_read_bandwidth(sn_backend *be, size_t bytes, int reps, double *gbs);
 
 /* Kernel choices for benchmarks: "gemv_rpw" = rows per warp of the
- * quantized GEMV (0: by shape, 2 or 4); "cublas_min_t" = quantized GEMMs
+ * quantized GEMV (0: by shape, 1, 2 or 4); "cublas_min_t" = quantized GEMMs
  * of at least this many tokens go through cuBLAS (0: never; needs cuBLAS
  * loaded, see cuda_blas.cu); "fuse" = inside decode graphs, group GEMVs
  * that share x and fold the residual add after them (1, the default, or 0);
