@@ -400,12 +400,13 @@ __device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int6
                 red[t][vw] = ss;
         }
         __syncthreads();
-        if (warp == 0)
-            for (int t = 0; t < TT; t++) {
-                float v = t < T ? rms_total(red[t], g.norm_threads) : 0.f;
-                if (lane == 0)
-                    inv[t] = 1.f / sqrtf(v / (float)cols + g.eps);
-            }
+        /* one warp per token finishes its tree (warp 0 doing all of them
+         * was a serial chain the whole block waited for) */
+        for (int t = warp; t < TT; t += nwarps) {
+            float v = t < T ? rms_total(red[t], g.norm_threads) : 0.f;
+            if (lane == 0)
+                inv[t] = 1.f / sqrtf(v / (float)cols + g.eps);
+        }
         __syncthreads();
     }
     const bool aligned = ((uintptr_t)x & 15) == 0; /* cols % 32 == 0 always */
