@@ -397,6 +397,36 @@ static void test_elementwise(void)
     }
 }
 
+/* copy_n: one launch for aligned copies, one by one otherwise (an odd
+ * offset or size), both exactly the bytes asked for */
+static void test_copy_n(void)
+{
+    enum { N = 5 };
+    size_t sz[N] = { 16, 4096, 65536 + 48, 12, 999 * 16 };
+    float *h[N], *src[N], *dst[N];
+    for (int i = 0; i < N; i++) {
+        h[i] = hrand(sz[i] / 4 + 8, 1.f);
+        src[i] = dcopy(h[i], sz[i] / 4 + 8);
+        dst[i] = dpoison(sz[i] / 4 + 8);
+    }
+    void *d[N];
+    const void *s[N];
+    for (int i = 0; i < N; i++) { d[i] = dst[i]; s[i] = src[i]; }
+    CHECK_OK(G->ops->copy_n(G, N, d, s, sz));            /* 12 bytes: not whole words */
+    CHECK_OK(G->ops->copy_n(G, 2, d, s, sz));            /* aligned: one launch */
+    d[0] = (char *)dst[0] + 4;                            /* odd offset: one by one */
+    CHECK_OK(G->ops->copy_n(G, 1, d, s, sz));
+    for (int i = 0; i < N; i++) {
+        float *g = tohost(dst[i], sz[i] / 4 + 8);
+        const float *want = h[i];
+        size_t off = i == 0 ? 1 : 0;
+        CHECKF(memcmp(g + off, want, sz[i]) == 0, "copy_n: copy %d differs", i);
+        free(g); free(h[i]);
+        dfree(src[i]); dfree(dst[i]);
+    }
+    CHECK(G->ops->copy_n(G, -1, NULL, NULL, NULL) == SN_E_INVALID);
+}
+
 static void test_add_gated(void)
 {
     int T = 5, n = 2049;
@@ -835,6 +865,7 @@ int main(void)
     RUN(test_embed);
     RUN(test_norms);
     RUN(test_elementwise);
+    RUN(test_copy_n);
     RUN(test_add_gated);
     RUN(test_rope);
     RUN(test_attention);

@@ -123,6 +123,10 @@ typedef struct sn_backend_ops {
     /* y[t, :] += sigmoid(g[t]) * x[t, :] for t < T, rows of n (the shared
      * expert's per-token gate fused with the residual add). */
     sn_status (*add_gated)(sn_backend *, float *y, const float *x, const float *g, int T, int n);
+    /* n device-to-device copies (dst[i] <- src[i], bytes[i]) as one
+     * operation: a rollback restores two buffers per recurrent layer, and
+     * on CUDA each separate copy is a launch. Same effect as n copies. */
+    sn_status (*copy_n)(sn_backend *, int n, void *const *dst, const void *const *src, const size_t *bytes);
     /* Decode-step graphs (CUDA): ops between begin_step and end_step may be
      * recorded and replayed as one graph; every argument is still checked at
      * the call, and results (argmax's host output too) are valid after

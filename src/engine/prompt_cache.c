@@ -875,7 +875,32 @@ struct sn_rewind {
     size_t cb, sb;
     void **hist;        /* [n_layers] gdn history buffers of slots * (cb + sb) bytes, made on demand */
     int slots;
+    /* one batch of copies (two per recurrent layer): see batch_copy */
+    void **cp_dst;
+    const void **cp_src;
+    size_t *cp_bytes;
+    int n_cp;
 };
+
+static void batch_add(sn_rewind *r, void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return;
+    r->cp_dst[r->n_cp] = dst;
+    r->cp_src[r->n_cp] = src;
+    r->cp_bytes[r->n_cp++] = bytes;
+}
+
+/* The batch as one backend operation where the backend has copy_n (on CUDA
+ * one launch instead of two per layer), else copy by copy. */
+static sn_status batch_copy(sn_rewind *r)
+{
+    sn_backend *be = r->m->be;
+    int n = r->n_cp;
+    r->n_cp = 0;
+    if (be->ops->copy_n) return be->ops->copy_n(be, n, r->cp_dst, r->cp_src, r->cp_bytes);
+    for (int i = 0; i < n; i++) SN_TRY(be->ops->copy(be, r->cp_dst[i], r->cp_src[i], r->cp_bytes[i]));
+    return SN_OK;
+}
 
 sn_status sn_rewind_new(const sn_seq *seq, sn_rewind **out)
 {
@@ -890,8 +915,14 @@ sn_status sn_rewind_new(const sn_seq *seq, sn_rewind **out)
     r->conv = calloc((size_t)r->n_layers, sizeof *r->conv);
     r->S = calloc((size_t)r->n_layers, sizeof *r->S);
     r->hist = calloc((size_t)r->n_layers, sizeof *r->hist);
+    r->cp_dst = calloc(2 * (size_t)r->n_layers, sizeof *r->cp_dst);
+    r->cp_src = calloc(2 * (size_t)r->n_layers, sizeof *r->cp_src);
+    r->cp_bytes = calloc(2 * (size_t)r->n_layers, sizeof *r->cp_bytes);
     sn_status st = SN_OK;
-    if (!r->conv || !r->S || !r->hist) { st = SN_FAIL(SN_E_NOMEM, "rewind: out of memory"); goto out; }
+    if (!r->conv || !r->S || !r->hist || !r->cp_dst || !r->cp_src || !r->cp_bytes) {
+        st = SN_FAIL(SN_E_NOMEM, "rewind: out of memory");
+        goto out;
+    }
     sn_backend *be = seq->m->be;
     MLOCK(seq->m);
     for (int l = 0; l < r->n_layers && st == SN_OK; l++) {
@@ -942,20 +973,23 @@ void sn_rewind_free(sn_rewind *r)
     free(r->conv);
     free(r->S);
     free(r->hist);
+    free(r->cp_dst);
+    free(r->cp_src);
+    free(r->cp_bytes);
     free(r);
 }
 
 sn_status sn_rewind_save(sn_rewind *r, const sn_seq *seq)
 {
     if (seq->m != r->m) return SN_FAIL(SN_E_INVALID, "rewind: the sequence belongs to another model");
-    sn_backend *be = r->m->be;
     sn_status st = SN_OK;
     MLOCK(r->m);
-    for (int l = 0; l < r->n_layers && st == SN_OK; l++) {
+    for (int l = 0; l < r->n_layers; l++) {
         if (!r->S[l]) continue;
-        if (r->cb && (st = be->ops->copy(be, r->conv[l], seq->gdn[l].conv, r->cb)) != SN_OK) break;
-        st = be->ops->copy(be, r->S[l], seq->gdn[l].S, r->sb);
+        batch_add(r, r->conv[l], seq->gdn[l].conv, r->cb);
+        batch_add(r, r->S[l], seq->gdn[l].S, r->sb);
     }
+    st = batch_copy(r);
     MUNLOCK(r->m);
     r->tracking = false;
     r->pos = st == SN_OK ? seq->pos : -1;
@@ -1058,16 +1092,16 @@ sn_status sn_rewind_restore(sn_rewind *r, sn_seq *seq, int pos)
                        from + 1, from + seq->hist_valid, pos);
     if (!tracking && pos != r->pos)
         return SN_FAIL(SN_E_INVALID, "rewind: recurrent state exists only at the saved position %d, not %d", r->pos, pos);
-    sn_backend *be = r->m->be;
     sn_status st = SN_OK;
     MLOCK(r->m);
-    for (int l = 0; l < r->n_layers && st == SN_OK; l++) {
+    for (int l = 0; l < r->n_layers; l++) {
         if (!r->S[l]) continue;
         const char *cv = tracking ? (const char *)r->hist[l] + (size_t)slot * (r->cb + r->sb) : r->conv[l];
         const char *sv = tracking ? cv + r->cb : r->S[l];
-        if (r->cb && (st = be->ops->copy(be, seq->gdn[l].conv, cv, r->cb)) != SN_OK) break;
-        st = be->ops->copy(be, seq->gdn[l].S, sv, r->sb);
+        batch_add(r, seq->gdn[l].conv, cv, r->cb);
+        batch_add(r, seq->gdn[l].S, sv, r->sb);
     }
+    st = batch_copy(r);
     MUNLOCK(r->m);
     if (st == SN_OK) seq->pos = pos;
     return st;

@@ -599,6 +599,21 @@ static sn_status cpu_gdn(sn_backend *b, const sn_gdn_dims *d, const float *qkv, 
     return SN_OK;
 }
 
+/* ---------------- copy_n (optional op) ---------------- */
+
+static sn_status cpu_copy_n(sn_backend *b, int n, void *const *dst, const void *const *src, const size_t *bytes)
+{
+    (void)b;
+    if (n < 0 || (n > 0 && (!dst || !src || !bytes)))
+        return SN_FAIL(SN_E_INVALID, "copy_n: %d copies", n);
+    for (int i = 0; i < n; i++) {
+        if (!bytes[i]) continue;
+        if (!dst[i] || !src[i]) return SN_FAIL(SN_E_INVALID, "copy_n: copy %d has a NULL buffer", i);
+        memmove(dst[i], src[i], bytes[i]);
+    }
+    return SN_OK;
+}
+
 /* ---------------- argmax (optional op) ---------------- */
 
 typedef struct {
@@ -644,7 +659,7 @@ static sn_status cpu_argmax(sn_backend *b, const float *x, int rows, int n, int3
         .rmsnorm = cpu_rmsnorm, .add = cpu_add, .swiglu = cpu_swiglu, .rope = cpu_rope,                     \
         .attention = cpu_attention, .kv_write = cpu_kv_write, .gdn = cpu_gdn,                               \
         .gated_rmsnorm = cpu_gated_rmsnorm, .mul_sigmoid = cpu_mul_sigmoid, .argmax = cpu_argmax,           \
-        .moe = cpu_moe, .add_gated = cpu_add_gated,                                                         \
+        .moe = cpu_moe, .add_gated = cpu_add_gated, .copy_n = cpu_copy_n,                                                         \
     }
 
 static const sn_backend_ops g_ops[SN_ISA_COUNT] = {

@@ -669,6 +669,29 @@ sn_status cuda_copy(sn_backend *b, void *dst, const void *src, size_t bytes)
     return submit(cb, r, 0);
 }
 
+sn_status cuda_copy_n(sn_backend *b, int n, void *const *dst, const void *const *src, const size_t *bytes)
+{
+    cuda_be *cb = cb_of(b);
+    if (n < 0 || (n > 0 && (!dst || !src || !bytes)))
+        return SN_FAIL(SN_E_INVALID, "copy_n: %d copies", n);
+    bool one_launch = !cb->in_step && !cb->prof;
+    for (int i = 0; i < n; i++) {
+        if (bytes[i] && (!dst[i] || !src[i]))
+            return SN_FAIL(SN_E_INVALID, "copy_n: copy %d has a NULL buffer", i);
+        one_launch = one_launch && ((((uintptr_t)dst[i] | (uintptr_t)src[i] | bytes[i]) & 15) == 0);
+    }
+    if (!one_launch) {
+        /* inside a step (recorded), profiled, or not in 16-byte words: one by one */
+        for (int i = 0; i < n; i++)
+            SN_TRY(cuda_copy(b, dst[i], src[i], bytes[i]));
+        return SN_OK;
+    }
+    cudaSetDevice(cb->dev);
+    for (int i = 0; i < n; i += CU_COPY_N_MAX)
+        SN_TRY(cu_copy_n(cb->st, n - i < CU_COPY_N_MAX ? n - i : CU_COPY_N_MAX, dst + i, src + i, bytes + i));
+    return SN_OK;
+}
+
 sn_status cuda_to_host(sn_backend *b, void *host_dst, const void *src, size_t bytes)
 {
     cuda_be *cb = cb_of(b);
@@ -1295,6 +1318,7 @@ const sn_backend_ops g_cuda_ops = {
     .argmax = sn_cuda_argmax,
     .moe = tbl_moe,
     .add_gated = cuda_add_gated,
+    .copy_n = cuda_copy_n,
     .begin_step = sn_cuda_begin_step,
     .end_step = sn_cuda_end_step,
 };

@@ -219,6 +219,10 @@ int cu_rmsnorm_threads(int n); /* the block size cu_rmsnorm uses for rows of n *
 sn_status cu_gated_rmsnorm(cudaStream_t s, const float *o, const float *z, const float *w, int rows, int n,
                            float eps, float *y);
 sn_status cu_add(cudaStream_t s, float *y, const float *x, size_t n);
+/* n <= CU_COPY_N_MAX device copies in one launch; every pointer and size
+ * a multiple of 16 bytes (the caller copies others one by one). */
+#define CU_COPY_N_MAX 128
+sn_status cu_copy_n(cudaStream_t s, int n, void *const *dst, const void *const *src, const size_t *bytes);
 sn_status cu_swiglu(cudaStream_t s, const float *g, const float *u, size_t n, float *out);
 /* silu as every kernel computes it (the swiglu folded into a GEMV must match k_swiglu bitwise) */
 __device__ __forceinline__ float cu_silu(float x) { return x / (1.f + expf(-x)); }

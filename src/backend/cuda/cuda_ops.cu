@@ -67,6 +67,23 @@ __global__ void k_gated_rmsnorm(const float *__restrict__ o, const float *__rest
         y[off + i] = w[i] * (o[off + i] * inv) * silu(z[off + i]);
 }
 
+struct copy_list {
+    uint4 *dst[CU_COPY_N_MAX];
+    const uint4 *src[CU_COPY_N_MAX];
+    unsigned n16[CU_COPY_N_MAX];
+};
+
+/* blockIdx.y = the copy, blocks along x stride over its 16-byte words */
+__global__ void k_copy_n(copy_list L)
+{
+    pdl_enter();
+    const int i = blockIdx.y;
+    uint4 *d = L.dst[i];
+    const uint4 *s = L.src[i];
+    for (unsigned k = blockIdx.x * blockDim.x + threadIdx.x; k < L.n16[i]; k += gridDim.x * blockDim.x)
+        d[k] = s[k];
+}
+
 __global__ void k_add(float *__restrict__ y, const float *__restrict__ x, size_t n)
 {
     pdl_enter();
@@ -793,6 +810,29 @@ sn_status cu_gated_rmsnorm(cudaStream_t s, const float *o, const float *z, const
         return SN_OK;
     (void)cu_launch(k_gated_rmsnorm, (unsigned)rows, norm_threads(n), 0, s, o, z, w, n, eps, y);
     CU_CHECK_LAUNCH("gated_rmsnorm");
+    return SN_OK;
+}
+
+sn_status cu_copy_n(cudaStream_t s, int n, void *const *dst, const void *const *src, const size_t *bytes)
+{
+    if (n <= 0)
+        return SN_OK;
+    if (n > CU_COPY_N_MAX)
+        return SN_FAIL(SN_E_INVALID, "copy_n: %d copies in one launch (max %d)", n, CU_COPY_N_MAX);
+    copy_list L;
+    size_t most = 0;
+    for (int i = 0; i < n; i++) {
+        if ((((uintptr_t)dst[i] | (uintptr_t)src[i] | bytes[i]) & 15) != 0 || bytes[i] / 16 > 0xffffffffu)
+            return SN_FAIL(SN_E_INVALID, "copy_n: copy %d is not in whole 16-byte words", i);
+        L.dst[i] = (uint4 *)dst[i];
+        L.src[i] = (const uint4 *)src[i];
+        L.n16[i] = (unsigned)(bytes[i] / 16);
+        most = bytes[i] / 16 > most ? bytes[i] / 16 : most;
+    }
+    unsigned bx = (unsigned)((most + 255) / 256);
+    bx = bx < 1 ? 1 : bx > 64 ? 64 : bx;
+    (void)cu_launch(k_copy_n, dim3(bx, (unsigned)n), 256, 0, s, L);
+    CU_CHECK_LAUNCH("copy_n");
     return SN_OK;
 }
 
