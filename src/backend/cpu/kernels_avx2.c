@@ -1,7 +1,9 @@
 /* AVX2 + FMA + F16C kernels; compiled with those flags and only reached
  * through cpu_kernels_avx2 once the CPU check passed. Bodies are in
  * kernels_simd.h. */
+#include <float.h>
 #include <immintrin.h>
+#include <math.h>
 
 #include "backend/cpu/cpu_internal.h"
 
@@ -45,6 +47,218 @@ static inline float avx2_hsum(__m256 v)
 
 #include "backend/cpu/kernels_simd.h"
 
+/* ---- Exact integer Q4 path (groups 32, 64, 128) ----
+ *
+ * On 128-bit-datapath cores (this project's AVX2-only KVM guest) the float
+ * Q4 kernel is bound by its int->float conversions: 8 vcvtdq2ps per 64
+ * weights. Here x is made integer instead, so the weights are multiplied as
+ * bytes (vpmaddubsw) and only the per-group integer dot is converted: one
+ * vcvtdq2ps per group and row, whatever the group.
+ *
+ * x preparation (q4i_prep), per token and group of G columns: e is chosen
+ * so that the group's max |x| < 2^(22-e)... i.e. frexpf(max) = m * 2^e2,
+ * e = min(22 - e2, 100) (a zero max gives e = 0; the lower clamp -106 of
+ * finite floats never binds), and X = rne(x * 2^e), |X| < 2^22, exact
+ * products by a power of two. X is split into balanced signed bytes
+ *   d2 = ((X + 128) & 255) - 128, X1 = (X - d2) >> 8,
+ *   d1 = ((X1 + 128) & 255) - 128, d0 = (X1 - d1) >> 8   (|d0| <= 64),
+ * so X = 65536*d0 + 256*d1 + d2 (the decomposition of the CUDA integer
+ * GEMV, cuda_matmul.cu k_x_digits). The group's record takes the place of
+ * its G floats in xp (4G bytes): planes d0, d1, d2 (G bytes each), then
+ * es = 2^-e, xb = (float)sum(X) * es and the exact int32 sum(X). In each
+ * plane, chunks of min(G, 64) columns hold the even columns then the odd
+ * ones: the order of the low and high nibbles of the MLX bytes (byte b of
+ * a chunk holds columns 2b and 2b+1), so nothing is shuffled per weight.
+ * A group with a non-finite x gets zero digits and es = xb = NaN: its
+ * outputs become NaN, as the float kernels' would be NaN or inf.
+ *
+ * Arithmetic per output y[t, r] (the same for every row/token blocking, so
+ * GEMV == GEMM bitwise): per group g, with q the unsigned nibbles,
+ *   per plane p: s16_p = sum over the group's 32-byte vectors k of
+ *                maddubs(q_k, d_p,k)  (i16 lanes: |pair| <= 2*15*128,
+ *                at most 4 vectors -> <= 15360: no saturation)
+ *   I = 65536*W(s16_0) + 256*W(s16_1) + W(s16_2)  (i32 lanes, W = sum of
+ *       the lane's two i16 halves; exact: |I| < 16 * 15 * 2^22 < 2^31)
+ *   acc = fma(cvt_f32(I), s_g * es, acc)        (8 float lanes)
+ *   bacc = bacc + b_g * xb                      (scalar)
+ * and y = reduce(acc) + bacc, reduce as avx2_hsum. So per group the only
+ * roundings are the i32->f32 conversion of each lane, the FMA, and the
+ * bias term, as fp32 kernels; x keeps ~23 significant bits relative to its
+ * group's max. */
+
+AI void q4i_prep(const float *x, int64_t cols, float *xp, const int G)
+{
+    const int C = G < 64 ? G : 64; /* columns of one de-interleaved chunk */
+    for (int64_t g0 = 0; g0 < cols; g0 += G) {
+        const float *xg = x + g0;
+        int8_t *rec = (int8_t *)(xp + g0);
+        float mx = 0.0f;
+        int bad = 0;
+        for (int i = 0; i < G; i++) {
+            float v = fabsf(xg[i]);
+            bad |= !(v <= FLT_MAX); /* inf or NaN */
+            mx = v > mx ? v : mx;
+        }
+        int e = 0;
+        if (mx > 0.0f && !bad) {
+            int e2;
+            frexpf(mx, &e2); /* mx < 2^e2 */
+            e = 22 - e2 < 100 ? 22 - e2 : 100;
+        }
+        const float p = ldexpf(1.0f, e);
+        int32_t sum = 0;
+        for (int i = 0; i < G; i++) {
+            /* rounds to nearest even (the default MXCSR mode) */
+            int32_t X = bad ? 0 : _mm_cvtss_si32(_mm_set_ss(xg[i] * p));
+            int32_t d2 = ((X + 128) & 255) - 128, X1 = (X - d2) >> 8;
+            int32_t d1 = ((X1 + 128) & 255) - 128, d0 = (X1 - d1) >> 8;
+            int pos = i / C * C + (i & 1) * (C / 2) + i % C / 2;
+            rec[pos] = (int8_t)d0;
+            rec[G + pos] = (int8_t)d1;
+            rec[2 * G + pos] = (int8_t)d2;
+            sum += X;
+        }
+        float es = bad ? NAN : ldexpf(1.0f, -e), xb = bad ? NAN : (float)sum * es;
+        memcpy(rec + 3 * G, &es, 4);
+        memcpy(rec + 3 * G + 4, &xb, 4);
+        memcpy(rec + 3 * G + 8, &sum, 4);
+    }
+}
+
+static void avx2_prep_q4i_32(const float *x, int64_t cols, float *xp) { q4i_prep(x, cols, xp, 32); }
+static void avx2_prep_q4i_64(const float *x, int64_t cols, float *xp) { q4i_prep(x, cols, xp, 64); }
+static void avx2_prep_q4i_128(const float *x, int64_t cols, float *xp) { q4i_prep(x, cols, xp, 128); }
+
+/* The G/32 vectors of unsigned nibbles of one row's group, in the records'
+ * column order: G = 32 is [low nibbles | high nibbles] of 16 bytes; else
+ * per 32 bytes (64 columns) the low nibbles, then the high ones. */
+AI void q4i_unpack(const uint8_t *w, __m256i *q, const int G)
+{
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    if (G == 32) {
+        __m128i b = _mm_loadu_si128((const __m128i *)w);
+        q[0] = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(b), _mm_srli_epi16(b, 4), 1), nib);
+        return;
+    }
+    for (int k = 0; k < G / 64; k++) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(w + 32 * k));
+        q[2 * k] = _mm256_and_si256(b, nib);
+        q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(b, 4), nib);
+    }
+}
+
+/* sum_k maddubs(q_k, d_k) over one plane of a group record: i16 lanes */
+AI __m256i q4i_plane(const __m256i *q, const int8_t *d, const int G)
+{
+    __m256i s = _mm256_maddubs_epi16(q[0], _mm256_loadu_si256((const __m256i *)d));
+#pragma GCC unroll 4
+    for (int k = 1; k < G / 32; k++)
+        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(d + 32 * k))));
+    return s;
+}
+
+/* I = 65536*W(t) + 256*W(m) + W(l) in i32 lanes, W(v) = vpmaddwd(v, 1)
+ * (the sum of a lane's two i16 halves). Widening the top and middle
+ * planes by AND/shift instead (no multiply) measured the same here. */
+AI __m256i q4i_combine(__m256i t, __m256i m, __m256i l)
+{
+    const __m256i one = _mm256_set1_epi16(1);
+    __m256i T = _mm256_slli_epi32(_mm256_madd_epi16(t, one), 16);
+    __m256i M = _mm256_madd_epi16(m, _mm256_set1_epi16(256));
+    return _mm256_add_epi32(_mm256_add_epi32(T, M), _mm256_madd_epi16(l, one));
+}
+
+/* RB consecutive rows from r, TB consecutive tokens from t0, group G. A
+ * row's group is unpacked once and used for every token of the tile. */
+AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int TB, const int G)
+{
+    const cpu_mat *m = a->m;
+    const int64_t cols = m->cols, ng = m->n_groups, rows = m->rows;
+    const size_t gbytes = (size_t)G / 2, rb = m->row_bytes;
+    const size_t sstride = (size_t)ng * m->s_size;
+    const sn_dtype sdt = m->sdtype;
+    const int64_t pf = a->pf_off;
+    __m256 acc[K_RMAX][K_TMAX];
+    float bacc[K_RMAX][K_TMAX];
+    const uint8_t *w0 = m->data + (size_t)r * rb;
+    const uint8_t *s0 = m->scales + (size_t)r * sstride, *b0 = m->qbiases + (size_t)r * sstride;
+    const int8_t *xr = (const int8_t *)(a->xp + (size_t)t0 * cols);
+#pragma GCC unroll 8
+    for (int i = 0; i < RB; i++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TB; t++) {
+            acc[i][t] = _mm256_setzero_ps();
+            bacc[i][t] = 0.0f;
+        }
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *wg = w0 + (size_t)g * gbytes;
+        if (pf && ((g * gbytes) & 63) == 0)
+#pragma GCC unroll 8
+            for (int i = 0; i < RB; i++)
+                _mm_prefetch((const char *)wg + i * rb + pf, _MM_HINT_T0);
+        __m256i q[K_RMAX][4];
+        float sv[K_RMAX], bv[K_RMAX];
+#pragma GCC unroll 8
+        for (int i = 0; i < RB; i++) {
+            q4i_unpack(wg + i * rb, q[i], G);
+            sv[i] = k_load_scale(s0 + i * sstride, sdt, g);
+            bv[i] = k_load_scale(b0 + i * sstride, sdt, g);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < TB; t++) {
+            const int8_t *rec = xr + (size_t)t * cols * 4 + (size_t)g * 4 * G;
+            float es, xb;
+            memcpy(&es, rec + 3 * G, 4);
+            memcpy(&xb, rec + 3 * G + 4, 4);
+#pragma GCC unroll 8
+            for (int i = 0; i < RB; i++) {
+                __m256i I = q4i_combine(q4i_plane(q[i], rec, G), q4i_plane(q[i], rec + G, G),
+                                        q4i_plane(q[i], rec + 2 * G, G));
+                acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(sv[i] * es), acc[i][t]);
+                bacc[i][t] += bv[i] * xb;
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < RB; i++)
+#pragma GCC unroll 8
+        for (int t = 0; t < TB; t++)
+            a->y[(size_t)(t0 + t) * rows + r + i] = avx2_hsum(acc[i][t]) + bacc[i][t];
+}
+
+/* Blocking as q_mm_gs (kernels_simd.h): decode RB_GEMV rows per tile,
+ * prefill row tiles with TB_MAX tokens at a time. */
+AI void q4i_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G)
+{
+    if (a->T == 1) {
+        int64_t r = r0;
+        for (; r + RB_GEMV <= r1; r += RB_GEMV)
+            q4i_tile(a, r, 0, RB_GEMV, 1, G);
+        for (; r < r1; r++)
+            q4i_tile(a, r, 0, 1, 1, G);
+        return;
+    }
+    for (int64_t rt = r0; rt < r1; rt += a->row_tile) {
+        int64_t re = rt + a->row_tile < r1 ? rt + a->row_tile : r1;
+        int t = 0;
+        for (; t + TB_MAX <= a->T; t += TB_MAX)
+            for (int64_t r = rt; r < re; r++)
+                q4i_tile(a, r, t, 1, TB_MAX, G);
+        for (; t < a->T; t++)
+            for (int64_t r = rt; r < re; r++)
+                q4i_tile(a, r, t, 1, 1, G);
+    }
+}
+
+static void avx2_mm_q4i(const cpu_mm_args *a, int64_t r0, int64_t r1)
+{
+    switch (a->m->group) {
+    case 32: q4i_mm_g(a, r0, r1, 32); break;
+    case 64: q4i_mm_g(a, r0, r1, 64); break;
+    default: q4i_mm_g(a, r0, r1, 128); break; /* the plan gives only 32/64/128 */
+    }
+}
+
 const cpu_kernels cpu_kernels_avx2 = {
     .isa = SN_ISA_AVX2,
     .prep_q4 = avx2_prep_q4,
@@ -54,6 +268,8 @@ const cpu_kernels cpu_kernels_avx2 = {
     .mm_q4 = avx2_mm_q4,
     .mm_q8 = avx2_mm_q8,
     .mm_dense = avx2_mm_dense,
+    .prep_q4i = { avx2_prep_q4i_32, avx2_prep_q4i_64, avx2_prep_q4i_128 },
+    .mm_q4i = avx2_mm_q4i,
     .dot = avx2_dot,
     .axpy = avx2_axpy,
     .scale = avx2_scale,
