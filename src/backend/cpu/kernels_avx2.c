@@ -55,22 +55,25 @@ static inline float avx2_hsum(__m256 v)
  * bytes (vpmaddubsw) and only the per-group integer dot is converted: one
  * vcvtdq2ps per group and row, whatever the group.
  *
- * x preparation (q4i_prep), per token and group of G columns: e is chosen
- * so that the group's max |x| < 2^(22-e)... i.e. frexpf(max) = m * 2^e2,
- * e = min(22 - e2, 100) (a zero max gives e = 0; the lower clamp -106 of
- * finite floats never binds), and X = rne(x * 2^e), |X| < 2^22, exact
- * products by a power of two. X is split into balanced signed bytes
+ * x preparation (q4i_prep), per token and group of G columns: with
+ * frexpf(max |x|) = m * 2^e2, e = min(22 - e2, 100) (a zero max gives
+ * e = 0; a lower clamp would never bind: e2 <= 128), X = rne(x * 2^e),
+ * |X| < 2^22, the product by a power of two being exact. X is split into
+ * balanced signed bytes
  *   d2 = ((X + 128) & 255) - 128, X1 = (X - d2) >> 8,
  *   d1 = ((X1 + 128) & 255) - 128, d0 = (X1 - d1) >> 8   (|d0| <= 64),
  * so X = 65536*d0 + 256*d1 + d2 (the decomposition of the CUDA integer
- * GEMV, cuda_matmul.cu k_x_digits). The group's record takes the place of
- * its G floats in xp (4G bytes): planes d0, d1, d2 (G bytes each), then
- * es = 2^-e, xb = (float)sum(X) * es and the exact int32 sum(X). In each
- * plane, chunks of min(G, 64) columns hold the even columns then the odd
- * ones: the order of the low and high nibbles of the MLX bytes (byte b of
- * a chunk holds columns 2b and 2b+1), so nothing is shuffled per weight.
- * A group with a non-finite x gets zero digits and es = xb = NaN: its
- * outputs become NaN, as the float kernels' would be NaN or inf.
+ * GEMV, cuda_matmul.cu k_x_digits). A token's record takes the place of
+ * its cols floats in xp (4*cols bytes):
+ *   bytes [3G*g, 3G*g + 3G): group g's planes d0, d1, d2 (G bytes each);
+ *   then, from byte 3*cols, float es[ng] = 2^-e, float xb[ng] =
+ *   (float)sum(X) * es and int32 sum[ng] (the exact group sum of X);
+ *   3*cols + 12*ng <= 4*cols as G >= 32.
+ * In each plane, chunks of min(G, 64) columns hold the even columns then
+ * the odd ones: the order of the low and high nibbles of the MLX bytes
+ * (byte b of a chunk holds columns 2b and 2b+1), so nothing is shuffled
+ * per weight. A group with a non-finite x gets zero digits and
+ * es = xb = NaN: its outputs become NaN (the float kernels' NaN or inf).
  *
  * Arithmetic per output y[t, r] (the same for every row/token blocking, so
  * GEMV == GEMM bitwise): per group g, with q the unsigned nibbles,
@@ -79,19 +82,23 @@ static inline float avx2_hsum(__m256 v)
  *                at most 4 vectors -> <= 15360: no saturation)
  *   I = 65536*W(s16_0) + 256*W(s16_1) + W(s16_2)  (i32 lanes, W = sum of
  *       the lane's two i16 halves; exact: |I| < 16 * 15 * 2^22 < 2^31)
- *   acc = fma(cvt_f32(I), s_g * es, acc)        (8 float lanes)
- *   bacc = bacc + b_g * xb                      (scalar)
- * and y = reduce(acc) + bacc, reduce as avx2_hsum. So per group the only
- * roundings are the i32->f32 conversion of each lane, the FMA, and the
- * bias term, as fp32 kernels; x keeps ~23 significant bits relative to its
- * group's max. */
+ *   acc = fma(cvt_f32(I), c_g, acc)   (8 float lanes; c_g = s_g * es_g)
+ * The bias terms b_g * xb_g go to 8 lanes by group: for each block of 8
+ * groups, bv = fma(b[8], xb[8], bv) (and c[8] = s[8] * es[8], a vector
+ * product); the last ng % 8 groups, scalar: bt = bt + b_g * xb_g in group
+ * order. y = hsum(acc + bv) + bt (hsum as avx2_hsum). So the roundings are
+ * those of an fp32 kernel: each lane's i32->f32 conversion, the FMAs, the
+ * bias terms; x keeps ~23 significant bits relative to its group's max. */
 
 AI void q4i_prep(const float *x, int64_t cols, float *xp, const int G)
 {
     const int C = G < 64 ? G : 64; /* columns of one de-interleaved chunk */
-    for (int64_t g0 = 0; g0 < cols; g0 += G) {
-        const float *xg = x + g0;
-        int8_t *rec = (int8_t *)(xp + g0);
+    const int64_t ng = cols / G;
+    int8_t *planes = (int8_t *)xp;
+    uint8_t *meta = (uint8_t *)xp + 3 * cols;
+    for (int64_t g = 0; g < ng; g++) {
+        const float *xg = x + g * G;
+        int8_t *rec = planes + 3 * G * g;
         float mx = 0.0f;
         int bad = 0;
         for (int i = 0; i < G; i++) {
@@ -119,9 +126,9 @@ AI void q4i_prep(const float *x, int64_t cols, float *xp, const int G)
             sum += X;
         }
         float es = bad ? NAN : ldexpf(1.0f, -e), xb = bad ? NAN : (float)sum * es;
-        memcpy(rec + 3 * G, &es, 4);
-        memcpy(rec + 3 * G + 4, &xb, 4);
-        memcpy(rec + 3 * G + 8, &sum, 4);
+        memcpy(meta + 4 * g, &es, 4);
+        memcpy(meta + 4 * (ng + g), &xb, 4);
+        memcpy(meta + 4 * (2 * ng + g), &sum, 4);
     }
 }
 
@@ -159,13 +166,23 @@ AI __m256i q4i_plane(const __m256i *q, const int8_t *d, const int G)
 
 /* I = 65536*W(t) + 256*W(m) + W(l) in i32 lanes, W(v) = vpmaddwd(v, 1)
  * (the sum of a lane's two i16 halves). Widening the top and middle
- * planes by AND/shift instead (no multiply) measured the same here. */
+ * planes by AND/shift instead (no multiply) measured slower here. */
 AI __m256i q4i_combine(__m256i t, __m256i m, __m256i l)
 {
     const __m256i one = _mm256_set1_epi16(1);
     __m256i T = _mm256_slli_epi32(_mm256_madd_epi16(t, one), 16);
     __m256i M = _mm256_madd_epi16(m, _mm256_set1_epi16(256));
     return _mm256_add_epi32(_mm256_add_epi32(T, M), _mm256_madd_epi16(l, one));
+}
+
+/* 8 consecutive scales (or biases) from index i, as floats */
+AI __m256 q4i_load8(const uint8_t *p, sn_dtype dt, int64_t i)
+{
+    switch (dt) {
+    case SN_DT_BF16: return BF16_LOAD((const uint16_t *)p + i);
+    case SN_DT_F16: return F16_LOAD((const uint16_t *)p + i);
+    default: return _mm256_loadu_ps((const float *)p + i);
+    }
 }
 
 /* RB consecutive rows from r, TB consecutive tokens from t0, group G. A
@@ -178,44 +195,62 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
     const size_t sstride = (size_t)ng * m->s_size;
     const sn_dtype sdt = m->sdtype;
     const int64_t pf = a->pf_off;
-    __m256 acc[K_RMAX][K_TMAX];
-    float bacc[K_RMAX][K_TMAX];
+    __m256 acc[K_RMAX][K_TMAX], bv[K_RMAX][K_TMAX];
+    float bt[K_RMAX][K_TMAX];
     const uint8_t *w0 = m->data + (size_t)r * rb;
     const uint8_t *s0 = m->scales + (size_t)r * sstride, *b0 = m->qbiases + (size_t)r * sstride;
     const int8_t *xr = (const int8_t *)(a->xp + (size_t)t0 * cols);
+    const size_t xstride = (size_t)cols * 4; /* bytes per token record */
 #pragma GCC unroll 8
     for (int i = 0; i < RB; i++)
 #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) {
-            acc[i][t] = _mm256_setzero_ps();
-            bacc[i][t] = 0.0f;
+            acc[i][t] = bv[i][t] = _mm256_setzero_ps();
+            bt[i][t] = 0.0f;
         }
-    for (int64_t g = 0; g < ng; g++) {
-        const uint8_t *wg = w0 + (size_t)g * gbytes;
-        if (pf && ((g * gbytes) & 63) == 0)
-#pragma GCC unroll 8
-            for (int i = 0; i < RB; i++)
-                _mm_prefetch((const char *)wg + i * rb + pf, _MM_HINT_T0);
-        __m256i q[K_RMAX][4];
-        float sv[K_RMAX], bv[K_RMAX];
-#pragma GCC unroll 8
-        for (int i = 0; i < RB; i++) {
-            q4i_unpack(wg + i * rb, q[i], G);
-            sv[i] = k_load_scale(s0 + i * sstride, sdt, g);
-            bv[i] = k_load_scale(b0 + i * sstride, sdt, g);
-        }
+    for (int64_t g8 = 0; g8 < ng; g8 += 8) {
+        const int n = ng - g8 < 8 ? (int)(ng - g8) : 8;
+        /* c[i][t][j] = s * es of group g8 + j */
+        float c[K_RMAX][K_TMAX][8] __attribute__((aligned(32)));
 #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) {
-            const int8_t *rec = xr + (size_t)t * cols * 4 + (size_t)g * 4 * G;
-            float es, xb;
-            memcpy(&es, rec + 3 * G, 4);
-            memcpy(&xb, rec + 3 * G + 4, 4);
+            const float *es = (const float *)(xr + t * xstride + 3 * cols), *xb = es + ng;
+            if (n == 8) {
+                __m256 e8 = _mm256_loadu_ps(es + g8), x8 = _mm256_loadu_ps(xb + g8);
 #pragma GCC unroll 8
-            for (int i = 0; i < RB; i++) {
-                __m256i I = q4i_combine(q4i_plane(q[i], rec, G), q4i_plane(q[i], rec + G, G),
-                                        q4i_plane(q[i], rec + 2 * G, G));
-                acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_set1_ps(sv[i] * es), acc[i][t]);
-                bacc[i][t] += bv[i] * xb;
+                for (int i = 0; i < RB; i++) {
+                    _mm256_store_ps(c[i][t], _mm256_mul_ps(q4i_load8(s0 + i * sstride, sdt, g8), e8));
+                    bv[i][t] = _mm256_fmadd_ps(q4i_load8(b0 + i * sstride, sdt, g8), x8, bv[i][t]);
+                }
+            } else {
+                for (int j = 0; j < n; j++)
+#pragma GCC unroll 8
+                    for (int i = 0; i < RB; i++) {
+                        c[i][t][j] = k_load_scale(s0 + i * sstride, sdt, g8 + j) * es[g8 + j];
+                        bt[i][t] += k_load_scale(b0 + i * sstride, sdt, g8 + j) * xb[g8 + j];
+                    }
+            }
+        }
+        for (int j = 0; j < n; j++) {
+            const int64_t g = g8 + j;
+            const uint8_t *wg = w0 + (size_t)g * gbytes;
+            if (pf && ((g * gbytes) & 63) == 0)
+#pragma GCC unroll 8
+                for (int i = 0; i < RB; i++)
+                    _mm_prefetch((const char *)wg + i * rb + pf, _MM_HINT_T0);
+            __m256i q[K_RMAX][4];
+#pragma GCC unroll 8
+            for (int i = 0; i < RB; i++)
+                q4i_unpack(wg + i * rb, q[i], G);
+#pragma GCC unroll 8
+            for (int t = 0; t < TB; t++) {
+                const int8_t *rec = xr + t * xstride + (size_t)g * 3 * G;
+#pragma GCC unroll 8
+                for (int i = 0; i < RB; i++) {
+                    __m256i I = q4i_combine(q4i_plane(q[i], rec, G), q4i_plane(q[i], rec + G, G),
+                                            q4i_plane(q[i], rec + 2 * G, G));
+                    acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_broadcast_ss(&c[i][t][j]), acc[i][t]);
+                }
             }
         }
     }
@@ -223,7 +258,7 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
     for (int i = 0; i < RB; i++)
 #pragma GCC unroll 8
         for (int t = 0; t < TB; t++)
-            a->y[(size_t)(t0 + t) * rows + r + i] = avx2_hsum(acc[i][t]) + bacc[i][t];
+            a->y[(size_t)(t0 + t) * rows + r + i] = avx2_hsum(_mm256_add_ps(acc[i][t], bv[i][t])) + bt[i][t];
 }
 
 /* Blocking as q_mm_gs (kernels_simd.h): decode RB_GEMV rows per tile,
