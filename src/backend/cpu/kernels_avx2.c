@@ -262,7 +262,8 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
 }
 
 /* Blocking as q_mm_gs (kernels_simd.h): decode RB_GEMV rows per tile,
- * prefill row tiles with TB_MAX tokens at a time. */
+ * prefill row tiles with TB_MAX tokens at a time (1, 3 or 4 tokens per
+ * tile measured the same: the per-token multiply work dominates). */
 AI void q4i_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G)
 {
     if (a->T == 1) {
