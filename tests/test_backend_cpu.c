@@ -338,7 +338,7 @@ static void mm_mag_q(const sn_weight *w, int e, const float *x, int T, double *m
 typedef struct { int64_t rows, cmul; int T; } mm_shape;
 
 /* check_mm_case for a given x [T, cols] */
-static void check_mm_x(sn_backend *be, sn_backend *ref_be, const tw *t, int e, const float *x, int T,
+static void check_mm_x(sn_backend *be, sn_backend *ref_be, const tw *t, int e, const float *x, int T, double bound,
                        const char *what)
 {
     const sn_weight *w = &t->w;
@@ -352,15 +352,15 @@ static void check_mm_x(sn_backend *be, sn_backend *ref_be, const tw *t, int e, c
     if (w->dtype == SN_DT_Q4 || w->dtype == SN_DT_Q8)
         mm_mag_q(w, e, x, T, mag);
     double err = max_rel_err(y, yr, mag, ny);
-    CHECKF(err <= REL_MM, "%s %s: [%lld x %lld] T=%d group=%d: rel err vs double %.3g > %.1g", be->ops->name, what,
-           (long long)w->rows, (long long)w->cols, T, w->group, err, REL_MM);
+    CHECKF(err <= bound, "%s %s: [%lld x %lld] T=%d group=%d: rel err vs double %.3g > %.1g", be->ops->name, what,
+           (long long)w->rows, (long long)w->cols, T, w->group, err, bound);
     if (ref_be && ref_be != be) {
         CHECK_OK(ref_be->ops->matmul(ref_be, w, e, x, T, ys));
         double *ysd = malloc(ny * 8);
         for (size_t i = 0; i < ny; i++)
             ysd[i] = ys[i];
         double e2 = max_rel_err(y, ysd, mag, ny);
-        CHECKF(e2 <= REL_MM, "%s %s: [%lld x %lld] T=%d: rel diff vs scalar %.3g", be->ops->name, what,
+        CHECKF(e2 <= bound, "%s %s: [%lld x %lld] T=%d: rel diff vs scalar %.3g", be->ops->name, what,
                (long long)w->rows, (long long)w->cols, T, e2);
         free(ysd);
     }
@@ -372,7 +372,7 @@ static void check_mm_case(sn_backend *be, sn_backend *ref_be, const tw *t, int e
     size_t nx = (size_t)T * t->w.cols;
     float *x = malloc(nx * 4);
     fill(x, nx, -1, 1);
-    check_mm_x(be, ref_be, t, e, x, T, what);
+    check_mm_x(be, ref_be, t, e, x, T, REL_MM, what);
     free(x);
 }
 
@@ -627,6 +627,13 @@ static void fill_xk(float *x, int64_t cols, int T, int group, int kind)
     }
 }
 
+/* Bound for the tests below where no group holds values far below its max:
+ * there x keeps ~22 significant bits in the integer path, and every kernel
+ * measured <= 1.2e-7 against double; a wrong plane weight in the integer
+ * path (255 for 256) shows as ~1e-5. With a spike per group (values 2^25
+ * below it are rounded to the group's integer grid) REL_MM applies. */
+#define REL_Q4X 1e-6
+
 /* The AVX2 table's exact integer Q4 path (groups 32, 64, 128) against the
  * double reference and the scalar oracle (same bounds as every matmul):
  * odd row counts (GEMV tile tails), group counts that are and are not
@@ -658,7 +665,7 @@ static void test_matmul_q4_int(void)
                     fill_xk(x, cols, T, group, kind);
                     char what[64];
                     snprintf(what, sizeof what, "Q4 int x %s", xk_name[kind]);
-                    check_mm_x(be, ref, &t, 0, x, T, what);
+                    check_mm_x(be, ref, &t, 0, x, T, kind == XK_SPIKE ? REL_MM : REL_Q4X, what);
                     free(x);
                     tw_free(&t);
                 }
