@@ -90,45 +90,90 @@ static inline float avx2_hsum(__m256 v)
  * those of an fp32 kernel: each lane's i32->f32 conversion, the FMAs, the
  * bias terms; x keeps ~23 significant bits relative to its group's max. */
 
+/* 2 or 4 vectors of 8 int32 (values in int8 range) -> 16 or 32 bytes in order */
+AI __m128i q4i_pack16(__m256i a, __m256i b)
+{
+    __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);
+    return _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+}
+AI __m256i q4i_pack32(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+    __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* The balanced digits of X (int32 lanes): X = 65536*d[0] + 256*d[1] + d[2] */
+AI void q4i_digits(__m256i X, __m256i d[3])
+{
+    const __m256i h = _mm256_set1_epi32(128), m = _mm256_set1_epi32(255);
+    d[2] = _mm256_sub_epi32(_mm256_and_si256(_mm256_add_epi32(X, h), m), h);
+    __m256i X1 = _mm256_srai_epi32(_mm256_sub_epi32(X, d[2]), 8);
+    d[1] = _mm256_sub_epi32(_mm256_and_si256(_mm256_add_epi32(X1, h), m), h);
+    d[0] = _mm256_srai_epi32(_mm256_sub_epi32(X1, d[1]), 8);
+}
+
 AI void q4i_prep(const float *x, int64_t cols, float *xp, const int G)
 {
     const int C = G < 64 ? G : 64; /* columns of one de-interleaved chunk */
     const int64_t ng = cols / G;
     int8_t *planes = (int8_t *)xp;
     uint8_t *meta = (uint8_t *)xp + 3 * cols;
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), fmax = _mm256_set1_ps(FLT_MAX);
     for (int64_t g = 0; g < ng; g++) {
         const float *xg = x + g * G;
         int8_t *rec = planes + 3 * G * g;
-        float mx = 0.0f;
-        int bad = 0;
-        for (int i = 0; i < G; i++) {
-            float v = fabsf(xg[i]);
-            bad |= !(v <= FLT_MAX); /* inf or NaN */
-            mx = v > mx ? v : mx;
+        __m256 mx = _mm256_setzero_ps(), fin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+        for (int i = 0; i < G; i += 8) {
+            __m256 v = _mm256_and_ps(_mm256_loadu_ps(xg + i), absm);
+            mx = _mm256_max_ps(mx, v);
+            fin = _mm256_and_ps(fin, _mm256_cmp_ps(v, fmax, _CMP_LE_OQ)); /* false for inf, NaN */
         }
+        const int bad = _mm256_movemask_ps(fin) != 0xFF;
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float mxs = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
         int e = 0;
-        if (mx > 0.0f && !bad) {
+        if (mxs > 0.0f && !bad) {
             int e2;
-            frexpf(mx, &e2); /* mx < 2^e2 */
+            frexpf(mxs, &e2); /* mx < 2^e2 */
             e = 22 - e2 < 100 ? 22 - e2 : 100;
         }
-        const float p = ldexpf(1.0f, e);
-        int32_t sum = 0;
-        for (int i = 0; i < G; i++) {
-            /* rounds to nearest even (the default MXCSR mode) */
-            int32_t X = bad ? 0 : _mm_cvtss_si32(_mm_set_ss(xg[i] * p));
-            int32_t d2 = ((X + 128) & 255) - 128, X1 = (X - d2) >> 8;
-            int32_t d1 = ((X1 + 128) & 255) - 128, d0 = (X1 - d1) >> 8;
-            int pos = i / C * C + (i & 1) * (C / 2) + i % C / 2;
-            rec[pos] = (int8_t)d0;
-            rec[G + pos] = (int8_t)d1;
-            rec[2 * G + pos] = (int8_t)d2;
-            sum += X;
+        const __m256 p = _mm256_set1_ps(ldexpf(1.0f, e));
+        const __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32(bad ? 0 : -1)); /* bad: X = 0 */
+        __m256i sum = _mm256_setzero_si256();
+        for (int c0 = 0; c0 < G; c0 += C) {
+            /* per parity (even, odd columns of the chunk): C/16 vectors of X */
+            __m256i d[2][4][3];
+            for (int k = 0; k < C / 16; k++) {
+                __m256 a = _mm256_and_ps(_mm256_loadu_ps(xg + c0 + 16 * k), keep);
+                __m256 b = _mm256_and_ps(_mm256_loadu_ps(xg + c0 + 16 * k + 8), keep);
+                /* [a0 a2 a4 a6 b0 b2 b4 b6] and the odd ones */
+                __m256 ev = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+                __m256 od = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+                /* rounds to nearest even (the default MXCSR mode) */
+                __m256i Xe = _mm256_cvtps_epi32(_mm256_mul_ps(ev, p)), Xo = _mm256_cvtps_epi32(_mm256_mul_ps(od, p));
+                sum = _mm256_add_epi32(sum, _mm256_add_epi32(Xe, Xo));
+                q4i_digits(Xe, d[0][k]);
+                q4i_digits(Xo, d[1][k]);
+            }
+            for (int par = 0; par < 2; par++)
+                for (int pl = 0; pl < 3; pl++) {
+                    int8_t *dst = rec + pl * G + c0 + par * (C / 2);
+                    if (C == 64)
+                        _mm256_storeu_si256((__m256i *)dst, q4i_pack32(d[par][0][pl], d[par][1][pl], d[par][2][pl],
+                                                                         d[par][3][pl]));
+                    else
+                        _mm_storeu_si128((__m128i *)dst, q4i_pack16(d[par][0][pl], d[par][1][pl]));
+                }
         }
-        float es = bad ? NAN : ldexpf(1.0f, -e), xb = bad ? NAN : (float)sum * es;
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        const int32_t isum = _mm_cvtsi128_si32(s4);
+        float es = bad ? NAN : ldexpf(1.0f, -e), xb = bad ? NAN : (float)isum * es;
         memcpy(meta + 4 * g, &es, 4);
         memcpy(meta + 4 * (ng + g), &xb, 4);
-        memcpy(meta + 4 * (2 * ng + g), &sum, 4);
+        memcpy(meta + 4 * (2 * ng + g), &isum, 4);
     }
 }
 
