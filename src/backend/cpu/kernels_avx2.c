@@ -1,6 +1,7 @@
 /* AVX2 + FMA + F16C kernels; compiled with those flags and only reached
  * through cpu_kernels_avx2 once the CPU check passed. Bodies are in
- * kernels_simd.h. */
+ * kernels_simd.h, except the exact integer Q4 path below (this table
+ * only; AVX-512 keeps its float Q4 kernel). */
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
@@ -53,7 +54,9 @@ static inline float avx2_hsum(__m256 v)
  * Q4 kernel is bound by its int->float conversions: 8 vcvtdq2ps per 64
  * weights. Here x is made integer instead, so the weights are multiplied as
  * bytes (vpmaddubsw) and only the per-group integer dot is converted: one
- * vcvtdq2ps per group and row, whatever the group.
+ * vcvtdq2ps per group and row, whatever the group. Q8 stays on the float
+ * kernel (its u8 * s8 pairs, 2*255*128, would saturate vpmaddubsw), and so
+ * do Q4 groups other than 32/64/128 (cpu_mm_plan_for).
  *
  * x preparation (q4i_prep), per token and group of G columns: with
  * frexpf(max |x|) = m * 2^e2, e = min(22 - e2, 100) (a zero max gives
