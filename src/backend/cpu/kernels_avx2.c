@@ -75,7 +75,10 @@ static inline float avx2_hsum(__m256 v)
  * In each plane, chunks of min(G, 64) columns hold the even columns then
  * the odd ones: the order of the low and high nibbles of the MLX bytes
  * (byte b of a chunk holds columns 2b and 2b+1), so nothing is shuffled
- * per weight. A group with a non-finite x gets zero digits and
+ * per weight. For G = 32, groups 2k and 2k+1 are laid out together as one
+ * group of 64 would be (bytes [192k, 192k + 192), each group with its own
+ * e): the kernel then takes them as one unit (q4i_pair), which halves the
+ * per-group widening work; a last odd group keeps a 32-column layout. A group with a non-finite x gets zero digits and
  * es = xb = NaN: its outputs become NaN (the float kernels' NaN or inf).
  *
  * Arithmetic per output y[t, r] (the same for every row/token blocking, so
@@ -162,6 +165,13 @@ AI void q4i_prep(const float *x, int64_t cols, float *xp, const int G)
             for (int par = 0; par < 2; par++)
                 for (int pl = 0; pl < 3; pl++) {
                     int8_t *dst = rec + pl * G + c0 + par * (C / 2);
+                    if (G == 32) {
+                        /* groups 2k and 2k+1 share one 64-column unit laid out as
+                         * a group of 64 (each with its own e); a last odd group
+                         * has a unit of its own */
+                        const int U = (g & 1) || g + 1 < ng ? 64 : 32;
+                        dst = planes + 96 * (g & ~(int64_t)1) + pl * U + par * (U / 2) + (g & 1) * 16;
+                    }
                     if (C == 64)
                         _mm256_storeu_si256((__m256i *)dst, q4i_pack32(d[par][0][pl], d[par][1][pl], d[par][2][pl],
                                                                          d[par][3][pl]));
@@ -233,6 +243,39 @@ AI __m256 q4i_load8(const uint8_t *p, sn_dtype dt, int64_t i)
     }
 }
 
+/* Two groups of 32 (g even, g+1) as one unit of 64 columns: their 32
+ * weight bytes and their records are laid out as one group of 64 (q4i_prep),
+ * so the unit costs what a group of 64 does; i32 lanes 0-3 then hold group
+ * g's integer dot and lanes 4-7 group g+1's, and the FMA takes
+ * [c_g x4, c_g+1 x4]. j indexes c, the 8-group block's s * es. */
+AI void q4i_pair(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int TB, int64_t g,
+                 float (*c)[K_TMAX][8], int j, __m256 (*acc)[K_TMAX])
+{
+    const cpu_mat *m = a->m;
+    const size_t rb = m->row_bytes, xstride = (size_t)m->cols * 4;
+    const uint8_t *wg = m->data + (size_t)r * rb + (size_t)g * 16;
+    const int8_t *xr = (const int8_t *)(a->xp + (size_t)t0 * m->cols) + (size_t)g * 96;
+    if (a->pf_off && ((g * 16) & 63) == 0)
+#pragma GCC unroll 8
+        for (int i = 0; i < RB; i++)
+            _mm_prefetch((const char *)wg + i * rb + a->pf_off, _MM_HINT_T0);
+    __m256i q[K_RMAX][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < RB; i++)
+        q4i_unpack(wg + i * rb, q[i], 64);
+#pragma GCC unroll 8
+    for (int t = 0; t < TB; t++) {
+        const int8_t *rec = xr + t * xstride;
+#pragma GCC unroll 8
+        for (int i = 0; i < RB; i++) {
+            __m256i I = q4i_combine(q4i_plane(q[i], rec, 64), q4i_plane(q[i], rec + 64, 64),
+                                    q4i_plane(q[i], rec + 128, 64));
+            __m256 cv = _mm256_set_m128(_mm_broadcast_ss(&c[i][t][j + 1]), _mm_broadcast_ss(&c[i][t][j]));
+            acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), cv, acc[i][t]);
+        }
+    }
+}
+
 /* RB consecutive rows from r, TB consecutive tokens from t0, group G. A
  * row's group is unpacked once and used for every token of the tile. */
 AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int TB, const int G)
@@ -279,7 +322,11 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
                     }
             }
         }
-        for (int j = 0; j < n; j++) {
+        int j = 0;
+        if (G == 32) /* groups g, g+1 as one unit of 64 columns (see q4i_pair) */
+            for (; j + 1 < n; j += 2)
+                q4i_pair(a, r, t0, RB, TB, g8 + j, c, j, acc);
+        for (; j < n; j++) {
             const int64_t g = g8 + j;
             const uint8_t *wg = w0 + (size_t)g * gbytes;
             if (pf && ((g * gbytes) & 63) == 0)
