@@ -356,15 +356,18 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
             a->y[(size_t)(t0 + t) * rows + r + i] = avx2_hsum(_mm256_add_ps(acc[i][t], bv[i][t])) + bt[i][t];
 }
 
-/* Blocking as q_mm_gs (kernels_simd.h): decode RB_GEMV rows per tile,
+#ifndef Q4I_RB /* overridable for tuning runs; 1 row measured the same as 2 in 1B decode */
+#define Q4I_RB RB_GEMV
+#endif
+/* Blocking as q_mm_gs (kernels_simd.h): decode Q4I_RB rows per tile,
  * prefill row tiles with TB_MAX tokens at a time (1, 3 or 4 tokens per
  * tile measured the same: the per-token multiply work dominates). */
 AI void q4i_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G)
 {
     if (a->T == 1) {
         int64_t r = r0;
-        for (; r + RB_GEMV <= r1; r += RB_GEMV)
-            q4i_tile(a, r, 0, RB_GEMV, 1, G);
+        for (; r + Q4I_RB <= r1; r += Q4I_RB)
+            q4i_tile(a, r, 0, Q4I_RB, 1, G);
         for (; r < r1; r++)
             q4i_tile(a, r, 0, 1, 1, G);
         return;
