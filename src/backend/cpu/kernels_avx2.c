@@ -88,7 +88,9 @@ static inline float avx2_hsum(__m256 v)
  *                at most 4 vectors -> <= 15360: no saturation)
  *   I = 65536*W(s16_0) + 256*W(s16_1) + W(s16_2)  (i32 lanes, W = sum of
  *       the lane's two i16 halves; exact: |I| < 16 * 15 * 2^22 < 2^31)
- *   acc = fma(cvt_f32(I), c_g, acc)   (8 float lanes; c_g = s_g * es_g)
+ *   acc = fma(cvt_f32(I), c_g, acc)   (8 float lanes; c_g = s_g * es_g;
+ *       for G = 32 two groups share one I, lanes 0-3 and 4-7, and one FMA
+ *       by [c_g x4, c_g+1 x4], see q4i_pair)
  * The bias terms b_g * xb_g go to 8 lanes by group: for each block of 8
  * groups, bv = fma(b[8], xb[8], bv) (and c[8] = s[8] * es[8], a vector
  * product); the last ng % 8 groups, scalar: bt = bt + b_g * xb_g in group
