@@ -4,7 +4,7 @@
  * beat: every weight byte is read once per token). Goal: >= 60% of it.
  *
  *   build/bench/bench_matmul [--quick] [--no-log] [--threads N] [--T n] [--min-time s] [--isa scalar|avx2|avx512]
- *                            [--huge] [--footprint MB] [--shape RxC]
+ *                            [--huge] [--footprint MB] [--shape RxC] [--group 32|64|128] [--q4 int|fp32]
  *
  * --huge asks for transparent huge pages (MADV_HUGEPAGE) on the weights, as
  * the loader's copy does; --footprint 1 keeps one copy of each shape, which
@@ -15,6 +15,9 @@
  * bf16 scales): 5120x17408 (up/gate), 17408x5120 (down), 248320x5120
  * (lm_head), each cycled over copies >= 1.5 GB so it streams from DRAM.
  * SANCTUM_CPU_PREFETCH=rows overrides the kernels' prefetch distance.
+ * --group sets the quant group (default 64); --q4 fp32 sets
+ * SANCTUM_CPU_Q4=fp32, so the AVX2 table's float Q4 kernel runs instead of
+ * its integer one (an A/B in one binary; default int).
  * Results are appended to bench/results.log with the command. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +234,7 @@ int main(int argc, char **argv)
     double min_time = 0.5;
     int only_isa = -1, no_log = 0;
     long long shape_r = 0, shape_c = 0; /* --shape: one shape instead of the three */
+    int group = 64;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--no-log")) no_log = 1;
@@ -244,6 +248,20 @@ int main(int argc, char **argv)
             }
         }
         else if (!strcmp(argv[i], "--footprint") && i + 1 < argc) g_footprint = (size_t)atol(argv[++i]) << 20;
+        else if (!strcmp(argv[i], "--group") && i + 1 < argc) {
+            group = atoi(argv[++i]);
+            if (group != 32 && group != 64 && group != 128) {
+                fprintf(stderr, "bench_matmul: --group 32, 64 or 128\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--q4") && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(v, "int") && strcmp(v, "fp32")) {
+                fprintf(stderr, "bench_matmul: --q4 int or fp32\n");
+                return 2;
+            }
+            setenv("SANCTUM_CPU_Q4", v, 1);
+        }
         else if (!strcmp(argv[i], "--min-time") && i + 1 < argc) min_time = atof(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             sn_isa isa;
@@ -253,7 +271,7 @@ int main(int argc, char **argv)
             }
             only_isa = isa;
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--no-log] [--threads N] [--T n] [--min-time s] [--isa scalar|avx2|avx512] [--huge] [--footprint MB] [--shape RxC]\n",
+            fprintf(stderr, "usage: %s [--quick] [--no-log] [--threads N] [--T n] [--min-time s] [--isa scalar|avx2|avx512] [--huge] [--footprint MB] [--shape RxC] [--group 32|64|128] [--q4 int|fp32]\n",
                     argv[0]);
             return 2;
         }
@@ -273,7 +291,9 @@ int main(int argc, char **argv)
         tlist[nt++] = t;
     tlist[nt++] = max_threads;
 
-    printf("bench_matmul: Q4 group 64 bf16 scales, T=%d, best ISA %s, %d cores, weights %zu MB%s\n", T,
+    const char *q4 = getenv("SANCTUM_CPU_Q4");
+    printf("bench_matmul: Q4 group %d bf16 scales (Q4 path %s), T=%d, best ISA %s, %d cores, weights %zu MB%s\n",
+           group, q4 && *q4 ? q4 : "default", T,
            sn_isa_name(sn_cpu_best_isa()), sn_cpu_features_get()->n_cores, g_footprint >> 20, g_huge ? " (huge pages)" : "");
     double bw1 = measure_read_bw(1, (size_t)1 << 30);
     double bwN = max_threads > 1 ? measure_read_bw(max_threads, (size_t)1 << 30) : bw1;
@@ -305,7 +325,7 @@ int main(int argc, char **argv)
     int pass = 1;
     for (int s = 0; s < nshapes; s++) {
         qweight q;
-        if (qweight_make(&q, shapes[s][0], shapes[s][1], 64) != 0) {
+        if (qweight_make(&q, shapes[s][0], shapes[s][1], group) != 0) {
             fprintf(stderr, "bench_matmul: out of memory for [%lld x %lld]\n", (long long)shapes[s][0],
                     (long long)shapes[s][1]);
             return 1;

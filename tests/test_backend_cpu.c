@@ -337,13 +337,14 @@ static void mm_mag_q(const sn_weight *w, int e, const float *x, int T, double *m
 
 typedef struct { int64_t rows, cmul; int T; } mm_shape;
 
-static void check_mm_case(sn_backend *be, sn_backend *ref_be, const tw *t, int e, int T, const char *what)
+/* check_mm_case for a given x [T, cols] */
+static void check_mm_x(sn_backend *be, sn_backend *ref_be, const tw *t, int e, const float *x, int T, double bound,
+                       const char *what)
 {
     const sn_weight *w = &t->w;
-    size_t nx = (size_t)T * w->cols, ny = (size_t)T * w->rows;
-    float *x = malloc(nx * 4), *y = malloc(ny * 4), *ys = malloc(ny * 4);
+    size_t ny = (size_t)T * w->rows;
+    float *y = malloc(ny * 4), *ys = malloc(ny * 4);
     double *yr = malloc(ny * 8), *mag = malloc(ny * 8);
-    fill(x, nx, -1, 1);
     for (size_t i = 0; i < ny; i++)
         y[i] = NAN;
     CHECK_OK(be->ops->matmul(be, w, e, x, T, y));
@@ -351,19 +352,28 @@ static void check_mm_case(sn_backend *be, sn_backend *ref_be, const tw *t, int e
     if (w->dtype == SN_DT_Q4 || w->dtype == SN_DT_Q8)
         mm_mag_q(w, e, x, T, mag);
     double err = max_rel_err(y, yr, mag, ny);
-    CHECKF(err <= REL_MM, "%s %s: [%lld x %lld] T=%d group=%d: rel err vs double %.3g > %.1g", be->ops->name, what,
-           (long long)w->rows, (long long)w->cols, T, w->group, err, REL_MM);
+    CHECKF(err <= bound, "%s %s: [%lld x %lld] T=%d group=%d: rel err vs double %.3g > %.1g", be->ops->name, what,
+           (long long)w->rows, (long long)w->cols, T, w->group, err, bound);
     if (ref_be && ref_be != be) {
         CHECK_OK(ref_be->ops->matmul(ref_be, w, e, x, T, ys));
         double *ysd = malloc(ny * 8);
         for (size_t i = 0; i < ny; i++)
             ysd[i] = ys[i];
         double e2 = max_rel_err(y, ysd, mag, ny);
-        CHECKF(e2 <= REL_MM, "%s %s: [%lld x %lld] T=%d: rel diff vs scalar %.3g", be->ops->name, what,
+        CHECKF(e2 <= bound, "%s %s: [%lld x %lld] T=%d: rel diff vs scalar %.3g", be->ops->name, what,
                (long long)w->rows, (long long)w->cols, T, e2);
         free(ysd);
     }
-    free(x); free(y); free(ys); free(yr); free(mag);
+    free(y); free(ys); free(yr); free(mag);
+}
+
+static void check_mm_case(sn_backend *be, sn_backend *ref_be, const tw *t, int e, int T, const char *what)
+{
+    size_t nx = (size_t)T * t->w.cols;
+    float *x = malloc(nx * 4);
+    fill(x, nx, -1, 1);
+    check_mm_x(be, ref_be, t, e, x, T, REL_MM, what);
+    free(x);
 }
 
 static void test_matmul_quant(void)
@@ -590,6 +600,189 @@ static void test_matmul_generic_group(void)
                 free(x);
                 tw_free(&t);
             }
+        sn_backend_free(be);
+    }
+    sn_backend_free(ref);
+}
+
+/* x of the integer Q4 tests (kernels_avx2.c turns each group of x into
+ * integers scaled by a power of two relative to the group's max): */
+enum { XK_UNIFORM, XK_ZERO, XK_TINY, XK_HUGE, XK_SPIKE, XK_MIXED, XK_COUNT };
+static const char *const xk_name[XK_COUNT] = { "uniform", "zero", "tiny", "huge", "spike", "mixed" };
+static void fill_xk(float *x, int64_t cols, int T, int group, int kind)
+{
+    fill(x, (size_t)T * cols, -1, 1);
+    for (int64_t i = 0; i < T * cols; i++) {
+        int64_t g = i / group;
+        switch (kind) {
+        case XK_ZERO: x[i] = 0.0f; break;
+        case XK_TINY: x[i] *= 1e-20f; break;              /* 2^-66: still 22 bits per group */
+        case XK_HUGE: x[i] *= 1e30f; break;
+        case XK_SPIKE: x[i] = i % group == 5 ? 3e4f * x[i] : 1e-3f * x[i]; break; /* one large value per group */
+        case XK_MIXED: /* groups from 2^-60 to 2^60, every fourth one zero, exact +-1 and +-2^k values */
+            x[i] = g % 4 == 3 ? 0.0f : (float)ldexp(i % 7 == 0 ? (i % 2 ? 1 : -1) : x[i], (int)(g * 37 % 121) - 60);
+            break;
+        default: break;
+        }
+    }
+}
+
+/* Bound for the tests below where no group holds values far below its max:
+ * there x keeps ~22 significant bits in the integer path, and every kernel
+ * measured <= 1.2e-7 against double; a wrong plane weight in the integer
+ * path (255 for 256) shows as ~1e-5. With a spike per group (values 2^25
+ * below it are rounded to the group's integer grid) REL_MM applies. */
+#define REL_Q4X 1e-6
+
+/* The AVX2 table's exact integer Q4 path (groups 32, 64, 128) against the
+ * double reference and the scalar oracle (same bounds as every matmul):
+ * odd row counts (GEMV tile tails), group counts that are and are not
+ * multiples of the 8-group scale blocks, all scale dtypes (negative scales
+ * and biases included: tw_make draws them from both signs), and x that is
+ * zero, tiny, huge, one spike per group, or of wildly different magnitude
+ * from group to group. Every ISA runs it (the scalar and AVX-512 tables
+ * take their float kernels). */
+static void test_matmul_q4_int(void)
+{
+    sn_backend *ref = backend_for(SN_ISA_SCALAR, 2);
+    const sn_dtype sdts[] = { SN_DT_BF16, SN_DT_F16, SN_DT_F32 };
+    const int64_t rowss[] = { 1, 3, 37, 8 };
+    const int64_t ngs[] = { 1, 3, 9, 16, 17 };
+    const int Ts[] = { 1, 2, 5 };
+    for (size_t ii = 0; ii < 3; ii++) {
+        sn_backend *be = ii == 0 ? ref : backend_for(isas[ii], 2);
+        if (!be)
+            continue;
+        int k = 0;
+        for (int group = 32; group <= 128; group *= 2)
+            for (int kind = 0; kind < XK_COUNT; kind++)
+                for (int rep = 0; rep < 3; rep++, k++) {
+                    int64_t rows = rowss[k % 4], cols = group * ngs[k % 5];
+                    int T = Ts[k % 3];
+                    tw t;
+                    tw_make(&t, SN_DT_Q4, rows, cols, group, sdts[k % 3], 0);
+                    float *x = malloc(sizeof(float) * (size_t)T * cols);
+                    fill_xk(x, cols, T, group, kind);
+                    char what[64];
+                    snprintf(what, sizeof what, "Q4 int x %s", xk_name[kind]);
+                    check_mm_x(be, ref, &t, 0, x, T, kind == XK_SPIKE ? REL_MM : REL_Q4X, what);
+                    free(x);
+                    tw_free(&t);
+                }
+        if (be != ref)
+            sn_backend_free(be);
+    }
+    sn_backend_free(ref);
+}
+
+/* Limits of the integer Q4 path, on every ISA: (a) a group whose max |x|
+ * is below 2^-78 is scaled by 2^100 at most (the scale 2^-100 * s must stay
+ * a normal float), so its x is rounded to multiples of 2^-100: the error is
+ * then absolute, <= 2^-101 per column and |w| < 1 here; (b) a NaN or inf in
+ * x makes every output of that token non-finite (NaN for the integer path,
+ * NaN or inf for the float ones) and leaves the other tokens of the batch
+ * alone, finite and bitwise equal to their GEMV. */
+static void test_matmul_q4_int_limits(void)
+{
+    sn_backend *ref = backend_for(SN_ISA_SCALAR, 1);
+    for (size_t ii = 0; ii < 3; ii++) {
+        sn_backend *be = backend_for(isas[ii], 2);
+        if (!be)
+            continue;
+        for (int group = 32; group <= 128; group *= 2) {
+            const int64_t rows = 5, cols = 3 * group;
+            enum { T = 3 };
+            tw t;
+            tw_make(&t, SN_DT_Q4, rows, cols, group, SN_DT_BF16, 0);
+            float *x = malloc(sizeof(float) * T * (size_t)cols);
+            float y[T * 5], y1[5];
+            double yr[T * 5], mag[T * 5];
+            fill(x, (size_t)T * cols, -1e-30f, 1e-30f);
+            CHECK_OK(be->ops->matmul(be, &t.w, 0, x, T, y));
+            mm_ref(&t.w, 0, x, T, yr, mag);
+            for (int i = 0; i < T * 5; i++)
+                CHECKF(fabs(y[i] - yr[i]) <= ldexp(1, -101) * (double)cols + 1e-5 * mag[i],
+                       "%s group %d tiny x: y[%d] %g vs %g", be->ops->name, group, i, (double)y[i], yr[i]);
+            for (int bad = 0; bad < 2; bad++) {
+                fill(x, (size_t)T * cols, -1, 1);
+                x[cols + group + 7] = bad ? INFINITY : NAN; /* token 1, its second group */
+                CHECK_OK(be->ops->matmul(be, &t.w, 0, x, T, y));
+                int ok = 1;
+                for (int r = 0; r < 5; r++)
+                    ok &= !isfinite(y[5 + r]) && isfinite(y[r]) && isfinite(y[10 + r]);
+                CHECKF(ok, "%s group %d: a %s in token 1 must make exactly its outputs non-finite", be->ops->name,
+                       group, bad ? "inf" : "NaN");
+                for (int tok = 0; tok < T; tok += 2) {
+                    CHECK_OK(be->ops->matmul(be, &t.w, 0, x + (size_t)tok * cols, 1, y1));
+                    CHECK(memcmp(y1, y + tok * 5, sizeof y1) == 0);
+                }
+            }
+            free(x);
+            tw_free(&t);
+        }
+        sn_backend_free(be);
+    }
+    sn_backend_free(ref);
+}
+
+/* Batch invariance of the Q4 kernels per group (32/64/128, and 96 for the
+ * generic float one), at batch sizes around the token tiles and on 1, 2, 3
+ * threads: each token of a batch equals its GEMV bitwise. */
+static void test_matmul_q4_batch_sizes(void)
+{
+    const int groups[] = { 32, 64, 128, 96 };
+    const int Ts[] = { 2, 3, 4, 5, 9 };
+    for (size_t ii = 0; ii < 3; ii++) {
+        sn_backend *bes[3] = { NULL, NULL, NULL };
+        bes[0] = backend_for(isas[ii], 1);
+        if (!bes[0])
+            continue;
+        bes[1] = backend_for(isas[ii], 2);
+        bes[2] = backend_for(isas[ii], 3);
+        for (size_t gi = 0; gi < 4; gi++) {
+            const int group = groups[gi];
+            const int64_t rows = 23, cols = 9 * (int64_t)group;
+            tw t;
+            tw_make(&t, SN_DT_Q4, rows, cols, group, gi % 2 ? SN_DT_F16 : SN_DT_BF16, 0);
+            float *x = malloc(sizeof(float) * 9 * (size_t)cols), y1[9][23], yb[9 * 23];
+            fill_xk(x, cols, 9, group, gi == 1 ? XK_MIXED : XK_UNIFORM);
+            for (int tok = 0; tok < 9; tok++)
+                CHECK_OK(bes[0]->ops->matmul(bes[0], &t.w, 0, x + (size_t)tok * cols, 1, y1[tok]));
+            int same = 1;
+            for (int th = 0; th < 3; th++)
+                for (size_t ti = 0; ti < sizeof Ts / sizeof *Ts; ti++) {
+                    int T = Ts[ti], t0 = 9 - T; /* the batch's last tokens: other positions */
+                    CHECK_OK(bes[th]->ops->matmul(bes[th], &t.w, 0, x + (size_t)t0 * cols, T, yb));
+                    for (int tok = 0; tok < T; tok++)
+                        same &= memcmp(yb + tok * 23, y1[t0 + tok], sizeof y1[0]) == 0;
+                }
+            CHECKF(same, "%s Q4 group %d: a token's output depends on its batch or thread count", bes[0]->ops->name,
+                   group);
+            free(x);
+            tw_free(&t);
+        }
+        for (int th = 0; th < 3; th++)
+            sn_backend_free(bes[th]);
+    }
+}
+
+/* SANCTUM_CPU_Q4=fp32 keeps Q4 on the float kernel (an A/B knob); it meets
+ * the same bound; a bad value is refused with a message. */
+static void test_matmul_q4_knob(void)
+{
+    sn_backend *ref = backend_for(SN_ISA_SCALAR, 1), *be = NULL;
+    setenv("SANCTUM_CPU_Q4", "fp32", 1);
+    CHECK_OK(sn_backend_cpu_new(2, &be));
+    setenv("SANCTUM_CPU_Q4", "fast", 1);
+    sn_backend *bad = NULL;
+    CHECK(sn_backend_cpu_new(2, &bad) == SN_E_INVALID && bad == NULL);
+    CHECK(strstr(sn_errmsg(), "SANCTUM_CPU_Q4") != NULL);
+    unsetenv("SANCTUM_CPU_Q4");
+    if (be) {
+        tw t;
+        tw_make(&t, SN_DT_Q4, 9, 192, 64, SN_DT_BF16, 0);
+        check_mm_case(be, ref, &t, 0, 3, "Q4 SANCTUM_CPU_Q4=fp32");
+        tw_free(&t);
         sn_backend_free(be);
     }
     sn_backend_free(ref);
@@ -1288,6 +1481,10 @@ int main(void)
     RUN(test_matmul_batch_invariance);
     RUN(test_matmul_q4_end_of_mapping);
     RUN(test_matmul_generic_group);
+    RUN(test_matmul_q4_int);
+    RUN(test_matmul_q4_int_limits);
+    RUN(test_matmul_q4_batch_sizes);
+    RUN(test_matmul_q4_knob);
     RUN(test_matmul_wide_tiles);
     RUN(test_embed);
     RUN(test_norms_elementwise);

@@ -146,6 +146,13 @@ void cpu_mm_plan_for(const cpu_be *be, const cpu_mat *m, cpu_mm_plan *p)
     p->fn = m->dtype == SN_DT_Q4 ? k->mm_q4 : m->dtype == SN_DT_Q8 ? k->mm_q8 : k->mm_dense;
     p->prep = !quant ? NULL : m->dtype == SN_DT_Q4 ? k->prep_q4 : k->prep_q8;
     p->gsum = quant && k->wants_gsum;
+    int gi = m->group == 32 ? 0 : m->group == 64 ? 1 : m->group == 128 ? 2 : -1;
+    if (m->dtype == SN_DT_Q4 && k->mm_q4i && gi >= 0 && !be->q4_fp32) {
+        /* exact integer Q4 path: its x records carry the group sums */
+        p->fn = k->mm_q4i;
+        p->prep = k->prep_q4i[gi];
+        p->gsum = 0;
+    }
     p->pf_off = be->pf_rows * (int64_t)m->row_bytes;
     /* Prefill row tile: ~512 KB of weights (half a Zen 4 L2, a quarter of a
      * Sapphire Rapids L2), at least 16 rows. Every tile re-reads all of x,
@@ -700,6 +707,15 @@ sn_status sn_backend_cpu_new_isa(int n_threads, sn_isa isa, sn_backend **out)
         }
         be->pf_rows = (int)v;
     }
+    /* tuning/A-B knob: SANCTUM_CPU_Q4=fp32 keeps Q4 on the float kernel
+     * even where the table has the integer one (int, the default, uses it) */
+    const char *q4 = getenv("SANCTUM_CPU_Q4");
+    if (q4 && *q4 && strcmp(q4, "int") != 0 && strcmp(q4, "fp32") != 0) {
+        sn_pool_free(be->pool);
+        free(be);
+        return SN_FAIL(SN_E_INVALID, "SANCTUM_CPU_Q4=%s: expected int or fp32", q4);
+    }
+    be->q4_fp32 = q4 && strcmp(q4, "fp32") == 0;
     be->base.ops = &g_ops[isa];
     be->base.n_threads = sn_pool_size(be->pool);
     *out = &be->base;

@@ -55,6 +55,13 @@ typedef struct {
     int wants_gsum;          /* quantized kernels need gsum */
     int min_group;           /* SIMD quant kernels need group % min_group == 0; else ref is used */
     cpu_mm_fn mm_q4, mm_q8, mm_dense;
+    /* Optional exact integer Q4 path (NULL where absent), used instead of
+     * mm_q4 for groups 32, 64 and 128: prep_q4i[i] serves group 32 << i and
+     * writes one x record of 4*group bytes per group (xp keeps the size of
+     * [T, cols] floats; no gsum), see kernels_avx2.c. One prep function per
+     * group, so plans with different groups never compare equal. */
+    void (*prep_q4i[3])(const float *x, int64_t cols, float *xp);
+    cpu_mm_fn mm_q4i;
     /* Vector primitives for the ops built on them (attention, GDN, norms). */
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n);   /* y += a*x */
@@ -70,6 +77,7 @@ typedef struct {
     float *scratch;
     size_t scratch_cap; /* floats */
     int pf_rows;        /* GEMV software prefetch distance in rows (0: off) */
+    int q4_fp32;        /* SANCTUM_CPU_Q4=fp32: skip the table's integer Q4 path */
     void *moe_seg;      /* moe.c's per-expert segment table, grown on demand */
     size_t moe_seg_cap; /* bytes */
 } cpu_be;
