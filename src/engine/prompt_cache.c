@@ -871,7 +871,8 @@ struct sn_rewind {
     int pos;            /* the saved (or tracked) position; -1: none */
     bool tracking;      /* pos is a tracked one (sn_rewind_track), not a saved state */
     int n_layers;
-    void **conv, **S;   /* [n_layers] backend buffers, NULL for layers without recurrent state */
+    bool *rec;          /* [n_layers] the layer has recurrent state */
+    void **conv, **S;   /* [n_layers] sn_rewind_save's copies, made by its first call (PLD tracks instead) */
     size_t cb, sb;
     void **hist;        /* [n_layers] gdn history buffers of slots * (cb + sb) bytes, made on demand */
     int slots;
@@ -912,6 +913,7 @@ sn_status sn_rewind_new(const sn_seq *seq, sn_rewind **out)
     r->n_layers = seq->m->n_layers;
     r->cb = seq->conv_floats * sizeof(float);
     r->sb = seq->S_floats * sizeof(float);
+    r->rec = calloc((size_t)r->n_layers, sizeof *r->rec);
     r->conv = calloc((size_t)r->n_layers, sizeof *r->conv);
     r->S = calloc((size_t)r->n_layers, sizeof *r->S);
     r->hist = calloc((size_t)r->n_layers, sizeof *r->hist);
@@ -919,19 +921,11 @@ sn_status sn_rewind_new(const sn_seq *seq, sn_rewind **out)
     r->cp_src = calloc(2 * (size_t)r->n_layers, sizeof *r->cp_src);
     r->cp_bytes = calloc(2 * (size_t)r->n_layers, sizeof *r->cp_bytes);
     sn_status st = SN_OK;
-    if (!r->conv || !r->S || !r->hist || !r->cp_dst || !r->cp_src || !r->cp_bytes) {
+    if (!r->rec || !r->conv || !r->S || !r->hist || !r->cp_dst || !r->cp_src || !r->cp_bytes) {
         st = SN_FAIL(SN_E_NOMEM, "rewind: out of memory");
         goto out;
     }
-    sn_backend *be = seq->m->be;
-    MLOCK(seq->m);
-    for (int l = 0; l < r->n_layers && st == SN_OK; l++) {
-        if (!seq->gdn[l].S) continue;
-        if ((st = be->ops->buf_alloc(be, r->cb ? r->cb : 4, &r->conv[l])) != SN_OK) break;
-        st = be->ops->buf_alloc(be, r->sb, &r->S[l]);
-    }
-    MUNLOCK(seq->m);
-    if (st != SN_OK) goto out;
+    for (int l = 0; l < r->n_layers; l++) r->rec[l] = seq->gdn[l].S != NULL;
     *out = r;
     r = NULL;
 out:
@@ -970,6 +964,7 @@ void sn_rewind_free(sn_rewind *r)
     }
     hist_free_locked(r);
     MUNLOCK(r->m);
+    free(r->rec);
     free(r->conv);
     free(r->S);
     free(r->hist);
@@ -983,13 +978,17 @@ sn_status sn_rewind_save(sn_rewind *r, const sn_seq *seq)
 {
     if (seq->m != r->m) return SN_FAIL(SN_E_INVALID, "rewind: the sequence belongs to another model");
     sn_status st = SN_OK;
+    sn_backend *be = r->m->be;
     MLOCK(r->m);
-    for (int l = 0; l < r->n_layers; l++) {
-        if (!r->S[l]) continue;
+    for (int l = 0; l < r->n_layers && st == SN_OK; l++) {
+        if (!r->rec[l]) continue;
+        if (!r->conv[l] && (st = be->ops->buf_alloc(be, r->cb ? r->cb : 4, &r->conv[l])) != SN_OK) break;
+        if (!r->S[l] && (st = be->ops->buf_alloc(be, r->sb, &r->S[l])) != SN_OK) break;
         batch_add(r, r->conv[l], seq->gdn[l].conv, r->cb);
         batch_add(r, r->S[l], seq->gdn[l].S, r->sb);
     }
-    st = batch_copy(r);
+    if (st == SN_OK) st = batch_copy(r);
+    r->n_cp = 0;
     MUNLOCK(r->m);
     r->tracking = false;
     r->pos = st == SN_OK ? seq->pos : -1;
@@ -1006,7 +1005,7 @@ static sn_status hist_reserve_locked(sn_rewind *r, int rows)
     hist_free_locked(r);
     size_t bytes = (size_t)(rows - 1) * (r->cb + r->sb);
     for (int l = 0; l < r->n_layers && st == SN_OK; l++)
-        if (r->S[l]) st = be->ops->buf_alloc(be, bytes, &r->hist[l]);
+        if (r->rec[l]) st = be->ops->buf_alloc(be, bytes, &r->hist[l]);
     if (st == SN_OK) r->slots = rows - 1;
     else hist_free_locked(r);
     return st;
@@ -1042,7 +1041,7 @@ sn_status sn_rewind_track(sn_rewind *r, sn_seq *seq, int rows)
     sn_status st = hist_reserve_locked(r, rows);
     if (st == SN_OK) {
         for (int l = 0; l < r->n_layers; l++) {
-            if (!r->S[l]) continue;
+            if (!r->rec[l]) continue;
             seq->gdn[l].hist = r->hist[l];
             seq->gdn[l].n_hist = rows - 1;
         }
@@ -1095,7 +1094,7 @@ sn_status sn_rewind_restore(sn_rewind *r, sn_seq *seq, int pos)
     sn_status st = SN_OK;
     MLOCK(r->m);
     for (int l = 0; l < r->n_layers; l++) {
-        if (!r->S[l]) continue;
+        if (!r->rec[l]) continue;
         const char *cv = tracking ? (const char *)r->hist[l] + (size_t)slot * (r->cb + r->sb) : r->conv[l];
         const char *sv = tracking ? cv + r->cb : r->S[l];
         batch_add(r, seq->gdn[l].conv, cv, r->cb);
@@ -1112,6 +1111,6 @@ int sn_rewind_pos(const sn_rewind *r) { return r->pos; }
 int sn_rewind_has_state(const sn_rewind *r)
 {
     for (int l = 0; l < r->n_layers; l++)
-        if (r->S[l]) return 1;
+        if (r->rec[l]) return 1;
     return 0;
 }
