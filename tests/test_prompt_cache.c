@@ -157,6 +157,13 @@ static void test_rewind_tracked(void)
                 p0 = sn_seq_pos(s);
                 CHECK_OK(sn_forward(PM->m, s, ids + 300, 6, NULL, false));
                 CHECK_OK(sn_rewind_restore(rw, s, p0 + 2));
+                /* armed and abandoned (a request that failed mid-verify):
+                 * handing the sequence's rewind out again disarms it */
+                CHECK_OK(sn_rewind_track(rw, s, 6));
+                CHECK(s->hist_armed);
+                sn_rewind *own = NULL;
+                CHECK_OK(sn_rewind_of(s, &own));
+                CHECK(!s->hist_armed && own == s->rw);
             }
         }
         CHECK(sn_rewind_track(rw, s, 0) == SN_E_INVALID);

@@ -933,12 +933,17 @@ out:
     return st;
 }
 
+static void untrack(sn_seq *seq);
+
 sn_status sn_rewind_of(sn_seq *seq, sn_rewind **out)
 {
     *out = NULL;
     if (!seq->rw) SN_TRY(sn_rewind_new(seq, &seq->rw));
     seq->rw->pos = -1;
     seq->rw->tracking = false;
+    /* a request that failed between track and restore left the history
+     * armed: its next forward (this request's prefill) must not record */
+    untrack(seq);
     *out = seq->rw;
     return SN_OK;
 }
