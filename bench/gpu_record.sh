@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One commit's GPU record in one device call: what produced the "GPU record"
+# lines of bench/results.log from 2026-12-01 13:31Z on.
+#
+# Here (nvcc, no GPU):  bench/gpu_record.sh pack
+#   builds everything through bench/bench_cuda_gpu.sh pack all, then puts the
+#   binaries into one xz tar with a dictionary large enough to hold several
+#   of them (each carries the same ~12 MB of device code: 140 MB -> ~5 MB,
+#   under the device tool's 64 MiB carry) plus the shared libraries the GPU
+#   box lacks (libevent, utf8proc), in .devcarry/lead/.
+# There (device tool, carry [".devcarry/lead"]):  bench/gpu_record.sh run
+#   the verify-pass cost curve (bench_pld --cost-curve 8), every CUDA test,
+#   test_cuda_ops under compute-sanitizer memcheck, bench_cuda on the 35B-A3B
+#   and 27B configs at 4096 tokens, then bench_cuda_gpu.sh pcache quick;
+#   a summary is printed and the logs come back as $OUT/logs.tar.xz
+#   (about 110 s of wall time on the H200).
+set -u
+cd "$(dirname "$0")/.."
+L=.devcarry/lead
+case "${1:-}" in
+pack)
+    set -e
+    bench/bench_cuda_gpu.sh pack all > /tmp/gpu_record_pack.log 2>&1 || { tail -30 /tmp/gpu_record_pack.log; exit 1; }
+    rm -rf "${L:?}/bin" "${L:?}/lib" "${L:?}/bin.tar.xz" && mkdir -p "$L/bin" "$L/lib"
+    cp .devcarry/cuda/bin/* "$L/bin/"
+    # only what the box lacks (it has jansson, PCRE2, OpenSSL 3 of its own)
+    cp .devcarry/cuda/lib/libevent* .devcarry/cuda/lib/libutf8proc* "$L/lib/"
+    strip "$L"/bin/* || true
+    (cd "$L" && tar cf - bin | xz --lzma2=preset=6,dict=160MiB -T1 > bin.tar.xz && rm -rf bin)
+    du -sh "$L"
+    ;;
+run)
+    out=${OUT:-/tmp/out}
+    w=/tmp/gpu_record
+    rm -rf "$w" && mkdir -p "$out" "$w"
+    export LD_LIBRARY_PATH="$PWD/$L/lib"
+    tar xJf "$L/bin.tar.xz" -C "$L"
+    B=$L/bin
+    nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv > "$w/env.log" 2>&1
+    s=()
+    step() {
+        local n=$1 lim=$2
+        shift 2
+        local t0
+        t0=$(date +%s)
+        timeout "$lim" "$@" > "$w/$n.log" 2>&1
+        s+=("$n rc=$? $(grep -E '^[0-9]+ passed' "$w/$n.log" | tail -n1) $(($(date +%s) - t0))s")
+    }
+    step curve 60 "$B/bench_pld" --backend cuda --model models/default --task copy --n 1 --cost-curve 8
+    for t in ops model moe prefill gemm_i8; do step "$t" 150 "$B/test_cuda_$t"; done
+    SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+    step memcheck_ops 300 env SANCTUM_CUDA_CUBLAS=0 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_ops"
+    for cfg in qwen3_5_35b_a3b qwen3_5_27b; do
+        step "bench_$cfg" 200 "$B/bench_cuda" --config "bench/configs/$cfg.json" --prefill 4096 --decode 64 --log "$w/results.log"
+    done
+    PACK_DIR=$L SN_GPU_BUDGET_S=150 OUT=$w bash bench/bench_cuda_gpu.sh pcache quick > "$w/pcache_run.log" 2>&1
+    echo "==== summary"
+    printf '%s\n' "${s[@]}" | tee "$w/summary.log"
+    grep -h "cost by rows" "$w/curve.log"
+    grep -h "ERROR SUMMARY" "$w/memcheck_ops.log" | tail -1
+    grep -h "FAIL" "$w"/ops.log "$w"/model.log "$w"/moe.log "$w"/prefill.log "$w"/gemm_i8.log | head
+    grep -h "decode (graph\|prefill 4096 tokens (default\|GPU memory" "$w"/bench_*.log
+    grep -h "summary (pcache" -A3 "$w/pcache_run.log" | cut -c1-200
+    (cd "$w" && tar cJf "$out/logs.tar.xz" ./*.log)
+    ;;
+*)
+    echo "usage: bench/gpu_record.sh pack (here) | run (on the GPU box)" >&2
+    exit 2
+    ;;
+esac
