@@ -164,6 +164,12 @@ static void test_rewind_tracked(void)
                 sn_rewind *own = NULL;
                 CHECK_OK(sn_rewind_of(s, &own));
                 CHECK(!s->hist_armed && own == s->rw);
+                /* a refused forward (bad token id) ends the tracking too */
+                CHECK_OK(sn_rewind_track(rw, s, 6));
+                int32_t bad = V;
+                CHECK(sn_forward(PM->m, s, &bad, 1, NULL, false) == SN_E_RANGE);
+                CHECK(!s->hist_armed);
+                CHECK(sn_rewind_restore(rw, s, sn_seq_pos(s)) == SN_E_INVALID);
             }
         }
         CHECK(sn_rewind_track(rw, s, 0) == SN_E_INVALID);

@@ -224,6 +224,21 @@ static sn_status graph_rows(int *out)
     return SN_OK;
 }
 
+/* Ends a sequence's gdn history tracking: the step that ran from position
+ * from recorded min(n_hist, rows) slots (0 when it failed or never ran). */
+static void hist_disarm(sn_seq *q, int from, int rows)
+{
+    q->hist_armed = false;
+    q->hist_from = from;
+    q->hist_valid = 0;
+    for (int l = 0; l < q->m->n_layers; l++) {
+        if (!q->gdn[l].hist) continue;
+        q->hist_valid = q->gdn[l].n_hist < rows ? q->gdn[l].n_hist : rows;
+        q->gdn[l].hist = NULL;
+        q->gdn[l].n_hist = 0;
+    }
+}
+
 /* A decode step (one token per sequence) runs inside begin_step/end_step
  * when the backend has them, so CUDA can replay it as one graph; logits and
  * ids reach the host only after end_step. */
@@ -261,21 +276,9 @@ static sn_status run_step(sn_model *m, const step *st)
         sn_status e = OPS->end_step(BE);
         if (s == SN_OK) s = e;
     }
-    for (int i = 0; i < st->n_items; i++) {
-        /* a tracked forward records the gdn history once (sn_rewind_track) */
-        sn_seq *q = st->it[i].seq;
-        if (!q->hist_armed) continue;
-        q->hist_armed = false;
-        q->hist_from = q->pos;
-        q->hist_valid = 0;
-        for (int l = 0; l < m->n_layers; l++) {
-            if (!q->gdn[l].hist) continue;
-            int nh = q->gdn[l].n_hist < st->it[i].n - 1 ? q->gdn[l].n_hist : st->it[i].n - 1;
-            q->hist_valid = s == SN_OK ? nh : 0;
-            q->gdn[l].hist = NULL;
-            q->gdn[l].n_hist = 0;
-        }
-    }
+    /* a tracked forward records the gdn history once (sn_rewind_track) */
+    for (int i = 0; i < st->n_items; i++)
+        if (st->it[i].seq->hist_armed) hist_disarm(st->it[i].seq, st->it[i].seq->pos, s == SN_OK ? st->it[i].n - 1 : 0);
     if (s != SN_OK) return s;
     for (int i = 0; i < st->n_items; i++) st->it[i].seq->pos += st->it[i].n;
     if (one_head) return nr ? head_finish(m, rows, nr, ids, have_ids) : SN_OK;
@@ -291,7 +294,19 @@ static sn_status run_step(sn_model *m, const step *st)
 
 int sn_model_step_tokens(const sn_model *m) { (void)m; return SN_STEP_TOKENS; }
 
+static sn_status forward_batch(sn_model *m, const sn_batch_item *items, int n_items);
+
 sn_status sn_forward_batch(sn_model *m, const sn_batch_item *items, int n_items)
+{
+    sn_status s = forward_batch(m, items, n_items);
+    /* a tracked sequence whose forward was refused or never reached its
+     * step records nothing: the next forward must not record either */
+    for (int i = 0; s != SN_OK && m && items && i < n_items && i < SN_MAX_BATCH; i++)
+        if (items[i].seq && items[i].seq->m == m && items[i].seq->hist_armed) hist_disarm(items[i].seq, -1, 0);
+    return s;
+}
+
+static sn_status forward_batch(sn_model *m, const sn_batch_item *items, int n_items)
 {
     if (!m || (!items && n_items)) return SN_FAIL(SN_E_INVALID, "forward: NULL model or items");
     if (n_items < 0 || n_items > SN_MAX_BATCH)

@@ -265,12 +265,6 @@ store:
     /* The state covers hist[0, pos - pos0): leave it for the next request. */
     if (st == SN_OK && pcr) st = sn_pcache_commit(pcr, seq, g.hist, g.n_hist);
 out:
-    if (rw && st != SN_OK) {
-        /* a failure between a verify's track and its restore leaves the gdn
-         * history armed; handing the rewind out again disarms it */
-        sn_rewind *again;
-        (void)sn_rewind_of(seq, &again);
-    }
     free(logits);
     free(sched);
     free(g.hist);

@@ -941,9 +941,7 @@ sn_status sn_rewind_of(sn_seq *seq, sn_rewind **out)
     if (!seq->rw) SN_TRY(sn_rewind_new(seq, &seq->rw));
     seq->rw->pos = -1;
     seq->rw->tracking = false;
-    /* a request that failed between track and restore left the history
-     * armed: its next forward (this request's prefill) must not record */
-    untrack(seq);
+    untrack(seq); /* whatever an earlier user armed ends with it */
     *out = seq->rw;
     return SN_OK;
 }

@@ -666,7 +666,7 @@ static sn_status cpu_argmax(sn_backend *b, const float *x, int rows, int n, int3
         .rmsnorm = cpu_rmsnorm, .add = cpu_add, .swiglu = cpu_swiglu, .rope = cpu_rope,                     \
         .attention = cpu_attention, .kv_write = cpu_kv_write, .gdn = cpu_gdn,                               \
         .gated_rmsnorm = cpu_gated_rmsnorm, .mul_sigmoid = cpu_mul_sigmoid, .argmax = cpu_argmax,           \
-        .moe = cpu_moe, .add_gated = cpu_add_gated, .copy_n = cpu_copy_n,                                                         \
+        .moe = cpu_moe, .add_gated = cpu_add_gated, .copy_n = cpu_copy_n,                                   \
     }
 
 static const sn_backend_ops g_ops[SN_ISA_COUNT] = {

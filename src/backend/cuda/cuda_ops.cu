@@ -994,9 +994,7 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
     if (T <= 0)
         return SN_OK;
     const int nh = hist ? min(n_hist, T - 1) : 0;
-    const size_t hconv = (size_t)(d->conv_k > 1 ? d->conv_k - 1 : 0) *
-                         (2 * (size_t)d->n_k_heads * d->dk + (size_t)d->n_v_heads * d->dv);
-    const size_t hstride = hconv + (size_t)d->n_v_heads * d->dk * d->dv;
+    const size_t hstride = sn_gdn_hist_floats(d), hconv = hstride - (size_t)d->n_v_heads * d->dk * d->dv;
     float *hS = nh ? hist + hconv : nullptr; /* the S part of slot 0 */
     int Hk = d->n_k_heads, Hv = d->n_v_heads, Dk = d->dk, Dv = d->dv, K = d->conv_k;
     if (Dk > 256 || Dv > 512)
