@@ -677,8 +677,12 @@ int main(void)
         fprintf(stderr, "cpu oracle: %s\n", sn_errmsg());
         return 1;
     }
-    RUN(test_gpu_vs_emulation);
-    RUN(test_gpu_vs_cpu);
+    /* SANCTUM_TEST_GEMM_I8_TIME=only: the timing alone (for a profiler) */
+    const char *only = getenv("SANCTUM_TEST_GEMM_I8_TIME");
+    if (!only || strcmp(only, "only")) {
+        RUN(test_gpu_vs_emulation);
+        RUN(test_gpu_vs_cpu);
+    }
     RUN(time_gemm);
     if (G->ops->sync(G) != SN_OK) {
         fprintf(stderr, "final sync: %s\n", sn_errmsg());

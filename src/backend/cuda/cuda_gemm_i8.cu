@@ -43,6 +43,15 @@
  * dominate the L2 -> SM traffic: 14 KB per block and 64 columns). tests/test_cuda_gemm_i8.c emulates both in C from the
  * PTX fragment layouts.
  *
+ * The kernel is bound by instruction issue and latency, not by the tensor
+ * cores (ncu, 17408 x 5120 at T = 4096: tensor pipe 33 % busy, 1.8
+ * instructions per cycle per SM, 2 warps per scheduler; the epilogue's 5
+ * FMAs per (row, token, group) are 40 % of the instructions). So each
+ * thread computes its copy sources once and advances them per block, a
+ * group's first MMA takes the magic constant as its C operand (no reset
+ * moves), and the scale format is a template parameter: 107 -> 142
+ * nominal TFLOP/s on that shape (bench/results.log 2026-12-01T15:52Z).
+ *
  * Limits: activations with |x| >= 2^111 overflow K to -inf (NaN/inf
  * output); a group holding NaN/inf gives NaN for that token. */
 #include <math.h>
@@ -175,17 +184,35 @@ __device__ __forceinline__ void imma_u8(int (&d)[4], const uint32_t (&a)[4], uin
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* GS: 32-column k-tiles per quant group (1, 2, 4). */
-template <int D, int GS>
+/* the first MMA of a quant group: C is the magic constant, so the
+ * accumulators need no reset between groups */
+__device__ __forceinline__ void imma_s8_z(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, uint32_t z)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(z));
+}
+__device__ __forceinline__ void imma_u8_z(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, uint32_t z)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(z));
+}
+
+/* GS: 32-column k-tiles per quant group (1, 2, 4); F16: scale pairs are
+ * f16 (else bf16: a template parameter, as a runtime branch in the
+ * epilogue it cost 12 %). */
+template <int D, int GS, bool F16>
 __global__ void __launch_bounds__(I8_THREADS, 1)
-k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, int sf, const float *__restrict__ bias,
+k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const float *__restrict__ bias,
           int64_t rows, int64_t MT, int64_t cols, int64_t groups, const int8_t *__restrict__ planes,
           const float4 *__restrict__ gc, int T, float *__restrict__ y)
 {
     using C = i8cfg<D>;
-    constexpr bool HI16 = GS <= 2;     /* rows g+8 as 16 q (see the header) */
+    constexpr bool HI16 = GS <= 2;       /* rows g+8 as 16 q (see the header) */
     constexpr int SUB = GS == 1 ? 2 : 1; /* quant groups per 64-column block */
-    constexpr int TTW = C::TTW, NT = C::NT, BT = C::BT;
+    constexpr int TTW = C::TTW, NT = C::NT, BT = C::BT, MTW = I8_MTW;
+    constexpr bool CZ = GS <= 2; /* a group's first MMA starts from the magic constant (no reset) */
     pdl_launch();
     extern __shared__ __align__(128) unsigned char i8_smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(i8_smem);
@@ -205,42 +232,63 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, int sf,
     const int t0 = (int)(tb * BT);
     const int KB = (int)(cols / 64);
 
-    /* weights of block kb into stage slot: A tiles (16-byte chunk i: tile
-     * i/32, lane i%32) and the scale pairs of its group(s) */
+    /* each thread's copy sources for k-block 0 (advanced per block): A
+     * tiles (16-byte chunk i: tile i/32, lane i%32), the D planes x BT token
+     * rows of 64 bytes (tokens >= T read as zeros), the scale pairs and the
+     * column constants of the block's group(s) */
+    constexpr int NA = I8_BMT * 32 / I8_THREADS, NB = (D * BT * 4 + I8_THREADS - 1) / I8_THREADS;
+    static_assert(I8_BMT * 32 % I8_THREADS == 0, "A chunks split evenly");
+    static_assert(SUB * I8_BMT * 4 <= I8_THREADS && SUB * BT <= I8_THREADS, "one chunk per thread at most");
+    const uint4 *srcA[NA];
+    bool okA[NA];
+#pragma unroll
+    for (int r = 0; r < NA; r++) {
+        const int i = tid + r * I8_THREADS;
+        const int64_t mt = mt0 + (i >> 5);
+        okA[r] = mt < MT;
+        srcA[r] = qr + (okA[r] ? mt * KB * 32 + (i & 31) : 0);
+    }
+    const int8_t *srcB[NB];
+    bool okB[NB], hasB[NB];
+#pragma unroll
+    for (int r = 0; r < NB; r++) {
+        const int i = tid + r * I8_THREADS;
+        const int row = i >> 2, c = i & 3, d = row / BT, t = t0 + row % BT;
+        hasB[r] = i < D * BT * 4;
+        okB[r] = hasB[r] && t < T;
+        srcB[r] = planes + (okB[r] ? ((size_t)d * T + t) * cols + c * 16 : 0);
+    }
+    const bool hasS = tid < SUB * I8_BMT * 4;
+    const int subS = tid / (I8_BMT * 4);
+    const bool okS = hasS && mt0 + (tid / 4) % I8_BMT < MT;
+    const uint32_t *srcS = sr + (okS ? (mt0 + (tid / 4) % I8_BMT) * groups * 16 + 4 * (tid & 3) : 0);
+    const bool hasC = tid < SUB * BT;
+    const int subC = tid / BT;
+    const bool okC = hasC && t0 + tid % BT < T;
+    const float4 *srcC = gc + (okC ? t0 + tid % BT : 0);
+
     auto load_w = [&](int kb, int slot) {
         const uint32_t st = sbase + slot * C::STAGE;
 #pragma unroll
-        for (int i = tid; i < I8_BMT * 32; i += I8_THREADS) {
-            const int64_t mt = mt0 + (i >> 5);
-            const bool ok = mt < MT;
-            cp16(st + i * 16, qr + (ok ? (mt * KB + kb) * 32 + (i & 31) : 0), ok);
-        }
-        static_assert(SUB * I8_BMT * 4 <= I8_THREADS, "one scale chunk per thread at most");
-        if ((GS < 4 || (kb & 1)) && tid < SUB * I8_BMT * 4) {
-            const int sub = tid / (I8_BMT * 4), m = (tid / 4) % I8_BMT, c = tid & 3;
-            const int64_t mt = mt0 + m, grp = (kb * 2 + sub) / GS;
-            const bool ok = mt < MT;
-            cp16(st + C::A_BYTES + C::B_BYTES + tid * 16, sr + (ok ? (mt * groups + grp) * 16 + 4 * c : 0), ok);
+        for (int r = 0; r < NA; r++)
+            cp16(st + (tid + r * I8_THREADS) * 16, srcA[r] + (okA[r] ? kb * 32 : 0), okA[r]);
+        if ((GS < 4 || (kb & 1)) && hasS) {
+            const int64_t grp = (kb * 2 + subS) / GS;
+            cp16(st + C::A_BYTES + C::B_BYTES + tid * 16, srcS + (okS ? grp * 16 : 0), okS);
         }
     };
-    /* activations of block kb: D planes x BT token rows of 64 bytes, and the
-     * column constants of the group(s); tokens >= T read as zeros */
     auto load_x = [&](int kb, int slot) {
         const uint32_t st = sbase + slot * C::STAGE;
 #pragma unroll
-        for (int i = tid; i < D * BT * 4; i += I8_THREADS) {
-            const int row = i >> 2, c = i & 3, d = row / BT, t = t0 + row % BT;
-            const bool ok = t < T;
-            cp16(st + C::A_BYTES + row * I8_BROW + c * 16,
-                 planes + (ok ? ((size_t)d * T + t) * cols + (size_t)kb * 64 + c * 16 : 0), ok);
+        for (int r = 0; r < NB; r++) {
+            const int i = tid + r * I8_THREADS;
+            if (hasB[r])
+                cp16(st + C::A_BYTES + (i >> 2) * I8_BROW + (i & 3) * 16, srcB[r] + (okB[r] ? kb * 64 : 0), okB[r]);
         }
-        if (GS < 4 || (kb & 1))
-            for (int i = tid; i < SUB * BT; i += I8_THREADS) {
-                const int sub = i / BT, t = t0 + i % BT;
-                const int64_t grp = (kb * 2 + sub) / GS;
-                const bool ok = t < T;
-                cp16(st + C::A_BYTES + C::B_BYTES + C::S_BYTES + i * 16, gc + (ok ? grp * T + t : 0), ok);
-            }
+        if ((GS < 4 || (kb & 1)) && hasC) {
+            const int64_t grp = (kb * 2 + subC) / GS;
+            cp16(st + C::A_BYTES + C::B_BYTES + C::S_BYTES + tid * 16, srcC + (okC ? grp * T : 0), okC);
+        }
     };
 
     /* weights before the wait (they are constant), activations after */
@@ -268,10 +316,10 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, int sf,
         boff[p] = C::A_BYTES + (d * BT + (wn * TTW + tt) * 8 + (lane & 7)) * I8_BROW + (mi & 1) * 16;
     }
 
-    int acc_i[I8_MTW][NT][4];
-    float acc[I8_MTW][TTW][4];
+    int acc_i[MTW][NT][4];
+    float acc[MTW][TTW][4];
 #pragma unroll
-    for (int m = 0; m < I8_MTW; m++) {
+    for (int m = 0; m < MTW; m++) {
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -286,10 +334,10 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, int sf,
 
     /* end of a quant group: partials -> floats, scaled, into acc */
     auto flush = [&](const unsigned char *st, int sub) {
-        const uint32_t *Ss = (const uint32_t *)(st + C::A_BYTES + C::B_BYTES) + (sub * I8_BMT + wm * I8_MTW) * 16;
+        const uint32_t *Ss = (const uint32_t *)(st + C::A_BYTES + C::B_BYTES) + (sub * I8_BMT + wm * MTW) * 16;
         const float4 *Cs =
             (const float4 *)(st + C::A_BYTES + C::B_BYTES + C::S_BYTES) + sub * BT + wn * TTW * 8 + 2 * tq;
-        float es[TTW][2], kk[TTW][2], xb[TTW][2];
+        float es[TTW][2], kk[TTW][2], xb[TTW][2], c0s[TTW][2], c1s[TTW][2];
 #pragma unroll
         for (int tt = 0; tt < TTW; tt++)
 #pragma unroll
@@ -298,14 +346,16 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, int sf,
                 es[tt][c] = v.x;
                 kk[tt][c] = v.y;
                 xb[tt][c] = v.z;
+                c0s[tt][c] = __fmul_rn(v.x, D == 3 ? 65536.f : 256.f); /* exact: powers of two */
+                c1s[tt][c] = __fmul_rn(v.x, 256.f);
             }
 #pragma unroll
-        for (int m = 0; m < I8_MTW; m++)
+        for (int m = 0; m < MTW; m++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const uint32_t pr = Ss[m * 16 + gq + 8 * h];
                 float s, b;
-                if (sf == CS_BF16) {
+                if (!F16) {
                     s = __uint_as_float(pr << 16);
                     b = __uint_as_float(pr & 0xffff0000u);
                 } else {
@@ -320,26 +370,70 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, int sf,
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
                         const int i = 2 * h + c;
-                        const float e = es[tt][c];
-                        const float c0 = __fmul_rn(e, D == 3 ? 65536.f : 256.f);
-                        float u = __fmaf_rn(__int_as_float(acc_i[m][tt][i]), c0, kk[tt][c]);
+                        float u = __fmaf_rn(__int_as_float(acc_i[m][tt][i]), c0s[tt][c], kk[tt][c]);
                         if (D == 3) {
-                            u = __fmaf_rn(__int_as_float(acc_i[m][TTW + tt][i]), __fmul_rn(e, 256.f), u);
-                            u = __fmaf_rn(__int_as_float(acc_i[m][2 * TTW + tt][i]), e, u);
+                            u = __fmaf_rn(__int_as_float(acc_i[m][TTW + tt][i]), c1s[tt][c], u);
+                            u = __fmaf_rn(__int_as_float(acc_i[m][2 * TTW + tt][i]), es[tt][c], u);
                         } else {
-                            u = __fmaf_rn(__int_as_float(acc_i[m][TTW + tt][i]), e, u);
+                            u = __fmaf_rn(__int_as_float(acc_i[m][TTW + tt][i]), es[tt][c], u);
                         }
                         acc[m][tt][i] = __fmaf_rn(s, u, acc[m][tt][i]);
                         acc[m][tt][i] = __fmaf_rn(b, xb[tt][c], acc[m][tt][i]);
                     }
             }
+        if (!CZ) {
 #pragma unroll
-        for (int m = 0; m < I8_MTW; m++)
+            for (int m = 0; m < MTW; m++)
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+                for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    acc_i[m][j][i] = (int)I8_MAGIC;
+                    for (int i = 0; i < 4; i++)
+                        acc_i[m][j][i] = (int)I8_MAGIC;
+        }
+    };
+
+    /* one 32-column k-tile kt (0, 1) of k-block kb: MMAs, then the flush
+     * if a quant group ends there */
+    auto ktile = [&](int kb, int kt) {
+        const int slot = kb % I8_STAGES;
+        const unsigned char *st = i8_smem + slot * C::STAGE;
+        const uint32_t stb = sbase + slot * C::STAGE;
+        /* A registers (PTX m16n8k32 .u8): {row g, k 4t..}, {row g+8, k 4t..}, {row g, k 16+4t..}, {row g+8, k 16+4t..} */
+        uint32_t a[MTW][4];
+#pragma unroll
+        for (int m = 0; m < MTW; m++) {
+            const uint2 W = ((const uint2 *)st)[((wm * MTW + m) * 32 + lane) * 2 + kt];
+            a[m][0] = W.x & 0x0F0F0F0Fu;
+            a[m][1] = HI16 ? (W.x & 0xF0F0F0F0u) : ((W.x >> 4) & 0x0F0F0F0Fu);
+            a[m][2] = W.y & 0x0F0F0F0Fu;
+            a[m][3] = HI16 ? (W.y & 0xF0F0F0F0u) : ((W.y >> 4) & 0x0F0F0F0Fu);
+        }
+        const bool z = CZ && (GS == 1 || kt == 0); /* the group's first k-tile */
+#pragma unroll
+        for (int p = 0; p < NT / 2; p++) {
+            uint32_t b[4];
+            ldsm4(b, stb + boff[p] + kt * 32);
+#pragma unroll
+            for (int m = 0; m < MTW; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int(&dj)[4] = acc_i[m][2 * p + h];
+                    const uint32_t b0 = b[2 * h], b1 = b[2 * h + 1];
+                    const bool sgn = (2 * p + h) / TTW == 0;
+                    if (z && sgn)
+                        imma_s8_z(dj, a[m], b0, b1, I8_MAGIC);
+                    else if (z)
+                        imma_u8_z(dj, a[m], b0, b1, I8_MAGIC);
+                    else if (sgn)
+                        imma_s8(dj, a[m], b0, b1);
+                    else
+                        imma_u8(dj, a[m], b0, b1);
+                }
+        }
+        if (GS == 1)
+            flush(st, kt);
+        else if (GS == 2 ? kt == 1 : (kt == 1 && (kb & 1)))
+            flush(st, 0);
     };
 
     for (int kb = 0; kb < KB; kb++) {
@@ -353,53 +447,15 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, int sf,
             }
             cp_commit();
         }
-        const int slot = kb % I8_STAGES;
-        const unsigned char *st = i8_smem + slot * C::STAGE;
-        const uint32_t stb = sbase + slot * C::STAGE;
-        uint4 wa[I8_MTW];
-#pragma unroll
-        for (int m = 0; m < I8_MTW; m++)
-            wa[m] = ((const uint4 *)st)[(wm * I8_MTW + m) * 32 + lane];
-#pragma unroll
-        for (int kt = 0; kt < 2; kt++) {
-            /* A registers (PTX m16n8k32 .u8): {row g, k 4t..}, {row g+8, k 4t..}, {row g, k 16+4t..}, {row g+8, k 16+4t..} */
-            uint32_t a[I8_MTW][4];
-#pragma unroll
-            for (int m = 0; m < I8_MTW; m++) {
-                const uint32_t W0 = kt ? wa[m].z : wa[m].x, W1 = kt ? wa[m].w : wa[m].y;
-                a[m][0] = W0 & 0x0F0F0F0Fu;
-                a[m][1] = HI16 ? (W0 & 0xF0F0F0F0u) : ((W0 >> 4) & 0x0F0F0F0Fu);
-                a[m][2] = W1 & 0x0F0F0F0Fu;
-                a[m][3] = HI16 ? (W1 & 0xF0F0F0F0u) : ((W1 >> 4) & 0x0F0F0F0Fu);
-            }
-#pragma unroll
-            for (int p = 0; p < NT / 2; p++) {
-                uint32_t b[4];
-                ldsm4(b, stb + boff[p] + kt * 32);
-#pragma unroll
-                for (int m = 0; m < I8_MTW; m++) {
-                    if ((2 * p) / TTW == 0)
-                        imma_s8(acc_i[m][2 * p], a[m], b[0], b[1]);
-                    else
-                        imma_u8(acc_i[m][2 * p], a[m], b[0], b[1]);
-                    if ((2 * p + 1) / TTW == 0)
-                        imma_s8(acc_i[m][2 * p + 1], a[m], b[2], b[3]);
-                    else
-                        imma_u8(acc_i[m][2 * p + 1], a[m], b[2], b[3]);
-                }
-            }
-            if (GS == 1)
-                flush(st, kt);
-            else if (GS == 2 ? kt == 1 : (kt == 1 && (kb & 1)))
-                flush(st, 0);
-        }
+        ktile(kb, 0);
+        ktile(kb, 1);
     }
 
 #pragma unroll
-    for (int m = 0; m < I8_MTW; m++)
+    for (int m = 0; m < MTW; m++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int64_t r = (mt0 + wm * I8_MTW + m) * 16 + gq + 8 * h;
+            const int64_t r = (mt0 + wm * MTW + m) * 16 + gq + 8 * h;
             if (r >= rows)
                 continue;
             const float bv = bias ? __ldg(bias + r) : 0.f;
@@ -431,9 +487,10 @@ sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, f
     const int64_t nblk = (w->mt + I8_BMT - 1) / I8_BMT * ((T + i8cfg<D>::BT - 1) / i8cfg<D>::BT);
     if (nblk > INT32_MAX)
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul gemm i8: %lld blocks", (long long)nblk);
-    (void)cu_launch(k_gemm_i8<D, GS>, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)i8cfg<D>::SMEM, s, (const uint4 *)w->qr,
-                    (const uint32_t *)w->sr, w->sfmt, (const float *)w->bias, (int64_t)w->rows, (int64_t)w->mt,
-                    (int64_t)w->cols, (int64_t)w->groups, (const int8_t *)planes, (const float4 *)gc, T, y);
+    auto kern = w->sfmt != CS_BF16 ? k_gemm_i8<D, GS, true> : k_gemm_i8<D, GS, false>;
+    (void)cu_launch(kern, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)i8cfg<D>::SMEM, s, (const uint4 *)w->qr, (const uint32_t *)w->sr,
+                    (const float *)w->bias, (int64_t)w->rows, (int64_t)w->mt, (int64_t)w->cols, (int64_t)w->groups,
+                    (const int8_t *)planes, (const float4 *)gc, T, y);
     CU_CHECK_LAUNCH("matmul gemm i8");
     return SN_OK;
 }
@@ -452,12 +509,18 @@ sn_status i8_smem(K kern, size_t bytes, const cu_devinfo *di)
 
 sn_status cu_gemm_i8_init(const cu_devinfo *di)
 {
-    SN_TRY(i8_smem(k_gemm_i8<3, 1>, i8cfg<3>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<3, 2>, i8cfg<3>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<3, 4>, i8cfg<3>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<2, 1>, i8cfg<2>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<2, 2>, i8cfg<2>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<2, 4>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 1, false>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 1, true>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 2, false>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 2, true>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 4, false>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 4, true>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 1, false>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 1, true>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 2, false>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 2, true>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 4, false>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 4, true>, i8cfg<2>::SMEM, di));
     return SN_OK;
 }
 
