@@ -1201,7 +1201,7 @@ extern "C" sn_status sn_cuda_moe(sn_backend *b, const sn_weight *gate, const sn_
     rec r = rec_new(R_MOE);
     r.p[0] = gate; r.p[1] = up; r.p[2] = down; r.p[3] = logits; r.p[4] = x; r.p[5] = out;
     r.i[0] = top_k; r.i[1] = norm_topk ? 1 : 0; r.i[2] = T;
-    return submit(cb_of(b), r, cu_moe_scratch_bytes(&cb_of(b)->di, g, T, top_k));
+    return submit(cb_of(b), r, cu_moe_scratch_bytes(&cb_of(b)->di, g, u, dn, T, top_k));
 }
 
 extern "C" sn_status sn_cuda_begin_step(sn_backend *b)

@@ -86,10 +86,12 @@ struct i8cfg {
 static_assert(i8cfg<3>::NT % 2 == 0 && i8cfg<2>::NT % 2 == 0, "n-tiles go in pairs per ldmatrix.x4");
 static_assert(i8cfg<3>::STAGE % 128 == 0 && i8cfg<2>::STAGE % 128 == 0, "stages stay aligned");
 
-/* x -> digit planes, per token. G: quant group (32, 64, 128). */
+/* x -> digit planes, per token. G: quant group (32, 64, 128). Plane row t
+ * is x row t, or with rows_from (the MoE gather) x row rows_from[t] / k. */
 template <int D, int G>
 __global__ void __launch_bounds__(256) k_i8_stage(const float *__restrict__ x, int T, int64_t cols,
-                                                 int8_t *__restrict__ planes, float4 *__restrict__ gc)
+                                                 int8_t *__restrict__ planes, float4 *__restrict__ gc,
+                                                 const int32_t *__restrict__ rows_from, int k)
 {
     pdl_enter();
     constexpr int L = G / 4; /* lanes per group (4 columns each) */
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(256) k_i8_stage(const float *__restrict__ x, i
     constexpr int XMAX = (1 << XBITS) - 1;
     constexpr float KM = (float)(12582912.0 * (D == 3 ? 65793.0 : 257.0)); /* exact: 197379 * 2^22 / 771 * 2^22 */
     const int t = blockIdx.x, lane = threadIdx.x & 31;
-    const float *xr = x + (size_t)t * cols;
+    const float *xr = x + (size_t)(rows_from ? rows_from[t] / k : t) * cols;
     const int64_t n4 = cols / 4;
     /* warp-uniform trip count (every lane takes part in the shuffles); a
      * group never straddles live and dead lanes (cols % G == 0) */
@@ -199,14 +201,25 @@ __device__ __forceinline__ void imma_u8_z(int (&d)[4], const uint32_t (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(z));
 }
 
+/* The expert-grouped form (MoE prefill): plane rows are token/expert pairs
+ * sorted by expert, expert e's run [seg_off[e], seg_off[e] + cnt[e]);
+ * blk_off[e] = token blocks before expert e's (prefix of ceil(cnt / BT)),
+ * blk_off[E] = all. qr / sr hold the E experts' repacked matrices back to
+ * back (rows % 16 == 0, so no 16-row tile straddles two experts). */
+struct i8_seg {
+    const int *cnt, *seg_off, *blk_off;
+    int E;
+};
+
 /* GS: 32-column k-tiles per quant group (1, 2, 4); F16: scale pairs are
  * f16 (else bf16: a template parameter, as a runtime branch in the
- * epilogue it cost 12 %). */
-template <int D, int GS, bool F16>
+ * epilogue it cost 12 %); SEG: the expert-grouped form (MT = 16-row tiles
+ * per expert; no bias). */
+template <int D, int GS, bool F16, bool SEG>
 __global__ void __launch_bounds__(I8_THREADS, 1)
 k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const float *__restrict__ bias,
           int64_t rows, int64_t MT, int64_t cols, int64_t groups, const int8_t *__restrict__ planes,
-          const float4 *__restrict__ gc, int T, float *__restrict__ y)
+          const float4 *__restrict__ gc, int T, float *__restrict__ y, i8_seg sg)
 {
     using C = i8cfg<D>;
     constexpr bool HI16 = GS <= 2;       /* rows g+8 as 16 q (see the header) */
@@ -221,7 +234,30 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
     /* grouped raster: I8_GT token blocks side by side, row blocks in turn, so
      * the blocks resident at once share their weight tiles and x planes in L2 */
     int64_t rb, tb;
-    {
+    int tbase = 0, tend = T; /* the block's plane rows lie in [tbase, tend) */
+    const int KB = (int)(cols / 64);
+    if constexpr (SEG) {
+        /* which expert: the block counts are written by an earlier kernel */
+        pdl_wait();
+        const int64_t nrb = (MT + I8_BMT - 1) / I8_BMT, bid = blockIdx.x;
+        if (bid >= (int64_t)sg.blk_off[sg.E] * nrb)
+            return;
+        int lo = 0, hi = sg.E - 1; /* the last e with blk_off[e] * nrb <= bid */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if ((int64_t)sg.blk_off[mid] * nrb <= bid)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const int64_t loc = bid - (int64_t)sg.blk_off[lo] * nrb;
+        tb = loc / nrb;
+        rb = loc - tb * nrb;
+        tbase = sg.seg_off[lo];
+        tend = tbase + sg.cnt[lo];
+        qr += (size_t)lo * MT * KB * 32;
+        sr += (size_t)lo * MT * groups * 16;
+    } else {
         const int64_t nrb = (MT + I8_BMT - 1) / I8_BMT, ntb = (T + BT - 1) / BT, bid = blockIdx.x;
         const int64_t grp = bid / (nrb * I8_GT), loc = bid - grp * nrb * I8_GT;
         const int64_t gsz = ntb - grp * I8_GT < I8_GT ? ntb - grp * I8_GT : I8_GT;
@@ -229,8 +265,7 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         rb = loc / gsz;
     }
     const int64_t mt0 = rb * I8_BMT;
-    const int t0 = (int)(tb * BT);
-    const int KB = (int)(cols / 64);
+    const int t0 = tbase + (int)(tb * BT);
 
     /* each thread's copy sources for k-block 0 (advanced per block): A
      * tiles (16-byte chunk i: tile i/32, lane i%32), the D planes x BT token
@@ -255,7 +290,7 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         const int i = tid + r * I8_THREADS;
         const int row = i >> 2, c = i & 3, d = row / BT, t = t0 + row % BT;
         hasB[r] = i < D * BT * 4;
-        okB[r] = hasB[r] && t < T;
+        okB[r] = hasB[r] && t < tend;
         srcB[r] = planes + (okB[r] ? ((size_t)d * T + t) * cols + c * 16 : 0);
     }
     const bool hasS = tid < SUB * I8_BMT * 4;
@@ -264,7 +299,7 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
     const uint32_t *srcS = sr + (okS ? (mt0 + (tid / 4) % I8_BMT) * groups * 16 + 4 * (tid & 3) : 0);
     const bool hasC = tid < SUB * BT;
     const int subC = tid / BT;
-    const bool okC = hasC && t0 + tid % BT < T;
+    const bool okC = hasC && t0 + tid % BT < tend;
     const float4 *srcC = gc + (okC ? t0 + tid % BT : 0);
 
     auto load_w = [&](int kb, int slot) {
@@ -464,7 +499,7 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     const int t = t0 + (wn * TTW + tt) * 8 + 2 * tq + c;
-                    if (t < T) {
+                    if (t < tend) {
                         const float v = acc[m][tt][2 * h + c];
                         y[(size_t)t * rows + r] = bias ? __fadd_rn(v, bv) : v;
                     }
@@ -482,16 +517,85 @@ sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, f
 {
     int8_t *planes = (int8_t *)scratch;
     float4 *gc = (float4 *)((char *)scratch + planes_bytes(w, T, D));
-    (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)T), dim3(256), 0, s, x, T, (int64_t)w->cols, planes, gc);
+    (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)T), dim3(256), 0, s, x, T, (int64_t)w->cols, planes, gc,
+                    (const int32_t *)NULL, 1);
     CU_CHECK_LAUNCH("matmul gemm i8 stage");
     const int64_t nblk = (w->mt + I8_BMT - 1) / I8_BMT * ((T + i8cfg<D>::BT - 1) / i8cfg<D>::BT);
     if (nblk > INT32_MAX)
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul gemm i8: %lld blocks", (long long)nblk);
-    auto kern = w->sfmt != CS_BF16 ? k_gemm_i8<D, GS, true> : k_gemm_i8<D, GS, false>;
+    auto kern = w->sfmt != CS_BF16 ? k_gemm_i8<D, GS, true, false> : k_gemm_i8<D, GS, false, false>;
     (void)cu_launch(kern, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)i8cfg<D>::SMEM, s, (const uint4 *)w->qr, (const uint32_t *)w->sr,
                     (const float *)w->bias, (int64_t)w->rows, (int64_t)w->mt, (int64_t)w->cols, (int64_t)w->groups,
-                    (const int8_t *)planes, (const float4 *)gc, T, y);
+                    (const int8_t *)planes, (const float4 *)gc, T, y, i8_seg{});
     CU_CHECK_LAUNCH("matmul gemm i8");
+    return SN_OK;
+}
+
+/* ---- the expert-grouped form (MoE prefill) ---- */
+
+/* scratch of one staged input: planes [D][N][cols], column constants
+ * [groups][N], token-block prefix [E + 1] */
+struct moe_scr {
+    size_t planes, gc, blk, total;
+};
+moe_scr moe_scr_of(int64_t N, int64_t cols, int64_t groups, int64_t E, int D)
+{
+    moe_scr m;
+    m.planes = 0;
+    m.gc = ((size_t)D * N * cols + 255) / 256 * 256;
+    m.blk = m.gc + ((size_t)groups * N * sizeof(float4) + 255) / 256 * 256;
+    m.total = m.blk + (size_t)(E + 1) * sizeof(int) + 256;
+    return m;
+}
+
+/* blk_off[e] = sum over e' < e of ceil(cnt[e'] / BT) (one thread: E is small) */
+__global__ void k_i8_blk_scan(const int *__restrict__ cnt, int E, int BT, int *__restrict__ blk_off)
+{
+    pdl_enter();
+    if (threadIdx.x == 0) {
+        int a = 0;
+        for (int e = 0; e < E; e++) {
+            blk_off[e] = a;
+            a += (cnt[e] + BT - 1) / BT;
+        }
+        blk_off[E] = a;
+    }
+}
+
+template <int D, int GS>
+sn_status i8_moe_stage(cudaStream_t s, const cu_weight *w, const float *x, const int32_t *rows_from, int k,
+                       int64_t N, const int *cnt, void *scratch)
+{
+    const moe_scr m = moe_scr_of(N, w->cols, w->groups, w->n_experts, D);
+    char *b = (char *)scratch;
+    (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)N), dim3(256), 0, s, x, (int)N, (int64_t)w->cols,
+                    (int8_t *)(b + m.planes), (float4 *)(b + m.gc), rows_from, k);
+    CU_CHECK_LAUNCH("moe gemm i8 stage");
+    (void)cu_launch(k_i8_blk_scan, 1, 32, 0, s, cnt, (int)w->n_experts, i8cfg<D>::BT, (int *)(b + m.blk));
+    CU_CHECK_LAUNCH("moe gemm i8 scan");
+    return SN_OK;
+}
+
+template <int D, int GS>
+sn_status i8_moe_gemm(cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt, const int *seg_off, float *y,
+                      const void *scratch)
+{
+    const moe_scr m = moe_scr_of(N, w->cols, w->groups, w->n_experts, D);
+    const char *b = (const char *)scratch;
+    const int64_t mte = w->rows / 16, nrb = (mte + I8_BMT - 1) / I8_BMT;
+    const int64_t nblk = nrb * ((N + i8cfg<D>::BT - 1) / i8cfg<D>::BT + w->n_experts); /* a bound; the rest return */
+    if (nblk > INT32_MAX)
+        return SN_FAIL(SN_E_UNSUPPORTED, "moe gemm i8: %lld blocks", (long long)nblk);
+    i8_seg sg;
+    sg.cnt = cnt;
+    sg.seg_off = seg_off;
+    sg.blk_off = (const int *)(b + m.blk);
+    sg.E = (int)w->n_experts;
+    auto kern = w->sfmt != CS_BF16 ? k_gemm_i8<D, GS, true, true> : k_gemm_i8<D, GS, false, true>;
+    (void)cu_launch(kern, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)i8cfg<D>::SMEM, s, (const uint4 *)w->qr,
+                    (const uint32_t *)w->sr, (const float *)NULL, (int64_t)w->rows, mte, (int64_t)w->cols,
+                    (int64_t)w->groups, (const int8_t *)(b + m.planes), (const float4 *)(b + m.gc), (int)N, y, sg);
+    CU_CHECK_LAUNCH("moe gemm i8");
     return SN_OK;
 }
 
@@ -509,18 +613,30 @@ sn_status i8_smem(K kern, size_t bytes, const cu_devinfo *di)
 
 sn_status cu_gemm_i8_init(const cu_devinfo *di)
 {
-    SN_TRY(i8_smem(k_gemm_i8<3, 1, false>, i8cfg<3>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<3, 1, true>, i8cfg<3>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<3, 2, false>, i8cfg<3>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<3, 2, true>, i8cfg<3>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<3, 4, false>, i8cfg<3>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<3, 4, true>, i8cfg<3>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<2, 1, false>, i8cfg<2>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<2, 1, true>, i8cfg<2>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<2, 2, false>, i8cfg<2>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<2, 2, true>, i8cfg<2>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<2, 4, false>, i8cfg<2>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_i8<2, 4, true>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 1, false, false>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 1, false, true>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 1, true, false>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 1, true, true>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 2, false, false>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 2, false, true>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 2, true, false>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 2, true, true>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 4, false, false>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 4, false, true>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 4, true, false>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<3, 4, true, true>, i8cfg<3>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 1, false, false>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 1, false, true>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 1, true, false>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 1, true, true>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 2, false, false>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 2, false, true>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 2, true, false>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 2, true, true>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 4, false, false>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 4, false, true>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 4, true, false>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_i8<2, 4, true, true>, i8cfg<2>::SMEM, di));
     return SN_OK;
 }
 
@@ -538,9 +654,9 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
     (void)di;
     if (T <= 0)
         return SN_OK;
-    if (!w->qr || !w->sr || w->cols % 64 || (w->group != 32 && w->group != 64 && w->group != 128) ||
+    if (!cu_repacked_plain(w) || w->cols % 64 || (w->group != 32 && w->group != 64 && w->group != 128) ||
         w->sfmt == CS_F32)
-        return SN_FAIL(SN_E_INVALID, "matmul gemm i8: weight is not repacked Q4");
+        return SN_FAIL(SN_E_INVALID, "matmul gemm i8: weight is not a repacked Q4 matrix");
     if (digits == 2) {
         switch (w->group) {
         case 32: return i8_launch<2, 1>(s, w, x, T, y, scratch);
@@ -552,5 +668,58 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
     case 32: return i8_launch<3, 1>(s, w, x, T, y, scratch);
     case 64: return i8_launch<3, 2>(s, w, x, T, y, scratch);
     default: return i8_launch<3, 4>(s, w, x, T, y, scratch);
+    }
+}
+
+bool cu_gemm_i8_moe_ok(const cu_devinfo *di, const cu_weight *w)
+{
+    return di->gemm_i8 && w->qr && w->sr && w->n_experts >= 1 && w->rows % 16 == 0 && w->cols % 64 == 0 &&
+           (w->group == 32 || w->group == 64 || w->group == 128) && w->sfmt != CS_F32;
+}
+
+size_t cu_gemm_i8_moe_scratch_bytes(const cu_weight *w, int64_t N, int digits)
+{
+    return moe_scr_of(N, w->cols, w->groups, w->n_experts, digits == 2 ? 2 : 3).total;
+}
+
+sn_status cu_gemm_i8_moe_stage(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x,
+                               const int32_t *rows_from, int k, int64_t N, const int *cnt, void *scratch)
+{
+    if (!cu_gemm_i8_moe_ok(di, w))
+        return SN_FAIL(SN_E_INVALID, "moe gemm i8: expert stack is not repacked Q4");
+    if (N <= 0)
+        return SN_OK;
+    if (di->gemm_i8 == 2) {
+        switch (w->group) {
+        case 32: return i8_moe_stage<2, 1>(s, w, x, rows_from, k, N, cnt, scratch);
+        case 64: return i8_moe_stage<2, 2>(s, w, x, rows_from, k, N, cnt, scratch);
+        default: return i8_moe_stage<2, 4>(s, w, x, rows_from, k, N, cnt, scratch);
+        }
+    }
+    switch (w->group) {
+    case 32: return i8_moe_stage<3, 1>(s, w, x, rows_from, k, N, cnt, scratch);
+    case 64: return i8_moe_stage<3, 2>(s, w, x, rows_from, k, N, cnt, scratch);
+    default: return i8_moe_stage<3, 4>(s, w, x, rows_from, k, N, cnt, scratch);
+    }
+}
+
+sn_status cu_gemm_i8_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt,
+                         const int *seg_off, float *y, const void *scratch)
+{
+    if (!cu_gemm_i8_moe_ok(di, w))
+        return SN_FAIL(SN_E_INVALID, "moe gemm i8: expert stack is not repacked Q4");
+    if (N <= 0)
+        return SN_OK;
+    if (di->gemm_i8 == 2) {
+        switch (w->group) {
+        case 32: return i8_moe_gemm<2, 1>(s, w, N, cnt, seg_off, y, scratch);
+        case 64: return i8_moe_gemm<2, 2>(s, w, N, cnt, seg_off, y, scratch);
+        default: return i8_moe_gemm<2, 4>(s, w, N, cnt, seg_off, y, scratch);
+        }
+    }
+    switch (w->group) {
+    case 32: return i8_moe_gemm<3, 1>(s, w, N, cnt, seg_off, y, scratch);
+    case 64: return i8_moe_gemm<3, 2>(s, w, N, cnt, seg_off, y, scratch);
+    default: return i8_moe_gemm<3, 4>(s, w, N, cnt, seg_off, y, scratch);
     }
 }

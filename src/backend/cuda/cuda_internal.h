@@ -101,16 +101,22 @@ typedef struct cu_weight {
     void *q;              /* packed words or dense values */
     void *sb;             /* interleaved (scale, bias) pairs */
     float *bias;          /* optional linear bias [rows] */
-    /* Q4 repacked for the integer tensor-core GEMV (cu_repack_q4), NULL when
-     * the weight does not qualify: mt tiles of 16 rows, per tile and 64
-     * columns one uint4 per lane holding that lane's mma.m16n8k32 A
-     * fragments of two k-tiles; sr the (scale, bias) pairs as [mt][group][16]. */
+    /* Q4 repacked for the integer tensor-core GEMV and GEMMs (cu_repack_q4),
+     * NULL when the weight does not qualify: mt tiles of 16 rows, per tile
+     * and 64 columns one uint4 per lane holding that lane's mma.m16n8k32 A
+     * fragments of two k-tiles; sr the (scale, bias) pairs as [mt][group][16].
+     * An expert stack (rows % 16 == 0) is repacked as one [E * rows] matrix,
+     * for the MoE prefill GEMM only (cu_repacked_plain tells the two apart). */
     uint4 *qr;
     void *sr;
     int64_t mt;
     size_t bytes;         /* device bytes held */
     struct cu_weight *next; /* the backend's list, freed on destroy */
 } cu_weight;
+
+/* a repacked copy of a plain matrix (expert stacks may carry one too, for
+ * the MoE prefill GEMM only) */
+static inline bool cu_repacked_plain(const cu_weight *w) { return w->qr && w->n_experts == 1; }
 
 /* ---- matmul family (cuda_matmul.cu) ---- */
 
@@ -158,6 +164,17 @@ sn_status cu_gemm_i8_init(const cu_devinfo *di); /* from cu_matmul_init: shared 
 size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits);
 sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x, int T, float *y,
                      void *scratch, int digits);
+/* The expert-grouped form for the MoE prefill: an expert stack repacked as
+ * one tall matrix (rows % 16 == 0), plane rows = token/expert pairs sorted
+ * by expert (cnt[e] of them from seg_off[e]). Stage once per input (gate
+ * and up share one), then one GEMM per stack; y[pair][rows]. scratch:
+ * cu_gemm_i8_moe_scratch_bytes(w, N, digits) per staged input. */
+bool cu_gemm_i8_moe_ok(const cu_devinfo *di, const cu_weight *w);
+size_t cu_gemm_i8_moe_scratch_bytes(const cu_weight *w, int64_t N, int digits);
+sn_status cu_gemm_i8_moe_stage(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x,
+                               const int32_t *rows_from, int k, int64_t N, const int *cnt, void *scratch);
+sn_status cu_gemm_i8_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt,
+                         const int *seg_off, float *y, const void *scratch);
 /* [gemm_i8] end */
 
 /* Raise the dynamic shared memory limit of every kernel that needs more
@@ -207,7 +224,8 @@ sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int
 /* MoE FFN over the experts of one layer for T tokens, routing on the GPU:
  * softmax(logits[t]) -> top_k -> (renormalised when norm_topk) weights;
  * out[t] = sum_j w_j * down_e(silu(gate_e x_t) * up_e x_t). */
-size_t cu_moe_scratch_bytes(const cu_devinfo *di, const cu_weight *gate, int T, int top_k);
+size_t cu_moe_scratch_bytes(const cu_devinfo *di, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
+                            int T, int top_k);
 sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, const cu_weight *up,
                  const cu_weight *down, const float *logits, int top_k, int norm_topk, const float *x, int T,
                  float *out, void *scratch);

@@ -2508,7 +2508,7 @@ bool gi_size_ok(const cu_devinfo *di, int64_t qbytes, int64_t cols)
 
 bool gi_ok(const cu_devinfo *di, const cu_weight *w, const float *x, int T)
 {
-    return di->gemv_i8 && w->qr && T >= 1 && T <= GI_TMAX && ((uintptr_t)x & 15) == 0;
+    return di->gemv_i8 && cu_repacked_plain(w) && T >= 1 && T <= GI_TMAX && ((uintptr_t)x & 15) == 0;
 }
 
 /* T <= GI_TMAX tokens in one pass through the repacked segments of g: x to
@@ -2641,8 +2641,8 @@ static bool use_blas(const cu_devinfo *di, const cu_weight *w, int T)
 size_t cu_matmul_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T)
 {
     if (T < GEMM_MIN_T)
-        return w->qr && T <= GI_TMAX ? gi_x_bytes(w->cols, w->groups, T) : 0;
-    if (w->qr && di->gemm_i8) /* [gemm_i8] */
+        return cu_repacked_plain(w) && T <= GI_TMAX ? gi_x_bytes(w->cols, w->groups, T) : 0;
+    if (cu_repacked_plain(w) && di->gemm_i8) /* [gemm_i8] */
         return cu_gemm_i8_scratch_bytes(w, T, di->gemm_i8);
     int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK), nseg = di->gemm_fast ? 1 : 3;
     size_t a = (size_t)round_up((int64_t)(Tp * nseg * Kp * sizeof(__half)), 256) + (size_t)round_up(Tp * 4, 256);
@@ -2656,7 +2656,7 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
         return SN_OK;
     int64_t e = expert;
     if (T >= GEMM_MIN_T) {
-        if (e == 0 && w->qr && di->gemm_i8) /* [gemm_i8] */
+        if (e == 0 && cu_repacked_plain(w) && di->gemm_i8) /* [gemm_i8] */
             return cu_gemm_i8(di, s, w, x, T, y, scratch, di->gemm_i8);
         int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK);
         int nseg = di->gemm_fast ? 1 : 3;
@@ -2726,12 +2726,15 @@ sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int
 
 /* Scratch of the grouped (prefill) path; the layout is walked the same way in cu_moe. */
 struct moe_layout {
-    size_t idx, wts, cnt, seg, tile, perm, pos, sig, xh, g, u, sig2, ah, yd, total;
+    size_t idx, wts, cnt, seg, tile, perm, pos, sig, xh, g, u, sig2, ah, yd, i8, total;
+    bool int8; /* [gemm_i8] the integer GEMMs (all three stacks repacked) */
 };
 
-static moe_layout moe_plan(const cu_devinfo *di, const cu_weight *gate, int T, int k)
+static moe_layout moe_plan(const cu_devinfo *di, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
+                           int T, int k)
 {
     moe_layout L;
+    L.int8 = cu_gemm_i8_moe_ok(di, gate) && cu_gemm_i8_moe_ok(di, up) && cu_gemm_i8_moe_ok(di, down);
     int64_t N = (int64_t)T * k, E = gate->n_experts, I = gate->rows, H = gate->cols;
     int64_t nseg = di->gemm_fast ? 1 : 3, KpH = round_up(H, BK), KpI = round_up(I, BK), Np = N + BM;
     size_t o = 0;
@@ -2743,21 +2746,28 @@ static moe_layout moe_plan(const cu_devinfo *di, const cu_weight *gate, int T, i
     L.tile = take(4 * (E + 1));
     L.perm = take(4 * N);
     L.pos = take(4 * N);
-    L.sig = take(4 * Np);
-    L.xh = take(2 * Np * nseg * KpH);
+    /* the fp16 GEMMs' inputs (not needed by the integer ones) */
+    const int64_t f16 = L.int8 ? 0 : 1;
+    L.sig = take(f16 * 4 * Np);
+    L.xh = take(f16 * 2 * Np * nseg * KpH);
     L.g = take(4 * N * I);
     L.u = take(4 * N * I);
-    L.sig2 = take(4 * Np);
-    L.ah = take(2 * Np * nseg * KpI);
+    L.sig2 = take(f16 * 4 * Np);
+    L.ah = take(f16 * 2 * Np * nseg * KpI);
     L.yd = take(4 * N * H);
+    /* one staged input at a time: x for gate/up, then the activation for down */
+    L.i8 = L.int8 ? take(std::max(cu_gemm_i8_moe_scratch_bytes(gate, N, di->gemm_i8),
+                                  cu_gemm_i8_moe_scratch_bytes(down, N, di->gemm_i8)))
+                  : o;
     L.total = o + 256;
     return L;
 }
 
-size_t cu_moe_scratch_bytes(const cu_devinfo *di, const cu_weight *gate, int T, int top_k)
+size_t cu_moe_scratch_bytes(const cu_devinfo *di, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
+                            int T, int top_k)
 {
     if (T >= MOE_GEMM_MIN_T)
-        return moe_plan(di, gate, T, top_k).total;
+        return moe_plan(di, gate, up, down, T, top_k).total;
     return (size_t)T * top_k * (sizeof(int32_t) + sizeof(float)) + 1024 +
            (size_t)T * top_k * (gate->rows + gate->cols) * sizeof(float);
 }
@@ -2781,7 +2791,7 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
                              const cu_weight *down, const float *logits, int k, int norm_topk, const float *x, int T,
                              float *out, void *scratch)
 {
-    moe_layout L = moe_plan(di, gate, T, k);
+    moe_layout L = moe_plan(di, gate, up, down, T, k);
     char *b = (char *)scratch;
     int32_t *idx = (int32_t *)(b + L.idx), *perm = (int32_t *)(b + L.perm), *pos = (int32_t *)(b + L.pos);
     float *wts = (float *)(b + L.wts), *sig = (float *)(b + L.sig), *g = (float *)(b + L.g), *u = (float *)(b + L.u);
@@ -2798,26 +2808,38 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
     CU_CHECK_LAUNCH("moe scan");
     (void)cu_launch(k_moe_fill, (unsigned)E, 256, 0, s, idx, (int)N, seg, perm, pos);
     CU_CHECK_LAUNCH("moe fill");
-    /* gathered rows of x (row r = token perm[r] / k), fp16 with padding rows */
-    (void)cu_launch(k_x_to_f16, (unsigned)(N + BM), 256, 0, s, x, (int)N, H, KpH, nseg, xh, sig, perm, k);
-    CU_CHECK_LAUNCH("moe gather");
-    if (gate->fmt == CW_Q4) {
-        SN_TRY(moe_gemm<CW_Q4>(di, s, gate, xh, sig, KpH, nseg, N, cnt, seg, tile, g));
-        SN_TRY(moe_gemm<CW_Q4>(di, s, up, xh, sig, KpH, nseg, N, cnt, seg, tile, u));
-    } else {
-        SN_TRY(moe_gemm<CW_Q8>(di, s, gate, xh, sig, KpH, nseg, N, cnt, seg, tile, g));
-        SN_TRY(moe_gemm<CW_Q8>(di, s, up, xh, sig, KpH, nseg, N, cnt, seg, tile, u));
-    }
     size_t ni = (size_t)N * I;
-    (void)cu_launch(k_silu_mul, (unsigned)((ni + 255) / 256 > 8192 ? 8192 : (ni + 255) / 256), 256, 0, s, g, u, ni);
-    CU_CHECK_LAUNCH("moe swiglu");
-    (void)cu_launch(k_x_to_f16, (unsigned)(N + BM), 256, 0, s, g, (int)N, I, KpI, nseg, ah, sig2,
-                    (const int32_t *)NULL, 1);
-    CU_CHECK_LAUNCH("moe act->f16");
-    if (down->fmt == CW_Q4)
-        SN_TRY(moe_gemm<CW_Q4>(di, s, down, ah, sig2, KpI, nseg, N, cnt, seg, tile, yd));
-    else
-        SN_TRY(moe_gemm<CW_Q8>(di, s, down, ah, sig2, KpI, nseg, N, cnt, seg, tile, yd));
+    const unsigned sw_grid = (unsigned)((ni + 255) / 256 > 8192 ? 8192 : (ni + 255) / 256);
+    if (L.int8) { /* [gemm_i8] x gathered into digit planes, gate and up from one staging */
+        void *i8 = b + L.i8;
+        SN_TRY(cu_gemm_i8_moe_stage(di, s, gate, x, perm, k, N, cnt, i8));
+        SN_TRY(cu_gemm_i8_moe(di, s, gate, N, cnt, seg, g, i8));
+        SN_TRY(cu_gemm_i8_moe(di, s, up, N, cnt, seg, u, i8));
+        (void)cu_launch(k_silu_mul, sw_grid, 256, 0, s, g, u, ni);
+        CU_CHECK_LAUNCH("moe swiglu");
+        SN_TRY(cu_gemm_i8_moe_stage(di, s, down, g, (const int32_t *)NULL, 1, N, cnt, i8));
+        SN_TRY(cu_gemm_i8_moe(di, s, down, N, cnt, seg, yd, i8));
+    } else {
+        /* gathered rows of x (row r = token perm[r] / k), fp16 with padding rows */
+        (void)cu_launch(k_x_to_f16, (unsigned)(N + BM), 256, 0, s, x, (int)N, H, KpH, nseg, xh, sig, perm, k);
+        CU_CHECK_LAUNCH("moe gather");
+        if (gate->fmt == CW_Q4) {
+            SN_TRY(moe_gemm<CW_Q4>(di, s, gate, xh, sig, KpH, nseg, N, cnt, seg, tile, g));
+            SN_TRY(moe_gemm<CW_Q4>(di, s, up, xh, sig, KpH, nseg, N, cnt, seg, tile, u));
+        } else {
+            SN_TRY(moe_gemm<CW_Q8>(di, s, gate, xh, sig, KpH, nseg, N, cnt, seg, tile, g));
+            SN_TRY(moe_gemm<CW_Q8>(di, s, up, xh, sig, KpH, nseg, N, cnt, seg, tile, u));
+        }
+        (void)cu_launch(k_silu_mul, sw_grid, 256, 0, s, g, u, ni);
+        CU_CHECK_LAUNCH("moe swiglu");
+        (void)cu_launch(k_x_to_f16, (unsigned)(N + BM), 256, 0, s, g, (int)N, I, KpI, nseg, ah, sig2,
+                        (const int32_t *)NULL, 1);
+        CU_CHECK_LAUNCH("moe act->f16");
+        if (down->fmt == CW_Q4)
+            SN_TRY(moe_gemm<CW_Q4>(di, s, down, ah, sig2, KpI, nseg, N, cnt, seg, tile, yd));
+        else
+            SN_TRY(moe_gemm<CW_Q8>(di, s, down, ah, sig2, KpI, nseg, N, cnt, seg, tile, yd));
+    }
     size_t nt = (size_t)T * H;
     (void)cu_launch(k_moe_combine, (unsigned)((nt + 255) / 256 > 8192 ? 8192 : (nt + 255) / 256), 256, 0, s, yd, wts, pos, T, k,
                                                                                                H, out);
@@ -2958,16 +2980,18 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
 
 bool cu_repack_q4_ok(const cu_weight *w)
 {
-    /* bf16/f16 scale pairs (4 bytes): what MLX checkpoints carry */
-    return w->fmt == CW_Q4 && w->sfmt != CS_F32 && w->n_experts == 1 && (w->group == 32 || w->group == 64 || w->group == 128) &&
-           w->cols % 64 == 0 && w->rows > 0 && w->cols > 0;
+    /* bf16/f16 scale pairs (4 bytes): what MLX checkpoints carry; an expert
+     * stack is repacked as one tall matrix, so its experts' rows must fill
+     * whole 16-row tiles */
+    return w->fmt == CW_Q4 && w->sfmt != CS_F32 && (w->n_experts == 1 || w->rows % 16 == 0) &&
+           (w->group == 32 || w->group == 64 || w->group == 128) && w->cols % 64 == 0 && w->rows > 0 && w->cols > 0;
 }
 
 sn_status cu_repack_q4(cudaStream_t s, cu_weight *w, size_t *bytes)
 {
     if (!cu_repack_q4_ok(w))
         return SN_OK;
-    const int64_t MT = (w->rows + 15) / 16, KB = w->cols / 64;
+    const int64_t rows = w->rows * w->n_experts, MT = (rows + 15) / 16, KB = w->cols / 64;
     const size_t pb = w->sfmt == CS_F32 ? 8 : 4;
     const size_t qb = (size_t)MT * KB * 32 * sizeof(uint4), sbb = (size_t)MT * w->groups * 16 * pb;
     uint4 *qr = NULL;
@@ -2977,8 +3001,8 @@ sn_status cu_repack_q4(cudaStream_t s, cu_weight *w, size_t *bytes)
         cudaFree(qr);
         return SN_FAIL(SN_E_NOMEM, "upload_weight: repacked copy of %zu bytes: %s", qb + sbb, cudaGetErrorString(e));
     }
-    k_repack_q4<<<2048, 256, 0, s>>>((const uint32_t *)w->q, w->rows, w->words, MT, KB, qr);
-    k_repack_sb<<<1024, 256, 0, s>>>(w->sb, (int)pb, w->rows, w->groups, MT, sr);
+    k_repack_q4<<<2048, 256, 0, s>>>((const uint32_t *)w->q, rows, w->words, MT, KB, qr);
+    k_repack_sb<<<1024, 256, 0, s>>>(w->sb, (int)pb, rows, w->groups, MT, sr);
     e = cudaGetLastError();
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(s);
