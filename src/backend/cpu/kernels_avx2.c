@@ -363,6 +363,20 @@ AI void q4i_pair(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
 #pragma GCC unroll 8
         for (int i = 0; i < RB; i++)
             _mm_prefetch((const char *)wg + i * rb + a->pf_off, _MM_HINT_T0);
+    if (P == 1) { /* row by row: 2 live nibble vectors, not 2*RB (16 ymm registers) */
+#pragma GCC unroll 8
+        for (int i = 0; i < RB; i++) {
+            __m256i q1[2];
+            q4i_unpack(wg + i * rb, q1, 64);
+#pragma GCC unroll 8
+            for (int t = 0; t < TB; t++) {
+                __m256i I = q4i_dot(q1, xr + t * xstride, 64, P);
+                __m256 cv = _mm256_set_m128(_mm_broadcast_ss(&c[i][t][j + 1]), _mm_broadcast_ss(&c[i][t][j]));
+                acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), cv, acc[i][t]);
+            }
+        }
+        return;
+    }
     __m256i q[K_RMAX][2];
 #pragma GCC unroll 8
     for (int i = 0; i < RB; i++)
@@ -437,6 +451,20 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
 #pragma GCC unroll 8
                 for (int i = 0; i < RB; i++)
                     _mm_prefetch((const char *)wg + i * rb + pf, _MM_HINT_T0);
+            if (P == 1) { /* row by row, as in q4i_pair */
+#pragma GCC unroll 8
+                for (int i = 0; i < RB; i++) {
+                    __m256i q1[4];
+                    q4i_unpack(wg + i * rb, q1, G);
+#pragma GCC unroll 8
+                    for (int t = 0; t < TB; t++) {
+                        __m256i I = q4i_dot(q1, xr + t * xstride + (size_t)g * G, G, P);
+                        acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_broadcast_ss(&c[i][t][j]),
+                                                    acc[i][t]);
+                    }
+                }
+                continue;
+            }
             __m256i q[K_RMAX][4];
 #pragma GCC unroll 8
             for (int i = 0; i < RB; i++)
@@ -465,12 +493,16 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
 /* Blocking as q_mm_gs (kernels_simd.h): decode Q4I_RB rows per tile,
  * prefill row tiles with TB_MAX tokens at a time (1, 3 or 4 tokens per
  * tile measured the same: the per-token multiply work dominates). */
+#ifndef Q4X8_RB
+#define Q4X8_RB 4
+#endif
 AI void q4i_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G, const int P)
 {
     if (a->T == 1) {
+        const int RB = P == 1 ? Q4X8_RB : Q4I_RB;
         int64_t r = r0;
-        for (; r + Q4I_RB <= r1; r += Q4I_RB)
-            q4i_tile(a, r, 0, Q4I_RB, 1, G, P);
+        for (; r + RB <= r1; r += RB)
+            q4i_tile(a, r, 0, RB, 1, G, P);
         for (; r < r1; r++)
             q4i_tile(a, r, 0, 1, 1, G, P);
         return;
