@@ -216,7 +216,10 @@ static void avx2_prep_q4i_128(const float *x, int64_t cols, float *xp) { q4i_pre
  * checks exactly that bound). Record of a token (4*cols bytes at xp):
  *   bytes [G*g, G*g + G): the plane of group g, in the exact path's column
  *   order (chunks of min(G, 64): even columns, then odd; for G = 32 the
- *   groups 2k, 2k+1 interleaved as one chunk of 64, a last odd group alone);
+ *   groups 2k, 2k+1 interleaved as one chunk of 64; for G = 64 the groups
+ *   2k, 2k+1 as one unit of 128 bytes with g in the low 16 bytes of each
+ *   32 and g+1 in the high ones (q4x8_unpack_pair64), one vpmaddwd,
+ *   conversion and FMA per pair as for G = 32; a last odd group alone);
  *   then, from byte cols, float d[ng] and float xs[ng] = the group's sum
  *   of x (8 lanes summed in column order, then avx2_hsum).
  * A group with a non-finite x gets X = 0 and d = xs = NaN, so that token's
@@ -268,6 +271,13 @@ AI void q4x8_prep(const float *x, int64_t cols, float *xp, const int G)
                 if (G == 32) {
                     const int U = (g & 1) || g + 1 < ng ? 64 : 32;
                     dst = plane + 32 * (g & ~(int64_t)1) + par * (U / 2) + (g & 1) * 16;
+                }
+                if (G == 64 && ((g & 1) || g + 1 < ng)) { /* pairs of groups of 64, see q4x8_unpack_pair64 */
+                    __m256i v = q4i_pack32(X[par][0], X[par][1], X[par][2], X[par][3]);
+                    int8_t *u = plane + 64 * (g & ~(int64_t)1) + par * 32 + (g & 1) * 16;
+                    _mm_storeu_si128((__m128i *)u, _mm256_castsi256_si128(v));
+                    _mm_storeu_si128((__m128i *)(u + 64), _mm256_extracti128_si256(v, 1));
+                    continue;
                 }
                 if (C == 64)
                     _mm256_storeu_si256((__m256i *)dst, q4i_pack32(X[par][0], X[par][1], X[par][2], X[par][3]));
@@ -347,30 +357,51 @@ AI __m256 q4i_load8(const uint8_t *p, sn_dtype dt, int64_t i)
     }
 }
 
+/* The 64 weight bytes of groups g, g+1 of 64 (8-bit activation path) as
+ * four vectors of nibbles, group g in the low 128-bit lane and g+1 in the
+ * high one: [lo | hi nibbles] of bytes 0-15, then of bytes 16-31 of each
+ * group (so the record's 128-byte unit is E1 E1' O1 O1' E2 E2' O2 O2' in
+ * 16-byte pieces: even/odd columns of the first/second 32 columns). */
+AI void q4x8_unpack_pair64(const uint8_t *w, __m256i *q)
+{
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    __m256i A = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)w)),
+                                        _mm_loadu_si128((const __m128i *)(w + 32)), 1);
+    __m256i B = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + 16))),
+                                        _mm_loadu_si128((const __m128i *)(w + 48)), 1);
+    q[0] = _mm256_and_si256(A, nib);
+    q[1] = _mm256_and_si256(_mm256_srli_epi16(A, 4), nib);
+    q[2] = _mm256_and_si256(B, nib);
+    q[3] = _mm256_and_si256(_mm256_srli_epi16(B, 4), nib);
+}
+
 /* Two groups of 32 (g even, g+1) as one unit of 64 columns: their 32
  * weight bytes and their records are laid out as one group of 64 (q4i_prep),
  * so the unit costs what a group of 64 does; i32 lanes 0-3 then hold group
  * g's integer dot and lanes 4-7 group g+1's, and the FMA takes
  * [c_g x4, c_g+1 x4]. j indexes c, the 8-group block's s * es. */
 AI void q4i_pair(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int TB, int64_t g,
-                 float (*c)[K_TMAX][8], int j, __m256 (*acc)[K_TMAX], const int P)
+                 float (*c)[K_TMAX][8], int j, __m256 (*acc)[K_TMAX], const int P, const int G)
 {
     const cpu_mat *m = a->m;
     const size_t rb = m->row_bytes, xstride = (size_t)m->cols * 4;
-    const uint8_t *wg = m->data + (size_t)r * rb + (size_t)g * 16;
-    const int8_t *xr = (const int8_t *)(a->xp + (size_t)t0 * m->cols) + (size_t)g * 32 * P;
-    if (a->pf_off && ((g * 16) & 63) == 0)
+    const uint8_t *wg = m->data + (size_t)r * rb + (size_t)g * (G / 2);
+    const int8_t *xr = (const int8_t *)(a->xp + (size_t)t0 * m->cols) + (size_t)g * G * P;
+    if (a->pf_off && ((g * (G / 2)) & 63) == 0)
 #pragma GCC unroll 8
         for (int i = 0; i < RB; i++)
             _mm_prefetch((const char *)wg + i * rb + a->pf_off, _MM_HINT_T0);
-    if (P == 1) { /* row by row: 2 live nibble vectors, not 2*RB (16 ymm registers) */
+    if (P == 1) { /* row by row: 2 or 4 live nibble vectors, not 2*RB (16 ymm registers) */
 #pragma GCC unroll 8
         for (int i = 0; i < RB; i++) {
-            __m256i q1[2];
-            q4i_unpack(wg + i * rb, q1, 64);
+            __m256i q1[4];
+            if (G == 64)
+                q4x8_unpack_pair64(wg + i * rb, q1);
+            else
+                q4i_unpack(wg + i * rb, q1, 64);
 #pragma GCC unroll 8
             for (int t = 0; t < TB; t++) {
-                __m256i I = q4i_dot(q1, xr + t * xstride, 64, P);
+                __m256i I = q4i_dot(q1, xr + t * xstride, 2 * G, P);
                 __m256 cv = _mm256_set_m128(_mm_broadcast_ss(&c[i][t][j + 1]), _mm_broadcast_ss(&c[i][t][j]));
                 acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), cv, acc[i][t]);
             }
@@ -441,9 +472,9 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
             }
         }
         int j = 0;
-        if (G == 32) /* groups g, g+1 as one unit of 64 columns (see q4i_pair) */
+        if (G == 32 || (G == 64 && P == 1)) /* groups g, g+1 as one unit (see q4i_pair) */
             for (; j + 1 < n; j += 2)
-                q4i_pair(a, r, t0, RB, TB, g8 + j, c, j, acc, P);
+                q4i_pair(a, r, t0, RB, TB, g8 + j, c, j, acc, P, G);
         for (; j < n; j++) {
             const int64_t g = g8 + j;
             const uint8_t *wg = w0 + (size_t)g * gbytes;
