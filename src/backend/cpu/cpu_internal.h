@@ -63,8 +63,8 @@ typedef struct {
     void (*prep_q4i[3])(const float *x, int64_t cols, float *xp);
     cpu_mm_fn mm_q4i;
     /* Optional opt-in approximate Q4 path (SANCTUM_CPU_Q4=q8; NULL where
-     * absent): x quantized per token and group to 8 bits, records of the
-     * same size and the same indexing as prep_q4i's (kernels_avx2.c). */
+     * absent): x quantized per token and group to 8 bits, one record of
+     * 4*cols bytes per token in xp as prep_q4i's (layout: kernels_avx2.c). */
     void (*prep_q4x8[3])(const float *x, int64_t cols, float *xp);
     cpu_mm_fn mm_q4x8;
     /* Vector primitives for the ops built on them (attention, GDN, norms). */

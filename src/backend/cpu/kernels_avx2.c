@@ -1,7 +1,8 @@
 /* AVX2 + FMA + F16C kernels; compiled with those flags and only reached
  * through cpu_kernels_avx2 once the CPU check passed. Bodies are in
- * kernels_simd.h, except the exact integer Q4 path below (this table
- * only; AVX-512 keeps its float Q4 kernel). */
+ * kernels_simd.h, except the exact integer Q4 path and the opt-in 8-bit
+ * activation Q4 path below (this table only; AVX-512 keeps its float Q4
+ * kernel). */
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
@@ -202,7 +203,8 @@ static void avx2_prep_q4i_128(const float *x, int64_t cols, float *xp) { q4i_pre
  * the exact path's three vpmaddubsw per 32 weights bind: x is quantized per
  * token and weight group to one signed byte plane, and the same tile code
  * as above (q4i_tile with P = 1) takes one vpmaddubsw per 32 weights and
- * one vpmaddwd per group. Only the s_g * sum(q * x) part is approximated;
+ * one vpmaddwd, conversion and FMA per group (per two groups for G = 32
+ * and 64, see q4i_pair). Only the s_g * sum(q * x) part is approximated;
  * the bias part b_g * sum(x) uses the group's float sum of x.
  *
  * x preparation (q4x8_prep), per token and group g of G columns: with
