@@ -223,7 +223,8 @@ static void avx2_prep_q4i_128(const float *x, int64_t cols, float *xp) { q4i_pre
  *   32 and g+1 in the high ones (q4x8_unpack_pair64), one vpmaddwd,
  *   conversion and FMA per pair as for G = 32; a last odd group alone);
  *   then, from byte cols, float d[ng] and float xs[ng] = the group's sum
- *   of x (8 lanes summed in column order, then avx2_hsum).
+ *   of x (8 lanes summed in column order, then avx2_hsum; a float sum, as
+ *   the float kernel's gsum, not the exact path's integer one).
  * A group with a non-finite x gets X = 0 and d = xs = NaN, so that token's
  * outputs are NaN, as on the exact path. */
 AI void q4x8_prep(const float *x, int64_t cols, float *xp, const int G)
@@ -338,10 +339,12 @@ AI __m256i q4i_combine(__m256i t, __m256i m, __m256i l)
     return _mm256_add_epi32(_mm256_add_epi32(T, M), _mm256_madd_epi16(l, one));
 }
 
-/* The i32 lanes of one row's group dot with a token's record: P = 3 digit
- * planes (the exact path, q4i_combine) or P = 1 int8 plane (the 8-bit
- * activation path below: |lane| <= G/16 * 2*15*127 < 2^15 before the
- * vpmaddwd, so the i16 sum of q4i_plane cannot saturate either). */
+/* The i32 lanes of one row's group dot with a token's record (G columns
+ * here: one group, or a pair of groups of 32 or 64): P = 3 digit planes
+ * (the exact path, q4i_combine) or P = 1 int8 plane (the 8-bit activation
+ * path below: an i16 lane of q4i_plane is <= G/32 * 2*15*127 <= 15240 for
+ * G <= 128, so its sum cannot saturate, and |X| <= 127 keeps each
+ * vpmaddubsw pair below 2^15 too). */
 AI __m256i q4i_dot(const __m256i *q, const int8_t *rec, const int G, const int P)
 {
     if (P == 3)
