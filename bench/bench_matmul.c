@@ -4,7 +4,7 @@
  * beat: every weight byte is read once per token). Goal: >= 60% of it.
  *
  *   build/bench/bench_matmul [--quick] [--no-log] [--threads N] [--T n] [--min-time s] [--isa scalar|avx2|avx512]
- *                            [--huge] [--footprint MB] [--shape RxC] [--group 32|64|128] [--q4 int|fp32]
+ *                            [--huge] [--footprint MB] [--shape RxC] [--group 32|64|128] [--q4 int|fp32|q8]
  *
  * --huge asks for transparent huge pages (MADV_HUGEPAGE) on the weights, as
  * the loader's copy does; --footprint 1 keeps one copy of each shape, which
@@ -17,7 +17,8 @@
  * SANCTUM_CPU_PREFETCH=rows overrides the kernels' prefetch distance.
  * --group sets the quant group (default 64); --q4 fp32 sets
  * SANCTUM_CPU_Q4=fp32, so the AVX2 table's float Q4 kernel runs instead of
- * its integer one (an A/B in one binary; default int).
+ * its integer one (an A/B in one binary; default int); --q4 q8 sets
+ * SANCTUM_CPU_Q4=q8, the AVX2 table's opt-in 8-bit activation path.
  * Results are appended to bench/results.log with the command. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,8 +257,8 @@ int main(int argc, char **argv)
             }
         } else if (!strcmp(argv[i], "--q4") && i + 1 < argc) {
             const char *v = argv[++i];
-            if (strcmp(v, "int") && strcmp(v, "fp32")) {
-                fprintf(stderr, "bench_matmul: --q4 int or fp32\n");
+            if (strcmp(v, "int") && strcmp(v, "fp32") && strcmp(v, "q8")) {
+                fprintf(stderr, "bench_matmul: --q4 int, fp32 or q8\n");
                 return 2;
             }
             setenv("SANCTUM_CPU_Q4", v, 1);
@@ -271,7 +272,7 @@ int main(int argc, char **argv)
             }
             only_isa = isa;
         } else {
-            fprintf(stderr, "usage: %s [--quick] [--no-log] [--threads N] [--T n] [--min-time s] [--isa scalar|avx2|avx512] [--huge] [--footprint MB] [--shape RxC] [--group 32|64|128] [--q4 int|fp32]\n",
+            fprintf(stderr, "usage: %s [--quick] [--no-log] [--threads N] [--T n] [--min-time s] [--isa scalar|avx2|avx512] [--huge] [--footprint MB] [--shape RxC] [--group 32|64|128] [--q4 int|fp32|q8]\n",
                     argv[0]);
             return 2;
         }

@@ -147,7 +147,12 @@ void cpu_mm_plan_for(const cpu_be *be, const cpu_mat *m, cpu_mm_plan *p)
     p->prep = !quant ? NULL : m->dtype == SN_DT_Q4 ? k->prep_q4 : k->prep_q8;
     p->gsum = quant && k->wants_gsum;
     int gi = m->group == 32 ? 0 : m->group == 64 ? 1 : m->group == 128 ? 2 : -1;
-    if (m->dtype == SN_DT_Q4 && k->mm_q4i && gi >= 0 && !be->q4_fp32) {
+    if (m->dtype == SN_DT_Q4 && gi >= 0 && be->q4_mode == CPU_Q4_Q8 && k->mm_q4x8) {
+        /* opt-in 8-bit activations: its x records carry the group sums */
+        p->fn = k->mm_q4x8;
+        p->prep = k->prep_q4x8[gi];
+        p->gsum = 0;
+    } else if (m->dtype == SN_DT_Q4 && k->mm_q4i && gi >= 0 && be->q4_mode != CPU_Q4_FP32) {
         /* exact integer Q4 path: its x records carry the group sums */
         p->fn = k->mm_q4i;
         p->prep = k->prep_q4i[gi];
@@ -707,15 +712,17 @@ sn_status sn_backend_cpu_new_isa(int n_threads, sn_isa isa, sn_backend **out)
         }
         be->pf_rows = (int)v;
     }
-    /* tuning/A-B knob: SANCTUM_CPU_Q4=fp32 keeps Q4 on the float kernel
-     * even where the table has the integer one (int, the default, uses it) */
+    /* Q4 kernel knob: SANCTUM_CPU_Q4=fp32 keeps Q4 on the float kernel even
+     * where the table has the integer one (int, the default, uses it); q8
+     * opts in to 8-bit activations (approximate, faster) where the table
+     * has that path (AVX2), else it is int. */
     const char *q4 = getenv("SANCTUM_CPU_Q4");
-    if (q4 && *q4 && strcmp(q4, "int") != 0 && strcmp(q4, "fp32") != 0) {
+    if (q4 && *q4 && strcmp(q4, "int") != 0 && strcmp(q4, "fp32") != 0 && strcmp(q4, "q8") != 0) {
         sn_pool_free(be->pool);
         free(be);
-        return SN_FAIL(SN_E_INVALID, "SANCTUM_CPU_Q4=%s: expected int or fp32", q4);
+        return SN_FAIL(SN_E_INVALID, "SANCTUM_CPU_Q4=%s: expected int, fp32 or q8", q4);
     }
-    be->q4_fp32 = q4 && strcmp(q4, "fp32") == 0;
+    be->q4_mode = !q4 || !*q4 || !strcmp(q4, "int") ? CPU_Q4_INT : !strcmp(q4, "fp32") ? CPU_Q4_FP32 : CPU_Q4_Q8;
     be->base.ops = &g_ops[isa];
     be->base.n_threads = sn_pool_size(be->pool);
     *out = &be->base;

@@ -62,11 +62,22 @@ typedef struct {
      * group, so plans with different groups never compare equal. */
     void (*prep_q4i[3])(const float *x, int64_t cols, float *xp);
     cpu_mm_fn mm_q4i;
+    /* Optional opt-in approximate Q4 path (SANCTUM_CPU_Q4=q8; NULL where
+     * absent): x quantized per token and group to 8 bits, one record of
+     * 4*cols bytes per token in xp as prep_q4i's (layout: kernels_avx2.c). */
+    void (*prep_q4x8[3])(const float *x, int64_t cols, float *xp);
+    cpu_mm_fn mm_q4x8;
     /* Vector primitives for the ops built on them (attention, GDN, norms). */
     float (*dot)(const float *a, const float *b, int64_t n);
     void (*axpy)(float *y, float a, const float *x, int64_t n);   /* y += a*x */
     void (*scale)(float *y, float a, int64_t n);                  /* y *= a */
 } cpu_kernels;
+
+/* Q4 kernel choice where the table offers more than its float kernel:
+ * INT the exact integer path (mm_q4i), FP32 the float kernel (mm_q4), Q8
+ * the 8-bit activation path (mm_q4x8). A table without the chosen path
+ * falls back to the next one it has (q8 -> int -> fp32). */
+enum { CPU_Q4_INT = 0, CPU_Q4_FP32 = 1, CPU_Q4_Q8 = 2 };
 
 /* The CPU backend object (cpu_backend.c), shared with moe.c. */
 struct sn_pool;
@@ -77,7 +88,7 @@ typedef struct {
     float *scratch;
     size_t scratch_cap; /* floats */
     int pf_rows;        /* GEMV software prefetch distance in rows (0: off) */
-    int q4_fp32;        /* SANCTUM_CPU_Q4=fp32: skip the table's integer Q4 path */
+    int q4_mode;        /* SANCTUM_CPU_Q4: CPU_Q4_INT (default), CPU_Q4_FP32 or CPU_Q4_Q8 */
     void *moe_seg;      /* moe.c's per-expert segment table, grown on demand */
     size_t moe_seg_cap; /* bytes */
 } cpu_be;

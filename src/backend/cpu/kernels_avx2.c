@@ -1,7 +1,8 @@
 /* AVX2 + FMA + F16C kernels; compiled with those flags and only reached
  * through cpu_kernels_avx2 once the CPU check passed. Bodies are in
- * kernels_simd.h, except the exact integer Q4 path below (this table
- * only; AVX-512 keeps its float Q4 kernel). */
+ * kernels_simd.h, except the exact integer Q4 path and the opt-in 8-bit
+ * activation Q4 path below (this table only; AVX-512 keeps its float Q4
+ * kernel). */
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
@@ -196,6 +197,109 @@ static void avx2_prep_q4i_32(const float *x, int64_t cols, float *xp) { q4i_prep
 static void avx2_prep_q4i_64(const float *x, int64_t cols, float *xp) { q4i_prep(x, cols, xp, 64); }
 static void avx2_prep_q4i_128(const float *x, int64_t cols, float *xp) { q4i_prep(x, cols, xp, 128); }
 
+/* ---- Opt-in Q4 path with 8-bit activations (SANCTUM_CPU_Q4=q8) ----
+ *
+ * The Q8_0-style approximation of llama.cpp's CPU backend, for speed where
+ * the exact path's three vpmaddubsw per 32 weights bind: x is quantized per
+ * token and weight group to one signed byte plane, and the same tile code
+ * as above (q4i_tile with P = 1) takes one vpmaddubsw per 32 weights and
+ * one vpmaddwd, conversion and FMA per group (per two groups for G = 32
+ * and 64, see q4i_pair). Only the s_g * sum(q * x) part is approximated;
+ * the bias part b_g * sum(x) uses the group's float sum of x.
+ *
+ * x preparation (q4x8_prep), per token and group g of G columns: with
+ * m = max |x| over the group, d = m / 127 and X = rne(x * (127 / m)),
+ * |X| <= 127 (a zero m gives X = 0, d = 0). Groups with m < 2^-64 are
+ * first multiplied by 2^64 (exact) so 127 / m stays finite; d is then
+ * (m * 2^64 / 127) * 2^-64, a subnormal (rounded) below m ~ 2^-119. The
+ * per element error is |x - X*d| <= d/2 (1 + 2^-20), so
+ *   |y - y_exact| <= sum_g |s_g| * d_g / 2 * sum_{i in g} q_i * (1 + 2^-20)
+ * plus the fp32 rounding of the other paths (tests/test_backend_cpu.c
+ * checks exactly that bound). Record of a token (4*cols bytes at xp):
+ *   bytes [G*g, G*g + G): the plane of group g, in the exact path's column
+ *   order (chunks of min(G, 64): even columns, then odd; for G = 32 the
+ *   groups 2k, 2k+1 interleaved as one chunk of 64; for G = 64 the groups
+ *   2k, 2k+1 as one unit of 128 bytes with g in the low 16 bytes of each
+ *   32 and g+1 in the high ones (q4x8_unpack_pair64), one vpmaddwd,
+ *   conversion and FMA per pair as for G = 32; a last odd group alone);
+ *   then, from byte cols, float d[ng] and float xs[ng] = the group's sum
+ *   of x (8 lanes summed in column order, then avx2_hsum; a float sum, as
+ *   the float kernel's gsum, not the exact path's integer one).
+ * A group with a non-finite x gets X = 0 and d = xs = NaN, so that token's
+ * outputs are NaN, as on the exact path. */
+AI void q4x8_prep(const float *x, int64_t cols, float *xp, const int G)
+{
+    const int C = G < 64 ? G : 64;
+    const int64_t ng = cols / G;
+    int8_t *plane = (int8_t *)xp;
+    uint8_t *meta = (uint8_t *)xp + cols;
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), fmax = _mm256_set1_ps(FLT_MAX);
+    for (int64_t g = 0; g < ng; g++) {
+        const float *xg = x + g * G;
+        __m256 mx = _mm256_setzero_ps(), sum = _mm256_setzero_ps(), fin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+        for (int i = 0; i < G; i += 8) {
+            __m256 v = _mm256_loadu_ps(xg + i);
+            sum = _mm256_add_ps(sum, v);
+            v = _mm256_and_ps(v, absm);
+            mx = _mm256_max_ps(mx, v);
+            fin = _mm256_and_ps(fin, _mm256_cmp_ps(v, fmax, _CMP_LE_OQ)); /* false for inf, NaN */
+        }
+        const int bad = _mm256_movemask_ps(fin) != 0xFF;
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        float pre = 1.0f, inv = 0.0f, d = 0.0f;
+        if (m > 0.0f && !bad) {
+            if (m < 0x1p-64f) {
+                pre = 0x1p64f;
+                m *= pre;
+            }
+            inv = 127.0f / m;
+            d = (m / 127.0f) / pre;
+        }
+        const __m256 vpre = _mm256_set1_ps(pre), vinv = _mm256_set1_ps(inv);
+        const __m256 keep = _mm256_castsi256_ps(_mm256_set1_epi32(bad ? 0 : -1));
+        for (int c0 = 0; c0 < G; c0 += C) {
+            __m256i X[2][4];
+            for (int k = 0; k < C / 16; k++) {
+                __m256 a = _mm256_and_ps(_mm256_loadu_ps(xg + c0 + 16 * k), keep);
+                __m256 b = _mm256_and_ps(_mm256_loadu_ps(xg + c0 + 16 * k + 8), keep);
+                __m256 ev = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+                __m256 od = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+                X[0][k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(ev, vpre), vinv)); /* rne */
+                X[1][k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(od, vpre), vinv));
+            }
+            for (int par = 0; par < 2; par++) {
+                int8_t *dst = plane + G * g + c0 + par * (C / 2);
+                if (G == 32) {
+                    const int U = (g & 1) || g + 1 < ng ? 64 : 32;
+                    dst = plane + 32 * (g & ~(int64_t)1) + par * (U / 2) + (g & 1) * 16;
+                }
+                if (G == 64 && ((g & 1) || g + 1 < ng)) { /* pairs of groups of 64, see q4x8_unpack_pair64 */
+                    __m256i v = q4i_pack32(X[par][0], X[par][1], X[par][2], X[par][3]);
+                    int8_t *u = plane + 64 * (g & ~(int64_t)1) + par * 32 + (g & 1) * 16;
+                    _mm_storeu_si128((__m128i *)u, _mm256_castsi256_si128(v));
+                    _mm_storeu_si128((__m128i *)(u + 64), _mm256_extracti128_si256(v, 1));
+                    continue;
+                }
+                if (C == 64)
+                    _mm256_storeu_si256((__m256i *)dst, q4i_pack32(X[par][0], X[par][1], X[par][2], X[par][3]));
+                else
+                    _mm_storeu_si128((__m128i *)dst, q4i_pack16(X[par][0], X[par][1]));
+            }
+        }
+        float xs = bad ? NAN : avx2_hsum(sum);
+        if (bad)
+            d = NAN;
+        memcpy(meta + 4 * g, &d, 4);
+        memcpy(meta + 4 * (ng + g), &xs, 4);
+    }
+}
+
+static void avx2_prep_q4x8_32(const float *x, int64_t cols, float *xp) { q4x8_prep(x, cols, xp, 32); }
+static void avx2_prep_q4x8_64(const float *x, int64_t cols, float *xp) { q4x8_prep(x, cols, xp, 64); }
+static void avx2_prep_q4x8_128(const float *x, int64_t cols, float *xp) { q4x8_prep(x, cols, xp, 128); }
+
 /* The G/32 vectors of unsigned nibbles of one row's group, in the records'
  * column order: G = 32 is [low nibbles | high nibbles] of 16 bytes; else
  * per 32 bytes (64 columns) the low nibbles, then the high ones. */
@@ -235,6 +339,19 @@ AI __m256i q4i_combine(__m256i t, __m256i m, __m256i l)
     return _mm256_add_epi32(_mm256_add_epi32(T, M), _mm256_madd_epi16(l, one));
 }
 
+/* The i32 lanes of one row's group dot with a token's record (G columns
+ * here: one group, or a pair of groups of 32 or 64): P = 3 digit planes
+ * (the exact path, q4i_combine) or P = 1 int8 plane (the 8-bit activation
+ * path below: an i16 lane of q4i_plane is <= G/32 * 2*15*127 <= 15240 for
+ * G <= 128, so its sum cannot saturate, and |X| <= 127 keeps each
+ * vpmaddubsw pair below 2^15 too). */
+AI __m256i q4i_dot(const __m256i *q, const int8_t *rec, const int G, const int P)
+{
+    if (P == 3)
+        return q4i_combine(q4i_plane(q, rec, G), q4i_plane(q, rec + G, G), q4i_plane(q, rec + 2 * G, G));
+    return _mm256_madd_epi16(q4i_plane(q, rec, G), _mm256_set1_epi16(1));
+}
+
 /* 8 consecutive scales (or biases) from index i, as floats */
 AI __m256 q4i_load8(const uint8_t *p, sn_dtype dt, int64_t i)
 {
@@ -245,22 +362,57 @@ AI __m256 q4i_load8(const uint8_t *p, sn_dtype dt, int64_t i)
     }
 }
 
+/* The 64 weight bytes of groups g, g+1 of 64 (8-bit activation path) as
+ * four vectors of nibbles, group g in the low 128-bit lane and g+1 in the
+ * high one: [lo | hi nibbles] of bytes 0-15, then of bytes 16-31 of each
+ * group (so the record's 128-byte unit is E1 E1' O1 O1' E2 E2' O2 O2' in
+ * 16-byte pieces: even/odd columns of the first/second 32 columns). */
+AI void q4x8_unpack_pair64(const uint8_t *w, __m256i *q)
+{
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    __m256i A = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)w)),
+                                        _mm_loadu_si128((const __m128i *)(w + 32)), 1);
+    __m256i B = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(w + 16))),
+                                        _mm_loadu_si128((const __m128i *)(w + 48)), 1);
+    q[0] = _mm256_and_si256(A, nib);
+    q[1] = _mm256_and_si256(_mm256_srli_epi16(A, 4), nib);
+    q[2] = _mm256_and_si256(B, nib);
+    q[3] = _mm256_and_si256(_mm256_srli_epi16(B, 4), nib);
+}
+
 /* Two groups of 32 (g even, g+1) as one unit of 64 columns: their 32
  * weight bytes and their records are laid out as one group of 64 (q4i_prep),
  * so the unit costs what a group of 64 does; i32 lanes 0-3 then hold group
  * g's integer dot and lanes 4-7 group g+1's, and the FMA takes
  * [c_g x4, c_g+1 x4]. j indexes c, the 8-group block's s * es. */
 AI void q4i_pair(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int TB, int64_t g,
-                 float (*c)[K_TMAX][8], int j, __m256 (*acc)[K_TMAX])
+                 float (*c)[K_TMAX][8], int j, __m256 (*acc)[K_TMAX], const int P, const int G)
 {
     const cpu_mat *m = a->m;
     const size_t rb = m->row_bytes, xstride = (size_t)m->cols * 4;
-    const uint8_t *wg = m->data + (size_t)r * rb + (size_t)g * 16;
-    const int8_t *xr = (const int8_t *)(a->xp + (size_t)t0 * m->cols) + (size_t)g * 96;
-    if (a->pf_off && ((g * 16) & 63) == 0)
+    const uint8_t *wg = m->data + (size_t)r * rb + (size_t)g * (G / 2);
+    const int8_t *xr = (const int8_t *)(a->xp + (size_t)t0 * m->cols) + (size_t)g * G * P;
+    if (a->pf_off && ((g * (G / 2)) & 63) == 0)
 #pragma GCC unroll 8
         for (int i = 0; i < RB; i++)
             _mm_prefetch((const char *)wg + i * rb + a->pf_off, _MM_HINT_T0);
+    if (P == 1) { /* row by row: 2 or 4 live nibble vectors, not 2*RB (16 ymm registers) */
+#pragma GCC unroll 8
+        for (int i = 0; i < RB; i++) {
+            __m256i q1[4];
+            if (G == 64)
+                q4x8_unpack_pair64(wg + i * rb, q1);
+            else
+                q4i_unpack(wg + i * rb, q1, 64);
+#pragma GCC unroll 8
+            for (int t = 0; t < TB; t++) {
+                __m256i I = q4i_dot(q1, xr + t * xstride, 2 * G, P);
+                __m256 cv = _mm256_set_m128(_mm_broadcast_ss(&c[i][t][j + 1]), _mm_broadcast_ss(&c[i][t][j]));
+                acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), cv, acc[i][t]);
+            }
+        }
+        return;
+    }
     __m256i q[K_RMAX][2];
 #pragma GCC unroll 8
     for (int i = 0; i < RB; i++)
@@ -270,17 +422,17 @@ AI void q4i_pair(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
         const int8_t *rec = xr + t * xstride;
 #pragma GCC unroll 8
         for (int i = 0; i < RB; i++) {
-            __m256i I = q4i_combine(q4i_plane(q[i], rec, 64), q4i_plane(q[i], rec + 64, 64),
-                                    q4i_plane(q[i], rec + 128, 64));
+            __m256i I = q4i_dot(q[i], rec, 64, P);
             __m256 cv = _mm256_set_m128(_mm_broadcast_ss(&c[i][t][j + 1]), _mm_broadcast_ss(&c[i][t][j]));
             acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), cv, acc[i][t]);
         }
     }
 }
 
-/* RB consecutive rows from r, TB consecutive tokens from t0, group G. A
- * row's group is unpacked once and used for every token of the tile. */
-AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int TB, const int G)
+/* RB consecutive rows from r, TB consecutive tokens from t0, group G, P
+ * planes per x record (3: exact, 1: 8-bit activations). A row's group is
+ * unpacked once and used for every token of the tile. */
+AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int TB, const int G, const int P)
 {
     const cpu_mat *m = a->m;
     const int64_t cols = m->cols, ng = m->n_groups, rows = m->rows;
@@ -307,7 +459,7 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
         float c[K_RMAX][K_TMAX][8] __attribute__((aligned(32)));
 #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) {
-            const float *es = (const float *)(xr + t * xstride + 3 * cols), *xb = es + ng;
+            const float *es = (const float *)(xr + t * xstride + P * cols), *xb = es + ng;
             if (n == 8) {
                 __m256 e8 = _mm256_loadu_ps(es + g8), x8 = _mm256_loadu_ps(xb + g8);
 #pragma GCC unroll 8
@@ -325,9 +477,9 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
             }
         }
         int j = 0;
-        if (G == 32) /* groups g, g+1 as one unit of 64 columns (see q4i_pair) */
+        if (G == 32 || (G == 64 && P == 1)) /* groups g, g+1 as one unit (see q4i_pair) */
             for (; j + 1 < n; j += 2)
-                q4i_pair(a, r, t0, RB, TB, g8 + j, c, j, acc);
+                q4i_pair(a, r, t0, RB, TB, g8 + j, c, j, acc, P, G);
         for (; j < n; j++) {
             const int64_t g = g8 + j;
             const uint8_t *wg = w0 + (size_t)g * gbytes;
@@ -335,17 +487,30 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
 #pragma GCC unroll 8
                 for (int i = 0; i < RB; i++)
                     _mm_prefetch((const char *)wg + i * rb + pf, _MM_HINT_T0);
+            if (P == 1) { /* row by row, as in q4i_pair */
+#pragma GCC unroll 8
+                for (int i = 0; i < RB; i++) {
+                    __m256i q1[4];
+                    q4i_unpack(wg + i * rb, q1, G);
+#pragma GCC unroll 8
+                    for (int t = 0; t < TB; t++) {
+                        __m256i I = q4i_dot(q1, xr + t * xstride + (size_t)g * G, G, P);
+                        acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_broadcast_ss(&c[i][t][j]),
+                                                    acc[i][t]);
+                    }
+                }
+                continue;
+            }
             __m256i q[K_RMAX][4];
 #pragma GCC unroll 8
             for (int i = 0; i < RB; i++)
                 q4i_unpack(wg + i * rb, q[i], G);
 #pragma GCC unroll 8
             for (int t = 0; t < TB; t++) {
-                const int8_t *rec = xr + t * xstride + (size_t)g * 3 * G;
+                const int8_t *rec = xr + t * xstride + (size_t)g * P * G;
 #pragma GCC unroll 8
                 for (int i = 0; i < RB; i++) {
-                    __m256i I = q4i_combine(q4i_plane(q[i], rec, G), q4i_plane(q[i], rec + G, G),
-                                            q4i_plane(q[i], rec + 2 * G, G));
+                    __m256i I = q4i_dot(q[i], rec, G, P);
                     acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_broadcast_ss(&c[i][t][j]), acc[i][t]);
                 }
             }
@@ -364,14 +529,18 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
 /* Blocking as q_mm_gs (kernels_simd.h): decode Q4I_RB rows per tile,
  * prefill row tiles with TB_MAX tokens at a time (1, 3 or 4 tokens per
  * tile measured the same: the per-token multiply work dominates). */
-AI void q4i_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G)
+#ifndef Q4X8_RB
+#define Q4X8_RB 4
+#endif
+AI void q4i_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G, const int P)
 {
     if (a->T == 1) {
+        const int RB = P == 1 ? Q4X8_RB : Q4I_RB;
         int64_t r = r0;
-        for (; r + Q4I_RB <= r1; r += Q4I_RB)
-            q4i_tile(a, r, 0, Q4I_RB, 1, G);
+        for (; r + RB <= r1; r += RB)
+            q4i_tile(a, r, 0, RB, 1, G, P);
         for (; r < r1; r++)
-            q4i_tile(a, r, 0, 1, 1, G);
+            q4i_tile(a, r, 0, 1, 1, G, P);
         return;
     }
     for (int64_t rt = r0; rt < r1; rt += a->row_tile) {
@@ -379,19 +548,28 @@ AI void q4i_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G)
         int t = 0;
         for (; t + TB_MAX <= a->T; t += TB_MAX)
             for (int64_t r = rt; r < re; r++)
-                q4i_tile(a, r, t, 1, TB_MAX, G);
+                q4i_tile(a, r, t, 1, TB_MAX, G, P);
         for (; t < a->T; t++)
             for (int64_t r = rt; r < re; r++)
-                q4i_tile(a, r, t, 1, 1, G);
+                q4i_tile(a, r, t, 1, 1, G, P);
     }
 }
 
 static void avx2_mm_q4i(const cpu_mm_args *a, int64_t r0, int64_t r1)
 {
     switch (a->m->group) {
-    case 32: q4i_mm_g(a, r0, r1, 32); break;
-    case 64: q4i_mm_g(a, r0, r1, 64); break;
-    default: q4i_mm_g(a, r0, r1, 128); break; /* the plan gives only 32/64/128 */
+    case 32: q4i_mm_g(a, r0, r1, 32, 3); break;
+    case 64: q4i_mm_g(a, r0, r1, 64, 3); break;
+    default: q4i_mm_g(a, r0, r1, 128, 3); break; /* the plan gives only 32/64/128 */
+    }
+}
+
+static void avx2_mm_q4x8(const cpu_mm_args *a, int64_t r0, int64_t r1)
+{
+    switch (a->m->group) {
+    case 32: q4i_mm_g(a, r0, r1, 32, 1); break;
+    case 64: q4i_mm_g(a, r0, r1, 64, 1); break;
+    default: q4i_mm_g(a, r0, r1, 128, 1); break;
     }
 }
 
@@ -406,6 +584,8 @@ const cpu_kernels cpu_kernels_avx2 = {
     .mm_dense = avx2_mm_dense,
     .prep_q4i = { avx2_prep_q4i_32, avx2_prep_q4i_64, avx2_prep_q4i_128 },
     .mm_q4i = avx2_mm_q4i,
+    .prep_q4x8 = { avx2_prep_q4x8_32, avx2_prep_q4x8_64, avx2_prep_q4x8_128 },
+    .mm_q4x8 = avx2_mm_q4x8,
     .dot = avx2_dot,
     .axpy = avx2_axpy,
     .scale = avx2_scale,
