@@ -17,7 +17,9 @@
  * one block per value head and 32 state columns, chunks in order) carries
  * S [Dk, 32] in shared memory:
  *   Vn = U - W S;  O = exp(G) (Q S) + Ai Vn;  S = exp(G_last) S + (exp(G_last - G) K)^T Vn.
- * Everything is fp32 (SIMT) except the prefix sums; tests/test_cuda_prefill.c
+ * Everything is fp32 (SIMT) except the prefix sums (kernel B has a 3xTF32
+ * tensor-core form for Dk % 32 == 0, Dk <= 128, Dv % 32 == 0, the default;
+ * SANCTUM_CUDA_GDN_TC=0 keeps the SIMT one); tests/test_cuda_prefill.c
  * checks the same decomposition in C against the token-serial recurrence
  * (worst rel 1.3e-6) and the kernels against the CPU oracle (bound 2e-5).
  *
@@ -45,6 +47,8 @@ int g_mode = -1;  /* SN_CUDA_PREFILL_*; -1: not read yet */
 int g_min_t = 64;
 bool g_attn_ok[3]; /* per head-dim class (64, 128, 256): shared memory limit raised */
 bool g_gdn_ok = true;
+bool g_gdn_tc_ok = false; /* kernel B's tensor-core form: shared memory limit raised */
+bool g_gdn_tc_on = true;  /* SANCTUM_CUDA_GDN_TC=0 keeps the SIMT form */
 
 void pf_read_env()
 {
@@ -57,6 +61,8 @@ void pf_read_env()
         else if (!strcmp(e, "gdn")) g_mode = SN_CUDA_PREFILL_GDN;
         else if (!strcmp(e, "attn")) g_mode = SN_CUDA_PREFILL_ATTN;
     }
+    const char *tc = getenv("SANCTUM_CUDA_GDN_TC");
+    g_gdn_tc_on = !(tc && !strcmp(tc, "0"));
     const char *t = getenv("SANCTUM_CUDA_PREFILL_MIN_T");
     if (t && atoi(t) >= 1)
         g_min_t = atoi(t);
@@ -339,6 +345,210 @@ k_pf_gdn_state(const float *__restrict__ c, float *__restrict__ S, int Hk, int H
     }
 }
 
+
+/* Kernel B on the tensor cores (Dk % 32 == 0, Dk <= 128, Dv % 32 == 0):
+ * the same block (value head, 32 state columns), chunk order and
+ * decomposition, with the four products per chunk on mma.sync m16n8k8
+ * tf32 in the 3xTF32 form (x = hi + lo, both tf32; a.b = al.bh + ah.bl +
+ * ah.bh, fp32 accumulate: ~22 significant bits per operand, the dropped
+ * al.bl is ~2^-22 relative). Per chunk:
+ *   warps 0-3: Vn rows 16w.. = U - W S (into Vs); warps 4-7: Q S (kept);
+ *   then warps 4-7: O = exp(G) (Q S) + Ai Vn, and every warp a share of
+ *   S = exp(G_last) S + (exp(G_last - G) K)^T Vn (warps 0-3 take two of
+ *   every three S tiles: 4-7 also form O).
+ * Shared strides are chosen so fragment loads hit 32 distinct banks: rows
+ * read as A (W, Q, Ai) are 4 floats past a multiple of 32, rows read as B
+ * or transposed (S, Vn, K) 8 past. */
+constexpr int TC_LDS = GB_NC + 8; /* S, Vn */
+constexpr int TC_LDA = GC + 4;    /* Ai */
+
+__host__ __device__ __forceinline__ size_t gdn_state_tc_smem(int Dk)
+{
+    return sizeof(float) * ((size_t)Dk * TC_LDS + (size_t)GC * TC_LDA + 2 * (size_t)GC * (Dk + 4) +
+                            (size_t)GC * (Dk + 8) + (size_t)GC * TC_LDS + 2 * GC);
+}
+
+__device__ __forceinline__ void tf32_split(float a, uint32_t &hi, uint32_t &lo)
+{
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(a));
+    const float r = a - __uint_as_float(hi);
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(r));
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* d += A B for one 16x8x8 step: A as fp32 fragment values (row g / g+8,
+ * column t / t+4), B as b0 (k = t), b1 (k = t + 4) of column g */
+struct tc_a {
+    uint32_t h[4], l[4];
+};
+__device__ __forceinline__ tc_a tc_split_a(float a0, float a1, float a2, float a3)
+{
+    tc_a r;
+    tf32_split(a0, r.h[0], r.l[0]);
+    tf32_split(a1, r.h[1], r.l[1]);
+    tf32_split(a2, r.h[2], r.l[2]);
+    tf32_split(a3, r.h[3], r.l[3]);
+    return r;
+}
+__device__ __forceinline__ void tc_mma3(float (&d)[4], const tc_a &a, float b0, float b1)
+{
+    uint32_t bh0, bl0, bh1, bl1;
+    tf32_split(b0, bh0, bl0);
+    tf32_split(b1, bh1, bl1);
+    mma_tf32(d, a.l, bh0, bh1);
+    mma_tf32(d, a.h, bl0, bl1);
+    mma_tf32(d, a.h, bh0, bh1);
+}
+
+__global__ void __launch_bounds__(GB_THREADS, 1)
+k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, int Hv, int Dk, int Dv, int T,
+                  float *__restrict__ out, const float *__restrict__ W, const float *__restrict__ Ai,
+                  const float *__restrict__ gk)
+{
+    extern __shared__ __align__(16) float pf_tc[];
+    const int LDQ = Dk + 4, LDK = Dk + 8;
+    float *Ss = pf_tc, *As = Ss + Dk * TC_LDS, *Wf = As + GC * TC_LDA, *Qf = Wf + GC * LDQ, *Kf = Qf + GC * LDQ,
+          *Vs = Kf + GC * LDK, *gam = Vs + GC * TC_LDS, *kdec = gam + GC;
+    const int hv = blockIdx.x, col0 = blockIdx.y * GB_NC, hk = hv / (Hv / Hk);
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
+    const int nch = (T + GC - 1) / GC, nq = Dk / 16 * (GB_NC / 8);
+    float *Sh = S + (size_t)hv * Dk * Dv;
+    for (int e = tid; e < Dk * GB_NC; e += GB_THREADS) {
+        const int d = e / GB_NC, cc = e % GB_NC;
+        Ss[d * TC_LDS + cc] = Sh[(size_t)d * Dv + col0 + cc];
+    }
+    const int mt = w & 3; /* phase 1 and O: rows 16 mt .. */
+    const bool isq = w >= 4;
+    for (int ch = 0; ch < nch; ch++) {
+        const int t0 = ch * GC, n = min(GC, T - t0);
+        __syncthreads(); /* the previous chunk is done with every buffer */
+        {
+            const float4 *Aib = (const float4 *)(Ai + ((size_t)hv * nch + ch) * GC * GC);
+            for (int e = tid; e < GC * GC / 4; e += GB_THREADS) {
+                const int i = e / (GC / 4), j4 = e % (GC / 4);
+                *(float4 *)(As + i * TC_LDA + 4 * j4) = Aib[e];
+            }
+        }
+        if (tid < GC) {
+            gam[tid] = gk[((size_t)hv * nch + ch) * 2 * GC + tid];
+            kdec[tid] = gk[((size_t)hv * nch + ch) * 2 * GC + GC + tid];
+        }
+        {
+            const int d4n = Dk / 4;
+            for (int e = tid; e < GC * d4n; e += GB_THREADS) {
+                const int i = e / d4n, x = 4 * (e % d4n);
+                const bool ok = i < n;
+                const size_t tt = (size_t)(t0 + (ok ? i : 0));
+                const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 wv = ok ? *(const float4 *)(W + (tt * Hv + hv) * Dk + x) : z;
+                const float4 qv = ok ? *(const float4 *)(c + tt * C + (size_t)hk * Dk + x) : z;
+                const float4 kv = ok ? *(const float4 *)(c + tt * C + key_dim + (size_t)hk * Dk + x) : z;
+                *(float4 *)(Wf + i * LDQ + x) = wv;
+                *(float4 *)(Qf + i * LDQ + x) = qv;
+                *(float4 *)(Kf + i * LDK + x) = kv;
+            }
+        }
+        /* phase 1 accumulators: U (warps 0-3) or zeros (4-7), rows r0, r0 + 8 */
+        const int r0 = 16 * mt + g, r1 = r0 + 8;
+        float acc[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int cl = col0 + 8 * nt + 2 * t;
+            float2 u0 = make_float2(0.f, 0.f), u1 = u0;
+            if (!isq && r0 < n)
+                u0 = *(const float2 *)(out + ((size_t)(t0 + r0) * Hv + hv) * Dv + cl);
+            if (!isq && r1 < n)
+                u1 = *(const float2 *)(out + ((size_t)(t0 + r1) * Hv + hv) * Dv + cl);
+            acc[nt][0] = u0.x;
+            acc[nt][1] = u0.y;
+            acc[nt][2] = u1.x;
+            acc[nt][3] = u1.y;
+        }
+        __syncthreads(); /* W, Q, K, Ai, gates staged; kdec applied below */
+        {
+            const float *Af = isq ? Qf : Wf;
+            const float sg = isq ? 1.f : -1.f; /* Vn = U - W S */
+            for (int k0 = 0; k0 < Dk; k0 += 8) {
+                const tc_a a = tc_split_a(sg * Af[r0 * LDQ + k0 + t], sg * Af[r1 * LDQ + k0 + t],
+                                          sg * Af[r0 * LDQ + k0 + t + 4], sg * Af[r1 * LDQ + k0 + t + 4]);
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+                    tc_mma3(acc[nt], a, Ss[(k0 + t) * TC_LDS + 8 * nt + g], Ss[(k0 + t + 4) * TC_LDS + 8 * nt + g]);
+            }
+        }
+        if (!isq) {
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int cl = 8 * nt + 2 * t;
+                Vs[r0 * TC_LDS + cl] = acc[nt][0];
+                Vs[r0 * TC_LDS + cl + 1] = acc[nt][1];
+                Vs[r1 * TC_LDS + cl] = acc[nt][2];
+                Vs[r1 * TC_LDS + cl + 1] = acc[nt][3];
+            }
+        }
+        __syncthreads(); /* Vn complete; S no longer read as a B operand this chunk */
+        if (isq) {
+            /* O = exp(G) (Q S) + Ai Vn */
+            const float g0 = gam[r0], g1 = gam[r1];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                acc[nt][0] *= g0;
+                acc[nt][1] *= g0;
+                acc[nt][2] *= g1;
+                acc[nt][3] *= g1;
+            }
+            for (int j0 = 0; j0 < GC; j0 += 8) {
+                const tc_a a = tc_split_a(As[r0 * TC_LDA + j0 + t], As[r1 * TC_LDA + j0 + t],
+                                          As[r0 * TC_LDA + j0 + t + 4], As[r1 * TC_LDA + j0 + t + 4]);
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+                    tc_mma3(acc[nt], a, Vs[(j0 + t) * TC_LDS + 8 * nt + g], Vs[(j0 + t + 4) * TC_LDS + 8 * nt + g]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int cl = col0 + 8 * nt + 2 * t;
+                if (r0 < n)
+                    *(float2 *)(out + ((size_t)(t0 + r0) * Hv + hv) * Dv + cl) = make_float2(acc[nt][0], acc[nt][1]);
+                if (r1 < n)
+                    *(float2 *)(out + ((size_t)(t0 + r1) * Hv + hv) * Dv + cl) = make_float2(acc[nt][2], acc[nt][3]);
+            }
+        }
+        /* S = exp(G_last) S + (exp(G_last - G) K)^T Vn, tile q = (rows 16 (q / 4), columns 8 (q % 4)) */
+        const float glast = gam[GC - 1];
+        for (int q = 0; q < nq; q++) {
+            const int sl = q % 12, owner = sl < 8 ? sl >> 1 : 4 + (sl - 8);
+            if (owner != w)
+                continue;
+            const int d0 = 16 * (q / 4) + g, d1 = d0 + 8, cl = 8 * (q % 4) + 2 * t;
+            float sa[4] = { glast * Ss[d0 * TC_LDS + cl], glast * Ss[d0 * TC_LDS + cl + 1],
+                            glast * Ss[d1 * TC_LDS + cl], glast * Ss[d1 * TC_LDS + cl + 1] };
+            for (int j0 = 0; j0 < GC; j0 += 8) {
+                const float e0 = kdec[j0 + t], e1 = kdec[j0 + t + 4];
+                const tc_a a = tc_split_a(e0 * Kf[(j0 + t) * LDK + d0], e0 * Kf[(j0 + t) * LDK + d1],
+                                          e1 * Kf[(j0 + t + 4) * LDK + d0], e1 * Kf[(j0 + t + 4) * LDK + d1]);
+                tc_mma3(sa, a, Vs[(j0 + t) * TC_LDS + 8 * (q % 4) + g], Vs[(j0 + t + 4) * TC_LDS + 8 * (q % 4) + g]);
+            }
+            Ss[d0 * TC_LDS + cl] = sa[0];
+            Ss[d0 * TC_LDS + cl + 1] = sa[1];
+            Ss[d1 * TC_LDS + cl] = sa[2];
+            Ss[d1 * TC_LDS + cl + 1] = sa[3];
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < Dk * GB_NC; e += GB_THREADS) {
+        const int d = e / GB_NC, cc = e % GB_NC;
+        Sh[(size_t)d * Dv + col0 + cc] = Ss[d * TC_LDS + cc];
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Flash attention on tensor cores                                           */
 /* ------------------------------------------------------------------------ */
@@ -614,6 +824,10 @@ sn_status cu_pf_init(const cu_devinfo *di)
                    cudaSuccess &&
                cudaFuncSetAttribute(k_pf_gdn_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb) ==
                    cudaSuccess;
+    const size_t gt = gdn_state_tc_smem(128);
+    g_gdn_tc_ok = gt <= di->smem_optin &&
+                  cudaFuncSetAttribute(k_pf_gdn_state_tc, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gt) ==
+                      cudaSuccess;
     (void)cudaGetLastError();
     return SN_OK;
 }
@@ -642,8 +856,12 @@ sn_status cu_pf_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *c, const 
     k_pf_gdn_prep<<<dim3((unsigned)Hv, (unsigned)nch), GA_THREADS, gdn_prep_smem(Dk), s>>>(c, beta, decay, Hk, Hv,
                                                                                            Dk, Dv, T, out, W, Ai, gk);
     CU_CHECK_LAUNCH("gdn chunked prep");
-    k_pf_gdn_state<<<dim3((unsigned)Hv, (unsigned)((Dv + GB_NC - 1) / GB_NC)), GB_THREADS, gdn_state_smem(Dk), s>>>(
-        c, S, Hk, Hv, Dk, Dv, T, out, W, Ai, gk);
+    const dim3 gb((unsigned)Hv, (unsigned)((Dv + GB_NC - 1) / GB_NC));
+    if (g_gdn_tc_on && g_gdn_tc_ok && Dk % 32 == 0 && Dk <= 128 && Dv % GB_NC == 0 &&
+        (((uintptr_t)c | (uintptr_t)out) & 15) == 0) /* its float4 / float2 accesses */
+        k_pf_gdn_state_tc<<<gb, GB_THREADS, gdn_state_tc_smem(Dk), s>>>(c, S, Hk, Hv, Dk, Dv, T, out, W, Ai, gk);
+    else
+        k_pf_gdn_state<<<gb, GB_THREADS, gdn_state_smem(Dk), s>>>(c, S, Hk, Hv, Dk, Dv, T, out, W, Ai, gk);
     CU_CHECK_LAUNCH("gdn chunked state");
     return SN_OK;
 }
