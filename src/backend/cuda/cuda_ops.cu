@@ -67,6 +67,41 @@ __global__ void k_gated_rmsnorm(const float *__restrict__ o, const float *__rest
         y[off + i] = w[i] * (o[off + i] * inv) * silu(z[off + i]);
 }
 
+/* The same with one warp per row (n % 4 == 0, 16-byte aligned rows): the
+ * prefill has T * Hv rows of 128, where a 64-thread block per row spent
+ * more on scheduling and its two barriers than on the 1.5 KB it moves. */
+__global__ void __launch_bounds__(256) k_gated_rmsnorm_w(const float *__restrict__ o, const float *__restrict__ z,
+                                                         const float *__restrict__ w, int rows, int n, float eps,
+                                                         float *__restrict__ y)
+{
+    pdl_enter();
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows)
+        return;
+    const size_t off = (size_t)row * n;
+    float ss = 0.f;
+    for (int i = 4 * lane; i < n; i += 128) {
+        const float4 v = *(const float4 *)(o + off + i);
+        ss = fmaf(v.x, v.x, ss);
+        ss = fmaf(v.y, v.y, ss);
+        ss = fmaf(v.z, v.z, ss);
+        ss = fmaf(v.w, v.w, ss);
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, m);
+    const float inv = 1.f / sqrtf(ss / (float)n + eps);
+    for (int i = 4 * lane; i < n; i += 128) {
+        const float4 v = *(const float4 *)(o + off + i), g = *(const float4 *)(z + off + i);
+        float4 r;
+        r.x = w[i] * (v.x * inv) * silu(g.x);
+        r.y = w[i + 1] * (v.y * inv) * silu(g.y);
+        r.z = w[i + 2] * (v.z * inv) * silu(g.z);
+        r.w = w[i + 3] * (v.w * inv) * silu(g.w);
+        *(float4 *)(y + off + i) = r;
+    }
+}
+
 struct copy_list {
     uint4 *dst[CU_COPY_N_MAX];
     const uint4 *src[CU_COPY_N_MAX];
@@ -808,7 +843,10 @@ sn_status cu_gated_rmsnorm(cudaStream_t s, const float *o, const float *z, const
 {
     if (rows <= 0)
         return SN_OK;
-    (void)cu_launch(k_gated_rmsnorm, (unsigned)rows, norm_threads(n), 0, s, o, z, w, n, eps, y);
+    if (n % 4 == 0 && n <= 4096 && (((uintptr_t)o | (uintptr_t)z | (uintptr_t)y) & 15) == 0)
+        (void)cu_launch(k_gated_rmsnorm_w, (unsigned)((rows + 7) / 8), 256, 0, s, o, z, w, rows, n, eps, y);
+    else
+        (void)cu_launch(k_gated_rmsnorm, (unsigned)rows, norm_threads(n), 0, s, o, z, w, n, eps, y);
     CU_CHECK_LAUNCH("gated_rmsnorm");
     return SN_OK;
 }
