@@ -397,15 +397,26 @@ __device__ __forceinline__ tc_a tc_split_a(float a0, float a1, float a2, float a
     tf32_split(a3, r.h[3], r.l[3]);
     return r;
 }
-__device__ __forceinline__ void tc_mma3(float (&d)[4], const tc_a &a, float b0, float b1)
+/* 3xTF32: the hi.hi product into d, the two corrections into e (two
+ * accumulators, so the three MMAs of a step are not one dependent chain;
+ * d + e is formed once at the end) */
+__device__ __forceinline__ void tc_mma3(float (&d)[4], float (&e)[4], const tc_a &a, float b0, float b1)
 {
     uint32_t bh0, bl0, bh1, bl1;
     tf32_split(b0, bh0, bl0);
     tf32_split(b1, bh1, bl1);
-    mma_tf32(d, a.l, bh0, bh1);
-    mma_tf32(d, a.h, bl0, bl1);
+    mma_tf32(e, a.l, bh0, bh1);
     mma_tf32(d, a.h, bh0, bh1);
+    mma_tf32(e, a.h, bl0, bl1);
 }
+
+__device__ __forceinline__ void cpa16(float *dst, const float *src, bool ok)
+{
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cpa_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
 __global__ void __launch_bounds__(GB_THREADS, 1)
 k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, int Hv, int Dk, int Dv, int T,
@@ -419,46 +430,54 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
     const int hv = blockIdx.x, col0 = blockIdx.y * GB_NC, hk = hv / (Hv / Hk);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
-    const int nch = (T + GC - 1) / GC, nq = Dk / 16 * (GB_NC / 8);
+    const int nch = (T + GC - 1) / GC, npc = Dk / 16 * 2, d4n = Dk / 4;
     float *Sh = S + (size_t)hv * Dk * Dv;
     for (int e = tid; e < Dk * GB_NC; e += GB_THREADS) {
         const int d = e / GB_NC, cc = e % GB_NC;
         Ss[d * TC_LDS + cc] = Sh[(size_t)d * Dv + col0 + cc];
     }
+    /* staging by cp.async in two groups per chunk: W and Q (needed first;
+     * issued while the previous chunk finishes), then K, Ai and the gates
+     * (issued at the chunk's start, landing under the first product);
+     * rows past the chunk's end read as zeros */
+    auto stage_wq = [&](int ch) {
+        const int t0 = ch * GC, n = min(GC, T - t0);
+        for (int e = tid; e < GC * d4n; e += GB_THREADS) {
+            const int i = e / d4n, x = 4 * (e % d4n);
+            const bool ok = i < n;
+            const size_t tt = (size_t)(t0 + (ok ? i : 0));
+            cpa16(Wf + i * LDQ + x, W + (tt * Hv + hv) * Dk + x, ok);
+            cpa16(Qf + i * LDQ + x, c + tt * C + (size_t)hk * Dk + x, ok);
+        }
+        cpa_commit();
+    };
+    auto stage_k = [&](int ch) {
+        const int t0 = ch * GC, n = min(GC, T - t0);
+        for (int e = tid; e < GC * d4n; e += GB_THREADS) {
+            const int i = e / d4n, x = 4 * (e % d4n);
+            const bool ok = i < n;
+            const size_t tt = (size_t)(t0 + (ok ? i : 0));
+            cpa16(Kf + i * LDK + x, c + tt * C + key_dim + (size_t)hk * Dk + x, ok);
+        }
+        const float *Aib = Ai + ((size_t)hv * nch + ch) * GC * GC;
+        for (int e = tid; e < GC * GC / 4; e += GB_THREADS) {
+            const int i = e / (GC / 4), j4 = e % (GC / 4);
+            cpa16(As + i * TC_LDA + 4 * j4, Aib + 4 * e, true);
+        }
+        if (tid < 2 * GC / 4) /* gam then kdec: 128 floats, contiguous in gk as in shared memory */
+            cpa16(gam + 4 * tid, gk + ((size_t)hv * nch + ch) * 2 * GC + 4 * tid, true);
+        cpa_commit();
+    };
     const int mt = w & 3; /* phase 1 and O: rows 16 mt .. */
     const bool isq = w >= 4;
+    stage_wq(0);
     for (int ch = 0; ch < nch; ch++) {
         const int t0 = ch * GC, n = min(GC, T - t0);
-        __syncthreads(); /* the previous chunk is done with every buffer */
-        {
-            const float4 *Aib = (const float4 *)(Ai + ((size_t)hv * nch + ch) * GC * GC);
-            for (int e = tid; e < GC * GC / 4; e += GB_THREADS) {
-                const int i = e / (GC / 4), j4 = e % (GC / 4);
-                *(float4 *)(As + i * TC_LDA + 4 * j4) = Aib[e];
-            }
-        }
-        if (tid < GC) {
-            gam[tid] = gk[((size_t)hv * nch + ch) * 2 * GC + tid];
-            kdec[tid] = gk[((size_t)hv * nch + ch) * 2 * GC + GC + tid];
-        }
-        {
-            const int d4n = Dk / 4;
-            for (int e = tid; e < GC * d4n; e += GB_THREADS) {
-                const int i = e / d4n, x = 4 * (e % d4n);
-                const bool ok = i < n;
-                const size_t tt = (size_t)(t0 + (ok ? i : 0));
-                const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-                const float4 wv = ok ? *(const float4 *)(W + (tt * Hv + hv) * Dk + x) : z;
-                const float4 qv = ok ? *(const float4 *)(c + tt * C + (size_t)hk * Dk + x) : z;
-                const float4 kv = ok ? *(const float4 *)(c + tt * C + key_dim + (size_t)hk * Dk + x) : z;
-                *(float4 *)(Wf + i * LDQ + x) = wv;
-                *(float4 *)(Qf + i * LDQ + x) = qv;
-                *(float4 *)(Kf + i * LDK + x) = kv;
-            }
-        }
+        __syncthreads(); /* the previous chunk is done with K, Ai, the gates and S */
+        stage_k(ch);
         /* phase 1 accumulators: U (warps 0-3) or zeros (4-7), rows r0, r0 + 8 */
         const int r0 = 16 * mt + g, r1 = r0 + 8;
-        float acc[4][4];
+        float acc[4][4], cor[4][4];
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             const int cl = col0 + 8 * nt + 2 * t;
@@ -471,8 +490,12 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
             acc[nt][1] = u0.y;
             acc[nt][2] = u1.x;
             acc[nt][3] = u1.y;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                cor[nt][i] = 0.f;
         }
-        __syncthreads(); /* W, Q, K, Ai, gates staged; kdec applied below */
+        cpa_wait1(); /* W and Q of this chunk landed (this thread's copies) */
+        __syncthreads(); /* ... and every thread's */
         {
             const float *Af = isq ? Qf : Wf;
             const float sg = isq ? 1.f : -1.f; /* Vn = U - W S */
@@ -481,8 +504,14 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
                                           sg * Af[r0 * LDQ + k0 + t + 4], sg * Af[r1 * LDQ + k0 + t + 4]);
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++)
-                    tc_mma3(acc[nt], a, Ss[(k0 + t) * TC_LDS + 8 * nt + g], Ss[(k0 + t + 4) * TC_LDS + 8 * nt + g]);
+                    tc_mma3(acc[nt], cor[nt], a, Ss[(k0 + t) * TC_LDS + 8 * nt + g],
+                            Ss[(k0 + t + 4) * TC_LDS + 8 * nt + g]);
             }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    acc[nt][i] += cor[nt][i];
         }
         if (!isq) {
 #pragma unroll
@@ -494,7 +523,13 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
                 Vs[r1 * TC_LDS + cl + 1] = acc[nt][3];
             }
         }
-        __syncthreads(); /* Vn complete; S no longer read as a B operand this chunk */
+        __syncthreads(); /* Vn complete; W, Q and S (as an operand) free */
+        if (ch + 1 < nch)
+            stage_wq(ch + 1);
+        else
+            cpa_commit(); /* an empty group keeps the wait counts */
+        cpa_wait1(); /* K, Ai and the gates of this chunk */
+        __syncthreads();
         if (isq) {
             /* O = exp(G) (Q S) + Ai Vn */
             const float g0 = gam[r0], g1 = gam[r1];
@@ -504,42 +539,67 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
                 acc[nt][1] *= g0;
                 acc[nt][2] *= g1;
                 acc[nt][3] *= g1;
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    cor[nt][i] = 0.f;
             }
             for (int j0 = 0; j0 < GC; j0 += 8) {
                 const tc_a a = tc_split_a(As[r0 * TC_LDA + j0 + t], As[r1 * TC_LDA + j0 + t],
                                           As[r0 * TC_LDA + j0 + t + 4], As[r1 * TC_LDA + j0 + t + 4]);
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++)
-                    tc_mma3(acc[nt], a, Vs[(j0 + t) * TC_LDS + 8 * nt + g], Vs[(j0 + t + 4) * TC_LDS + 8 * nt + g]);
+                    tc_mma3(acc[nt], cor[nt], a, Vs[(j0 + t) * TC_LDS + 8 * nt + g],
+                            Vs[(j0 + t + 4) * TC_LDS + 8 * nt + g]);
             }
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
                 const int cl = col0 + 8 * nt + 2 * t;
                 if (r0 < n)
-                    *(float2 *)(out + ((size_t)(t0 + r0) * Hv + hv) * Dv + cl) = make_float2(acc[nt][0], acc[nt][1]);
+                    *(float2 *)(out + ((size_t)(t0 + r0) * Hv + hv) * Dv + cl) =
+                        make_float2(acc[nt][0] + cor[nt][0], acc[nt][1] + cor[nt][1]);
                 if (r1 < n)
-                    *(float2 *)(out + ((size_t)(t0 + r1) * Hv + hv) * Dv + cl) = make_float2(acc[nt][2], acc[nt][3]);
+                    *(float2 *)(out + ((size_t)(t0 + r1) * Hv + hv) * Dv + cl) =
+                        make_float2(acc[nt][2] + cor[nt][2], acc[nt][3] + cor[nt][3]);
             }
         }
-        /* S = exp(G_last) S + (exp(G_last - G) K)^T Vn, tile q = (rows 16 (q / 4), columns 8 (q % 4)) */
+        /* S = exp(G_last) S + (exp(G_last - G) K)^T Vn in pieces of 16 state
+         * rows x 16 columns (two n-tiles sharing one A fragment); warps 0-3
+         * take three of every four pieces (4-7 also form O) */
         const float glast = gam[GC - 1];
-        for (int q = 0; q < nq; q++) {
-            const int sl = q % 12, owner = sl < 8 ? sl >> 1 : 4 + (sl - 8);
+        for (int pc = 0; pc < npc; pc++) {
+            const int sl = pc % 16, owner = sl < 12 ? sl / 3 : 4 + (sl - 12);
             if (owner != w)
                 continue;
-            const int d0 = 16 * (q / 4) + g, d1 = d0 + 8, cl = 8 * (q % 4) + 2 * t;
-            float sa[4] = { glast * Ss[d0 * TC_LDS + cl], glast * Ss[d0 * TC_LDS + cl + 1],
-                            glast * Ss[d1 * TC_LDS + cl], glast * Ss[d1 * TC_LDS + cl + 1] };
+            const int d0 = 16 * (pc / 2) + g, d1 = d0 + 8, nb = 2 * (pc % 2);
+            float sa[2][4], sc[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int cl = 8 * (nb + h) + 2 * t;
+                sa[h][0] = glast * Ss[d0 * TC_LDS + cl];
+                sa[h][1] = glast * Ss[d0 * TC_LDS + cl + 1];
+                sa[h][2] = glast * Ss[d1 * TC_LDS + cl];
+                sa[h][3] = glast * Ss[d1 * TC_LDS + cl + 1];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    sc[h][i] = 0.f;
+            }
             for (int j0 = 0; j0 < GC; j0 += 8) {
                 const float e0 = kdec[j0 + t], e1 = kdec[j0 + t + 4];
                 const tc_a a = tc_split_a(e0 * Kf[(j0 + t) * LDK + d0], e0 * Kf[(j0 + t) * LDK + d1],
                                           e1 * Kf[(j0 + t + 4) * LDK + d0], e1 * Kf[(j0 + t + 4) * LDK + d1]);
-                tc_mma3(sa, a, Vs[(j0 + t) * TC_LDS + 8 * (q % 4) + g], Vs[(j0 + t + 4) * TC_LDS + 8 * (q % 4) + g]);
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    tc_mma3(sa[h], sc[h], a, Vs[(j0 + t) * TC_LDS + 8 * (nb + h) + g],
+                            Vs[(j0 + t + 4) * TC_LDS + 8 * (nb + h) + g]);
             }
-            Ss[d0 * TC_LDS + cl] = sa[0];
-            Ss[d0 * TC_LDS + cl + 1] = sa[1];
-            Ss[d1 * TC_LDS + cl] = sa[2];
-            Ss[d1 * TC_LDS + cl + 1] = sa[3];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int cl = 8 * (nb + h) + 2 * t;
+                Ss[d0 * TC_LDS + cl] = sa[h][0] + sc[h][0];
+                Ss[d0 * TC_LDS + cl + 1] = sa[h][1] + sc[h][1];
+                Ss[d1 * TC_LDS + cl] = sa[h][2] + sc[h][2];
+                Ss[d1 * TC_LDS + cl + 1] = sa[h][3] + sc[h][3];
+            }
         }
     }
     __syncthreads();
