@@ -58,6 +58,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_internal.h"
 
 namespace {
@@ -609,6 +611,21 @@ sn_status i8_smem(K kern, size_t bytes, const cu_devinfo *di)
     return SN_OK;
 }
 
+/* f(D, GS) with D (digits 2 or 3) and GS (32-column k-tiles per group: 1,
+ * 2, 4 for groups of 32, 64, 128) as std::integral_constant */
+template <typename F>
+sn_status i8_dispatch(int digits, int group, F &&f)
+{
+    auto by_group = [&](auto d) -> sn_status {
+        switch (group) {
+        case 32: return f(d, std::integral_constant<int, 1>{});
+        case 64: return f(d, std::integral_constant<int, 2>{});
+        default: return f(d, std::integral_constant<int, 4>{});
+        }
+    };
+    return digits == 2 ? by_group(std::integral_constant<int, 2>{}) : by_group(std::integral_constant<int, 3>{});
+}
+
 } // namespace
 
 sn_status cu_gemm_i8_init(const cu_devinfo *di)
@@ -657,18 +674,9 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
     if (!cu_repacked_plain(w) || w->cols % 64 || (w->group != 32 && w->group != 64 && w->group != 128) ||
         w->sfmt == CS_F32)
         return SN_FAIL(SN_E_INVALID, "matmul gemm i8: weight is not a repacked Q4 matrix");
-    if (digits == 2) {
-        switch (w->group) {
-        case 32: return i8_launch<2, 1>(s, w, x, T, y, scratch);
-        case 64: return i8_launch<2, 2>(s, w, x, T, y, scratch);
-        default: return i8_launch<2, 4>(s, w, x, T, y, scratch);
-        }
-    }
-    switch (w->group) {
-    case 32: return i8_launch<3, 1>(s, w, x, T, y, scratch);
-    case 64: return i8_launch<3, 2>(s, w, x, T, y, scratch);
-    default: return i8_launch<3, 4>(s, w, x, T, y, scratch);
-    }
+    return i8_dispatch(digits, w->group, [&](auto D, auto GS) {
+        return i8_launch<decltype(D)::value, decltype(GS)::value>(s, w, x, T, y, scratch);
+    });
 }
 
 bool cu_gemm_i8_moe_ok(const cu_devinfo *di, const cu_weight *w)
@@ -689,18 +697,9 @@ sn_status cu_gemm_i8_moe_stage(const cu_devinfo *di, cudaStream_t s, const cu_we
         return SN_FAIL(SN_E_INVALID, "moe gemm i8: expert stack is not repacked Q4");
     if (N <= 0)
         return SN_OK;
-    if (di->gemm_i8 == 2) {
-        switch (w->group) {
-        case 32: return i8_moe_stage<2, 1>(s, w, x, rows_from, k, N, cnt, scratch);
-        case 64: return i8_moe_stage<2, 2>(s, w, x, rows_from, k, N, cnt, scratch);
-        default: return i8_moe_stage<2, 4>(s, w, x, rows_from, k, N, cnt, scratch);
-        }
-    }
-    switch (w->group) {
-    case 32: return i8_moe_stage<3, 1>(s, w, x, rows_from, k, N, cnt, scratch);
-    case 64: return i8_moe_stage<3, 2>(s, w, x, rows_from, k, N, cnt, scratch);
-    default: return i8_moe_stage<3, 4>(s, w, x, rows_from, k, N, cnt, scratch);
-    }
+    return i8_dispatch(di->gemm_i8, w->group, [&](auto D, auto GS) {
+        return i8_moe_stage<decltype(D)::value, decltype(GS)::value>(s, w, x, rows_from, k, N, cnt, scratch);
+    });
 }
 
 sn_status cu_gemm_i8_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt,
@@ -710,16 +709,7 @@ sn_status cu_gemm_i8_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *
         return SN_FAIL(SN_E_INVALID, "moe gemm i8: expert stack is not repacked Q4");
     if (N <= 0)
         return SN_OK;
-    if (di->gemm_i8 == 2) {
-        switch (w->group) {
-        case 32: return i8_moe_gemm<2, 1>(s, w, N, cnt, seg_off, y, scratch);
-        case 64: return i8_moe_gemm<2, 2>(s, w, N, cnt, seg_off, y, scratch);
-        default: return i8_moe_gemm<2, 4>(s, w, N, cnt, seg_off, y, scratch);
-        }
-    }
-    switch (w->group) {
-    case 32: return i8_moe_gemm<3, 1>(s, w, N, cnt, seg_off, y, scratch);
-    case 64: return i8_moe_gemm<3, 2>(s, w, N, cnt, seg_off, y, scratch);
-    default: return i8_moe_gemm<3, 4>(s, w, N, cnt, seg_off, y, scratch);
-    }
+    return i8_dispatch(di->gemm_i8, w->group, [&](auto D, auto GS) {
+        return i8_moe_gemm<decltype(D)::value, decltype(GS)::value>(s, w, N, cnt, seg_off, y, scratch);
+    });
 }
