@@ -844,9 +844,13 @@ sn_status cuda_upload_weight(sn_backend *b, sn_weight *w)
         if (e != cudaSuccess)
             return upload_fail(cw, cu_err(e, "upload_weight scales"));
         cw->bytes = qbytes + ng * 2 * ssize;
-        /* SANCTUM_CUDA_GEMV=fp32: no repacked copy, decode on the fp32 GEMV */
-        const char *gv = getenv("SANCTUM_CUDA_GEMV");
-        if (!(gv && !strcmp(gv, "fp32"))) {
+        /* SANCTUM_CUDA_GEMV=fp32: no repacked copy, decode on the fp32 GEMV;
+         * SANCTUM_CUDA_MOE_REPACK=0: none for expert stacks (their MoE
+         * prefill then runs on the split fp16 GEMMs, and the stacks take
+         * half the device memory) */
+        const char *gv = getenv("SANCTUM_CUDA_GEMV"), *mr = getenv("SANCTUM_CUDA_MOE_REPACK");
+        const bool skip_stack = E > 1 && mr && !strcmp(mr, "0");
+        if (!(gv && !strcmp(gv, "fp32")) && !skip_stack) {
             sn_status rs = cu_repack_q4(cb->st, cw, &cw->bytes);
             /* the stream-K GEMV's buffers, with the first weight it can take */
             if (rs == SN_OK && cw->qr && !cb->di.gk_part)
