@@ -11,6 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmdline="bench/bench_decode.sh $*"
+# the CPU kernel knobs change what is measured: name them in the logged command
+for v in SANCTUM_CPU_Q4 SANCTUM_CPU; do
+    [ -n "${!v:-}" ] && cmdline="$v=${!v} $cmdline"
+done
 build=build; dir=/tmp/sanctum-bench; threads=$(nproc); prompt=128; tokens=32; configs=()
 while [ $# -gt 0 ]; do
     case $1 in
