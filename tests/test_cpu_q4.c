@@ -85,6 +85,32 @@ static void test_matmul_q4_int(void)
     sn_backend_free(ref);
 }
 
+/* A NaN or inf in token 1 (its second group) of a 3-token batch over t, a
+ * [5, 3 * group] Q4 weight (x: room for 3 tokens), makes every output of
+ * that token non-finite (want_nan: NaN), leaves tokens 0 and 2 finite, and
+ * those equal their GEMV bitwise. */
+static void check_nonfinite_isolated(sn_backend *be, const tw *t, float *x, int want_nan, const char *what)
+{
+    const int group = t->w.group;
+    const int64_t cols = t->w.cols;
+    enum { T = 3 };
+    float y[T * 5], y1[5];
+    for (int bad = 0; bad < 2; bad++) {
+        fill(x, (size_t)T * cols, -1, 1);
+        x[cols + group + 7] = bad ? INFINITY : NAN;
+        CHECK_OK(be->ops->matmul(be, &t->w, 0, x, T, y));
+        int ok = 1;
+        for (int r = 0; r < 5; r++)
+            ok &= (want_nan ? isnan(y[5 + r]) : !isfinite(y[5 + r])) && isfinite(y[r]) && isfinite(y[10 + r]);
+        CHECKF(ok, "%s group %d: a %s in token 1 must make exactly its outputs %s", what, group, bad ? "inf" : "NaN",
+               want_nan ? "NaN" : "non-finite");
+        for (int tok = 0; tok < T; tok += 2) {
+            CHECK_OK(be->ops->matmul(be, &t->w, 0, x + (size_t)tok * cols, 1, y1));
+            CHECK(memcmp(y1, y + tok * 5, sizeof y1) == 0);
+        }
+    }
+}
+
 /* Limits of the integer Q4 path, on every ISA: (a) a group whose max |x|
  * is below 2^-78 is scaled by 2^100 at most (the scale 2^-100 * s must stay
  * a normal float), so its x is rounded to multiples of 2^-100: the error is
@@ -105,7 +131,7 @@ static void test_matmul_q4_int_limits(void)
             tw t;
             tw_make(&t, SN_DT_Q4, rows, cols, group, SN_DT_BF16, 0);
             float *x = malloc(sizeof(float) * T * (size_t)cols);
-            float y[T * 5], y1[5];
+            float y[T * 5];
             double yr[T * 5], mag[T * 5];
             fill(x, (size_t)T * cols, -1e-30f, 1e-30f);
             CHECK_OK(be->ops->matmul(be, &t.w, 0, x, T, y));
@@ -113,20 +139,7 @@ static void test_matmul_q4_int_limits(void)
             for (int i = 0; i < T * 5; i++)
                 CHECKF(fabs(y[i] - yr[i]) <= ldexp(1, -101) * (double)cols + 1e-5 * mag[i],
                        "%s group %d tiny x: y[%d] %g vs %g", be->ops->name, group, i, (double)y[i], yr[i]);
-            for (int bad = 0; bad < 2; bad++) {
-                fill(x, (size_t)T * cols, -1, 1);
-                x[cols + group + 7] = bad ? INFINITY : NAN; /* token 1, its second group */
-                CHECK_OK(be->ops->matmul(be, &t.w, 0, x, T, y));
-                int ok = 1;
-                for (int r = 0; r < 5; r++)
-                    ok &= !isfinite(y[5 + r]) && isfinite(y[r]) && isfinite(y[10 + r]);
-                CHECKF(ok, "%s group %d: a %s in token 1 must make exactly its outputs non-finite", be->ops->name,
-                       group, bad ? "inf" : "NaN");
-                for (int tok = 0; tok < T; tok += 2) {
-                    CHECK_OK(be->ops->matmul(be, &t.w, 0, x + (size_t)tok * cols, 1, y1));
-                    CHECK(memcmp(y1, y + tok * 5, sizeof y1) == 0);
-                }
-            }
+            check_nonfinite_isolated(be, &t, x, 0, be->ops->name);
             free(x);
             tw_free(&t);
         }
@@ -284,24 +297,10 @@ static void test_matmul_q4_q8(void)
             }
     fprintf(stderr, "  q8 worst |err| / derived bound %.3g, / sum|terms| %.3g\n", worst_b, worst_m);
     for (int group = 32; group <= 128; group *= 2) {
-        const int64_t rows = 5, cols = 3 * group;
-        enum { T = 3 };
         tw t;
-        tw_make(&t, SN_DT_Q4, rows, cols, group, SN_DT_BF16, 0);
-        float *x = malloc(sizeof(float) * T * (size_t)cols), y[T * 5], y1[5];
-        for (int bad = 0; bad < 2; bad++) {
-            fill(x, (size_t)T * cols, -1, 1);
-            x[cols + group + 7] = bad ? INFINITY : NAN;
-            CHECK_OK(be->ops->matmul(be, &t.w, 0, x, T, y));
-            int ok = 1;
-            for (int r = 0; r < 5; r++)
-                ok &= isnan(y[5 + r]) && isfinite(y[r]) && isfinite(y[10 + r]);
-            CHECKF(ok, "q8 group %d: a %s in token 1 must make exactly its outputs NaN", group, bad ? "inf" : "NaN");
-            for (int tok = 0; tok < T; tok += 2) {
-                CHECK_OK(be->ops->matmul(be, &t.w, 0, x + (size_t)tok * cols, 1, y1));
-                CHECK(memcmp(y1, y + tok * 5, sizeof y1) == 0);
-            }
-        }
+        tw_make(&t, SN_DT_Q4, 5, 3 * group, group, SN_DT_BF16, 0);
+        float *x = malloc(sizeof(float) * 3 * 3 * (size_t)group);
+        check_nonfinite_isolated(be, &t, x, 1, "q8");
         free(x);
         tw_free(&t);
     }
