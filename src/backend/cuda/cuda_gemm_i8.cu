@@ -89,11 +89,14 @@ static_assert(i8cfg<3>::NT % 2 == 0 && i8cfg<2>::NT % 2 == 0, "n-tiles go in pai
 static_assert(i8cfg<3>::STAGE % 128 == 0 && i8cfg<2>::STAGE % 128 == 0, "stages stay aligned");
 
 /* x -> digit planes, per token. G: quant group (32, 64, 128). Plane row t
- * is x row t, or with rows_from (the MoE gather) x row rows_from[t] / k. */
+ * is x row t, or with rows_from (the MoE gather) x row rows_from[t] / k;
+ * with su the value is silu(x) * su (k_silu_mul's expression, so the same
+ * bits as that pass followed by this one). */
 template <int D, int G>
 __global__ void __launch_bounds__(256) k_i8_stage(const float *__restrict__ x, int T, int64_t cols,
                                                  int8_t *__restrict__ planes, float4 *__restrict__ gc,
-                                                 const int32_t *__restrict__ rows_from, int k)
+                                                 const int32_t *__restrict__ rows_from, int k,
+                                                 const float *__restrict__ su)
 {
     pdl_enter();
     constexpr int L = G / 4; /* lanes per group (4 columns each) */
@@ -102,6 +105,7 @@ __global__ void __launch_bounds__(256) k_i8_stage(const float *__restrict__ x, i
     constexpr float KM = (float)(12582912.0 * (D == 3 ? 65793.0 : 257.0)); /* exact: 197379 * 2^22 / 771 * 2^22 */
     const int t = blockIdx.x, lane = threadIdx.x & 31;
     const float *xr = x + (size_t)(rows_from ? rows_from[t] / k : t) * cols;
+    const float *ur = su ? su + (size_t)t * cols : nullptr;
     const int64_t n4 = cols / 4;
     /* warp-uniform trip count (every lane takes part in the shuffles); a
      * group never straddles live and dead lanes (cols % G == 0) */
@@ -114,6 +118,8 @@ __global__ void __launch_bounds__(256) k_i8_stage(const float *__restrict__ x, i
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             v[j] = live ? xr[4 * q + j] : 0.f;
+            if (ur && live)
+                v[j] = v[j] / (1.f + expf(-v[j])) * ur[4 * q + j];
             mx = fmaxf(mx, fabsf(v[j]));
             bad |= !isfinite(v[j]);
         }
@@ -520,7 +526,7 @@ sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, f
     int8_t *planes = (int8_t *)scratch;
     float4 *gc = (float4 *)((char *)scratch + planes_bytes(w, T, D));
     (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)T), dim3(256), 0, s, x, T, (int64_t)w->cols, planes, gc,
-                    (const int32_t *)NULL, 1);
+                    (const int32_t *)NULL, 1, (const float *)NULL);
     CU_CHECK_LAUNCH("matmul gemm i8 stage");
     const int64_t nblk = (w->mt + I8_BMT - 1) / I8_BMT * ((T + i8cfg<D>::BT - 1) / i8cfg<D>::BT);
     if (nblk > INT32_MAX)
@@ -566,12 +572,12 @@ __global__ void k_i8_blk_scan(const int *__restrict__ cnt, int E, int BT, int *_
 
 template <int D, int GS>
 sn_status i8_moe_stage(cudaStream_t s, const cu_weight *w, const float *x, const int32_t *rows_from, int k,
-                       int64_t N, const int *cnt, void *scratch)
+                       const float *su, int64_t N, const int *cnt, void *scratch)
 {
     const moe_scr m = moe_scr_of(N, w->cols, w->groups, w->n_experts, D);
     char *b = (char *)scratch;
     (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)N), dim3(256), 0, s, x, (int)N, (int64_t)w->cols,
-                    (int8_t *)(b + m.planes), (float4 *)(b + m.gc), rows_from, k);
+                    (int8_t *)(b + m.planes), (float4 *)(b + m.gc), rows_from, k, su);
     CU_CHECK_LAUNCH("moe gemm i8 stage");
     (void)cu_launch(k_i8_blk_scan, 1, 32, 0, s, cnt, (int)w->n_experts, i8cfg<D>::BT, (int *)(b + m.blk));
     CU_CHECK_LAUNCH("moe gemm i8 scan");
@@ -691,14 +697,15 @@ size_t cu_gemm_i8_moe_scratch_bytes(const cu_weight *w, int64_t N, int digits)
 }
 
 sn_status cu_gemm_i8_moe_stage(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x,
-                               const int32_t *rows_from, int k, int64_t N, const int *cnt, void *scratch)
+                               const int32_t *rows_from, int k, const float *su, int64_t N, const int *cnt,
+                               void *scratch)
 {
     if (!cu_gemm_i8_moe_ok(di, w))
         return SN_FAIL(SN_E_INVALID, "moe gemm i8: expert stack is not repacked Q4");
     if (N <= 0)
         return SN_OK;
     return i8_dispatch(di->gemm_i8, w->group, [&](auto D, auto GS) {
-        return i8_moe_stage<decltype(D)::value, decltype(GS)::value>(s, w, x, rows_from, k, N, cnt, scratch);
+        return i8_moe_stage<decltype(D)::value, decltype(GS)::value>(s, w, x, rows_from, k, su, N, cnt, scratch);
     });
 }
 

@@ -167,12 +167,14 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
 /* The expert-grouped form for the MoE prefill: an expert stack repacked as
  * one tall matrix (rows % 16 == 0), plane rows = token/expert pairs sorted
  * by expert (cnt[e] of them from seg_off[e]). Stage once per input (gate
- * and up share one), then one GEMM per stack; y[pair][rows]. scratch:
+ * and up share one; su: stage silu(x) * su, the down input from gate and
+ * up), then one GEMM per stack; y[pair][rows]. scratch:
  * cu_gemm_i8_moe_scratch_bytes(w, N, digits) per staged input. */
 bool cu_gemm_i8_moe_ok(const cu_devinfo *di, const cu_weight *w);
 size_t cu_gemm_i8_moe_scratch_bytes(const cu_weight *w, int64_t N, int digits);
 sn_status cu_gemm_i8_moe_stage(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x,
-                               const int32_t *rows_from, int k, int64_t N, const int *cnt, void *scratch);
+                               const int32_t *rows_from, int k, const float *su, int64_t N, const int *cnt,
+                               void *scratch);
 sn_status cu_gemm_i8_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt,
                          const int *seg_off, float *y, const void *scratch);
 /* [gemm_i8] end */

@@ -2812,12 +2812,11 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
     const unsigned sw_grid = (unsigned)((ni + 255) / 256 > 8192 ? 8192 : (ni + 255) / 256);
     if (L.int8) { /* [gemm_i8] x gathered into digit planes, gate and up from one staging */
         void *i8 = b + L.i8;
-        SN_TRY(cu_gemm_i8_moe_stage(di, s, gate, x, perm, k, N, cnt, i8));
+        SN_TRY(cu_gemm_i8_moe_stage(di, s, gate, x, perm, k, (const float *)NULL, N, cnt, i8));
         SN_TRY(cu_gemm_i8_moe(di, s, gate, N, cnt, seg, g, i8));
         SN_TRY(cu_gemm_i8_moe(di, s, up, N, cnt, seg, u, i8));
-        (void)cu_launch(k_silu_mul, sw_grid, 256, 0, s, g, u, ni);
-        CU_CHECK_LAUNCH("moe swiglu");
-        SN_TRY(cu_gemm_i8_moe_stage(di, s, down, g, (const int32_t *)NULL, 1, N, cnt, i8));
+        /* the swiglu inside the down input's staging (one pass over g and u fewer) */
+        SN_TRY(cu_gemm_i8_moe_stage(di, s, down, g, (const int32_t *)NULL, 1, u, N, cnt, i8));
         SN_TRY(cu_gemm_i8_moe(di, s, down, N, cnt, seg, yd, i8));
     } else {
         /* gathered rows of x (row r = token perm[r] / k), fp16 with padding rows */
