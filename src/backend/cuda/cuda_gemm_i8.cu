@@ -542,53 +542,36 @@ sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, f
 /* ---- the expert-grouped form (MoE prefill) ---- */
 
 /* scratch of one staged input: planes [D][N][cols], column constants
- * [groups][N], token-block prefix [E + 1] */
+ * [groups][N] */
 struct moe_scr {
-    size_t planes, gc, blk, total;
+    size_t planes, gc, total;
 };
-moe_scr moe_scr_of(int64_t N, int64_t cols, int64_t groups, int64_t E, int D)
+moe_scr moe_scr_of(int64_t N, int64_t cols, int64_t groups, int D)
 {
     moe_scr m;
     m.planes = 0;
     m.gc = ((size_t)D * N * cols + 255) / 256 * 256;
-    m.blk = m.gc + ((size_t)groups * N * sizeof(float4) + 255) / 256 * 256;
-    m.total = m.blk + (size_t)(E + 1) * sizeof(int) + 256;
+    m.total = m.gc + ((size_t)groups * N * sizeof(float4) + 255) / 256 * 256 + 256;
     return m;
-}
-
-/* blk_off[e] = sum over e' < e of ceil(cnt[e'] / BT) (one thread: E is small) */
-__global__ void k_i8_blk_scan(const int *__restrict__ cnt, int E, int BT, int *__restrict__ blk_off)
-{
-    pdl_enter();
-    if (threadIdx.x == 0) {
-        int a = 0;
-        for (int e = 0; e < E; e++) {
-            blk_off[e] = a;
-            a += (cnt[e] + BT - 1) / BT;
-        }
-        blk_off[E] = a;
-    }
 }
 
 template <int D, int GS>
 sn_status i8_moe_stage(cudaStream_t s, const cu_weight *w, const float *x, const int32_t *rows_from, int k,
-                       const float *su, int64_t N, const int *cnt, void *scratch)
+                       const float *su, int64_t N, void *scratch)
 {
-    const moe_scr m = moe_scr_of(N, w->cols, w->groups, w->n_experts, D);
+    const moe_scr m = moe_scr_of(N, w->cols, w->groups, D);
     char *b = (char *)scratch;
     (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)N), dim3(256), 0, s, x, (int)N, (int64_t)w->cols,
                     (int8_t *)(b + m.planes), (float4 *)(b + m.gc), rows_from, k, su);
     CU_CHECK_LAUNCH("moe gemm i8 stage");
-    (void)cu_launch(k_i8_blk_scan, 1, 32, 0, s, cnt, (int)w->n_experts, i8cfg<D>::BT, (int *)(b + m.blk));
-    CU_CHECK_LAUNCH("moe gemm i8 scan");
     return SN_OK;
 }
 
 template <int D, int GS>
-sn_status i8_moe_gemm(cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt, const int *seg_off, float *y,
-                      const void *scratch)
+sn_status i8_moe_gemm(cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt, const int *seg_off,
+                      const int *blk_off, float *y, const void *scratch)
 {
-    const moe_scr m = moe_scr_of(N, w->cols, w->groups, w->n_experts, D);
+    const moe_scr m = moe_scr_of(N, w->cols, w->groups, D);
     const char *b = (const char *)scratch;
     const int64_t mte = w->rows / 16, nrb = (mte + I8_BMT - 1) / I8_BMT;
     const int64_t nblk = nrb * ((N + i8cfg<D>::BT - 1) / i8cfg<D>::BT + w->n_experts); /* a bound; the rest return */
@@ -597,7 +580,7 @@ sn_status i8_moe_gemm(cudaStream_t s, const cu_weight *w, int64_t N, const int *
     i8_seg sg;
     sg.cnt = cnt;
     sg.seg_off = seg_off;
-    sg.blk_off = (const int *)(b + m.blk);
+    sg.blk_off = blk_off;
     sg.E = (int)w->n_experts;
     auto kern = w->sfmt != CS_BF16 ? k_gemm_i8<D, GS, true, true> : k_gemm_i8<D, GS, false, true>;
     (void)cu_launch(kern, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)i8cfg<D>::SMEM, s, (const uint4 *)w->qr,
@@ -693,30 +676,34 @@ bool cu_gemm_i8_moe_ok(const cu_devinfo *di, const cu_weight *w)
 
 size_t cu_gemm_i8_moe_scratch_bytes(const cu_weight *w, int64_t N, int digits)
 {
-    return moe_scr_of(N, w->cols, w->groups, w->n_experts, digits == 2 ? 2 : 3).total;
+    return moe_scr_of(N, w->cols, w->groups, digits == 2 ? 2 : 3).total;
+}
+
+int cu_gemm_i8_moe_block_tokens(int digits)
+{
+    return digits == 2 ? i8cfg<2>::BT : i8cfg<3>::BT;
 }
 
 sn_status cu_gemm_i8_moe_stage(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x,
-                               const int32_t *rows_from, int k, const float *su, int64_t N, const int *cnt,
-                               void *scratch)
+                               const int32_t *rows_from, int k, const float *su, int64_t N, void *scratch)
 {
     if (!cu_gemm_i8_moe_ok(di, w))
         return SN_FAIL(SN_E_INVALID, "moe gemm i8: expert stack is not repacked Q4");
     if (N <= 0)
         return SN_OK;
     return i8_dispatch(di->gemm_i8, w->group, [&](auto D, auto GS) {
-        return i8_moe_stage<decltype(D)::value, decltype(GS)::value>(s, w, x, rows_from, k, su, N, cnt, scratch);
+        return i8_moe_stage<decltype(D)::value, decltype(GS)::value>(s, w, x, rows_from, k, su, N, scratch);
     });
 }
 
 sn_status cu_gemm_i8_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt,
-                         const int *seg_off, float *y, const void *scratch)
+                         const int *seg_off, const int *blk_off, float *y, const void *scratch)
 {
     if (!cu_gemm_i8_moe_ok(di, w))
         return SN_FAIL(SN_E_INVALID, "moe gemm i8: expert stack is not repacked Q4");
     if (N <= 0)
         return SN_OK;
     return i8_dispatch(di->gemm_i8, w->group, [&](auto D, auto GS) {
-        return i8_moe_gemm<decltype(D)::value, decltype(GS)::value>(s, w, N, cnt, seg_off, y, scratch);
+        return i8_moe_gemm<decltype(D)::value, decltype(GS)::value>(s, w, N, cnt, seg_off, blk_off, y, scratch);
     });
 }

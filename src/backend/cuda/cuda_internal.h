@@ -168,15 +168,17 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
  * one tall matrix (rows % 16 == 0), plane rows = token/expert pairs sorted
  * by expert (cnt[e] of them from seg_off[e]). Stage once per input (gate
  * and up share one; su: stage silu(x) * su, the down input from gate and
- * up), then one GEMM per stack; y[pair][rows]. scratch:
- * cu_gemm_i8_moe_scratch_bytes(w, N, digits) per staged input. */
+ * up), then one GEMM per stack; y[pair][rows]. blk_off: exclusive prefix
+ * of ceil(cnt[e] / cu_gemm_i8_moe_block_tokens), E + 1 entries (the MoE's
+ * own scan makes it). scratch: cu_gemm_i8_moe_scratch_bytes(w, N, digits)
+ * per staged input. */
 bool cu_gemm_i8_moe_ok(const cu_devinfo *di, const cu_weight *w);
 size_t cu_gemm_i8_moe_scratch_bytes(const cu_weight *w, int64_t N, int digits);
+int cu_gemm_i8_moe_block_tokens(int digits); /* token rows per block: blk_off counts blocks of these */
 sn_status cu_gemm_i8_moe_stage(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x,
-                               const int32_t *rows_from, int k, const float *su, int64_t N, const int *cnt,
-                               void *scratch);
+                               const int32_t *rows_from, int k, const float *su, int64_t N, void *scratch);
 sn_status cu_gemm_i8_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt,
-                         const int *seg_off, float *y, const void *scratch);
+                         const int *seg_off, const int *blk_off, float *y, const void *scratch);
 /* [gemm_i8] end */
 
 /* Raise the dynamic shared memory limit of every kernel that needs more

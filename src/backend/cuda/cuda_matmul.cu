@@ -2156,8 +2156,10 @@ __global__ void k_moe_count(const int32_t *__restrict__ idx, int N, int *__restr
         cnt[blockIdx.x] = tot;
 }
 
-/* exclusive prefix sums of rows and of BM-row tiles (one thread; E is small) */
-__global__ void k_moe_scan(const int *__restrict__ cnt, int E, int *__restrict__ seg_off, int *__restrict__ tile_off)
+/* exclusive prefix sums of rows and of tiles of tile_rows rows (BM for the
+ * fp16 GEMMs, the integer GEMM's token block) (one thread; E is small) */
+__global__ void k_moe_scan(const int *__restrict__ cnt, int E, int tile_rows, int *__restrict__ seg_off,
+                           int *__restrict__ tile_off)
 {
     pdl_enter();
     if (threadIdx.x || blockIdx.x)
@@ -2167,7 +2169,7 @@ __global__ void k_moe_scan(const int *__restrict__ cnt, int E, int *__restrict__
         seg_off[e] = r;
         tile_off[e] = t;
         r += cnt[e];
-        t += (cnt[e] + BM - 1) / BM;
+        t += (cnt[e] + tile_rows - 1) / tile_rows;
     }
     seg_off[E] = r;
     tile_off[E] = t;
@@ -2804,7 +2806,8 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
     CU_CHECK_LAUNCH("moe route");
     (void)cu_launch(k_moe_count, (unsigned)E, 256, 0, s, idx, (int)N, cnt);
     CU_CHECK_LAUNCH("moe count");
-    (void)cu_launch(k_moe_scan, 1, 32, 0, s, cnt, E, seg, tile);
+    const int tile_rows = L.int8 ? cu_gemm_i8_moe_block_tokens(di->gemm_i8) : BM;
+    (void)cu_launch(k_moe_scan, 1, 32, 0, s, cnt, E, tile_rows, seg, tile);
     CU_CHECK_LAUNCH("moe scan");
     (void)cu_launch(k_moe_fill, (unsigned)E, 256, 0, s, idx, (int)N, seg, perm, pos);
     CU_CHECK_LAUNCH("moe fill");
@@ -2812,12 +2815,12 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
     const unsigned sw_grid = (unsigned)((ni + 255) / 256 > 8192 ? 8192 : (ni + 255) / 256);
     if (L.int8) { /* [gemm_i8] x gathered into digit planes, gate and up from one staging */
         void *i8 = b + L.i8;
-        SN_TRY(cu_gemm_i8_moe_stage(di, s, gate, x, perm, k, (const float *)NULL, N, cnt, i8));
-        SN_TRY(cu_gemm_i8_moe(di, s, gate, N, cnt, seg, g, i8));
-        SN_TRY(cu_gemm_i8_moe(di, s, up, N, cnt, seg, u, i8));
+        SN_TRY(cu_gemm_i8_moe_stage(di, s, gate, x, perm, k, (const float *)NULL, N, i8));
+        SN_TRY(cu_gemm_i8_moe(di, s, gate, N, cnt, seg, tile, g, i8));
+        SN_TRY(cu_gemm_i8_moe(di, s, up, N, cnt, seg, tile, u, i8));
         /* the swiglu inside the down input's staging (one pass over g and u fewer) */
-        SN_TRY(cu_gemm_i8_moe_stage(di, s, down, g, (const int32_t *)NULL, 1, u, N, cnt, i8));
-        SN_TRY(cu_gemm_i8_moe(di, s, down, N, cnt, seg, yd, i8));
+        SN_TRY(cu_gemm_i8_moe_stage(di, s, down, g, (const int32_t *)NULL, 1, u, N, i8));
+        SN_TRY(cu_gemm_i8_moe(di, s, down, N, cnt, seg, tile, yd, i8));
     } else {
         /* gathered rows of x (row r = token perm[r] / k), fp16 with padding rows */
         (void)cu_launch(k_x_to_f16, (unsigned)(N + BM), 256, 0, s, x, (int)N, H, KpH, nseg, xh, sig, perm, k);
