@@ -269,6 +269,8 @@ static void reset_state(model_t *m)
         }
 }
 
+static int g_moe_shared = 1; /* [moe] forward() uses moe_shared where the backend takes it */
+
 /* One forward of T tokens at pos0; next = argmax of the last token's logits. */
 static void forward(model_t *m, const int32_t *ids, int T, int pos0, int32_t *next)
 {
@@ -312,6 +314,15 @@ static void forward(model_t *m, const int32_t *ids, int T, int pos0, int32_t *ne
              * then the residual add (forward.c) */
             TRY(O->matmul(B, y->router, 0, m->xn, T, m->lg));
             TRY(O->matmul(B, y->sgw, 0, m->xn, T, m->sgl));
+            if (g_moe_shared && O->moe_shared) { /* the shared expert inside the MoE launches (decode) */
+                const sn_moe_shared sh = { y->sg, y->su, y->sd, m->sgl };
+                sn_status st = O->moe_shared(B, y->eg, y->eu, y->ed, m->lg, c->topk, true, &sh, m->xn, T, m->mo);
+                if (st != SN_E_UNSUPPORTED) {
+                    TRY(st);
+                    TRY(O->add(B, m->h, m->mo, (size_t)T * H));
+                    continue;
+                }
+            }
             TRY(O->matmul(B, y->sg, 0, m->xn, T, m->mg));
             TRY(O->matmul(B, y->su, 0, m->xn, T, m->mu));
             TRY(O->swiglu(B, m->mg, m->mu, (size_t)T * c->Is, m->ma));
@@ -442,6 +453,10 @@ int main(int argc, char **argv)
     int prefill = 4096, ndec = 128, layers = 0, profile = 1;
     int breakdown = 0; /* [prefill-breakdown] */
     int gemv_only = 0; /* only the decode GEMV alone per matrix (gemv_micro) */
+    /* --ncu-decode: prefill, the decode graph timed, then one replayed step
+     * inside sn_cuda_profiler_range (for ncu --profile-from-start off
+     * --graph-profiling node: every kernel of one step, alone) */
+    int ncu_decode = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config") && i + 1 < argc) cfgp = argv[++i];
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
@@ -451,9 +466,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--no-profile")) profile = 0;
         else if (!strcmp(argv[i], "--prefill-breakdown")) breakdown = 1; /* [prefill-breakdown] */
         else if (!strcmp(argv[i], "--gemv-only")) gemv_only = 1;
+        else if (!strcmp(argv[i], "--ncu-decode")) ncu_decode = 1;
         else {
             fprintf(stderr, "usage: %s --config config.json [--prefill P] [--decode N] [--layers L] [--log F] "
-                            "[--no-profile] [--prefill-breakdown] [--gemv-only]\n", argv[0]);
+                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--ncu-decode]\n", argv[0]);
             return 2;
         }
     }
@@ -502,6 +518,25 @@ int main(int argc, char **argv)
     reset_state(&m);
     forward(&m, ids, prefill, 0, &tok);
     TRY(O->sync(B));
+    if (ncu_decode) {
+        int pos = prefill;
+        double td = 0;
+        for (int i = 0; i < ndec; i++) {
+            double t0 = now();
+            TRY(O->begin_step(B));
+            forward(&m, &tok, 1, pos++, &tok);
+            TRY(O->end_step(B));
+            if (i) td += now() - t0;
+        }
+        printf("bench_cuda %s --ncu-decode: decode (graph) %.3f ms per step over %d steps; profiled step next\n",
+               cfgp, td / (ndec - 1) * 1e3, ndec - 1);
+        TRY(sn_cuda_profiler_range(B, 1));
+        TRY(O->begin_step(B));
+        forward(&m, &tok, 1, pos++, &tok);
+        TRY(O->end_step(B));
+        TRY(sn_cuda_profiler_range(B, 0));
+        return 0;
+    }
     reset_state(&m);
     TRY(O->sync(B));
     double tp = now();
@@ -590,6 +625,12 @@ int main(int argc, char **argv)
     double dec_min[4];
     for (int i = 0; i < 4; i++)
         dec_min[i] = decode_with(&m, "gemv_i8_min_kb", min_kbs[i], min_kb_def, prefill, nv, &tok);
+    double dec_nosh = 0; /* [moe] the shared expert as its own three GEMVs and swiglu */
+    if (c->E > 0) {
+        g_moe_shared = 0;
+        dec_nosh = decode_with(&m, NULL, 0, 0, prefill, nv, &tok);
+        g_moe_shared = 1;
+    }
     double dec_moe0 = c->E > 0 ? decode_with(&m, "moe_dec", 0, 2, prefill, nv, &tok) : 0; /* [moe] */
     double dec_moe1 = c->E > 0 ? decode_with(&m, "moe_dec", 1, 2, prefill, nv, &tok) : 0; /* [moe] */
     /* eager: fewer steps (same positions range) */
@@ -634,6 +675,8 @@ int main(int argc, char **argv)
     printf("  decode (graph), stream-K GEMV split for 1 block per SM: %.1f tok/s\n", dec_bps1);
     printf("  decode (graph), fp32 GEMV for launches under N MB of 4-bit weights: N=0 %.1f, 4 %.1f, 12 %.1f, 24 %.1f tok/s\n",
            dec_min[0], dec_min[1], dec_min[2], dec_min[3]);
+    if (c->E > 0) /* [moe] */
+        printf("  decode (graph), shared expert as its own GEMVs (no moe_shared): %.1f tok/s\n", dec_nosh);
     if (c->E > 0) /* [moe] */
         printf("  decode (graph) MoE variants: old route/gate_up/down/sum kernels %.1f tok/s; two-launch MoE without "
                "the L2 prefetch %.1f\n", dec_moe0, dec_moe1);

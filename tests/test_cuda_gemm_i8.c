@@ -26,6 +26,10 @@
  * repack done at upload against the PTX fragment layout), T = 9, 64, 130,
  * 1000; row invariance: token rows of a T = 130 run bitwise equal to the
  * same tokens run as T = 9; and determinism (two runs bitwise equal).
+ * Staging reuse: a matmul right after one of the same x (the backend skips
+ * the digit staging) gives the bits of a freshly staged call, and x
+ * changed by an op in between, by the previous matmul writing over it,
+ * another group size or another T each make it stage again.
  * Without a GPU part 2 says SKIP. */
 #include <math.h>
 #include <stdint.h>
@@ -616,6 +620,66 @@ static void test_gpu_vs_cpu(void)
     CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
 }
 
+/* one uploaded Q4 weight of the staging test */
+typedef struct {
+    hq4 h;
+    sn_weight wg;
+} sw;
+
+static void sw_make(sw *w, int64_t rows, int64_t cols, int group)
+{
+    hq4_make(&w->h, rows, cols, group, 0, 0, 0);
+    w->wg = host_view(&w->h);
+    CHECK_OK(G->ops->upload_weight(G, &w->wg));
+}
+
+/* the host copy of T rows of the device output y of w */
+static float *out_of(const sw *w, const float *dy, int T) { return tohost(dy, (size_t)T * w->wg.rows); }
+
+static void test_gpu_staging_reuse(void)
+{
+    enum { T = 64, K = 1088 };
+    sw a, b, sq, g32;
+    sw_make(&a, 259, K, 64);
+    sw_make(&b, 130, K, 64);
+    sw_make(&sq, K, K, 64); /* y over x */
+    sw_make(&g32, 77, K, 32);
+    float *x = make_x(T, K, 64, 1), *z = make_x(T, K, 64, 0);
+    float *dx = dcopy(x, (size_t)T * K), *dz = dcopy(z, (size_t)T * K), *dx2 = dpoison((size_t)T * K);
+    float *dya = dpoison((size_t)T * 259), *dyb = dpoison((size_t)T * 130), *dyg = dpoison((size_t)T * 77);
+    CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
+    /* references: each staged fresh (a tune or a from_host between calls forgets the staging) */
+    float *rb = gpu_mm(&b.wg, dx, T, 3), *rg = gpu_mm(&g32.wg, dx, T, 3), *rb9 = gpu_mm(&b.wg, dx, 9, 3);
+    /* b right after a on the same x: staged once */
+    CHECK_OK(G->ops->matmul(G, &a.wg, 0, dx, T, dya));
+    CHECK_OK(G->ops->matmul(G, &b.wg, 0, dx, T, dyb));
+    float *yb = out_of(&b, dyb, T);
+    CHECKF(n_diff(yb, rb, (size_t)T * 130) == 0, "staging reuse: b after a differs from b alone");
+    /* another group size, then another T: staged again */
+    CHECK_OK(G->ops->matmul(G, &a.wg, 0, dx, T, dya));
+    CHECK_OK(G->ops->matmul(G, &g32.wg, 0, dx, T, dyg));
+    CHECK_OK(G->ops->matmul(G, &b.wg, 0, dx, 9, dyb));
+    float *yg = out_of(&g32, dyg, T), *yb9 = out_of(&b, dyb, 9);
+    CHECKF(n_diff(yg, rg, (size_t)T * 77) == 0, "staging reuse: a group-32 weight after a group-64 one differs");
+    CHECKF(n_diff(yb9, rb9, (size_t)9 * 130) == 0, "staging reuse: T = 9 after T = 64 differs");
+    /* x changed by an op in between: x2 = x + z, then b must see x2 */
+    CHECK_OK(G->ops->copy(G, dx2, dx, sizeof(float) * T * K));
+    CHECK_OK(G->ops->matmul(G, &a.wg, 0, dx2, T, dya));
+    CHECK_OK(G->ops->add(G, dx2, dz, (size_t)T * K));
+    CHECK_OK(G->ops->matmul(G, &b.wg, 0, dx2, T, dyb));
+    float *yb2 = out_of(&b, dyb, T), *rb2 = gpu_mm(&b.wg, dx2, T, 3);
+    CHECKF(n_diff(yb2, rb2, (size_t)T * 130) == 0, "staging reuse: x changed by an add, b used the old staging");
+    /* the previous matmul wrote over x (y == x): b must see the new x */
+    CHECK_OK(G->ops->matmul(G, &sq.wg, 0, dx2, T, dx2));
+    CHECK_OK(G->ops->matmul(G, &b.wg, 0, dx2, T, dyb));
+    float *yb3 = out_of(&b, dyb, T), *rb3 = gpu_mm(&b.wg, dx2, T, 3);
+    CHECKF(n_diff(yb3, rb3, (size_t)T * 130) == 0, "staging reuse: x overwritten by a matmul, b used the old staging");
+    free(rb); free(rg); free(rb9); free(yb); free(yg); free(yb9); free(yb2); free(rb2); free(yb3); free(rb3);
+    free(x); free(z);
+    dfree(dx); dfree(dz); dfree(dx2); dfree(dya); dfree(dyb); dfree(dyg);
+    hq4_free(&a.h); hq4_free(&b.h); hq4_free(&sq.h); hq4_free(&g32.h);
+}
+
 /* SANCTUM_TEST_GEMM_I8_TIME=1: the GEMM alone on the 27B prefill shapes (T = 4096), 3 and 2 digits and
  * the split fp16x3 GEMM (gemm_i8 = 0, cuBLAS if it loaded); ms per call and nominal TFLOP/s (2 rows cols T) */
 static double now_s(void)
@@ -682,6 +746,7 @@ int main(void)
     if (!only || strcmp(only, "only")) {
         RUN(test_gpu_vs_emulation);
         RUN(test_gpu_vs_cpu);
+        RUN(test_gpu_staging_reuse);
     }
     RUN(time_gemm);
     if (G->ops->sync(G) != SN_OK) {

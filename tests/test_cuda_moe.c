@@ -10,11 +10,17 @@
  *  - deterministic: the same call twice gives the same bits;
  *  - batch invariant: a token's row is bitwise the same alone (T=1) or
  *    among T tokens;
+ *  - moe_shared (the shared expert as one more slot of the two launches)
+ *    against the CPU's moe + shared expert ops + add_gated within the same
+ *    bound, deterministic and batch invariant, and it declines
+ *    (SN_E_UNSUPPORTED, nothing run) a shared expert of another shape or
+ *    format and T on the grouped prefill path;
  *  - a decode-step graph of a mini MoE layer in the model's op order
  *    (norm, router + shared gate logit, shared gate/up, swiglu, shared
- *    down, moe, add_gated, residual add) is bitwise equal to the ops run
- *    eagerly, with the fuser on or off, with and without the L2 prefetch,
- *    at T = 1 and T = 3, and with a residual target the MoE also reads.
+ *    down, moe, add_gated, residual add; or moe_shared in their place) is
+ *    bitwise equal to the ops run eagerly, with the fuser on or off, with
+ *    and without the L2 prefetch, at T = 1 and T = 3, and with a residual
+ *    target the MoE also reads.
  * On a machine without a GPU (or a build without CUDA) it says SKIP and
  * reports 0 passed, 0 failed. */
 #include <math.h>
@@ -179,6 +185,116 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     free(hx); free(hl); free(ref); free(a); free(b); free(o);
 }
 
+/* ---- moe_shared: the shared expert inside the MoE launches ---- */
+
+typedef struct {
+    tw g, u, d;
+} shared_ex;
+
+static void sh_make(shared_ex *s, sn_dtype dt, sn_dtype sdt, int group, int H, int Is)
+{
+    tw_make(&s->g, dt, Is, H, group, sdt, 0);
+    tw_make(&s->u, dt, Is, H, group, sdt, 0);
+    tw_make(&s->d, dt, H, Is, group, sdt, 0);
+}
+
+static void sh_free(shared_ex *s)
+{
+    tw_free(&s->g);
+    tw_free(&s->u);
+    tw_free(&s->d);
+}
+
+/* the CPU oracle: moe, then the shared expert's ops and add_gated */
+static void cpu_moe_shared(const experts *x, const shared_ex *s, const float *hx, const float *hl, const float *hsg,
+                           int T, float *out)
+{
+    const int H = x->H, Is = (int)s->g.w.rows;
+    float *g = malloc(sizeof(float) * T * Is), *u = malloc(sizeof(float) * T * Is);
+    float *a = malloc(sizeof(float) * T * Is), *sh = malloc(sizeof(float) * T * H);
+    CHECK_OK(C->ops->moe(C, &x->g.w, &x->u.w, &x->d.w, hl, x->k, true, hx, T, out));
+    CHECK_OK(C->ops->matmul(C, &s->g.w, 0, hx, T, g));
+    CHECK_OK(C->ops->matmul(C, &s->u.w, 0, hx, T, u));
+    CHECK_OK(C->ops->swiglu(C, g, u, (size_t)T * Is, a));
+    CHECK_OK(C->ops->matmul(C, &s->d.w, 0, a, T, sh));
+    CHECK_OK(C->ops->add_gated(C, out, sh, hsg, T, H));
+    free(g); free(u); free(a); free(sh);
+}
+
+/* GPU moe_shared of T tokens; the status of the call (out NULL unless SN_OK) */
+static sn_status gpu_moe_shared(const experts *x, const shared_ex *s, const float *hx, const float *hl,
+                                const float *hsg, int T, float **out)
+{
+    float *dx = dcopy(hx, (size_t)T * x->H), *dl = dcopy(hl, (size_t)T * x->E), *ds = dcopy(hsg, T);
+    float *dout = dpoison((size_t)T * x->H);
+    const sn_moe_shared sh = { &s->g.wg, &s->u.wg, &s->d.wg, ds };
+    sn_status st = G->ops->moe_shared(G, &x->g.wg, &x->u.wg, &x->d.wg, dl, x->k, true, &sh, dx, T, dout);
+    *out = st == SN_OK ? tohost(dout, (size_t)T * x->H) : NULL;
+    dfree(dx); dfree(dl); dfree(ds); dfree(dout);
+    return st;
+}
+
+static void sh_case(const experts *x, const shared_ex *s, int T)
+{
+    const int H = x->H;
+    float *hx = hrand((size_t)T * H, 1.f), *hl = make_logits(T, x->E, 0), *hsg = hrand(T, 2.f);
+    float *ref = malloc(sizeof(float) * T * H), *a = NULL, *b = NULL;
+    cpu_moe_shared(x, s, hx, hl, hsg, T, ref);
+    CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &a));
+    if (a) {
+        double err = rel_err(a, ref, (size_t)T * H);
+        CHECKF(err <= 2e-5, "moe_shared E=%d k=%d H=%d I=%d T=%d: rel %.3g", x->E, x->k, H, x->I, T, err);
+        CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &b));
+        CHECKF(b && memcmp(a, b, sizeof(float) * T * H) == 0, "moe_shared T=%d: two runs differ", T);
+        for (int t = 0; t < T && T > 1; t++) {
+            float *one = NULL;
+            CHECK_OK(gpu_moe_shared(x, s, hx + (size_t)t * H, hl + (size_t)t * x->E, hsg + t, 1, &one));
+            CHECKF(one && memcmp(one, a + (size_t)t * H, sizeof(float) * H) == 0,
+                   "moe_shared: token %d of %d differs from the same token alone", t, T);
+            free(one);
+        }
+    }
+    free(hx); free(hl); free(hsg); free(ref); free(a); free(b);
+}
+
+static void test_moe_shared(void)
+{
+    experts x;
+    shared_ex s;
+    ex_make(&x, SN_DT_Q4, SN_DT_BF16, 64, 256, 8, 2048, 512); /* 35B-A3B */
+    sh_make(&s, SN_DT_Q4, SN_DT_BF16, 64, 2048, 512);
+    for (int T = 1; T <= 8; T += 3) sh_case(&x, &s, T);
+    /* the grouped prefill path (T >= 32) is not taken: declined, nothing run */
+    float *out = NULL, *hx = hrand((size_t)32 * 2048, 1.f), *hl = make_logits(32, 256, 0), *hsg = hrand(32, 1.f);
+    CHECK(gpu_moe_shared(&x, &s, hx, hl, hsg, 32, &out) == SN_E_UNSUPPORTED && !out);
+    sh_free(&s);
+    /* a shared expert of another width or format: declined */
+    sh_make(&s, SN_DT_Q4, SN_DT_BF16, 64, 2048, 1024);
+    CHECK(gpu_moe_shared(&x, &s, hx, hl, hsg, 2, &out) == SN_E_UNSUPPORTED && !out);
+    sh_free(&s);
+    sh_make(&s, SN_DT_Q8, SN_DT_BF16, 64, 2048, 512);
+    CHECK(gpu_moe_shared(&x, &s, hx, hl, hsg, 2, &out) == SN_E_UNSUPPORTED && !out);
+    sh_free(&s);
+    ex_free(&x);
+    /* other formats and odd sizes: Q8 with f32 scales, group 32, k = 1 */
+    ex_make(&x, SN_DT_Q8, SN_DT_F32, 32, 24, 1, 96, 160);
+    sh_make(&s, SN_DT_Q8, SN_DT_F32, 32, 96, 160);
+    sh_case(&x, &s, 5);
+    sh_free(&s);
+    ex_free(&x);
+    ex_make(&x, SN_DT_Q4, SN_DT_F16, 128, 40, 3, 384, 128);
+    sh_make(&s, SN_DT_Q4, SN_DT_F16, 128, 384, 128);
+    sh_case(&x, &s, 3);
+    /* NULL gate logits: an error, not a decline */
+    const sn_moe_shared bad = { &s.g.wg, &s.u.wg, &s.d.wg, NULL };
+    float *dx = dcopy(hx, 384), *dl = dcopy(hl, 40), *dout = dpoison(384);
+    CHECK(G->ops->moe_shared(G, &x.g.wg, &x.u.wg, &x.d.wg, dl, 3, true, &bad, dx, 1, dout) == SN_E_INVALID);
+    dfree(dx); dfree(dl); dfree(dout);
+    sh_free(&s);
+    ex_free(&x);
+    free(hx); free(hl); free(hsg);
+}
+
 static void test_moe_decode_35b(void)
 {
     experts x;
@@ -222,7 +338,7 @@ typedef struct {
     tw emb, router, sgw, sg, su, sd;
     float *norm_w;
     float *h, *xn, *lg, *xe, *g, *u, *act, *sh, *y;
-    int H, E, k, I, Is, L, res_into_xn;
+    int H, E, k, I, Is, L, res_into_xn, use_sh;
 } mini;
 
 static void mini_step(mini *m, const int32_t *tok, int T, int32_t *next)
@@ -235,12 +351,18 @@ static void mini_step(mini *m, const int32_t *tok, int T, int32_t *next)
         /* qwen3_5_moe.c's order */
         CHECK_OK(b->ops->matmul(b, &m->router.wg, 0, m->xn, T, m->lg));
         CHECK_OK(b->ops->matmul(b, &m->sgw.wg, 0, m->xn, T, m->xe));
-        CHECK_OK(b->ops->matmul(b, &m->sg.wg, 0, m->xn, T, m->g));
-        CHECK_OK(b->ops->matmul(b, &m->su.wg, 0, m->xn, T, m->u));
-        CHECK_OK(b->ops->swiglu(b, m->g, m->u, (size_t)T * m->Is, m->act));
-        CHECK_OK(b->ops->matmul(b, &m->sd.wg, 0, m->act, T, m->sh));
-        CHECK_OK(b->ops->moe(b, &m->ex.g.wg, &m->ex.u.wg, &m->ex.d.wg, m->lg, m->k, true, m->xn, T, m->y));
-        CHECK_OK(b->ops->add_gated(b, m->y, m->sh, m->xe, T, m->H));
+        if (m->use_sh) {
+            const sn_moe_shared sh = { &m->sg.wg, &m->su.wg, &m->sd.wg, m->xe };
+            CHECK_OK(b->ops->moe_shared(b, &m->ex.g.wg, &m->ex.u.wg, &m->ex.d.wg, m->lg, m->k, true, &sh, m->xn, T,
+                                        m->y));
+        } else {
+            CHECK_OK(b->ops->matmul(b, &m->sg.wg, 0, m->xn, T, m->g));
+            CHECK_OK(b->ops->matmul(b, &m->su.wg, 0, m->xn, T, m->u));
+            CHECK_OK(b->ops->swiglu(b, m->g, m->u, (size_t)T * m->Is, m->act));
+            CHECK_OK(b->ops->matmul(b, &m->sd.wg, 0, m->act, T, m->sh));
+            CHECK_OK(b->ops->moe(b, &m->ex.g.wg, &m->ex.u.wg, &m->ex.d.wg, m->lg, m->k, true, m->xn, T, m->y));
+            CHECK_OK(b->ops->add_gated(b, m->y, m->sh, m->xe, T, m->H));
+        }
         /* res_into_xn: the residual lands in the MoE's own input (also legal) */
         CHECK_OK(b->ops->add(b, m->res_into_xn ? m->xn : m->h, m->y, TH));
         if (m->res_into_xn) CHECK_OK(b->ops->add(b, m->h, m->xn, TH));
@@ -291,11 +413,12 @@ static void run_steps(mini *m, int T, int N, int graph, int32_t *toks, float *hs
     }
 }
 
-static void graph_case(int H, int E, int k, int I, int Is, int L, int T, int res_into_xn)
+static void graph_case(int H, int E, int k, int I, int Is, int L, int T, int res_into_xn, int use_sh)
 {
     mini m;
     mini_make(&m, H, E, k, I, Is, L);
     m.res_into_xn = res_into_xn;
+    m.use_sh = use_sh;
     enum { N = 6 };
     int32_t te[(N + 1) * 8] = { 0 }, tg[(N + 1) * 8] = { 0 };
     for (int t = 0; t < 8; t++) te[t] = tg[t] = 5 + 3 * t;
@@ -327,10 +450,12 @@ static void graph_case(int H, int E, int k, int I, int Is, int L, int T, int res
 
 static void test_moe_graph_replay(void)
 {
-    graph_case(256, 64, 4, 128, 128, 3, 1, 0);
-    graph_case(256, 64, 4, 128, 128, 3, 3, 0);
-    graph_case(256, 64, 4, 128, 128, 2, 1, 1);
-    graph_case(2048, 256, 8, 512, 512, 2, 1, 0); /* 35B-A3B layer shapes */
+    for (int sh = 0; sh <= 1; sh++) {
+        graph_case(256, 64, 4, 128, 128, 3, 1, 0, sh);
+        graph_case(256, 64, 4, 128, 128, 3, 3, 0, sh);
+        graph_case(256, 64, 4, 128, 128, 2, 1, 1, sh);
+        graph_case(2048, 256, 8, 512, 512, 2, 1, 0, sh); /* 35B-A3B layer shapes */
+    }
 }
 
 static void test_moe_tune(void)
@@ -354,6 +479,7 @@ int main(void)
     RUN(test_moe_tune);
     RUN(test_moe_decode_shapes);
     RUN(test_moe_decode_35b);
+    RUN(test_moe_shared);
     RUN(test_moe_graph_replay);
     if (G->ops->sync(G) != SN_OK) {
         fprintf(stderr, "final sync: %s\n", sn_errmsg());

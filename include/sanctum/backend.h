@@ -62,6 +62,13 @@ static inline size_t sn_gdn_hist_floats(const sn_gdn_dims *d)
     return (size_t)(d->conv_k > 1 ? d->conv_k - 1 : 0) * conv_dim + (size_t)d->n_v_heads * d->dk * d->dv;
 }
 
+/* An MoE layer's shared expert (moe_shared): gate/up [I, H], down [H, I]
+ * plain matrices, and its per-token gate logits (device floats [T]). */
+typedef struct {
+    const sn_weight *gate, *up, *down;
+    const float *gate_logit;
+} sn_moe_shared;
+
 typedef struct sn_backend_ops {
     const char *name;
     void (*destroy)(sn_backend *);
@@ -120,6 +127,17 @@ typedef struct sn_backend_ops {
      * included (see add_gated). */
     sn_status (*moe)(sn_backend *, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
                      const float *logits, int top_k, bool norm_topk, const float *x, int T, float *out);
+    /* moe with the shared expert in the same op, where the backend can run
+     * it beside the routed ones (CUDA decode: one more expert slot of the
+     * two MoE launches, weighted by its gate):
+     * out[t] = moe's out[t] + sigmoid(sh->gate_logit[t]) *
+     *          sh->down(silu(sh->gate x_t) * sh->up x_t).
+     * Where it cannot (these shapes, this T) it returns SN_E_UNSUPPORTED
+     * without touching anything or setting an error message, and the caller
+     * runs moe, the shared expert's ops and add_gated instead. */
+    sn_status (*moe_shared)(sn_backend *, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
+                            const float *logits, int top_k, bool norm_topk, const sn_moe_shared *sh,
+                            const float *x, int T, float *out);
     /* y[t, :] += sigmoid(g[t]) * x[t, :] for t < T, rows of n (the shared
      * expert's per-token gate fused with the residual add). */
     sn_status (*add_gated)(sn_backend *, float *y, const float *x, const float *g, int T, int n);

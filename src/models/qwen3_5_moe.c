@@ -112,6 +112,14 @@ static sn_status moe_ffn(sn_model *m, int l, const float *xn, int T, float *y)
          * and fold add_gated and the caller's residual add into the MoE;
          * the ops are independent, so each result is the same in any order. */
         SN_TRY(OPS->matmul(BE, &ly->sgate_w, 0, xn, T, xe));
+        if (OPS->moe_shared) {
+            /* the shared expert inside the MoE's own launches where the
+             * backend can (CUDA decode: three launches fewer per layer) */
+            const sn_moe_shared sh = { &ly->sgate, &ly->sup, &ly->sdown, xe };
+            sn_status st = OPS->moe_shared(BE, &ly->egate, &ly->eup, &ly->edown, eo, m->cfg->n_experts_per_tok,
+                                           m->cfg->norm_topk_prob, &sh, xn, T, y);
+            if (st != SN_E_UNSUPPORTED) return st;
+        }
         SN_TRY(OPS->matmul(BE, &ly->sgate, 0, xn, T, g));
         SN_TRY(OPS->matmul(BE, &ly->sup, 0, xn, T, u));
         SN_TRY(OPS->swiglu(BE, g, u, (size_t)T * (size_t)ly->sgate.rows, act));

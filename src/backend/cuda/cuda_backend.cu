@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_profiler_api.h>
+
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/sn_cuda.h"
 
@@ -104,11 +106,24 @@ struct cuda_be {
 
     bool fuse;              /* group decode GEMVs and fold residual adds inside graphs */
 
+    /* The x the integer prefill GEMM last staged into scratch (its digit
+     * planes). Consecutive eager matmuls of one x (q/k/v, qkv/z/b/a,
+     * shared gate/up) stage it once; anything else that runs, or any
+     * write the backend sees, forgets it (stg_forget). */
+    struct {
+        bool valid;
+        const void *x, *scratch;
+        int64_t T, cols, group;
+        int digits;
+    } stg;
+
     /* profiling */
     bool prof;
     prof_ev *evs;
     int n_evs, cap_evs;
 };
+
+void stg_forget(cuda_be *cb) { cb->stg.valid = false; }
 
 cuda_be *cb_of(sn_backend *b) { return (cuda_be *)b; }
 
@@ -138,6 +153,7 @@ sn_status ensure_scratch(cuda_be *cb, size_t bytes)
         cb->scratch = NULL;
         cb->scratch_cap = 0;
     }
+    stg_forget(cb);
     cudaError_t e = cudaMalloc(&cb->scratch, want);
     if (e != cudaSuccess)
         return SN_FAIL(SN_E_NOMEM, "cuda scratch of %zu bytes: %s", want, cudaGetErrorString(e));
@@ -154,14 +170,46 @@ sn_status ensure_scratch(cuda_be *cb, size_t bytes)
 
 const cu_weight *cw_of(const void *p) { return (const cu_weight *)((const sn_weight *)p)->dev; }
 
+/* An eager matmul, staging x for the integer GEMM only when scratch does
+ * not hold it already (see cuda_be.stg). */
+sn_status eager_matmul(cuda_be *cb, const rec &r)
+{
+    const cu_weight *w = cw_of(r.p[0]);
+    const float *x = (const float *)r.p[1];
+    float *y = (float *)r.p[2];
+    const int T = (int)r.i[1];
+    if (!cu_matmul_gemm_i8(&cb->di, w, r.i[0], T)) {
+        stg_forget(cb);
+        return cu_matmul(&cb->di, cb->st, w, (int)r.i[0], x, T, y, cb->scratch, false);
+    }
+    const bool staged = cb->stg.valid && cb->stg.x == x && cb->stg.scratch == cb->scratch && cb->stg.T == T &&
+                        cb->stg.cols == w->cols && cb->stg.group == w->group && cb->stg.digits == cb->di.gemm_i8;
+    sn_status st = cu_matmul(&cb->di, cb->st, w, (int)r.i[0], x, T, y, cb->scratch, staged);
+    const char *xb = (const char *)x, *yb = (const char *)y;
+    const size_t nx = sizeof(float) * (size_t)T * w->cols, ny = sizeof(float) * (size_t)T * w->rows;
+    const bool clobbers = yb < xb + nx && xb < yb + ny; /* y over x: x is not what was staged */
+    cb->stg.valid = st == SN_OK && !clobbers;
+    cb->stg.x = x;
+    cb->stg.scratch = cb->scratch;
+    cb->stg.T = T;
+    cb->stg.cols = w->cols;
+    cb->stg.group = w->group;
+    cb->stg.digits = cb->di.gemm_i8;
+    return st;
+}
+
 sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
 {
     cudaStream_t s = cb->st;
     const int *d_delta = capture ? &cb->d_sp->delta : cb->d_zero;
+    if (capture || r.kind != R_MATMUL)
+        stg_forget(cb);
     switch (r.kind) {
     case R_MATMUL:
+        if (!capture)
+            return eager_matmul(cb, r);
         return cu_matmul(&cb->di, s, cw_of(r.p[0]), (int)r.i[0], (const float *)r.p[1], (int)r.i[1],
-                         (float *)r.p[2], cb->scratch);
+                         (float *)r.p[2], cb->scratch, false);
     case R_EMBED: {
         int T = (int)r.i[0];
         const int32_t *ids;
@@ -216,9 +264,13 @@ sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
         return SN_OK;
     case R_ARGMAX:
         return cu_argmax(s, (const float *)r.p[0], (int)r.i[0], (int)r.i[1], cb->d_outs + r.i[2], cb->scratch);
-    case R_MOE:
+    case R_MOE: {
+        const cu_moe_sh sh = { r.p[6] ? cw_of(r.p[6]) : NULL, r.p[7] ? cw_of(r.p[7]) : NULL,
+                               r.p[8] ? cw_of(r.p[8]) : NULL, (const float *)r.p[9] };
         return cu_moe(&cb->di, s, cw_of(r.p[0]), cw_of(r.p[1]), cw_of(r.p[2]), (const float *)r.p[3], (int)r.i[0],
-                      (int)r.i[1], (const float *)r.p[4], (int)r.i[2], (float *)r.p[5], cb->scratch);
+                      (int)r.i[1], (const float *)r.p[4], (int)r.i[2], (float *)r.p[5], cb->scratch,
+                      r.p[6] ? &sh : NULL);
+    }
     case R_ADDGATED:
         return cu_add_gated(s, (float *)r.p[0], (const float *)r.p[1], (const float *)r.p[2], (int)r.i[0],
                             (int)r.i[1]);
@@ -463,15 +515,18 @@ int try_fuse_moe(cuda_be *cb, int k, sn_status *st)
         return 0;
     const cu_weight *g = cw_of(r.p[0]), *u = cw_of(r.p[1]), *d = cw_of(r.p[2]);
     const int top_k = (int)r.i[0], T = (int)r.i[2];
+    const cu_moe_sh sh = { r.p[6] ? cw_of(r.p[6]) : NULL, r.p[7] ? cw_of(r.p[7]) : NULL,
+                           r.p[8] ? cw_of(r.p[8]) : NULL, (const float *)r.p[9] };
+    const cu_moe_sh *shp = r.p[6] ? &sh : NULL;
     if (T >= 32 && cb->di.moe_gemm)
         return 0; /* cu_moe's grouped path */
-    if (!cu_moe_dec_ok(g, u, d, T, top_k))
+    if (shp ? !cu_moe_sh_ok(&cb->di, g, u, d, shp, T, top_k) : !cu_moe_dec_ok(g, u, d, T, top_k))
         return 0;
     float *out = (float *)r.p[5];
     const int64_t H = d->rows;
     const size_t nout = sizeof(float) * (size_t)T * (size_t)H;
     const void *scr = cb->scratch;
-    const size_t nscr = cu_moe_dec_scratch_bytes(g, T, top_k);
+    const size_t nscr = cu_moe_dec_scratch_bytes(g, T, top_k + (shp ? 1 : 0));
     cu_moe_epi epi = { NULL, NULL, NULL };
     int used = 1;
     if (k + used < cb->n_recs && cb->recs[k + used].kind == R_ADDGATED) {
@@ -489,7 +544,8 @@ int try_fuse_moe(cuda_be *cb, int k, sn_status *st)
         float *tgt = (float *)a.p[0];
         if (a.p[1] == out && a.i[0] == (int64_t)T * H && !moe_overlap(tgt, nout, out, nout) &&
             !moe_overlap(tgt, nout, scr, nscr) && !moe_overlap(tgt, nout, epi.sh, nout) &&
-            !moe_overlap(tgt, nout, epi.sg, sizeof(float) * T)) {
+            !moe_overlap(tgt, nout, epi.sg, sizeof(float) * T) &&
+            !moe_overlap(tgt, nout, shp ? shp->sg : NULL, sizeof(float) * T)) {
             epi.add_to = tgt;
             used++;
         }
@@ -497,7 +553,7 @@ int try_fuse_moe(cuda_be *cb, int k, sn_status *st)
     if (used == 1)
         return 0;
     *st = cu_moe_dec(cb->st, g, u, d, (const float *)r.p[3], top_k, (int)r.i[1], (const float *)r.p[4], T, out,
-                     cb->scratch, &epi);
+                     cb->scratch, shp, &epi);
     return used;
 }
 /* [moe] end */
@@ -636,6 +692,7 @@ sn_status cuda_buf_alloc(sn_backend *b, size_t bytes, void **out)
 {
     cuda_be *cb = cb_of(b);
     *out = NULL;
+    stg_forget(cb); /* a new buffer may sit where a staged x was */
     cudaSetDevice(cb->dev);
     /* never zero bytes: a distinct pointer keeps "allocated" meaningful */
     cudaError_t e = cudaMalloc(out, bytes ? bytes : 16);
@@ -652,6 +709,7 @@ void cuda_buf_free(sn_backend *b, void *p)
     if (!p)
         return;
     host_barrier(cb); /* a pending step may still use p */
+    stg_forget(cb);
     cudaFree(p);
 }
 
@@ -687,6 +745,7 @@ sn_status cuda_copy_n(sn_backend *b, int n, void *const *dst, const void *const 
         return SN_OK;
     }
     cudaSetDevice(cb->dev);
+    stg_forget(cb);
     for (int i = 0; i < n; i += CU_COPY_N_MAX)
         SN_TRY(cu_copy_n(cb->st, n - i < CU_COPY_N_MAX ? n - i : CU_COPY_N_MAX, dst + i, src + i, bytes + i));
     return SN_OK;
@@ -715,6 +774,7 @@ sn_status cuda_from_host(sn_backend *b, void *dst, const void *host_src, size_t 
     if (!dst || !host_src)
         return SN_FAIL(SN_E_INVALID, "from_host: NULL buffer");
     SN_TRY(host_barrier(cb));
+    stg_forget(cb);
     cudaSetDevice(cb->dev);
     /* from pageable memory this returns once the bytes are staged, so the
      * caller may reuse host_src at once */
@@ -1173,8 +1233,12 @@ extern "C" sn_status sn_cuda_argmax(sn_backend *b, const float *x, int rows, int
     return SN_OK;
 }
 
-extern "C" sn_status sn_cuda_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
-                                 const float *logits, int top_k, int norm_topk, const float *x, int T, float *out)
+/* moe (sh NULL) or moe_shared: the checks, then the record. With sh, a
+ * shared expert the launches cannot take gives SN_E_UNSUPPORTED and no
+ * record (the caller runs the shared expert's ops itself). */
+static sn_status moe_submit(sn_backend *b, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
+                            const float *logits, int top_k, int norm_topk, const sn_moe_shared *sh, const float *x,
+                            int T, float *out)
 {
     SN_ASSERT(sn_cuda_is(b));
     SN_TRY(weight_ready(gate, "moe gate"));
@@ -1205,7 +1269,25 @@ extern "C" sn_status sn_cuda_moe(sn_backend *b, const sn_weight *gate, const sn_
     rec r = rec_new(R_MOE);
     r.p[0] = gate; r.p[1] = up; r.p[2] = down; r.p[3] = logits; r.p[4] = x; r.p[5] = out;
     r.i[0] = top_k; r.i[1] = norm_topk ? 1 : 0; r.i[2] = T;
-    return submit(cb_of(b), r, cu_moe_scratch_bytes(&cb_of(b)->di, g, u, dn, T, top_k));
+    if (sh) {
+        if (!sh->gate || !sh->up || !sh->down || !sh->gate_logit)
+            return SN_FAIL(SN_E_INVALID, "moe_shared: NULL shared expert weight or gate logits");
+        SN_TRY(weight_ready(sh->gate, "moe shared gate"));
+        SN_TRY(weight_ready(sh->up, "moe shared up"));
+        SN_TRY(weight_ready(sh->down, "moe shared down"));
+        const cu_moe_sh cs = { (const cu_weight *)sh->gate->dev, (const cu_weight *)sh->up->dev,
+                               (const cu_weight *)sh->down->dev, sh->gate_logit };
+        if (!cu_moe_sh_ok(&cb_of(b)->di, g, u, dn, &cs, T, top_k))
+            return SN_E_UNSUPPORTED; /* not an error: the caller's fallback (see backend.h) */
+        r.p[6] = sh->gate; r.p[7] = sh->up; r.p[8] = sh->down; r.p[9] = sh->gate_logit;
+    }
+    return submit(cb_of(b), r, cu_moe_scratch_bytes(&cb_of(b)->di, g, u, dn, T, top_k + (sh ? 1 : 0)));
+}
+
+extern "C" sn_status sn_cuda_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
+                                 const float *logits, int top_k, int norm_topk, const float *x, int T, float *out)
+{
+    return moe_submit(b, gate, up, down, logits, top_k, norm_topk, NULL, x, T, out);
 }
 
 extern "C" sn_status sn_cuda_begin_step(sn_backend *b)
@@ -1215,6 +1297,7 @@ extern "C" sn_status sn_cuda_begin_step(sn_backend *b)
     if (cb->in_step)
         return SN_FAIL(SN_E_INVALID, "begin_step: a step is already open");
     cudaSetDevice(cb->dev);
+    stg_forget(cb); /* a step's kernels use scratch too */
     cb->in_step = true;
     cb->broken = cb->prof; /* profiling times ops one by one: no graph */
     if (cb->broken)
@@ -1231,6 +1314,7 @@ extern "C" sn_status sn_cuda_end_step(sn_backend *b)
     cuda_be *cb = cb_of(b);
     if (!cb->in_step)
         return SN_FAIL(SN_E_INVALID, "end_step: no step is open");
+    stg_forget(cb);
     sn_status st = SN_OK;
     if (!cb->broken) {
         int delta;
@@ -1297,6 +1381,15 @@ sn_status tbl_moe(sn_backend *b, const sn_weight *gate, const sn_weight *up, con
     return sn_cuda_moe(b, gate, up, down, logits, top_k, norm_topk ? 1 : 0, x, T, out);
 }
 
+sn_status tbl_moe_shared(sn_backend *b, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
+                         const float *logits, int top_k, bool norm_topk, const sn_moe_shared *sh, const float *x, int T,
+                         float *out)
+{
+    if (!sh)
+        return SN_FAIL(SN_E_INVALID, "moe_shared: no shared expert");
+    return moe_submit(b, gate, up, down, logits, top_k, norm_topk ? 1 : 0, sh, x, T, out);
+}
+
 const sn_backend_ops g_cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -1321,6 +1414,7 @@ const sn_backend_ops g_cuda_ops = {
     .mul_sigmoid = cuda_mul_sigmoid,
     .argmax = sn_cuda_argmax,
     .moe = tbl_moe,
+    .moe_shared = tbl_moe_shared,
     .add_gated = cuda_add_gated,
     .copy_n = cuda_copy_n,
     .begin_step = sn_cuda_begin_step,
@@ -1432,6 +1526,16 @@ extern "C" sn_status sn_cuda_info(sn_backend *b, char *name, size_t name_len, si
     return SN_OK;
 }
 
+extern "C" sn_status sn_cuda_profiler_range(sn_backend *b, int on)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    cudaSetDevice(cb->dev);
+    CU_TRY(cudaStreamSynchronize(cb->st), "profiler range");
+    CU_TRY(on ? cudaProfilerStart() : cudaProfilerStop(), "profiler range");
+    return SN_OK;
+}
+
 extern "C" void sn_cuda_profile(sn_backend *b, int on)
 {
     SN_ASSERT(sn_cuda_is(b));
@@ -1472,6 +1576,7 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
 {
     SN_ASSERT(sn_cuda_is(b));
     cuda_be *cb = cb_of(b);
+    stg_forget(cb);
     if (!strcmp(key, "gemv_rpw")) {
         if (value != 0 && value != 1 && value != 2 && value != 4)
             return SN_FAIL(SN_E_INVALID, "cuda tune gemv_rpw=%d (0, 1, 2 or 4)", value);

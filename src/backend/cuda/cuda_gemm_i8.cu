@@ -521,13 +521,15 @@ size_t planes_bytes(const cu_weight *w, int T, int D)
 }
 
 template <int D, int GS>
-sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, float *y, void *scratch)
+sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, float *y, void *scratch, bool staged)
 {
     int8_t *planes = (int8_t *)scratch;
     float4 *gc = (float4 *)((char *)scratch + planes_bytes(w, T, D));
-    (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)T), dim3(256), 0, s, x, T, (int64_t)w->cols, planes, gc,
-                    (const int32_t *)NULL, 1, (const float *)NULL);
-    CU_CHECK_LAUNCH("matmul gemm i8 stage");
+    if (!staged) {
+        (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)T), dim3(256), 0, s, x, T, (int64_t)w->cols, planes,
+                        gc, (const int32_t *)NULL, 1, (const float *)NULL);
+        CU_CHECK_LAUNCH("matmul gemm i8 stage");
+    }
     const int64_t nblk = (w->mt + I8_BMT - 1) / I8_BMT * ((T + i8cfg<D>::BT - 1) / i8cfg<D>::BT);
     if (nblk > INT32_MAX)
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul gemm i8: %lld blocks", (long long)nblk);
@@ -655,7 +657,7 @@ size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits)
 }
 
 sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x, int T, float *y,
-                     void *scratch, int digits)
+                     void *scratch, int digits, bool staged)
 {
     (void)di;
     if (T <= 0)
@@ -664,7 +666,7 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
         w->sfmt == CS_F32)
         return SN_FAIL(SN_E_INVALID, "matmul gemm i8: weight is not a repacked Q4 matrix");
     return i8_dispatch(digits, w->group, [&](auto D, auto GS) {
-        return i8_launch<decltype(D)::value, decltype(GS)::value>(s, w, x, T, y, scratch);
+        return i8_launch<decltype(D)::value, decltype(GS)::value>(s, w, x, T, y, scratch, staged);
     });
 }
 

@@ -162,8 +162,10 @@ sn_status cu_repack_q4(cudaStream_t s, cu_weight *w, size_t *bytes);
  * row does not depend on T. scratch: cu_gemm_i8_scratch_bytes(w, T, digits). */
 sn_status cu_gemm_i8_init(const cu_devinfo *di); /* from cu_matmul_init: shared memory limits */
 size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits);
+/* staged: scratch already holds this x's planes (the previous call's, same
+ * x, T, columns and group), so the staging pass is skipped */
 sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x, int T, float *y,
-                     void *scratch, int digits);
+                     void *scratch, int digits, bool staged);
 /* The expert-grouped form for the MoE prefill: an expert stack repacked as
  * one tall matrix (rows % 16 == 0), plane rows = token/expert pairs sorted
  * by expert (cnt[e] of them from seg_off[e]). Stage once per input (gate
@@ -195,8 +197,11 @@ sn_status cu_ops_init(const cu_devinfo *di);
 /* y[T, rows] = x[T, cols] @ W_e^T (+ bias). scratch: device buffer of at
  * least cu_matmul_scratch_bytes(w, T) bytes (the GEMM's fp16 copy of x). */
 size_t cu_matmul_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T);
+/* x_staged: see cu_gemm_i8 (only for a call cu_matmul_gemm_i8 says takes it) */
 sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int expert, const float *x, int T,
-                    float *y, void *scratch);
+                    float *y, void *scratch, bool x_staged);
+/* whether cu_matmul of T rows through expert e of w runs the integer GEMM */
+bool cu_matmul_gemm_i8(const cu_devinfo *di, const cu_weight *w, int64_t e, int T);
 /* Decode GEMVs (T <= CU_GROUP_T_MAX rows) of n weights that share x, in one
  * launch; add_to (may be NULL, or hold NULLs) receives a fused y[i]
  * residual add. The weights must be groupable (same quant format, group,
@@ -230,9 +235,13 @@ sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int
  * out[t] = sum_j w_j * down_e(silu(gate_e x_t) * up_e x_t). */
 size_t cu_moe_scratch_bytes(const cu_devinfo *di, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
                             int T, int top_k);
+/* sh (NULL: none): the shared expert too, on the decode path only (cu_moe_sh_ok) */
+struct cu_moe_sh;
+bool cu_moe_sh_ok(const cu_devinfo *di, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
+                  const struct cu_moe_sh *sh, int T, int top_k);
 sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, const cu_weight *up,
                  const cu_weight *down, const float *logits, int top_k, int norm_topk, const float *x, int T,
-                 float *out, void *scratch);
+                 float *out, void *scratch, const struct cu_moe_sh *sh);
 
 /* ---- elementwise, norms, attention, GDN (cuda_ops.cu) ---- */
 

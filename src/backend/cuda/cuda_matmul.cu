@@ -2651,15 +2651,20 @@ size_t cu_matmul_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T)
     return a + (use_blas(di, w, T) ? cu_blas_scratch_bytes(w, (int)nseg) : 0) + 256;
 }
 
+bool cu_matmul_gemm_i8(const cu_devinfo *di, const cu_weight *w, int64_t e, int T)
+{
+    return T >= GEMM_MIN_T && e == 0 && cu_repacked_plain(w) && di->gemm_i8;
+}
+
 sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int expert, const float *x, int T,
-                    float *y, void *scratch)
+                    float *y, void *scratch, bool x_staged)
 {
     if (T <= 0)
         return SN_OK;
     int64_t e = expert;
     if (T >= GEMM_MIN_T) {
-        if (e == 0 && cu_repacked_plain(w) && di->gemm_i8) /* [gemm_i8] */
-            return cu_gemm_i8(di, s, w, x, T, y, scratch, di->gemm_i8);
+        if (cu_matmul_gemm_i8(di, w, e, T)) /* [gemm_i8] */
+            return cu_gemm_i8(di, s, w, x, T, y, scratch, di->gemm_i8, x_staged);
         int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK);
         int nseg = di->gemm_fast ? 1 : 3;
         __half *xh = (__half *)scratch;
@@ -2765,6 +2770,13 @@ static moe_layout moe_plan(const cu_devinfo *di, const cu_weight *gate, const cu
     return L;
 }
 
+bool cu_moe_sh_ok(const cu_devinfo *di, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
+                  const cu_moe_sh *sh, int T, int top_k)
+{
+    /* the T cu_moe sends to the two-launch decode path */
+    return !(T >= MOE_GEMM_MIN_T && di->moe_gemm) && top_k <= MOE_MAX_K && cu_moe_dec_sh_ok(gate, up, down, sh, T, top_k);
+}
+
 size_t cu_moe_scratch_bytes(const cu_devinfo *di, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
                             int T, int top_k)
 {
@@ -2851,17 +2863,22 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
 
 sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, const cu_weight *up,
                  const cu_weight *down, const float *logits, int top_k, int norm_topk, const float *x, int T,
-                 float *out, void *scratch)
+                 float *out, void *scratch, const cu_moe_sh *sh)
 {
     if (T <= 0)
         return SN_OK;
+    if (sh) {
+        if (!cu_moe_sh_ok(di, gate, up, down, sh, T, top_k))
+            return SN_FAIL(SN_E_INVALID, "moe: this shared expert cannot run inside the MoE launches here");
+        return cu_moe_dec(s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch, sh, NULL);
+    }
     if (top_k > MOE_MAX_K)
         return SN_FAIL(SN_E_UNSUPPORTED, "moe: top_k %d > %d", top_k, MOE_MAX_K);
     if (T >= MOE_GEMM_MIN_T && di->moe_gemm)
         return moe_grouped(di, s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch);
     /* [moe] decode: routing + gate/up, then down + weighted sum (cuda_moe.cu) */
     if (cu_moe_dec_ok(gate, up, down, T, top_k))
-        return cu_moe_dec(s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch, NULL);
+        return cu_moe_dec(s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch, NULL, NULL);
     int E = (int)gate->n_experts;
     int32_t *idx = (int32_t *)scratch;
     float *wts = (float *)((char *)scratch + round_up((int64_t)T * top_k * 4, 256));

@@ -20,6 +20,12 @@
  *                 epilogue of the graph fuser: y = v + sigmoid(g[t]) * sh
  *                 (k_add_gated's operations) and add_to += y (k_add's).
  *
+ * moe_shared adds the layer's shared expert as slot k of both launches
+ * (cu_moe_sh, same shape and format as the experts): blocks (r, k, t) skip
+ * the routing and use its own gate/up rows with the weight
+ * sigmoid(sg[t]), and its down matrix joins the one dot product, so the
+ * shared expert's three GEMV launches and its swiglu disappear.
+ *
  * Arithmetic per (token, row) does not depend on T, on the grid or on which
  * other tokens share the call, and every sum has a fixed order: results are
  * deterministic and a token's bits are the same alone or among others.
@@ -246,6 +252,12 @@ struct md_gu_args {
     const char *Wd;      /* down experts, for the L2 prefetch (NULL: none) */
     const char *Sd;
     int64_t dq_bytes, ds_bytes; /* per expert */
+    /* the shared expert as slot k (Wsg NULL: none), weighted by sigmoid(sg[t]) */
+    const uint32_t *Wsg, *Wsu;
+    const void *Ssg, *Ssu;
+    const char *Wsd, *Ssd; /* its down matrix, for the prefetch */
+    const float *sg;       /* [T] */
+    int ks;                /* slots per token: k, or k + 1 with the shared expert */
 };
 
 template <int BITS, int NPL>
@@ -267,21 +279,26 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_gate_up(md_gu_args a)
 
     int e;
     float wj;
-    md_route<NPL>(a.logits + (size_t)t * a.E, a.E, a.k, a.norm, j, &e, &wj);
+    const bool shj = a.Wsg && j == a.k; /* the shared expert's slot: no routing, its own matrices */
+    if (shj) {
+        e = -1;
+        wj = 1.f / (1.f + expf(-a.sg[t]));
+    } else {
+        md_route<NPL>(a.logits + (size_t)t * a.E, a.E, a.k, a.norm, j, &e, &wj);
+    }
     if (blockIdx.x == 0 && threadIdx.x == 0)
-        a.idx[(size_t)t * a.k + j] = e;
+        a.idx[(size_t)t * a.ks + j] = e;
     if (a.Wd && threadIdx.x == 0) {
         /* this block's share of expert e's down matrix (words, then pairs), into L2 */
         const int64_t nb = gridDim.x, b = blockIdx.x;
         const int64_t q0 = a.dq_bytes * b / nb / 16 * 16, q1 = a.dq_bytes * (b + 1) / nb / 16 * 16;
         const int64_t s0 = a.ds_bytes * b / nb / 16 * 16, s1 = a.ds_bytes * (b + 1) / nb / 16 * 16;
+        const char *wq = shj ? a.Wsd : a.Wd + e * a.dq_bytes, *ws = shj ? a.Ssd : a.Sd + e * a.ds_bytes;
         if (q1 > q0)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.Wd + e * a.dq_bytes + q0),
-                         "r"((uint32_t)(q1 - q0))
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(wq + q0), "r"((uint32_t)(q1 - q0))
                          : "memory");
         if (s1 > s0)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a.Sd + e * a.ds_bytes + s0),
-                         "r"((uint32_t)(s1 - s0))
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ws + s0), "r"((uint32_t)(s1 - s0))
                          : "memory");
     }
 
@@ -291,9 +308,11 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_gate_up(md_gu_args a)
 #pragma unroll
     for (int s = 0; s < NS; s++) {
         const int rr = s % MD_RPW;
-        const int64_t row = (int64_t)e * a.rows + r0 + rr;
-        W[s] = (const uint4 *)((s < MD_RPW ? a.Wg : a.Wu) + row * a.words);
-        S[s] = (const char *)(s < MD_RPW ? a.Sg : a.Su) + (size_t)row * a.groups * sbsz;
+        const int64_t row = (shj ? 0 : (int64_t)e * a.rows) + r0 + rr;
+        const uint32_t *wm = shj ? (s < MD_RPW ? a.Wsg : a.Wsu) : (s < MD_RPW ? a.Wg : a.Wu);
+        const void *sm = shj ? (s < MD_RPW ? a.Ssg : a.Ssu) : (s < MD_RPW ? a.Sg : a.Su);
+        W[s] = (const uint4 *)(wm + row * a.words);
+        S[s] = (const char *)sm + (size_t)row * a.groups * sbsz;
     }
     uint4 wv[U][NS];
     uint2 sv[U][NS];
@@ -351,7 +370,7 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_gate_up(md_gu_args a)
                 g = acc[s];
                 u = acc[MD_RPW + s];
             }
-        a.h[((size_t)t * a.k + j) * a.rows + r0 + lane] = wj * (g / (1.f + expf(-g)) * u);
+        a.h[((size_t)t * a.ks + j) * a.rows + r0 + lane] = wj * (g / (1.f + expf(-g)) * u);
     }
 }
 
@@ -360,7 +379,9 @@ struct md_dn_args {
     const void *Sd;
     int sf;
     int64_t rows, cols, words, groups; /* H, I */
-    int group, k;
+    int group, k;       /* k: slots per token (the shared expert's included) */
+    const uint32_t *Wsd; /* the shared expert's down matrix (slot index -1) */
+    const void *Ssd;
     const int32_t *idx; /* [T, k] */
     const float *h;     /* [T, k, I] */
     float *out;         /* [T, H] */
@@ -374,7 +395,9 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
 {
     pdl_launch();
     extern __shared__ float4 xs[];
-    __shared__ int es[MD_MAX_K];
+    /* each slot's down matrix (words, pairs): a routed expert's, or the shared one's */
+    __shared__ const uint32_t *wsl[MD_MAX_K + 1];
+    __shared__ const char *ssl[MD_MAX_K + 1];
     constexpr int VPC = 128 / BITS;
     constexpr int U = MD_DN_U;
     const int t = blockIdx.y;
@@ -386,8 +409,11 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
     const int nrows = r0 < a.rows ? (int)min((int64_t)MD_RPW, a.rows - r0) : 0;
     const size_t sbsz = a.sf == CS_F32 ? 8 : 4;
     pdl_wait();
-    for (int i = threadIdx.x; i < a.k; i += blockDim.x)
-        es[i] = a.idx[(size_t)t * a.k + i];
+    for (int i = threadIdx.x; i < a.k; i += blockDim.x) {
+        const int e = a.idx[(size_t)t * a.k + i];
+        wsl[i] = e >= 0 ? a.Wd + (size_t)e * a.rows * a.words : a.Wsd;
+        ssl[i] = e >= 0 ? (const char *)a.Sd + (size_t)e * a.rows * a.groups * sbsz : (const char *)a.Ssd;
+    }
     __syncthreads();
 
     uint4 wv[U][MD_RPW];
@@ -398,12 +424,13 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
             const int64_t f = lane + 32 * (int64_t)(it0 + u);
             const int jj = f < F ? (int)(f / nce) : 0;
             const int64_t c = f - (int64_t)jj * nce;
-            const int64_t rb = (int64_t)es[jj] * a.rows + r0;
+            const uint32_t *wm = wsl[jj];
+            const char *sm = ssl[jj];
 #pragma unroll
             for (int r = 0; r < MD_RPW; r++) {
                 if (f < F && r < nrows) {
-                    wv[u][r] = __ldcs((const uint4 *)(a.Wd + (rb + r) * a.words) + c);
-                    sv[u][r] = md_ld_sb((const char *)a.Sd + (size_t)(rb + r) * a.groups * sbsz, a.sf, c * VPC / a.group);
+                    wv[u][r] = __ldcs((const uint4 *)(wm + (r0 + r) * a.words) + c);
+                    sv[u][r] = md_ld_sb(sm + (size_t)(r0 + r) * a.groups * sbsz, a.sf, c * VPC / a.group);
                 } else {
                     wv[u][r] = make_uint4(0u, 0u, 0u, 0u);
                     sv[u][r] = make_uint2(0u, 0u);
@@ -505,6 +532,21 @@ bool cu_moe_dec_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *
            md_stage_bytes((int64_t)top_k * I, down->bits) <= MD_SMEM_MAX;
 }
 
+bool cu_moe_dec_sh_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, const cu_moe_sh *sh, int T,
+                      int top_k)
+{
+    if (!cu_moe_dec_ok(gate, up, down, T, top_k) || !sh || !sh->gate || !sh->up || !sh->down || !sh->sg)
+        return false;
+    /* the shared expert must be one more expert of the stacks' shape and format */
+    auto like = [](const cu_weight *w, const cu_weight *st) {
+        return w->n_experts == 1 && w->fmt == st->fmt && w->sfmt == st->sfmt && w->bits == st->bits &&
+               w->group == st->group && w->rows == st->rows && w->cols == st->cols && w->words == st->words &&
+               w->groups == st->groups && !w->bias;
+    };
+    return like(sh->gate, gate) && like(sh->up, up) && like(sh->down, down) &&
+           md_stage_bytes((int64_t)(top_k + 1) * gate->rows, down->bits) <= MD_SMEM_MAX;
+}
+
 size_t cu_moe_dec_scratch_bytes(const cu_weight *gate, int T, int top_k)
 {
     return (size_t)md_round256((int64_t)T * top_k * 4) + (size_t)T * top_k * gate->rows * sizeof(float);
@@ -512,13 +554,14 @@ size_t cu_moe_dec_scratch_bytes(const cu_weight *gate, int T, int top_k)
 
 sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
                      const float *logits, int top_k, int norm_topk, const float *x, int T, float *out, void *scratch,
-                     const cu_moe_epi *epi)
+                     const cu_moe_sh *sh, const cu_moe_epi *epi)
 {
     if (T <= 0)
         return SN_OK;
     const int64_t E = gate->n_experts, I = gate->rows, H = gate->cols;
+    const int ks = top_k + (sh ? 1 : 0); /* slots per token */
     int32_t *idx = (int32_t *)scratch;
-    float *h = (float *)((char *)scratch + md_round256((int64_t)T * top_k * 4));
+    float *h = (float *)((char *)scratch + md_round256((int64_t)T * ks * 4));
 
     md_gu_args g;
     memset(&g, 0, sizeof g);
@@ -539,6 +582,16 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     g.x = x;
     g.idx = idx;
     g.h = h;
+    g.ks = ks;
+    if (sh) {
+        g.Wsg = (const uint32_t *)sh->gate->q;
+        g.Wsu = (const uint32_t *)sh->up->q;
+        g.Ssg = sh->gate->sb;
+        g.Ssu = sh->up->sb;
+        g.Wsd = (const char *)sh->down->q;
+        g.Ssd = (const char *)sh->down->sb;
+        g.sg = sh->sg;
+    }
     if (cu_moe_dec_mode >= 2) {
         g.Wd = (const char *)down->q;
         g.Sd = (const char *)down->sb;
@@ -546,7 +599,7 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
         g.ds_bytes = H * down->groups * (down->sfmt == CS_F32 ? 8 : 4);
     }
     const int npl = md_npl((int)E);
-    dim3 g1((unsigned)((I + MD_WARPS * MD_RPW - 1) / (MD_WARPS * MD_RPW)), (unsigned)top_k, (unsigned)T);
+    dim3 g1((unsigned)((I + MD_WARPS * MD_RPW - 1) / (MD_WARPS * MD_RPW)), (unsigned)ks, (unsigned)T);
     const size_t smem1 = md_stage_bytes(H, gate->bits);
     SN_TRY(gate->bits == 4 ? md_launch_gu<4>(s, npl, g1, smem1, g) : md_launch_gu<8>(s, npl, g1, smem1, g));
 
@@ -560,7 +613,11 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     d.words = down->words;
     d.groups = down->groups;
     d.group = down->group;
-    d.k = top_k;
+    d.k = ks;
+    if (sh) {
+        d.Wsd = (const uint32_t *)sh->down->q;
+        d.Ssd = sh->down->sb;
+    }
     d.idx = idx;
     d.h = h;
     d.out = out;
@@ -570,7 +627,7 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
         d.add_to = epi->add_to;
     }
     dim3 g2((unsigned)((H + MD_WARPS * MD_RPW - 1) / (MD_WARPS * MD_RPW)), (unsigned)T);
-    const size_t smem2 = md_stage_bytes((int64_t)top_k * I, down->bits);
+    const size_t smem2 = md_stage_bytes((int64_t)ks * I, down->bits);
     if (down->bits == 4)
         (void)cu_launch(k_md_down<4>, g2, MD_THREADS, smem2, s, d);
     else

@@ -17,11 +17,22 @@ typedef struct {
     const float *sg; /* [T] gate logits (with sh) */
     float *add_to;   /* [T, H] or NULL */
 } cu_moe_epi;
+/* The shared expert as one more slot of both launches (moe_shared): its
+ * gate/up rows beside the chosen experts', h = sigmoid(sg[t]) * silu(g) * u,
+ * and its down matrix in the same dot product as theirs. It must have the
+ * stacks' shape and format (cu_moe_dec_sh_ok). */
+typedef struct cu_moe_sh {
+    const cu_weight *gate, *up, *down;
+    const float *sg; /* [T] gate logits */
+} cu_moe_sh;
 extern int cu_moe_dec_mode;
 bool cu_moe_dec_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, int T, int top_k);
+bool cu_moe_dec_sh_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, const cu_moe_sh *sh, int T,
+                      int top_k);
+/* top_k: the slots (k + 1 with a shared expert) */
 size_t cu_moe_dec_scratch_bytes(const cu_weight *gate, int T, int top_k);
 sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
                      const float *logits, int top_k, int norm_topk, const float *x, int T, float *out, void *scratch,
-                     const cu_moe_epi *epi);
+                     const cu_moe_sh *sh, const cu_moe_epi *epi);
 
 #endif

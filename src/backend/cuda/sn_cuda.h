@@ -26,6 +26,9 @@ sn_status sn_cuda_info(sn_backend *be, char *name, size_t name_len, size_t *dev_
  * line per op kind: calls, total ms, share. */
 void sn_cuda_profile(sn_backend *be, int on);
 sn_status sn_cuda_profile_report(sn_backend *be, FILE *f);
+/* cudaProfilerStart / Stop (after a sync): the range an external profiler
+ * started with --profile-from-start off (ncu) records. */
+sn_status sn_cuda_profiler_range(sn_backend *be, int on);
 /* Graph statistics: steps replayed from a graph, steps (re)captured, steps
  * that ran eagerly because something inside needed the host. */
 void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *eager);
