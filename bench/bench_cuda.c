@@ -420,7 +420,7 @@ static void gemv_micro(model_t *m)
             printf("  moe (route + %d experts x 3, moe_dec=%d) %.1f us, %.0f GB/s\n", c->topk, md, dt * 1e6,
                    bytes / dt / 1e9);
         }
-        TRY(sn_cuda_tune(B, "moe_dec", 2));
+        TRY(sn_cuda_tune(B, "moe_dec", 1));
     }
 }
 
@@ -457,6 +457,12 @@ int main(int argc, char **argv)
      * inside sn_cuda_profiler_range (for ncu --profile-from-start off
      * --graph-profiling node: every kernel of one step, alone) */
     int ncu_decode = 0;
+    const char *tunes[8]; /* --tune key=value: sn_cuda_tune before the run (measurements) */
+    int n_tunes = 0;
+    /* --vary key=value:restore (with --ncu-decode): the graph decode timed
+     * again with that knob, interleaved with the default, 3 rounds */
+    const char *vary[16];
+    int n_vary = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config") && i + 1 < argc) cfgp = argv[++i];
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
@@ -467,9 +473,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--prefill-breakdown")) breakdown = 1; /* [prefill-breakdown] */
         else if (!strcmp(argv[i], "--gemv-only")) gemv_only = 1;
         else if (!strcmp(argv[i], "--ncu-decode")) ncu_decode = 1;
+        else if (!strcmp(argv[i], "--tune") && i + 1 < argc && n_tunes < 8) tunes[n_tunes++] = argv[++i];
+        else if (!strcmp(argv[i], "--vary") && i + 1 < argc && n_vary < 16) vary[n_vary++] = argv[++i];
         else {
             fprintf(stderr, "usage: %s --config config.json [--prefill P] [--decode N] [--layers L] [--log F] "
-                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--ncu-decode]\n", argv[0]);
+                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--ncu-decode] [--tune key=value]...\n", argv[0]);
             return 2;
         }
     }
@@ -482,6 +490,17 @@ int main(int argc, char **argv)
     load_cfg(cfgp, &m.c);
     TRY(sn_backend_cuda_new(0, &B));
     O = B->ops;
+    for (int i = 0; i < n_tunes; i++) {
+        char key[64];
+        const char *eq = strchr(tunes[i], '=');
+        if (!eq || eq == tunes[i] || (size_t)(eq - tunes[i]) >= sizeof key) {
+            fprintf(stderr, "bench_cuda: --tune %s: want key=value\n", tunes[i]);
+            return 2;
+        }
+        memcpy(key, tunes[i], (size_t)(eq - tunes[i]));
+        key[eq - tunes[i]] = 0;
+        TRY(sn_cuda_tune(B, key, atoi(eq + 1)));
+    }
     char dev[128];
     size_t used0, total;
     TRY(sn_cuda_info(B, dev, sizeof dev, &used0, &total, NULL));
@@ -530,6 +549,19 @@ int main(int argc, char **argv)
         }
         printf("bench_cuda %s --ncu-decode: decode (graph) %.3f ms per step over %d steps; profiled step next\n",
                cfgp, td / (ndec - 1) * 1e3, ndec - 1);
+        for (int round = 0; round < 3 && n_vary; round++)
+            for (int v = -1; v < n_vary; v++) {
+                char key[64] = "";
+                int val = 0, restore = 0;
+                if (v >= 0 && sscanf(vary[v], "%63[^=]=%d:%d", key, &val, &restore) != 3) {
+                    fprintf(stderr, "bench_cuda: --vary %s: want key=value:restore\n", vary[v]);
+                    return 2;
+                }
+                /* the same positions each time (as the variants below do) */
+                double ms = 1e3 / decode_with(&m, v >= 0 ? key : NULL, val, restore, prefill, ndec, &tok);
+                printf("  round %d %-20s decode (graph) %.3f ms per step = %.1f tok/s\n", round,
+                       v >= 0 ? vary[v] : "default", ms, 1e3 / ms);
+            }
         TRY(sn_cuda_profiler_range(B, 1));
         TRY(O->begin_step(B));
         forward(&m, &tok, 1, pos++, &tok);
@@ -614,9 +646,9 @@ int main(int argc, char **argv)
     }
     double dec_nofuse = (nnf - 1) / tn;
     TRY(sn_cuda_tune(B, "fuse", 1));
-    /* decode variants (graph): PDL off, the fp32 GEMV, the integer GEMV's ring form */
+    /* decode variants (graph): PDL on (off by default), the fp32 GEMV, the integer GEMV's ring form */
     int nv = ndec / 2 < 8 ? 8 : ndec / 2;
-    double dec_nopdl = decode_with(&m, "pdl", 0, 1, prefill, nv, &tok);
+    double dec_pdl = decode_with(&m, "pdl", 1, 0, prefill, nv, &tok);
     double dec_fp32 = decode_with(&m, "gemv_i8", 0, 1, prefill, nv, &tok);
     double dec_ring = decode_with(&m, "gemv_sk", 0, 1, prefill, nv, &tok);
     double dec_bps1 = decode_with(&m, "gemv_sk_bps", 1, 2, prefill, nv, &tok);
@@ -631,8 +663,10 @@ int main(int argc, char **argv)
         dec_nosh = decode_with(&m, NULL, 0, 0, prefill, nv, &tok);
         g_moe_shared = 1;
     }
-    double dec_moe0 = c->E > 0 ? decode_with(&m, "moe_dec", 0, 2, prefill, nv, &tok) : 0; /* [moe] */
-    double dec_moe1 = c->E > 0 ? decode_with(&m, "moe_dec", 1, 2, prefill, nv, &tok) : 0; /* [moe] */
+    double dec_moe0 = c->E > 0 ? decode_with(&m, "moe_dec", 0, 1, prefill, nv, &tok) : 0; /* [moe] */
+    double dec_moe2 = c->E > 0 ? decode_with(&m, "moe_dec", 2, 1, prefill, nv, &tok) : 0; /* [moe] */
+    /* the one-kernel GDN step (off by default: slower than the three kernels) */
+    double dec_gdn1 = decode_with(&m, "gdn_step", 1, 0, prefill, nv, &tok);
     /* eager: fewer steps (same positions range) */
     int neager = ndec / 4 < 8 ? 8 : ndec / 4;
     pos = prefill;
@@ -670,16 +704,17 @@ int main(int argc, char **argv)
            "read-only\n", dec_graph, med * 1e3, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs);
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
-    printf("  decode (graph) variants: PDL off %.1f tok/s; fp32 GEMV %.1f; integer GEMV in its ring form "
-           "%.1f\n", dec_nopdl, dec_fp32, dec_ring);
+    printf("  decode (graph) variants: PDL on %.1f tok/s; fp32 GEMV %.1f; integer GEMV in its ring form "
+           "%.1f\n", dec_pdl, dec_fp32, dec_ring);
     printf("  decode (graph), stream-K GEMV split for 1 block per SM: %.1f tok/s\n", dec_bps1);
     printf("  decode (graph), fp32 GEMV for launches under N MB of 4-bit weights: N=0 %.1f, 4 %.1f, 12 %.1f, 24 %.1f tok/s\n",
            dec_min[0], dec_min[1], dec_min[2], dec_min[3]);
     if (c->E > 0) /* [moe] */
         printf("  decode (graph), shared expert as its own GEMVs (no moe_shared): %.1f tok/s\n", dec_nosh);
     if (c->E > 0) /* [moe] */
-        printf("  decode (graph) MoE variants: old route/gate_up/down/sum kernels %.1f tok/s; two-launch MoE without "
-               "the L2 prefetch %.1f\n", dec_moe0, dec_moe1);
+        printf("  decode (graph) MoE variants: old route/gate_up/down/sum kernels %.1f tok/s; two-launch MoE with "
+               "the L2 prefetch (moe_dec=2) %.1f\n", dec_moe0, dec_moe2);
+    printf("  decode (graph), the one-kernel GDN step (gdn_step=1): %.1f tok/s\n", dec_gdn1);
     gemv_micro(&m);
     /* [prefill-breakdown] one prefill per setting of the prefill kernels
      * (cuda_prefill.cu: chunked GDN + flash attention, or the old ones),

@@ -179,7 +179,7 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     /* the old kernels agree within the same bound */
     CHECK_OK(sn_cuda_tune(G, "moe_dec", 0));
     float *o = gpu_moe(x, hx, hl, T, norm);
-    CHECK_OK(sn_cuda_tune(G, "moe_dec", 2));
+    CHECK_OK(sn_cuda_tune(G, "moe_dec", 1));
     double err0 = rel_err(o, ref, (size_t)T * H);
     CHECKF(err0 <= 2e-5, "moe (old kernels) E=%d k=%d T=%d: rel %.3g", x->E, x->k, T, err0);
     free(hx); free(hl); free(ref); free(a); free(b); free(o);
@@ -443,7 +443,7 @@ static void graph_case(int H, int E, int k, int I, int Is, int L, int T, int res
                c1 - c0, r1 - r0, e1 - e0);
     }
     CHECK_OK(sn_cuda_tune(G, "fuse", 1));
-    CHECK_OK(sn_cuda_tune(G, "moe_dec", 2));
+    CHECK_OK(sn_cuda_tune(G, "moe_dec", 1));
     free(he); free(hg);
     mini_free(&m);
 }
@@ -462,7 +462,7 @@ static void test_moe_tune(void)
 {
     CHECK(sn_cuda_tune(G, "moe_dec", 3) != SN_OK);
     CHECK(sn_cuda_tune(G, "moe_dec", -1) != SN_OK);
-    CHECK_OK(sn_cuda_tune(G, "moe_dec", 2));
+    CHECK_OK(sn_cuda_tune(G, "moe_dec", 1));
 }
 
 int main(void)

@@ -14,6 +14,8 @@
  *    the single-pass fp16 form (gemm_fast): rel <= 2e-3.
  *  - argmax: exact (first index on ties).
  *  - graph replay of a step: bitwise equal to the same ops run eagerly.
+ *  - the one-kernel GDN decode step (tune gdn_step=1, T <= 8): outputs,
+ *    state, conv state and history bitwise equal to the three kernels.
  * On a machine without a GPU (or a build without CUDA) the test says SKIP
  * and reports 0 passed, 0 failed. */
 #include <math.h>
@@ -566,6 +568,28 @@ static void test_attention_decode_batch_invariant(void)
 
 /* ---- GatedDeltaNet ---- */
 
+/* One GPU gdn from the given start state (nh history slots), everything it
+ * writes back on the host: out [T, Hv*Dv] | S | conv state | history. */
+static float *gdn_run(const sn_gdn_dims *d, const float *dqkv, const float *da, const float *db, const float *dcw,
+                      const float *dAl, const float *ddt, const float *conv, const float *S, int T, int nh, size_t *n)
+{
+    const size_t cf = (size_t)(d->conv_k - 1) * (2 * (size_t)d->n_k_heads * d->dk + (size_t)d->n_v_heads * d->dv);
+    const size_t sf = (size_t)d->n_v_heads * d->dk * d->dv, of = (size_t)T * d->n_v_heads * d->dv;
+    const size_t hf = sn_gdn_hist_floats(d) * (size_t)nh;
+    float *dconv = dcopy(conv, cf), *dS = dcopy(S, sf), *dout = dpoison(of), *dh = nh ? dpoison(hf) : NULL;
+    sn_gdn_view v = { dconv, dS, dh, nh };
+    CHECK_OK(G->ops->gdn(G, d, dqkv, da, db, dcw, dAl, ddt, &v, T, dout));
+    *n = of + sf + cf + hf;
+    float *h = malloc(sizeof(float) * *n);
+    CHECK_OK(G->ops->to_host(G, h, dout, sizeof(float) * of));
+    CHECK_OK(G->ops->to_host(G, h + of, dS, sizeof(float) * sf));
+    CHECK_OK(G->ops->to_host(G, h + of + sf, dconv, sizeof(float) * cf));
+    if (nh) CHECK_OK(G->ops->to_host(G, h + of + sf + cf, dh, sizeof(float) * hf));
+    dfree(dconv); dfree(dS); dfree(dout);
+    if (dh) dfree(dh);
+    return h;
+}
+
 static void gdn_case(int Hk, int Hv, int Dk, int Dv, int K, int T)
 {
     sn_gdn_dims d = { Hk, Hv, Dk, Dv, K, 1e-6f };
@@ -617,6 +641,21 @@ static void gdn_case(int Hk, int Hv, int Dk, int Dv, int K, int T)
         free(hc); free(out2); free(S2); free(hg);
         dfree(dconv2); dfree(dS2); dfree(dout2); dfree(dh);
     }
+    if (T <= 8) {
+        /* the one-kernel decode step gives the three kernels' bits: outputs,
+         * state, conv state and history (gdn_step 1 vs 0, the default) */
+        for (int nh = 0; nh <= (T >= 2 ? T - 1 : 0); nh += T >= 2 ? T - 1 : 1) {
+            size_t n1 = 0, n0 = 0;
+            CHECK_OK(sn_cuda_tune(G, "gdn_step", 1));
+            float *one = gdn_run(&d, dqkv, da, db, dcw, dAl, ddt, conv, S, T, nh, &n1);
+            CHECK_OK(sn_cuda_tune(G, "gdn_step", 0));
+            float *three = gdn_run(&d, dqkv, da, db, dcw, dAl, ddt, conv, S, T, nh, &n0);
+            CHECKF(n1 == n0 && !memcmp(one, three, sizeof(float) * n1),
+                   "gdn Hk=%d Hv=%d Dk=%d Dv=%d K=%d T=%d nh=%d: the one-kernel step differs from the three kernels",
+                   Hk, Hv, Dk, Dv, K, T, nh);
+            free(one); free(three);
+        }
+    }
     free(qkv); free(a); free(b); free(cw); free(Al); free(dtb); free(conv); free(S); free(conv_c); free(S_c);
     free(ref); free(out); free(Sg); free(cg);
     dfree(dqkv); dfree(da); dfree(db); dfree(dcw); dfree(dAl); dfree(ddt); dfree(dconv); dfree(dS); dfree(dout);
@@ -630,6 +669,9 @@ static void test_gdn(void)
     gdn_case(1, 3, 48, 40, 4, 5);
     gdn_case(3, 3, 32, 64, 2, 9);
     gdn_case(16, 48, 128, 128, 4, 1); /* the 27B layer */
+    gdn_case(16, 32, 128, 128, 4, 3); /* the 35B-A3B layer, a verify pass */
+    gdn_case(2, 4, 256, 64, 4, 8);    /* the largest key head and T of the one-kernel step */
+    gdn_case(4, 8, 64, 96, 3, 6);     /* Dv not a multiple of 32, K = 3 */
 }
 
 /* ---- MoE (host reference from CPU matmuls) ---- */

@@ -22,7 +22,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/sn_cuda.h"
 
-int cu_pdl = 1; /* see cuda_internal.h; set at backend creation */
+int cu_pdl = 0; /* see cuda_internal.h; set at backend creation */
 thread_local int cu_pdl_skip;
 
 namespace {
@@ -83,6 +83,7 @@ struct cuda_be {
     void *scratch;
     size_t scratch_cap;
     int *d_zero;            /* constant 0: the delta outside graphs */
+    int *d_gdn_cnt;         /* CU_GDN_CNT zeroed counters of the one-kernel GDN step */
     int32_t *d_ids;         /* eager embed ids */
     size_t ids_cap;
     int32_t *d_outs;        /* argmax results [STEP_MAX_OUTS] */
@@ -252,7 +253,8 @@ sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
         sn_gdn_dims d = { (int)r.i[0], (int)r.i[1], (int)r.i[2], (int)r.i[3], (int)r.i[4], r.f[0] };
         return cu_gdn(s, &d, (const float *)r.p[0], (const float *)r.p[1], (const float *)r.p[2],
                       (const float *)r.p[3], (const float *)r.p[4], (const float *)r.p[5], (float *)r.p[6],
-                      (float *)r.p[7], (float *)r.p[9], (int)r.i[6], (int)r.i[5], (float *)r.p[8], cb->scratch);
+                      (float *)r.p[7], (float *)r.p[9], (int)r.i[6], (int)r.i[5], (float *)r.p[8], cb->scratch,
+                      cb->d_gdn_cnt);
     }
     case R_COPY:
         CU_TRY(cudaMemcpyAsync((void *)r.p[0], r.p[1], (size_t)r.i[0], cudaMemcpyDeviceToDevice, s), "copy");
@@ -676,6 +678,7 @@ void cuda_destroy(sn_backend *b)
     free(cb->evs);
     cudaFree(cb->scratch);
     cudaFree(cb->d_zero);
+    cudaFree(cb->d_gdn_cnt);
     cu_matmul_buffers_free(&cb->di);
     cudaFree(cb->d_ids);
     cudaFree(cb->d_outs);
@@ -1445,6 +1448,9 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     if (prop.major < 8)
         return SN_FAIL(SN_E_UNSUPPORTED, "CUDA backend: %s is sm_%d%d; sm_80 or newer needed", prop.name, prop.major,
                        prop.minor);
+    const char *pdl = getenv("SANCTUM_CUDA_PDL");
+    if (pdl && strcmp(pdl, "0") && strcmp(pdl, "1"))
+        return SN_FAIL(SN_E_INVALID, "SANCTUM_CUDA_PDL=%s: want 0 (default) or 1 (programmatic dependent launch)", pdl);
     cuda_be *cb = (cuda_be *)calloc(1, sizeof *cb);
     if (!cb)
         return SN_FAIL(SN_E_NOMEM, "CUDA backend");
@@ -1465,9 +1471,9 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
         /* [gemm_i8] SANCTUM_CUDA_GEMM=i8 (default: 3 digits) | i8fast (2 digits) | split | fast: the
          * integer tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every weight */
         cb->di.gemm_i8 = !g || !strcmp(g, "i8") ? 3 : !strcmp(g, "i8fast") ? 2 : 0;
-        /* SANCTUM_CUDA_PDL=0: kernels wait for the previous one to finish before they launch */
+        /* SANCTUM_CUDA_PDL=1: kernels may start before the previous one ends (checked above) */
         const char *p = getenv("SANCTUM_CUDA_PDL");
-        cu_pdl = !(p && !strcmp(p, "0"));
+        cu_pdl = p && !strcmp(p, "1");
     }
     cb->di.n_sm = prop.multiProcessorCount;
     cb->di.smem_optin = prop.sharedMemPerBlockOptin;
@@ -1476,6 +1482,8 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     if ((e = cudaStreamCreateWithFlags(&cb->st, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_zero, sizeof(int))) != cudaSuccess ||
         (e = cudaMemset(cb->d_zero, 0, sizeof(int))) != cudaSuccess ||
+        (e = cudaMalloc(&cb->d_gdn_cnt, sizeof(int) * CU_GDN_CNT)) != cudaSuccess ||
+        (e = cudaMemset(cb->d_gdn_cnt, 0, sizeof(int) * CU_GDN_CNT)) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_outs, sizeof(int32_t) * STEP_MAX_OUTS)) != cudaSuccess ||
         (e = cudaMallocHost(&cb->h_outs, sizeof(int32_t) * STEP_MAX_OUTS)) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_sp, sizeof(step_params))) != cudaSuccess ||
@@ -1597,11 +1605,17 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
         cb->di.gemm_fast = value != 0;
         return SN_OK;
     }
-    if (!strcmp(key, "moe_dec")) { /* [moe] 0 off, 1 on, 2 on + L2 prefetch (default) */
+    if (!strcmp(key, "moe_dec")) { /* [moe] 0 off, 1 on (default), 2 on + L2 prefetch */
         if (value < 0 || value > 2)
             return SN_FAIL(SN_E_INVALID, "cuda tune moe_dec=%d (0, 1 or 2)", value);
         SN_TRY(host_barrier(cb));
         cu_moe_dec_mode = value;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
+    if (!strcmp(key, "gdn_step")) { /* the one-kernel GDN decode step (1) or the three kernels (0, default) */
+        SN_TRY(host_barrier(cb));
+        cu_gdn_step_mode = value != 0;
         graphs_invalidate(cb);
         return SN_OK;
     }

@@ -40,8 +40,10 @@ extern "C" {
  * and pdl_wait() before it touches any activation, which blocks until the
  * previous kernel has finished and its writes are visible. Only constant
  * data (weights) may be read before pdl_wait(), and nothing may be written.
- * Without the launch attribute both are no-ops. cu_pdl (SANCTUM_CUDA_PDL=0
- * turns it off at backend creation) says whether cu_launch sets it. */
+ * Without the launch attribute both are no-ops. cu_pdl (SANCTUM_CUDA_PDL=1
+ * turns it on at backend creation; off by default since the H200 runs of
+ * 2026-12-01 17:58Z: decode 27B 105.8 -> 110.1, 35B-A3B 331 -> 337 tok/s,
+ * interleaved, three rounds each) says whether cu_launch sets it. */
 __device__ __forceinline__ void pdl_launch()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -269,9 +271,16 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
 size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T);
 /* hist / n_hist: sn_gdn_view's per-token history (NULL / 0: none); with a
  * history the token-by-token recurrence runs, never the chunked form. */
+/* cnt: CU_GDN_CNT zeroed ints the caller keeps per stream (k_gdn_step's
+ * per-key-head arrival counters; each launch leaves them zero), or NULL
+ * (three kernels instead of one). cu_gdn_step_mode (tune "gdn_step") 1
+ * takes the one kernel, 0 (default, measured faster) the three: conv,
+ * conv state, recurrence (same bits either way). */
+#define CU_GDN_CNT 1024
+extern int cu_gdn_step_mode;
 sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
                  const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
-                 float *hist, int n_hist, int T, float *out, void *scratch);
+                 float *hist, int n_hist, int T, float *out, void *scratch, int *cnt);
 /* out[r] = index of the largest x[r, :] (the first one on ties). */
 size_t cu_argmax_scratch_bytes(int rows);
 sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_out, void *scratch);

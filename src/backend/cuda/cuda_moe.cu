@@ -38,7 +38,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_moe.h"
 
-int cu_moe_dec_mode = 2; /* see cuda_internal.h */
+int cu_moe_dec_mode = 1; /* see cuda_moe.h */
 
 namespace {
 

@@ -10,8 +10,10 @@
  * operations of k_add_gated / k_add. cu_moe uses it below the grouped-GEMM
  * threshold when cu_moe_dec_ok. Scratch: cu_moe_dec_scratch_bytes (at most
  * cu_moe_scratch_bytes). cu_moe_dec_mode: 0 off (the route/gate_up/down/sum
- * kernels), 1 on, 2 on with the chosen down matrices prefetched into L2 from
- * the gate/up kernel (default; tune key "moe_dec"). */
+ * kernels), 1 on (default), 2 on with the chosen down matrices prefetched
+ * into L2 from the gate/up kernel (tune key "moe_dec"; the prefetch lost
+ * 1-4 % of the 35B-A3B decode in the H200 runs of 2026-12-01 17:58Z and
+ * 18:07Z, three interleaved rounds each, so it is off). */
 typedef struct {
     const float *sh; /* [T, H] or NULL */
     const float *sg; /* [T] gate logits (with sh) */

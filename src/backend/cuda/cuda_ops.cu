@@ -747,6 +747,173 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
     }
 }
 
+/* The decode step of a GatedDeltaNet layer in one kernel (T <= GDN_STEP_T
+ * tokens: a decode step or a prompt-lookup verify pass): block (value head
+ * hv, 32 columns of Dv) first forms, for every token, what k_gdn_conv would
+ * (its key head's q and k through the causal conv + SiLU + l2 norm, its 32
+ * v channels, decay and beta of hv) into shared memory, with the same
+ * operations in the same order, then runs k_gdn_rec's delta rule on them;
+ * the conv state (and the rollback history) is updated as k_gdn_state does
+ * it: a block's own v channels by that block, a key head's q/k channels,
+ * which every block of the head's group reads, by the group's last block to
+ * finish reading (cnt[hk], reset by it for the next launch). Same bits as
+ * the three kernels, two launches fewer per layer. */
+constexpr int GDN_STEP_T = 8;
+constexpr int GDN_STEP_DK = 256;
+
+template <int RPT>
+__global__ void __launch_bounds__(128)
+k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, float *__restrict__ state, int Hk,
+           int Hv, int Dk, int Dv, int K, float l2eps, const float *__restrict__ a, const float *__restrict__ b,
+           const float *__restrict__ A_log, const float *__restrict__ dt_bias, float *__restrict__ S, int T,
+           float *__restrict__ out, float *__restrict__ hist, size_t hstride, size_t hconv, int nh,
+           int *__restrict__ cnt)
+{
+    pdl_enter();
+    __shared__ float red[33];
+    __shared__ float qs[GDN_STEP_T][GDN_STEP_DK], ks[GDN_STEP_T][GDN_STEP_DK], vs[GDN_STEP_T][32];
+    __shared__ float dec_s[GDN_STEP_T], bet_s[GDN_STEP_T];
+    __shared__ int last_s;
+    const int hv = blockIdx.x, hk = hv / (Hv / Hk);
+    const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
+    const int vc0 = 2 * key_dim + hv * Dv + blockIdx.y * 32; /* this block's first v channel */
+    const int nv = min(32, Dv - (int)blockIdx.y * 32);
+    auto conv = [&](int ch, int t) {
+        const float *w = conv_w + (size_t)ch * K;
+        float acc = 0.f;
+        for (int k = 0; k < K; k++) {
+            int xi = t + k; /* index into concat(state, qkv) */
+            float xv = xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
+            acc += w[k] * xv;
+        }
+        return silu(acc);
+    };
+    for (int t = 0; t < T; t++) {
+        /* q (hq 0) and k (hq 1) of key head hk: k_gdn_conv's blocks hk and Hk + hk */
+        for (int hq = 0; hq < 2; hq++) {
+            const int ch0 = hq * key_dim + hk * Dk;
+            float ss = 0.f, vals[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                int i = threadIdx.x + r * blockDim.x;
+                vals[r] = 0.f;
+                if (i < Dk) {
+                    float v = conv(ch0 + i, t);
+                    vals[r] = v;
+                    ss += v * v;
+                }
+            }
+            ss = block_sum(ss, red);
+            float inv = 1.f / sqrtf(ss + l2eps);
+            if (hq == 0)
+                inv *= 1.f / sqrtf((float)Dk);
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                int i = threadIdx.x + r * blockDim.x;
+                if (i < Dk)
+                    (hq == 0 ? qs : ks)[t][i] = vals[r] * inv;
+            }
+        }
+        if ((int)threadIdx.x < nv)
+            vs[t][threadIdx.x] = conv(vc0 + threadIdx.x, t);
+        if (threadIdx.x == 0) {
+            float A = -expf(A_log[hv]);
+            float g = A * softplus(a[(size_t)t * Hv + hv] + dt_bias[hv]);
+            dec_s[t] = expf(g);
+            bet_s[t] = sigmoidf_(b[(size_t)t * Hv + hv]);
+        }
+    }
+    __syncthreads(); /* every read of the old conv state by this block is done */
+
+    /* conv state and history, as k_gdn_state: a channel's thread walks the
+     * rows ascending (the in-place shift never reads a row it replaced) */
+    auto shift = [&](int ch) {
+        for (int t = 0; t < nh; t++)
+            for (int i = 0; i < K - 1; i++) {
+                int xi = t + 1 + i;
+                hist[(size_t)t * hstride + (size_t)i * C + ch] =
+                    xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
+            }
+        for (int i = 0; i < K - 1; i++) {
+            int xi = T + i;
+            float v = xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
+            state[(size_t)i * C + ch] = v;
+        }
+    };
+    if (K > 1) {
+        if ((int)threadIdx.x < nv)
+            shift(vc0 + threadIdx.x); /* only this block reads these */
+        if (threadIdx.x == 0) {
+            __threadfence();
+            const int group = (Hv / Hk) * (int)gridDim.y;
+            last_s = atomicAdd(cnt + hk, 1) == group - 1;
+        }
+        __syncthreads();
+        if (last_s) {
+            __threadfence();
+            for (int i = threadIdx.x; i < 2 * Dk; i += blockDim.x)
+                shift(i < Dk ? hk * Dk + i : key_dim + hk * Dk + (i - Dk));
+            if (threadIdx.x == 0)
+                cnt[hk] = 0; /* ready for the next launch */
+        }
+    }
+
+    /* the delta rule: k_gdn_rec with q, k, v, decay and beta from shared memory */
+    float *hS = nh ? hist + hconv : nullptr;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int cl = warp * 8 + (lane & 7), col = blockIdx.y * 32 + cl;
+    const int part = lane >> 3;
+    const int rows_per = (Dk + 3) / 4;
+    const int i0 = part * rows_per;
+    const bool active = col < Dv;
+    float *Sh = S + (size_t)hv * Dk * Dv;
+    float s[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; r++) {
+        int i = i0 + r;
+        s[r] = (active && r < rows_per && i < Dk) ? Sh[(size_t)i * Dv + col] : 0.f;
+    }
+    for (int t = 0; t < T; t++) {
+        const float v = active ? vs[t][cl] : 0.f, at = dec_s[t], bt = bet_s[t];
+        float dot = 0.f;
+#pragma unroll
+        for (int r = 0; r < RPT; r++) {
+            int i = i0 + r;
+            dot = fmaf(s[r], (r < rows_per && i < Dk) ? ks[t][i] : 0.f, dot);
+        }
+        dot += __shfl_xor_sync(0xffffffffu, dot, 8);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 16);
+        float delta = (v - at * dot) * bt;
+        float od = 0.f;
+#pragma unroll
+        for (int r = 0; r < RPT; r++) {
+            int i = i0 + r;
+            const bool in = r < rows_per && i < Dk;
+            s[r] = fmaf(in ? ks[t][i] : 0.f, delta, at * s[r]);
+            od = fmaf(s[r], in ? qs[t][i] : 0.f, od);
+        }
+        od += __shfl_xor_sync(0xffffffffu, od, 8);
+        od += __shfl_xor_sync(0xffffffffu, od, 16);
+        if (active && part == 0)
+            out[((size_t)t * Hv + hv) * Dv + col] = od;
+        if (t < nh) {
+            float *Hh = hS + (size_t)t * hstride + (size_t)hv * Dk * Dv;
+#pragma unroll
+            for (int r = 0; r < RPT; r++) {
+                int i = i0 + r;
+                if (active && r < rows_per && i < Dk)
+                    Hh[(size_t)i * Dv + col] = s[r];
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RPT; r++) {
+        int i = i0 + r;
+        if (active && r < rows_per && i < Dk)
+            Sh[(size_t)i * Dv + col] = s[r];
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 
 /* Argmax in two passes so a 248k vocabulary row is read by many blocks:
@@ -1025,9 +1192,13 @@ size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T)
            cu_pf_gdn_scratch_bytes(d, T); /* [prefill] chunked delta rule (cuda_prefill.cu) */
 }
 
+/* off by default: the H200 measured it slower than the three kernels (2026-12-01 18:07Z: 35B-A3B decode
+ * 313.5-321.2 vs 325.3-325.7 tok/s, 27B 105.9-106.8 vs 106.8-107.5, three interleaved rounds) */
+int cu_gdn_step_mode = 0;
+
 sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
                  const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
-                 float *hist, int n_hist, int T, float *out, void *scratch)
+                 float *hist, int n_hist, int T, float *out, void *scratch, int *cnt)
 {
     if (T <= 0)
         return SN_OK;
@@ -1041,6 +1212,25 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
     float *c = (float *)scratch;
     float *beta = c + (size_t)T * C, *decay = beta + (size_t)T * Hv;
     float l2eps = d->norm_eps > 0.f ? d->norm_eps : 1e-6f;
+    if (cu_gdn_step_mode && cnt && T <= GDN_STEP_T && Dk <= GDN_STEP_DK && Hk <= CU_GDN_CNT && Hv % Hk == 0) {
+        /* decode / verify: the whole step in one kernel (k_gdn_step) */
+        dim3 grid((unsigned)Hv, (unsigned)((Dv + 31) / 32));
+        const int rpt = (Dk + 3) / 4;
+#define GDN_STEP(R)                                                                                               \
+    (void)cu_launch(k_gdn_step<R>, grid, 128, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv, K, l2eps, a, b, A_log, \
+                    dt_bias, S, T, out, hist, hstride, hconv, nh, cnt)
+        if (rpt <= 8)
+            GDN_STEP(8);
+        else if (rpt <= 16)
+            GDN_STEP(16);
+        else if (rpt <= 32)
+            GDN_STEP(32);
+        else
+            GDN_STEP(64);
+#undef GDN_STEP
+        CU_CHECK_LAUNCH("gdn step");
+        return SN_OK;
+    }
     unsigned th = 128; /* k_gdn_conv covers up to 4*128 channels per head */
     (void)cu_launch(k_gdn_conv, dim3((unsigned)(2 * Hk + Hv), (unsigned)T), th, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv, K,
                                                                           l2eps, a, b, A_log, dt_bias, c, beta, decay);
