@@ -176,6 +176,13 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
                    x->I, t, T);
             free(one);
         }
+    /* the gate/up kernel in blocks of 8 warps (4 by default): the same bits */
+    CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 8));
+    float *w4 = gpu_moe(x, hx, hl, T, norm);
+    CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
+    CHECKF(memcmp(a, w4, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: 8-warp gate/up blocks differ",
+           x->E, x->k, T);
+    free(w4);
     /* the old kernels agree within the same bound */
     CHECK_OK(sn_cuda_tune(G, "moe_dec", 0));
     float *o = gpu_moe(x, hx, hl, T, norm);
@@ -246,6 +253,12 @@ static void sh_case(const experts *x, const shared_ex *s, int T)
         CHECKF(err <= 2e-5, "moe_shared E=%d k=%d H=%d I=%d T=%d: rel %.3g", x->E, x->k, H, x->I, T, err);
         CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &b));
         CHECKF(b && memcmp(a, b, sizeof(float) * T * H) == 0, "moe_shared T=%d: two runs differ", T);
+        float *w4 = NULL;
+        CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 8));
+        CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &w4));
+        CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
+        CHECKF(w4 && memcmp(a, w4, sizeof(float) * T * H) == 0, "moe_shared T=%d: 8-warp gate/up blocks differ", T);
+        free(w4);
         for (int t = 0; t < T && T > 1; t++) {
             float *one = NULL;
             CHECK_OK(gpu_moe_shared(x, s, hx + (size_t)t * H, hl + (size_t)t * x->E, hsg + t, 1, &one));
@@ -460,6 +473,7 @@ static void test_moe_graph_replay(void)
 
 static void test_moe_tune(void)
 {
+    CHECK(sn_cuda_tune(G, "moe_gu_warps", 6) != SN_OK);
     CHECK(sn_cuda_tune(G, "moe_dec", 3) != SN_OK);
     CHECK(sn_cuda_tune(G, "moe_dec", -1) != SN_OK);
     CHECK_OK(sn_cuda_tune(G, "moe_dec", 1));

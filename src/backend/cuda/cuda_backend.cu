@@ -1619,6 +1619,14 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
         graphs_invalidate(cb);
         return SN_OK;
     }
+    if (!strcmp(key, "moe_gu_warps")) { /* [moe] warps per block of the decode gate/up kernel */
+        if (value != 4 && value != 8)
+            return SN_FAIL(SN_E_INVALID, "cuda tune moe_gu_warps=%d (4 or 8)", value);
+        SN_TRY(host_barrier(cb));
+        cu_moe_gu_warps = value;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
     if (!strcmp(key, "moe_gemm")) {
         SN_TRY(host_barrier(cb));
         cb->di.moe_gemm = value != 0;

@@ -28,6 +28,10 @@ typedef struct cu_moe_sh {
     const float *sg; /* [T] gate logits */
 } cu_moe_sh;
 extern int cu_moe_dec_mode;
+/* warps per block of the gate/up kernel: 4 (default: with the shared slot
+ * the 35B-A3B's 9 x 32 blocks of 8 warps took two waves at two blocks per
+ * SM) or 8 (tune "moe_gu_warps"); the bits are the same */
+extern int cu_moe_gu_warps;
 bool cu_moe_dec_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, int T, int top_k);
 bool cu_moe_dec_sh_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, const cu_moe_sh *sh, int T,
                       int top_k);
