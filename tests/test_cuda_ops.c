@@ -508,6 +508,7 @@ static void test_attention(void)
     attn_case(1, 0, 4, 4, 64, 16);
     attn_case(1, 77, 24, 4, 256, 128);
     attn_case(1, 1000, 16, 2, 256, 1024);
+    attn_case(2, 500, 8, 1, 128, 600);
     attn_case(3, 40, 8, 2, 128, 64);
     attn_case(4, 5, 6, 3, 80, 12);
     attn_case(37, 0, 8, 2, 128, 64);
@@ -540,10 +541,11 @@ static void test_attention_prefill_vs_decode(void)
 }
 
 /* Decode attention of up to 8 new tokens in one call: each token's output
- * is bitwise what a one-token call at its position gives. */
-static void test_attention_decode_batch_invariant(void)
+ * is bitwise what a one-token call at its position gives (GQA groups of 6,
+ * 8 and 8 query heads over 4, 2 and 1 kv heads). */
+static void attn_batch_case(int Hq, int Hkv)
 {
-    int P = 37, N = 8, Hq = 24, Hkv = 4, D = 256, ctx = 64;
+    int P = 37, N = 8, D = 256, ctx = 64;
     size_t row = (size_t)Hkv * D;
     float *k = hrand((size_t)(P + N) * row, 1.f), *v = hrand((size_t)(P + N) * row, 1.f);
     float *q = hrand((size_t)N * Hq * D, 1.f);
@@ -559,11 +561,19 @@ static void test_attention_decode_batch_invariant(void)
     for (int T = 2; T <= N; T++) {
         CHECK_OK(G->ops->attention(G, dq, &gv, T, P, Hq, 0.0625f, many));
         float *b = tohost(many, (size_t)T * Hq * D);
-        CHECKF(memcmp(a, b, sizeof(float) * T * Hq * D) == 0, "attention decode T=%d differs from T=1", T);
+        CHECKF(memcmp(a, b, sizeof(float) * T * Hq * D) == 0, "attention decode Hq=%d Hkv=%d T=%d differs from T=1",
+               Hq, Hkv, T);
         free(b);
     }
     free(k); free(v); free(q); free(a);
     dfree(dk); dfree(dv); dfree(dkn); dfree(dvn); dfree(dq); dfree(many); dfree(one);
+}
+
+static void test_attention_decode_batch_invariant(void)
+{
+    attn_batch_case(24, 4);
+    attn_batch_case(16, 2);
+    attn_batch_case(8, 1);
 }
 
 /* ---- GatedDeltaNet ---- */
