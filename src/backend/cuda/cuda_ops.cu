@@ -555,6 +555,41 @@ k_attn_prefill(const float *__restrict__ q, const float *__restrict__ kc, const 
 /* GatedDeltaNet                                                               */
 /* ------------------------------------------------------------------------ */
 
+/* Channel ch of token t through the causal conv (K taps over
+ * concat(state, qkv)) and SiLU: k_gdn_conv's and k_gdn_step's arithmetic. */
+__device__ __forceinline__ float gdn_conv_ch(const float *__restrict__ conv_w, const float *state,
+                                             const float *__restrict__ qkv, int ch, int t, int K, int C)
+{
+    const float *w = conv_w + (size_t)ch * K;
+    float acc = 0.f;
+    for (int k = 0; k < K; k++) {
+        int xi = t + k; /* index into concat(state, qkv) */
+        float xv = xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
+        acc += w[k] * xv;
+    }
+    return silu(acc);
+}
+
+/* Channel ch's conv state after T tokens = rows T..T+K-2 of concat(state,
+ * qkv), and history slot t < nh (the state after token t) = rows
+ * t+1..t+K-1; ascending rows, so the in-place update never reads a row it
+ * already replaced. The caller makes sure no one still reads the old rows. */
+__device__ __forceinline__ void gdn_shift_ch(float *state, const float *__restrict__ qkv, float *hist, size_t hstride,
+                                             int nh, int ch, int T, int K, int C)
+{
+    for (int t = 0; t < nh; t++)
+        for (int i = 0; i < K - 1; i++) {
+            int xi = t + 1 + i;
+            hist[(size_t)t * hstride + (size_t)i * C + ch] =
+                xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
+        }
+    for (int i = 0; i < K - 1; i++) {
+        int xi = T + i;
+        float v = xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
+        state[(size_t)i * C + ch] = v;
+    }
+}
+
 /* Block (head vector hv_idx, token t): channels of one q, k or v head of
  * token t through the causal conv + SiLU; q/k heads l2-normalised (q also
  * times Dk^-0.5). Head index: [0,Hk) q, [Hk,2Hk) k, [2Hk, 2Hk+Hv) v. Block 0
@@ -585,15 +620,7 @@ __global__ void k_gdn_conv(const float *__restrict__ qkv, const float *__restric
         int i = threadIdx.x + r * blockDim.x;
         vals[r] = 0.f;
         if (i < n) {
-            int ch = ch0 + i;
-            const float *w = conv_w + (size_t)ch * K;
-            float acc = 0.f;
-            for (int k = 0; k < K; k++) {
-                int xi = t + k; /* index into concat(state, qkv) */
-                float xv = xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
-                acc += w[k] * xv;
-            }
-            float v = silu(acc);
+            float v = gdn_conv_ch(conv_w, state, qkv, ch0 + i, t, K, C);
             vals[r] = v;
             ss += v * v;
         }
@@ -629,19 +656,43 @@ __global__ void k_gdn_state(float *__restrict__ state, const float *__restrict__
                             float *__restrict__ hist, size_t hstride, int nh)
 {
     pdl_enter();
-    for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < C; ch += gridDim.x * blockDim.x) {
-        /* history slot t (the state after token t): rows t+1 .. t+K-1, read
-         * before this thread replaces its channel below */
-        for (int t = 0; t < nh; t++)
-            for (int i = 0; i < K - 1; i++) {
-                int xi = t + 1 + i;
-                hist[(size_t)t * hstride + (size_t)i * C + ch] =
-                    xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
-            }
-        for (int i = 0; i < K - 1; i++) {
-            int xi = T + i;
-            float v = xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
-            state[(size_t)i * C + ch] = v;
+    for (int ch = blockIdx.x * blockDim.x + threadIdx.x; ch < C; ch += gridDim.x * blockDim.x)
+        gdn_shift_ch(state, qkv, hist, hstride, nh, ch, T, K, C);
+}
+
+/* One token of the delta rule for a thread's RPT rows of S (column col,
+ * quarter part): S = a S + k delta^T with delta = (v - a k.S) beta, out =
+ * q.S, the dot products finished by two xor-shuffles; the state after the
+ * token to Hh when given. k_gdn_rec's and k_gdn_step's arithmetic. */
+template <int RPT>
+__device__ __forceinline__ void gdn_rule_token(float (&s)[RPT], const float (&kr)[RPT], const float (&qr)[RPT], float v,
+                                               float a, float bt, bool active, int part, int i0, int rows_per, int Dk,
+                                               int Dv, int col, float *out_t, float *Hh)
+{
+    float dot = 0.f;
+#pragma unroll
+    for (int r = 0; r < RPT; r++)
+        dot = fmaf(s[r], kr[r], dot);
+    dot += __shfl_xor_sync(0xffffffffu, dot, 8);
+    dot += __shfl_xor_sync(0xffffffffu, dot, 16);
+    float delta = (v - a * dot) * bt;
+    float od = 0.f;
+#pragma unroll
+    for (int r = 0; r < RPT; r++) {
+        s[r] = fmaf(kr[r], delta, a * s[r]);
+        od = fmaf(s[r], qr[r], od);
+    }
+    od += __shfl_xor_sync(0xffffffffu, od, 8);
+    od += __shfl_xor_sync(0xffffffffu, od, 16);
+    if (active && part == 0)
+        out_t[col] = od;
+    if (Hh) {
+        /* the state after this token, for a rollback to it */
+#pragma unroll
+        for (int r = 0; r < RPT; r++) {
+            int i = i0 + r;
+            if (active && r < rows_per && i < Dk)
+                Hh[(size_t)i * Dv + col] = s[r];
         }
     }
 }
@@ -701,33 +752,9 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
         } else {
             load(t, kr, qr, v, a, bt);
         }
-        float dot = 0.f;
-#pragma unroll
-        for (int r = 0; r < RPT; r++)
-            dot = fmaf(s[r], kr[r], dot);
-        dot += __shfl_xor_sync(0xffffffffu, dot, 8);
-        dot += __shfl_xor_sync(0xffffffffu, dot, 16);
-        float delta = (v - a * dot) * bt;
-        float od = 0.f;
-#pragma unroll
-        for (int r = 0; r < RPT; r++) {
-            s[r] = fmaf(kr[r], delta, a * s[r]);
-            od = fmaf(s[r], qr[r], od);
-        }
-        od += __shfl_xor_sync(0xffffffffu, od, 8);
-        od += __shfl_xor_sync(0xffffffffu, od, 16);
-        if (active && part == 0)
-            out[((size_t)t * Hv + hv) * Dv + col] = od;
-        if (t < nh) {
-            /* the state after token t, for a rollback to it */
-            float *Hh = hist + (size_t)t * hstride + (size_t)hv * Dk * Dv;
-#pragma unroll
-            for (int r = 0; r < RPT; r++) {
-                int i = i0 + r;
-                if (active && r < rows_per && i < Dk)
-                    Hh[(size_t)i * Dv + col] = s[r];
-            }
-        }
+        gdn_rule_token<RPT>(s, kr, qr, v, a, bt, active, part, i0, rows_per, Dk, Dv, col,
+                            out + ((size_t)t * Hv + hv) * Dv,
+                            t < nh ? hist + (size_t)t * hstride + (size_t)hv * Dk * Dv : nullptr);
         if constexpr (PF) {
 #pragma unroll
             for (int r = 0; r < RPT; r++) {
@@ -778,16 +805,7 @@ k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, floa
     const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
     const int vc0 = 2 * key_dim + hv * Dv + blockIdx.y * 32; /* this block's first v channel */
     const int nv = min(32, Dv - (int)blockIdx.y * 32);
-    auto conv = [&](int ch, int t) {
-        const float *w = conv_w + (size_t)ch * K;
-        float acc = 0.f;
-        for (int k = 0; k < K; k++) {
-            int xi = t + k; /* index into concat(state, qkv) */
-            float xv = xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
-            acc += w[k] * xv;
-        }
-        return silu(acc);
-    };
+    auto conv = [&](int ch, int t) { return gdn_conv_ch(conv_w, state, qkv, ch, t, K, C); };
     for (int t = 0; t < T; t++) {
         /* q (hq 0) and k (hq 1) of key head hk: k_gdn_conv's blocks hk and Hk + hk */
         for (int hq = 0; hq < 2; hq++) {
@@ -825,21 +843,8 @@ k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, floa
     }
     __syncthreads(); /* every read of the old conv state by this block is done */
 
-    /* conv state and history, as k_gdn_state: a channel's thread walks the
-     * rows ascending (the in-place shift never reads a row it replaced) */
-    auto shift = [&](int ch) {
-        for (int t = 0; t < nh; t++)
-            for (int i = 0; i < K - 1; i++) {
-                int xi = t + 1 + i;
-                hist[(size_t)t * hstride + (size_t)i * C + ch] =
-                    xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
-            }
-        for (int i = 0; i < K - 1; i++) {
-            int xi = T + i;
-            float v = xi < K - 1 ? state[(size_t)xi * C + ch] : qkv[(size_t)(xi - (K - 1)) * C + ch];
-            state[(size_t)i * C + ch] = v;
-        }
-    };
+    /* conv state and history, as k_gdn_state */
+    auto shift = [&](int ch) { gdn_shift_ch(state, qkv, hist, hstride, nh, ch, T, K, C); };
     if (K > 1) {
         if ((int)threadIdx.x < nv)
             shift(vc0 + threadIdx.x); /* only this block reads these */
@@ -874,37 +879,17 @@ k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, floa
         s[r] = (active && r < rows_per && i < Dk) ? Sh[(size_t)i * Dv + col] : 0.f;
     }
     for (int t = 0; t < T; t++) {
-        const float v = active ? vs[t][cl] : 0.f, at = dec_s[t], bt = bet_s[t];
-        float dot = 0.f;
-#pragma unroll
-        for (int r = 0; r < RPT; r++) {
-            int i = i0 + r;
-            dot = fmaf(s[r], (r < rows_per && i < Dk) ? ks[t][i] : 0.f, dot);
-        }
-        dot += __shfl_xor_sync(0xffffffffu, dot, 8);
-        dot += __shfl_xor_sync(0xffffffffu, dot, 16);
-        float delta = (v - at * dot) * bt;
-        float od = 0.f;
+        float kr[RPT], qr[RPT];
 #pragma unroll
         for (int r = 0; r < RPT; r++) {
             int i = i0 + r;
             const bool in = r < rows_per && i < Dk;
-            s[r] = fmaf(in ? ks[t][i] : 0.f, delta, at * s[r]);
-            od = fmaf(s[r], in ? qs[t][i] : 0.f, od);
+            kr[r] = in ? ks[t][i] : 0.f;
+            qr[r] = in ? qs[t][i] : 0.f;
         }
-        od += __shfl_xor_sync(0xffffffffu, od, 8);
-        od += __shfl_xor_sync(0xffffffffu, od, 16);
-        if (active && part == 0)
-            out[((size_t)t * Hv + hv) * Dv + col] = od;
-        if (t < nh) {
-            float *Hh = hS + (size_t)t * hstride + (size_t)hv * Dk * Dv;
-#pragma unroll
-            for (int r = 0; r < RPT; r++) {
-                int i = i0 + r;
-                if (active && r < rows_per && i < Dk)
-                    Hh[(size_t)i * Dv + col] = s[r];
-            }
-        }
+        gdn_rule_token<RPT>(s, kr, qr, active ? vs[t][cl] : 0.f, dec_s[t], bet_s[t], active, part, i0, rows_per, Dk,
+                            Dv, col, out + ((size_t)t * Hv + hv) * Dv,
+                            t < nh ? hS + (size_t)t * hstride + (size_t)hv * Dk * Dv : nullptr);
     }
 #pragma unroll
     for (int r = 0; r < RPT; r++) {
