@@ -53,57 +53,6 @@ static double rel_err(const float *a, const float *ref, size_t n)
 }
 
 
-/* ---- quantized weights: host view (CPU) and uploaded copy (GPU) ---- */
-
-typedef struct {
-    sn_weight w, wg;
-    void *data, *sc, *bi;
-} tw;
-
-static void tw_make(tw *t, sn_dtype dt, int64_t rows, int64_t cols, int group, sn_dtype sdt, int64_t E)
-{
-    memset(t, 0, sizeof *t);
-    int64_t ne = E > 0 ? E : 1;
-    int bits = dt == SN_DT_Q4 ? 4 : 8;
-    size_t words = (size_t)ne * rows * cols * bits / 32, ng = (size_t)ne * rows * (cols / group);
-    uint32_t *q = malloc(4 * words);
-    for (size_t i = 0; i < words; i++) q[i] = rnd_u32() ^ (rnd_u32() << 16);
-    size_t ss = sdt == SN_DT_F32 ? 4 : 2;
-    uint8_t *sc = malloc(ss * ng), *bi = malloc(ss * ng);
-    float smax = bits == 4 ? 0.02f : 0.002f;
-    for (size_t i = 0; i < ng; i++) {
-        float s = rnd_f(smax), b = rnd_f(0.1f);
-        if (sdt == SN_DT_F32) {
-            memcpy(sc + 4 * i, &s, 4);
-            memcpy(bi + 4 * i, &b, 4);
-        } else {
-            uint16_t hs = sdt == SN_DT_BF16 ? sn_f32_to_bf16(s) : sn_f32_to_f16(s);
-            uint16_t hb = sdt == SN_DT_BF16 ? sn_f32_to_bf16(b) : sn_f32_to_f16(b);
-            memcpy(sc + 2 * i, &hs, 2);
-            memcpy(bi + 2 * i, &hb, 2);
-        }
-    }
-    t->w.dtype = dt;
-    t->w.rows = rows;
-    t->w.cols = cols;
-    t->w.n_experts = E;
-    t->w.group = group;
-    t->w.data = t->data = q;
-    t->w.scales = t->sc = sc;
-    t->w.qbiases = t->bi = bi;
-    t->w.sdtype = sdt;
-    t->wg = t->w;
-    CHECK_OK(G->ops->upload_weight(G, &t->wg));
-    CHECK(t->wg.dev != NULL);
-}
-
-static void tw_free(tw *t)
-{
-    free(t->data);
-    free(t->sc);
-    free(t->bi);
-}
-
 /* ---- one expert set, many calls ---- */
 
 typedef struct {
@@ -117,9 +66,9 @@ static void ex_make(experts *x, sn_dtype dt, sn_dtype sdt, int group, int E, int
     x->k = k;
     x->H = H;
     x->I = I;
-    tw_make(&x->g, dt, I, H, group, sdt, E);
-    tw_make(&x->u, dt, I, H, group, sdt, E);
-    tw_make(&x->d, dt, H, I, group, sdt, E);
+    tw_make(&x->g, dt, I, H, group, sdt, E, 0);
+    tw_make(&x->u, dt, I, H, group, sdt, E, 0);
+    tw_make(&x->d, dt, H, I, group, sdt, E, 0);
 }
 
 static void ex_free(experts *x)
@@ -200,9 +149,9 @@ typedef struct {
 
 static void sh_make(shared_ex *s, sn_dtype dt, sn_dtype sdt, int group, int H, int Is)
 {
-    tw_make(&s->g, dt, Is, H, group, sdt, 0);
-    tw_make(&s->u, dt, Is, H, group, sdt, 0);
-    tw_make(&s->d, dt, H, Is, group, sdt, 0);
+    tw_make(&s->g, dt, Is, H, group, sdt, 0, 0);
+    tw_make(&s->u, dt, Is, H, group, sdt, 0, 0);
+    tw_make(&s->d, dt, H, Is, group, sdt, 0, 0);
 }
 
 static void sh_free(shared_ex *s)
@@ -388,12 +337,12 @@ static void mini_make(mini *m, int H, int E, int k, int I, int Is, int L)
     memset(m, 0, sizeof *m);
     m->H = H; m->E = E; m->k = k; m->I = I; m->Is = Is; m->L = L;
     ex_make(&m->ex, SN_DT_Q4, SN_DT_BF16, 64, E, k, H, I);
-    tw_make(&m->emb, SN_DT_Q4, H, H, 64, SN_DT_BF16, 0);
-    tw_make(&m->router, SN_DT_Q8, E, H, 64, SN_DT_BF16, 0);
-    tw_make(&m->sgw, SN_DT_Q8, 1, H, 64, SN_DT_BF16, 0);
-    tw_make(&m->sg, SN_DT_Q4, Is, H, 64, SN_DT_BF16, 0);
-    tw_make(&m->su, SN_DT_Q4, Is, H, 64, SN_DT_BF16, 0);
-    tw_make(&m->sd, SN_DT_Q4, H, Is, 64, SN_DT_BF16, 0);
+    tw_make(&m->emb, SN_DT_Q4, H, H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m->router, SN_DT_Q8, E, H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m->sgw, SN_DT_Q8, 1, H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m->sg, SN_DT_Q4, Is, H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m->su, SN_DT_Q4, Is, H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m->sd, SN_DT_Q4, H, Is, 64, SN_DT_BF16, 0, 0);
     float *nw = hrand((size_t)H, 1.f);
     for (int i = 0; i < H; i++) nw[i] += 1.5f;
     m->norm_w = dcopy(nw, H);
