@@ -4,6 +4,8 @@
  * Semantics follow the scalar CPU oracle (src/backend/cpu/ops_ref.c). */
 #include <math.h>
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_internal.h"
 
 namespace {
@@ -1181,6 +1183,22 @@ size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T)
  * 313.5-321.2 vs 325.3-325.7 tok/s, 27B 105.9-106.8 vs 106.8-107.5, three interleaved rounds) */
 int cu_gdn_step_mode = 0;
 
+/* f(RPT) for the delta-rule kernels (k_gdn_rec, k_gdn_step): Dk / 4 rows
+ * of S per thread, as the 8, 16, 32 or 64 of an instantiation */
+template <typename F>
+static void gdn_by_rpt(int Dk, F &&f)
+{
+    const int rpt = (Dk + 3) / 4;
+    if (rpt <= 8)
+        f(std::integral_constant<int, 8>{});
+    else if (rpt <= 16)
+        f(std::integral_constant<int, 16>{});
+    else if (rpt <= 32)
+        f(std::integral_constant<int, 32>{});
+    else
+        f(std::integral_constant<int, 64>{});
+}
+
 sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
                  const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
                  float *hist, int n_hist, int T, float *out, void *scratch, int *cnt)
@@ -1197,22 +1215,13 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
     float *c = (float *)scratch;
     float *beta = c + (size_t)T * C, *decay = beta + (size_t)T * Hv;
     float l2eps = d->norm_eps > 0.f ? d->norm_eps : 1e-6f;
+    const dim3 rgrid((unsigned)Hv, (unsigned)((Dv + 31) / 32)); /* the delta rule's blocks */
     if (cu_gdn_step_mode && cnt && T <= GDN_STEP_T && Dk <= GDN_STEP_DK && Hk <= CU_GDN_CNT && Hv % Hk == 0) {
         /* decode / verify: the whole step in one kernel (k_gdn_step) */
-        dim3 grid((unsigned)Hv, (unsigned)((Dv + 31) / 32));
-        const int rpt = (Dk + 3) / 4;
-#define GDN_STEP(R)                                                                                               \
-    (void)cu_launch(k_gdn_step<R>, grid, 128, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv, K, l2eps, a, b, A_log, \
-                    dt_bias, S, T, out, hist, hstride, hconv, nh, cnt)
-        if (rpt <= 8)
-            GDN_STEP(8);
-        else if (rpt <= 16)
-            GDN_STEP(16);
-        else if (rpt <= 32)
-            GDN_STEP(32);
-        else
-            GDN_STEP(64);
-#undef GDN_STEP
+        gdn_by_rpt(Dk, [&](auto R) {
+            (void)cu_launch(k_gdn_step<decltype(R)::value>, rgrid, 128, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv,
+                            K, l2eps, a, b, A_log, dt_bias, S, T, out, hist, hstride, hconv, nh, cnt);
+        });
         CU_CHECK_LAUNCH("gdn step");
         return SN_OK;
     }
@@ -1228,20 +1237,10 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
     /* [prefill] chunked delta rule for long T (cuda_prefill.cu); its scratch follows decay */
     if (!nh && cu_pf_gdn_use(d, T))
         return cu_pf_gdn(s, d, c, beta, decay, S, T, out, decay + (size_t)T * Hv);
-    dim3 grid((unsigned)Hv, (unsigned)((Dv + 31) / 32));
-    int rpt = (Dk + 3) / 4;
-    if (rpt <= 8)
-        (void)cu_launch(k_gdn_rec<8>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out, hS,
+    gdn_by_rpt(Dk, [&](auto R) {
+        (void)cu_launch(k_gdn_rec<decltype(R)::value>, rgrid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out, hS,
                         hstride, nh);
-    else if (rpt <= 16)
-        (void)cu_launch(k_gdn_rec<16>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out, hS,
-                        hstride, nh);
-    else if (rpt <= 32)
-        (void)cu_launch(k_gdn_rec<32>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out, hS,
-                        hstride, nh);
-    else
-        (void)cu_launch(k_gdn_rec<64>, grid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out, hS,
-                        hstride, nh);
+    });
     CU_CHECK_LAUNCH("gdn recurrence");
     return SN_OK;
 }
