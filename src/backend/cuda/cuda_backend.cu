@@ -171,6 +171,16 @@ sn_status ensure_scratch(cuda_be *cb, size_t bytes)
 
 const cu_weight *cw_of(const void *p) { return (const cu_weight *)((const sn_weight *)p)->dev; }
 
+/* An R_MOE record's shared expert into *sh (moe_submit sets p[6..9]
+ * together), or NULL for a plain moe. */
+const cu_moe_sh *moe_sh_of(const rec &r, cu_moe_sh *sh)
+{
+    if (!r.p[6])
+        return NULL;
+    *sh = { cw_of(r.p[6]), cw_of(r.p[7]), cw_of(r.p[8]), (const float *)r.p[9] };
+    return sh;
+}
+
 /* An eager matmul, staging x for the integer GEMM only when scratch does
  * not hold it already (see cuda_be.stg). */
 sn_status eager_matmul(cuda_be *cb, const rec &r)
@@ -267,11 +277,10 @@ sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
     case R_ARGMAX:
         return cu_argmax(s, (const float *)r.p[0], (int)r.i[0], (int)r.i[1], cb->d_outs + r.i[2], cb->scratch);
     case R_MOE: {
-        const cu_moe_sh sh = { r.p[6] ? cw_of(r.p[6]) : NULL, r.p[7] ? cw_of(r.p[7]) : NULL,
-                               r.p[8] ? cw_of(r.p[8]) : NULL, (const float *)r.p[9] };
+        cu_moe_sh sh;
         return cu_moe(&cb->di, s, cw_of(r.p[0]), cw_of(r.p[1]), cw_of(r.p[2]), (const float *)r.p[3], (int)r.i[0],
                       (int)r.i[1], (const float *)r.p[4], (int)r.i[2], (float *)r.p[5], cb->scratch,
-                      r.p[6] ? &sh : NULL);
+                      moe_sh_of(r, &sh));
     }
     case R_ADDGATED:
         return cu_add_gated(s, (float *)r.p[0], (const float *)r.p[1], (const float *)r.p[2], (int)r.i[0],
@@ -517,9 +526,8 @@ int try_fuse_moe(cuda_be *cb, int k, sn_status *st)
         return 0;
     const cu_weight *g = cw_of(r.p[0]), *u = cw_of(r.p[1]), *d = cw_of(r.p[2]);
     const int top_k = (int)r.i[0], T = (int)r.i[2];
-    const cu_moe_sh sh = { r.p[6] ? cw_of(r.p[6]) : NULL, r.p[7] ? cw_of(r.p[7]) : NULL,
-                           r.p[8] ? cw_of(r.p[8]) : NULL, (const float *)r.p[9] };
-    const cu_moe_sh *shp = r.p[6] ? &sh : NULL;
+    cu_moe_sh sh;
+    const cu_moe_sh *shp = moe_sh_of(r, &sh);
     if (T >= 32 && cb->di.moe_gemm)
         return 0; /* cu_moe's grouped path */
     if (shp ? !cu_moe_sh_ok(&cb->di, g, u, d, shp, T, top_k) : !cu_moe_dec_ok(g, u, d, T, top_k))

@@ -542,9 +542,9 @@ bool cu_moe_dec_sh_ok(const cu_weight *gate, const cu_weight *up, const cu_weigh
         return false;
     /* the shared expert must be one more expert of the stacks' shape and format */
     auto like = [](const cu_weight *w, const cu_weight *st) {
-        return w->n_experts == 1 && w->fmt == st->fmt && w->sfmt == st->sfmt && w->bits == st->bits &&
-               w->group == st->group && w->rows == st->rows && w->cols == st->cols && w->words == st->words &&
-               w->groups == st->groups && !w->bias;
+        /* (fmt, group and cols fix bits, words and groups) */
+        return w->n_experts == 1 && w->fmt == st->fmt && w->sfmt == st->sfmt && w->group == st->group &&
+               w->rows == st->rows && w->cols == st->cols && !w->bias;
     };
     return like(sh->gate, gate) && like(sh->up, up) && like(sh->down, down) &&
            md_stage_bytes((int64_t)(top_k + 1) * gate->rows, down->bits) <= MD_SMEM_MAX;
