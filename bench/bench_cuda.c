@@ -492,14 +492,12 @@ int main(int argc, char **argv)
     O = B->ops;
     for (int i = 0; i < n_tunes; i++) {
         char key[64];
-        const char *eq = strchr(tunes[i], '=');
-        if (!eq || eq == tunes[i] || (size_t)(eq - tunes[i]) >= sizeof key) {
+        int val;
+        if (sscanf(tunes[i], "%63[^=]=%d", key, &val) != 2) {
             fprintf(stderr, "bench_cuda: --tune %s: want key=value\n", tunes[i]);
             return 2;
         }
-        memcpy(key, tunes[i], (size_t)(eq - tunes[i]));
-        key[eq - tunes[i]] = 0;
-        TRY(sn_cuda_tune(B, key, atoi(eq + 1)));
+        TRY(sn_cuda_tune(B, key, val));
     }
     char dev[128];
     size_t used0, total;
@@ -538,17 +536,10 @@ int main(int argc, char **argv)
     forward(&m, ids, prefill, 0, &tok);
     TRY(O->sync(B));
     if (ncu_decode) {
-        int pos = prefill;
-        double td = 0;
-        for (int i = 0; i < ndec; i++) {
-            double t0 = now();
-            TRY(O->begin_step(B));
-            forward(&m, &tok, 1, pos++, &tok);
-            TRY(O->end_step(B));
-            if (i) td += now() - t0;
-        }
+        const double tps = decode_with(&m, NULL, 0, 0, prefill, ndec, &tok);
+        int pos = prefill + ndec;
         printf("bench_cuda %s --ncu-decode: decode (graph) %.3f ms per step over %d steps; profiled step next\n",
-               cfgp, td / (ndec - 1) * 1e3, ndec - 1);
+               cfgp, 1e3 / tps, ndec - 1);
         for (int round = 0; round < 3 && n_vary; round++)
             for (int v = -1; v < n_vary; v++) {
                 char key[64] = "";
