@@ -2823,8 +2823,6 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
     CU_CHECK_LAUNCH("moe scan");
     (void)cu_launch(k_moe_fill, (unsigned)E, 256, 0, s, idx, (int)N, seg, perm, pos);
     CU_CHECK_LAUNCH("moe fill");
-    size_t ni = (size_t)N * I;
-    const unsigned sw_grid = (unsigned)((ni + 255) / 256 > 8192 ? 8192 : (ni + 255) / 256);
     if (L.int8) { /* [gemm_i8] x gathered into digit planes, gate and up from one staging */
         void *i8 = b + L.i8;
         SN_TRY(cu_gemm_i8_moe_stage(di, s, gate, x, perm, k, (const float *)NULL, N, i8));
@@ -2844,7 +2842,8 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
             SN_TRY(moe_gemm<CW_Q8>(di, s, gate, xh, sig, KpH, nseg, N, cnt, seg, tile, g));
             SN_TRY(moe_gemm<CW_Q8>(di, s, up, xh, sig, KpH, nseg, N, cnt, seg, tile, u));
         }
-        (void)cu_launch(k_silu_mul, sw_grid, 256, 0, s, g, u, ni);
+        const size_t ni = (size_t)N * I;
+        (void)cu_launch(k_silu_mul, (unsigned)((ni + 255) / 256 > 8192 ? 8192 : (ni + 255) / 256), 256, 0, s, g, u, ni);
         CU_CHECK_LAUNCH("moe swiglu");
         (void)cu_launch(k_x_to_f16, (unsigned)(N + BM), 256, 0, s, g, (int)N, I, KpI, nseg, ah, sig2,
                         (const int32_t *)NULL, 1);
