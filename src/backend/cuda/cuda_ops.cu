@@ -662,6 +662,31 @@ __global__ void k_gdn_state(float *__restrict__ state, const float *__restrict__
         gdn_shift_ch(state, qkv, hist, hstride, nh, ch, T, K, C);
 }
 
+/* A thread's RPT rows of S (rows i0.., column col of the head's Dk x Dv
+ * block S0) into registers (0 past Dk or for an inactive column), and back. */
+template <int RPT>
+__device__ __forceinline__ void gdn_s_load(float (&s)[RPT], const float *S0, bool active, int i0, int rows_per, int Dk,
+                                           int Dv, int col)
+{
+#pragma unroll
+    for (int r = 0; r < RPT; r++) {
+        int i = i0 + r;
+        s[r] = (active && r < rows_per && i < Dk) ? S0[(size_t)i * Dv + col] : 0.f;
+    }
+}
+
+template <int RPT>
+__device__ __forceinline__ void gdn_s_store(const float (&s)[RPT], float *S0, bool active, int i0, int rows_per,
+                                            int Dk, int Dv, int col)
+{
+#pragma unroll
+    for (int r = 0; r < RPT; r++) {
+        int i = i0 + r;
+        if (active && r < rows_per && i < Dk)
+            S0[(size_t)i * Dv + col] = s[r];
+    }
+}
+
 /* One token of the delta rule for a thread's RPT rows of S (column col,
  * quarter part): S = a S + k delta^T with delta = (v - a k.S) beta, out =
  * q.S, the dot products finished by two xor-shuffles; the state after the
@@ -688,15 +713,8 @@ __device__ __forceinline__ void gdn_rule_token(float (&s)[RPT], const float (&kr
     od += __shfl_xor_sync(0xffffffffu, od, 16);
     if (active && part == 0)
         out_t[col] = od;
-    if (Hh) {
-        /* the state after this token, for a rollback to it */
-#pragma unroll
-        for (int r = 0; r < RPT; r++) {
-            int i = i0 + r;
-            if (active && r < rows_per && i < Dk)
-                Hh[(size_t)i * Dv + col] = s[r];
-        }
-    }
+    if (Hh) /* the state after this token, for a rollback to it */
+        gdn_s_store<RPT>(s, Hh, active, i0, rows_per, Dk, Dv, col);
 }
 
 /* The delta rule. Block (value head hv, 32 columns of Dv), 4 warps; lane =
@@ -720,11 +738,7 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
     const bool active = col < Dv;
     float *Sh = S + (size_t)hv * Dk * Dv;
     float s[RPT];
-#pragma unroll
-    for (int r = 0; r < RPT; r++) {
-        int i = i0 + r;
-        s[r] = (active && r < rows_per && i < Dk) ? Sh[(size_t)i * Dv + col] : 0.f;
-    }
+    gdn_s_load<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col);
     /* token t's k, q, v, decay and beta are loaded while token t-1 is
      * computed (they do not depend on S): a verify pass of T tokens pays
      * about one load latency instead of T. Up to 16 rows a thread; above,
@@ -768,12 +782,7 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
             bt = bn;
         }
     }
-#pragma unroll
-    for (int r = 0; r < RPT; r++) {
-        int i = i0 + r;
-        if (active && r < rows_per && i < Dk)
-            Sh[(size_t)i * Dv + col] = s[r];
-    }
+    gdn_s_store<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col);
 }
 
 /* The decode step of a GatedDeltaNet layer in one kernel (T <= GDN_STEP_T
@@ -875,11 +884,7 @@ k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, floa
     const bool active = col < Dv;
     float *Sh = S + (size_t)hv * Dk * Dv;
     float s[RPT];
-#pragma unroll
-    for (int r = 0; r < RPT; r++) {
-        int i = i0 + r;
-        s[r] = (active && r < rows_per && i < Dk) ? Sh[(size_t)i * Dv + col] : 0.f;
-    }
+    gdn_s_load<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col);
     for (int t = 0; t < T; t++) {
         float kr[RPT], qr[RPT];
 #pragma unroll
@@ -893,12 +898,7 @@ k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, floa
                             Dv, col, out + ((size_t)t * Hv + hv) * Dv,
                             t < nh ? hS + (size_t)t * hstride + (size_t)hv * Dk * Dv : nullptr);
     }
-#pragma unroll
-    for (int r = 0; r < RPT; r++) {
-        int i = i0 + r;
-        if (active && r < rows_per && i < Dk)
-            Sh[(size_t)i * Dv + col] = s[r];
-    }
+    gdn_s_store<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col);
 }
 
 /* ------------------------------------------------------------------------ */
