@@ -1472,6 +1472,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_sk = 1;
     cb->di.gemv_sk_bps = 2;
     cb->di.gemv_i8_min = -1; /* by shape */
+    cb->di.gemv_dp = 1;
     {
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
         const char *g = getenv("SANCTUM_CUDA_GEMM");
@@ -1643,6 +1644,12 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
     if (!strcmp(key, "gemv_i8")) {
         SN_TRY(host_barrier(cb));
         cb->di.gemv_i8 = value != 0;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
+    if (!strcmp(key, "gemv_dp")) {
+        SN_TRY(host_barrier(cb));
+        cb->di.gemv_dp = value != 0;
         graphs_invalidate(cb);
         return SN_OK;
     }

@@ -40,6 +40,29 @@ __device__ __forceinline__ void cp16_cg(void *smem, const void *gmem)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem) : "memory");
 }
 
+/* cp.async to a 32-bit shared address, without a memory clobber: the
+ * caller orders its reads of the destination around cp_async_wait (which
+ * has one) and a compiler barrier before it refills a slot. 16-byte copies
+ * go through L2 only (.cg), smaller ones must use .ca. */
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_sa(uint32_t sa, const void *gmem)
+{
+    if (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(sa), "l"(gmem), "n"(N));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 /* An interleaved (scale, bias) pair as floats: bf16/f16 halves in e.x
  * (scale low), or two f32 words. */
 __device__ __forceinline__ float2 sb_pair(uint2 e, int sf)
@@ -181,6 +204,31 @@ __device__ void stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t
 __device__ __forceinline__ float q4v(uint32_t bytes, int k)
 {
     return __uint_as_float(__byte_perm(bytes, 0x3F000000u, 0x7044u | ((uint32_t)k << 8)));
+}
+
+/* x as integers for the exact integer dot products (k_x_digits for the
+ * tensor-core GEMVs, gd_stage_x for the dp4a GEMV): per token and quant
+ * group, X = round(x * 2^e2) with e2 from the group's largest |x| so that
+ * |X| <= 2^22, cut into three signed 8-bit digits, X = 65536*d0 + 256*d1
+ * + d2. */
+__device__ __forceinline__ int xd_exp(float mx)
+{
+    int e2 = 0;
+    if (mx > 0.f && isfinite(mx)) {
+        frexpf(mx, &e2); /* mx < 2^e2 */
+        e2 = max(-100, min(100, 22 - e2));
+    }
+    return e2;
+}
+
+__device__ __forceinline__ int xd_split(float v, int e2, int &d0, int &d1, int &d2)
+{
+    const int X = __float2int_rn(ldexpf(v, e2));
+    d2 = ((X + 128) & 255) - 128;
+    const int X1 = (X - d2) >> 8;
+    d1 = ((X1 + 128) & 255) - 128;
+    d0 = (X1 - d1) >> 8;
+    return X;
 }
 
 /* Weight stream depth: each warp keeps GEMV_STAGES-1 chunks of its rows in
@@ -372,43 +420,50 @@ constexpr int GV_STAGE_U = 4; /* x loads in flight per thread while staging */
 
 /* x for tokens t < TT into shared memory (lane-major, zeros for t >= T),
  * normalised when g.nw is set, then the chunk sums. Ends with a barrier. */
+/* The fused RMSNorm's 1/rms per token (g.nw set) into inv[TT] (shared),
+ * the sums of squares exactly as k_rmsnorm forms them. Ends with a barrier. */
+template <int TT>
+__device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg &g, float *inv)
+{
+    __shared__ float red[TT][32];
+    /* the sum of x^2 exactly as k_rmsnorm forms it (rms_partials' virtual
+     * warps), the tokens' virtual warps spread over the block's warps so
+     * their loads are in flight together (a verify pass of 8 rows took 8
+     * load latencies one after the other) */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const int nvw = g.norm_threads / 32, nt = T < TT ? T : TT;
+    for (int p = warp; p < nt * nvw; p += nwarps) {
+        const int t = p / nvw, vw = p % nvw;
+        const float *xr = x + (size_t)t * cols;
+        float ss = 0.f;
+#pragma unroll 4
+        for (int64_t i = vw * 32 + lane; i < cols; i += g.norm_threads)
+            ss += xr[i] * xr[i];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0)
+            red[t][vw] = ss;
+    }
+    __syncthreads();
+    /* one warp per token finishes its tree (warp 0 doing all of them
+     * was a serial chain the whole block waited for) */
+    for (int t = warp; t < TT; t += nwarps) {
+        float v = t < T ? rms_total(red[t], g.norm_threads) : 0.f;
+        if (lane == 0)
+            inv[t] = 1.f / sqrtf(v / (float)cols + g.eps);
+    }
+    __syncthreads();
+}
+
 template <int BITS, int TT>
 __device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t stride4, const gemv_seg &g)
 {
     constexpr int NF4 = (128 / BITS) / 4;
     __shared__ float inv[TT];
-    __shared__ float red[TT][32];
     const int64_t n4 = cols / 4, nch = n4 / NF4;
-    if (g.nw) {
-        /* the sum of x^2 exactly as k_rmsnorm forms it (rms_partials' virtual
-         * warps), the tokens' virtual warps spread over the block's warps so
-         * their loads are in flight together (a verify pass of 8 rows took 8
-         * load latencies one after the other) */
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-        const int nvw = g.norm_threads / 32, nt = T < TT ? T : TT;
-        for (int p = warp; p < nt * nvw; p += nwarps) {
-            const int t = p / nvw, vw = p % nvw;
-            const float *xr = x + (size_t)t * cols;
-            float ss = 0.f;
-#pragma unroll 4
-            for (int64_t i = vw * 32 + lane; i < cols; i += g.norm_threads)
-                ss += xr[i] * xr[i];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                ss += __shfl_xor_sync(0xffffffffu, ss, o);
-            if (lane == 0)
-                red[t][vw] = ss;
-        }
-        __syncthreads();
-        /* one warp per token finishes its tree (warp 0 doing all of them
-         * was a serial chain the whole block waited for) */
-        for (int t = warp; t < TT; t += nwarps) {
-            float v = t < T ? rms_total(red[t], g.norm_threads) : 0.f;
-            if (lane == 0)
-                inv[t] = 1.f / sqrtf(v / (float)cols + g.eps);
-        }
-        __syncthreads();
-    }
+    if (g.nw)
+        gv_norm_inv<TT>(x, T, cols, g, inv);
     const bool aligned = ((uintptr_t)x & 15) == 0; /* cols % 32 == 0 always */
     /* QU float4 columns of all TT tokens per thread and pass, every load
      * issued before any is used (at least GV_STAGE_U in flight): staging
@@ -460,11 +515,14 @@ __device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int6
 
 /* One chunk (one uint4 of words per row) of RPW rows against TT tokens.
  * Each word's values are turned into floats once and used for every token;
- * per (row, token) the FMA sequence is word by word, value by value. */
+ * per (row, token) the FMA sequence is word by word, value by value. c and
+ * the x offsets are 32-bit: shared memory and a row's chunks fit. */
 template <int BITS, int TT, int RPW>
-__device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, const float4 *xs, int64_t stride4,
-                                         const float *xsums, int64_t nch, int64_t c, float acc[RPW][TT], int T)
+__device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, const float4 *xs, int stride4,
+                                         const float *xsums, int nch, int c, float acc[RPW][TT], int T)
 {
+    constexpr int NF4 = (128 / BITS) / 4;
+    const int xb = (c >> 5) * NF4 * 32 + (c & 31); /* xperm(c, 0) */
     /* token slots past T (a pass of 6 tokens in 8 slots) are skipped: the
      * branch is uniform over the warp and a real token's FMAs are unchanged */
     float d[RPW][TT];
@@ -491,8 +549,8 @@ __device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, con
             for (int t = 0; t < TT; t++) {
                 if (TT > 1 && t >= T)
                     break;
-                const float4 a = xs[t * stride4 + xperm<BITS>(c, 2 * j)];
-                const float4 b = xs[t * stride4 + xperm<BITS>(c, 2 * j + 1)];
+                const float4 a = xs[t * stride4 + xb + 32 * (2 * j)];
+                const float4 b = xs[t * stride4 + xb + 32 * (2 * j + 1)];
                 const float xv[8] = { a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w };
 #pragma unroll
                 for (int r = 0; r < RPW; r++) {
@@ -517,7 +575,7 @@ __device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, con
             for (int t = 0; t < TT; t++) {
                 if (TT > 1 && t >= T)
                     break;
-                const float4 a = xs[t * stride4 + xperm<BITS>(c, j)];
+                const float4 a = xs[t * stride4 + xb + 32 * j];
 #pragma unroll
                 for (int r = 0; r < RPW; r++) {
                     float dd = d[r][t];
@@ -546,65 +604,260 @@ __device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, con
     }
 }
 
-template <int BITS, int TT, int RPW>
+/* ---- the dp4a form (Q4, groups of 32/64/128): x as integer digits ----- */
+/*
+ * The fp32 GEMV above spends about 1.4 integer-pipe instructions per weight
+ * (a byte-permute per value plus the nibble masks) and its integer pipe
+ * runs at half the FMA rate: ncu puts it at 60 % issue with "math pipe
+ * throttle" on the permutes. Here x comes in as k_x_digits' three signed
+ * 8-bit digits per (token, quant group), and a word of 8 nibbles against
+ * them is two masks and 3 x 2 dp4a: about 0.9 instructions per weight and
+ * exact int32 partials per 32-value chunk and digit plane (|D| <= 61440),
+ * combined as 65536*D0 + (256*D1 + D2) in one fp32 rounding and scaled by
+ * the group's 2^-e2 (exact), so the result is fp32-class like the
+ * tensor-core paths. Per (row, token) the arithmetic does not depend on TT,
+ * RPW, the grid or the grouping.
+ *
+ * Staged per token, chunk c = 32*it + l (l the lane that reads it): for
+ * each digit plane two uint4s at [((t*nit + it)*3 + plane)*2 + half][l],
+ * word 2j of a chunk's 8 the digits of values 8j, 8j+2, 8j+4, 8j+6 (the
+ * low nibbles of weight word j), word 2j+1 those of 8j+1, ... (the high
+ * ones); then per (token, chunk) (2^-e2, 2^-e2 * sum X). */
+__host__ __device__ __forceinline__ size_t gd_stage_bytes(int TT, int nit, int64_t nch)
+{
+    return ((size_t)TT * nit * 3072 + (size_t)TT * nch * 8 + 15) / 16 * 16;
+}
+
+template <int TT>
+__device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g)
+{
+    __shared__ float inv[TT];
+    if (g.nw)
+        gv_norm_inv<TT>(x, T, cols, g, inv);
+    uint32_t *xw = (uint32_t *)stage;
+    float2 *xe = (float2 *)(stage + (size_t)TT * nit * 3072);
+    const int nch = (int)(cols / 32), n8 = (int)(cols / 8), nt = T < TT ? T : TT;
+    const int lpg = group / 8; /* threads per quant group: 4, 8 or 16, aligned in the warp */
+    const bool aligned = ((uintptr_t)x & 15) == 0;
+    const bool w_al = g.nw && ((uintptr_t)g.nw & 15) == 0;
+    const int total = nt * n8; /* a multiple of lpg and of 4: whole groups and chunks per warp */
+    for (int p0 = 0; p0 < total; p0 += blockDim.x) {
+        const int p = p0 + threadIdx.x;
+        const bool in = p < total;
+        const int t = in ? p / n8 : 0, u = in ? p - t * n8 : 0;
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = 0.f;
+        if (in) {
+            const float *xr = x + (size_t)t * cols + 8 * (size_t)u;
+            if (aligned) {
+                const float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
+                v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    v[k] = xr[k];
+            }
+            if (g.nw) {
+                const float *wr = g.nw + 8 * (size_t)u;
+                float w8[8];
+                if (w_al) {
+                    const float4 a = __ldg((const float4 *)wr), b = __ldg((const float4 *)wr + 1);
+                    w8[0] = a.x; w8[1] = a.y; w8[2] = a.z; w8[3] = a.w; w8[4] = b.x; w8[5] = b.y; w8[6] = b.z; w8[7] = b.w;
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        w8[k] = wr[k];
+                }
+                const float iv = inv[t];
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    v[k] = v[k] * iv * w8[k]; /* k_rmsnorm: y = x * inv * w, in that order */
+                if (g.xn && blockIdx.x == 0)
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        g.xn[(size_t)t * cols + 8 * (size_t)u + k] = v[k];
+            }
+        }
+        float mx = 0.f;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            mx = fmaxf(mx, fabsf(v[k]));
+        for (int o = lpg / 2; o > 0; o >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const int e2 = xd_exp(mx);
+        uint32_t pw[3][2] = { { 0u, 0u }, { 0u, 0u }, { 0u, 0u } };
+        int S = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int d0, d1, d2;
+            S += xd_split(v[k], e2, d0, d1, d2);
+            const int h = k & 1, sh = 8 * (k >> 1);
+            pw[0][h] |= (uint32_t)(d0 & 255) << sh;
+            pw[1][h] |= (uint32_t)(d1 & 255) << sh;
+            pw[2][h] |= (uint32_t)(d2 & 255) << sh;
+        }
+        S += __shfl_xor_sync(0xffffffffu, S, 1); /* the chunk's four threads; integers: exact */
+        S += __shfl_xor_sync(0xffffffffu, S, 2);
+        if (in) {
+            const int c = u >> 2, j = u & 3, it = c >> 5, l = c & 31;
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) {
+                const int unit = ((t * nit + it) * 3 + pl) * 2 + (j >> 1);
+                uint32_t *d = xw + ((size_t)unit * 32 + l) * 4 + (j & 1) * 2;
+                d[0] = pw[pl][0];
+                d[1] = pw[pl][1];
+            }
+            if (j == 0) {
+                const float es = ldexpf(1.f, -e2);
+                xe[(size_t)t * nch + c] = make_float2(es, __fmul_rn((float)S, es));
+            }
+        }
+    }
+    __syncthreads();
+}
+
+/* One chunk of RPW rows against TT tokens on the digits (see above). */
+template <int TT, int RPW>
+__device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, const char *stage, int nit, int nch, int c,
+                                         float acc[RPW][TT], int T)
+{
+    const int it = c >> 5, l = c & 31;
+    const uint4 *xw = (const uint4 *)stage;
+    const float2 *xe = (const float2 *)(stage + (size_t)TT * nit * 3072);
+    int lo[RPW][4], hi[RPW][4];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+            lo[r][j] = (int)(w & 0x0F0F0F0Fu);
+            hi[r][j] = (int)((w >> 4) & 0x0F0F0F0Fu);
+        }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (TT > 1 && t >= T)
+            break;
+        const uint4 *xp = xw + (size_t)(t * nit + it) * 6 * 32 + l;
+        uint4 a[3][2];
+#pragma unroll
+        for (int pl = 0; pl < 3; pl++) {
+            a[pl][0] = xp[(2 * pl) * 32];
+            a[pl][1] = xp[(2 * pl + 1) * 32];
+        }
+        const float2 e = xe[(size_t)t * nch + c];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            int D[3];
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) {
+                int d = __dp4a(lo[r][0], (int)a[pl][0].x, 0);
+                d = __dp4a(hi[r][0], (int)a[pl][0].y, d);
+                d = __dp4a(lo[r][1], (int)a[pl][0].z, d);
+                d = __dp4a(hi[r][1], (int)a[pl][0].w, d);
+                d = __dp4a(lo[r][2], (int)a[pl][1].x, d);
+                d = __dp4a(hi[r][2], (int)a[pl][1].y, d);
+                d = __dp4a(lo[r][3], (int)a[pl][1].z, d);
+                d = __dp4a(hi[r][3], (int)a[pl][1].w, d);
+                D[pl] = d;
+            }
+            /* 256*D1 + D2 and D0 are exact in fp32; one rounding for the sum */
+            const float qx = __fmul_rn(fmaf(65536.f, (float)D[0], (float)(D[1] * 256 + D[2])), e.x);
+            acc[r][t] = __fadd_rn(acc[r][t], fmaf(sbv[r].x, qx, __fmul_rn(sbv[r].y, e.y)));
+        }
+    }
+}
+
+/* The main loop keeps its bookkeeping off the per-chunk path (it was about
+ * 60 % of the instructions at T = 1, per ncu: 715 warp instructions per
+ * chunk of 4 rows against 288 for the arithmetic): 32-bit chunk indices,
+ * ring slots that wrap instead of 64-bit remainders, per-lane row pointers
+ * set once per row group, and the chunk's quant group by a multiply-high
+ * instead of a 64-bit division. */
+template <int BITS, int TT, int RPW, bool DP>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
+    static_assert(!DP || BITS == 4, "the dp4a form is for Q4");
     pdl_launch();
     extern __shared__ float4 xs[];
     constexpr int VPC = 128 / BITS, NF4 = VPC / 4, S = gv_ring<RPW>::S;
-    const int64_t nch = words / 4;
-    const int nit = (int)((nch + 31) / 32);
-    const int64_t stride4 = (int64_t)nit * NF4 * 32;
+    const int nch = (int)(words / 4); /* cols <= INT32_MAX */
+    const int nit = (nch + 31) / 32;
+    const int stride4 = nit * NF4 * 32;
     const int nwarps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t sbsz = sf == CS_F32 ? 8 : 4;
-    char *rbase = (char *)xs + xstage_bytes(TT, nch, stride4);
-    uint4 *ring = (uint4 *)rbase + (size_t)warp * S * RPW * 32;
-    uint2 *sring = (uint2 *)(rbase + (size_t)nwarps * S * RPW * 32 * sizeof(uint4)) + (size_t)warp * S * RPW * 32;
+    const bool f32s = sf == CS_F32;
+    /* c * VPC / group as a multiply-high by ceil(2^32 / group): exact while
+     * c * VPC * group < 2^32 (gv_run checks cols * group) */
+    const uint32_t gmag = 0xffffffffu / (uint32_t)group + 1u;
+    char *rbase = (char *)xs + (DP ? gd_stage_bytes(TT, nit, nch) : xstage_bytes(TT, nch, stride4));
+    uint4 *ring = (uint4 *)rbase + (size_t)warp * S * RPW * 32 + lane;
+    uint2 *sring = (uint2 *)(rbase + (size_t)nwarps * S * RPW * 32 * sizeof(uint4)) + (size_t)warp * S * RPW * 32 + lane;
     const int64_t G = g.g0[g.n];
     const int64_t NW = (int64_t)gridDim.x * nwarps, wid = (int64_t)blockIdx.x * nwarps + warp;
     const int64_t gb = wid * G / NW, ge = (wid + 1) * G / NW;
-    const int64_t nf = (ge - gb) * nit;
+    const int nf = (int)((ge - gb) * nit);
 
-    /* issue side of the ring: chunk it of row group ic.grp */
+    /* issue side of the ring: chunk ic.it of row group ic.grp. Everything
+     * the copies need is in registers (32-bit shared addresses, byte
+     * strides), and the copies carry no memory clobber, so nothing is
+     * recomputed per row: the one compiler barrier per chunk is the wait
+     * before the ring is read (and the barrier at the top of issue, which
+     * keeps the reads of the slot being refilled before its copies). */
+    const uint32_t ring_sa = smem_u32(ring), sring_sa = smem_u32(sring);
+    const int sbs = f32s ? 3 : 2;                        /* log2 of an entry's bytes */
+    const uint32_t rwb = (uint32_t)nch * 16u;            /* weight bytes per row */
+    const uint32_t rsb = (uint32_t)groups << sbs;        /* (scale, bias) bytes per row */
     gv_cur ic;
     ic.grp = gb;
     ic.it = 0;
-    if (gb < ge)
+    const char *iw = nullptr; /* this lane's first chunk of the group's first row */
+    if (gb < ge) {
         gv_locate(g, RPW, words, groups, sbsz, ic);
-    int64_t fi = 0;
+        iw = (const char *)ic.W + 16 * lane;
+    }
+    int fi = 0, islot = 0;
     auto issue = [&]() {
-        const int slot = (int)(fi % S);
-        const int64_t c = lane + 32 * (int64_t)ic.it;
+        asm volatile("" ::: "memory");
+        const int c = lane + 32 * ic.it;
         if (c < nch) {
-            const int64_t gi = c * VPC / group;
+            const uint32_t gi = __umulhi((uint32_t)c * VPC, gmag);
+            const char *ws = iw + (size_t)ic.it * 512;
+            const char *ss = ic.sb + ((size_t)gi << sbs);
+            const uint32_t wd = ring_sa + (uint32_t)islot * (RPW * 512), sd = sring_sa + (uint32_t)islot * (RPW * 256);
 #pragma unroll
             for (int r = 0; r < RPW; r++)
                 if (r < ic.nrows) {
-                    cp16_cg(ring + (slot * RPW + r) * 32 + lane, (const uint4 *)(ic.W + r * words) + c);
-                    if (sf == CS_F32)
-                        __pipeline_memcpy_async(sring + (slot * RPW + r) * 32 + lane,
-                                                (const float2 *)ic.sb + r * groups + gi, 8);
+                    cp_async_sa<16>(wd + r * 512, ws + (size_t)(r * rwb));
+                    if (f32s)
+                        cp_async_sa<8>(sd + r * 256, ss + (size_t)(r * rsb));
                     else
-                        __pipeline_memcpy_async(sring + (slot * RPW + r) * 32 + lane,
-                                                (const uint32_t *)ic.sb + r * groups + gi, 4);
+                        cp_async_sa<4>(sd + r * 256, ss + (size_t)(r * rsb));
                 }
         }
         fi++;
+        islot = islot + 1 == S ? 0 : islot + 1;
         if (++ic.it == nit) {
             ic.it = 0;
-            if (++ic.grp < ge)
+            if (++ic.grp < ge) {
                 gv_locate(g, RPW, words, groups, sbsz, ic);
+                iw = (const char *)ic.W + 16 * lane;
+            }
         }
     };
 #pragma unroll
     for (int st = 0; st < S - 1; st++) {
         if (fi < nf)
             issue();
-        __pipeline_commit();
+        cp_async_commit();
     }
     pdl_wait();
-    gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g);
+    if constexpr (DP)
+        gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g);
+    else
+        gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g);
     const float *xsums = (const float *)(xs + (size_t)TT * stride4);
 
     gv_cur cc;
@@ -618,29 +871,34 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
 #pragma unroll
         for (int t = 0; t < TT; t++)
             acc[r][t] = 0.f;
-    for (int64_t f = 0; f < nf; f++) {
+    int cslot = 0;
+    for (int f = 0; f < nf; f++) {
         if (fi < nf)
             issue();
-        __pipeline_commit();
-        __pipeline_wait_prior(S - 1);
-        const int slot = (int)(f % S);
-        const int64_t c = lane + 32 * (int64_t)cc.it;
+        cp_async_commit();
+        cp_async_wait<S - 1>();
+        const int c = lane + 32 * cc.it;
         if (c < nch) {
+            const uint4 *wsrc = ring + cslot * RPW * 32;
+            const uint2 *ssrc = sring + cslot * RPW * 32;
             uint4 wv[RPW];
             float2 sbv[RPW];
 #pragma unroll
             for (int r = 0; r < RPW; r++) {
                 if (r < cc.nrows) {
-                    wv[r] = ring[(slot * RPW + r) * 32 + lane];
-                    uint2 e = sring[(slot * RPW + r) * 32 + lane];
-                    sbv[r] = sb_pair(e, sf);
+                    wv[r] = wsrc[r * 32];
+                    sbv[r] = sb_pair(ssrc[r * 32], sf);
                 } else {
                     wv[r] = make_uint4(0, 0, 0, 0);
                     sbv[r] = make_float2(0.f, 0.f);
                 }
             }
-            gv_chunk<BITS, TT, RPW>(wv, sbv, xs, stride4, xsums, nch, c, acc, T);
+            if constexpr (DP)
+                gd_chunk<TT, RPW>(wv, sbv, (const char *)xs, nit, nch, c, acc, T);
+            else
+                gv_chunk<BITS, TT, RPW>(wv, sbv, xs, stride4, xsums, nch, c, acc, T);
         }
+        cslot = cslot + 1 == S ? 0 : cslot + 1;
         if (++cc.it == nit) {
             /* the row group is complete: reduce over the lanes and store */
 #pragma unroll
@@ -896,22 +1154,14 @@ k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const floa
 #pragma unroll
     for (int o = LPG / 2; o > 0; o >>= 1)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    int e2 = 0;
-    if (mx > 0.f && isfinite(mx)) {
-        frexpf(mx, &e2); /* mx < 2^e2 */
-        e2 = max(-100, min(100, 22 - e2));
-    }
+    const int e2 = xd_exp(mx);
     const float vv[4] = { v.x, v.y, v.z, v.w };
     uint32_t p0 = 0, p1 = 0, p2 = 0;
     int sum = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        int X = __float2int_rn(ldexpf(vv[j], e2));
-        sum += X;
-        int d2 = ((X + 128) & 255) - 128;
-        int X1 = (X - d2) >> 8;
-        int d1 = ((X1 + 128) & 255) - 128;
-        int d0 = (X1 - d1) >> 8;
+        int d0, d1, d2;
+        sum += xd_split(vv[j], e2, d0, d1, d2);
         p0 |= (uint32_t)(d0 & 255) << (8 * j);
         p1 |= (uint32_t)(d1 & 255) << (8 * j);
         p2 |= (uint32_t)(d2 & 255) << (8 * j);
@@ -1177,8 +1427,6 @@ constexpr int GK_STAGE = GK_XOFF + GK_SU * GK_XREC;
 /* the stage stride: x records staged (T <= 2) or not */
 __host__ __device__ constexpr int gk_stage_bytes(bool xs) { return xs ? GK_STAGE : GK_XOFF; }
 __host__ __device__ constexpr size_t gk_smem_bytes(bool xs) { return (size_t)8 * GK_S * (gk_stage_bytes(xs) + 8); }
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void mbar_init(uint64_t *b, int count)
 {
@@ -2284,12 +2532,13 @@ int occupancy(K kern, int threads, size_t smem)
 
 /* Dynamic shared memory of a k_gemv block: staged x for tt tokens and
  * nwarps rings. */
-size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps)
+size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps, bool dp)
 {
     int vpc = 128 / w->bits;
     int64_t nch = w->words / 4, stride4 = ((nch + 31) / 32) * (vpc / 4) * 32;
     size_t ring = rpw <= 2 ? gv_ring<2>::per_warp : gv_ring<4>::per_warp;
-    return xstage_bytes(tt, nch, stride4) + (size_t)nwarps * ring;
+    size_t stage = dp ? gd_stage_bytes(tt, (int)((nch + 31) / 32), nch) : xstage_bytes(tt, nch, stride4);
+    return stage + (size_t)nwarps * ring;
 }
 
 /* One pass: the block size (8 or 16 warps) that keeps the most warps per
@@ -2310,16 +2559,16 @@ sn_status gv_max_smem(K kern, const cu_devinfo *di)
     return SN_OK;
 }
 
-template <int BITS, int TT, int RPW>
+template <int BITS, int TT, int RPW, bool DP>
 sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                     int T)
 {
-    auto kern = k_gemv<BITS, TT, RPW>;
+    auto kern = k_gemv<BITS, TT, RPW, DP>;
     int best_w = 0, best_per = 0;
     const int cand[2] = { 8, 16 };
     for (int ci = 0; ci < 2; ci++) {
         int nw = cand[ci];
-        size_t smem = gv_smem(w0, TT, RPW, nw);
+        size_t smem = gv_smem(w0, TT, RPW, nw, DP);
         if (smem + GV_STATIC_SMEM > di->smem_optin)
             continue;
         int per = occupancy(kern, nw * 32, smem);
@@ -2337,21 +2586,21 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
         grid = (int64_t)di->n_sm * best_per;
     if (grid < 1)
         grid = 1;
-    (void)cu_launch(kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w), s, g,
+    (void)cu_launch(kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w, DP), s, g,
                     w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, x, T);
     CU_CHECK_LAUNCH("matmul gemv");
     return SN_OK;
 }
 
-template <int BITS, int RPW>
+template <int BITS, int RPW, bool DP>
 sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                   int T, int tt)
 {
     switch (tt) {
-    case 1: return gv_launch<BITS, 1, RPW>(di, s, g, w0, x, T);
-    case 2: return gv_launch<BITS, 2, RPW>(di, s, g, w0, x, T);
-    case 4: return gv_launch<BITS, 4, RPW>(di, s, g, w0, x, T);
-    default: return gv_launch<BITS, 8, RPW>(di, s, g, w0, x, T);
+    case 1: return gv_launch<BITS, 1, RPW, DP>(di, s, g, w0, x, T);
+    case 2: return gv_launch<BITS, 2, RPW, DP>(di, s, g, w0, x, T);
+    case 4: return gv_launch<BITS, 4, RPW, DP>(di, s, g, w0, x, T);
+    default: return gv_launch<BITS, 8, RPW, DP>(di, s, g, w0, x, T);
     }
 }
 
@@ -2362,6 +2611,9 @@ sn_status gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weig
     int64_t tot = 0;
     for (int i = 0; i < g.n; i++)
         tot += g.rows[i];
+    if ((uint64_t)w0->cols * (uint64_t)w0->group >= (1ull << 32)) /* k_gemv's quant-group multiply-high */
+        return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns in groups of %d exceed the GEMV's index range",
+                       (long long)w0->cols, w0->group);
     /* rows per warp: a verify pass (T > 2) through a small matrix leaves
      * most resident warps idle while each busy one runs every token of its
      * rows in series, so there one row a warp halves that chain (the 8-layer
@@ -2369,15 +2621,19 @@ sn_status gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weig
     int rpw = di->gemv_rpw ? di->gemv_rpw
               : T <= 2          ? (tot >= 8192 ? 4 : 2)
               : (tot + 1) / 2 < (int64_t)di->n_sm * 8 ? 1 : 2;
+    /* the dp4a form for Q4 in MLX's groups (its staging needs whole groups
+     * of 4, 8 or 16 threads): chosen by format only, so a matrix takes the
+     * same kernel alone or grouped */
+    const bool dp = di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128);
     g.g0[0] = 0;
     for (int i = 0; i < g.n; i++)
         g.g0[i + 1] = g.g0[i] + (g.rows[i] + rpw - 1) / rpw;
     for (int t0 = 0; t0 < T;) {
         int left = T - t0;
         int tt = left <= 1 ? 1 : left <= 2 ? 2 : left <= 4 ? 4 : GV_TMAX;
-        while (tt > 1 && gv_smem(w0, tt, rpw, 8) + GV_STATIC_SMEM > di->smem_optin)
+        while (tt > 1 && gv_smem(w0, tt, rpw, 8, dp) + GV_STATIC_SMEM > di->smem_optin)
             tt /= 2;
-        if (gv_smem(w0, 1, rpw, 8) + GV_STATIC_SMEM > di->smem_optin)
+        if (gv_smem(w0, 1, rpw, 8, dp) + GV_STATIC_SMEM > di->smem_optin)
             return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
                            (long long)w0->cols);
         int nt = left < tt ? left : tt;
@@ -2391,14 +2647,18 @@ sn_status gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weig
             p.xn = g.xn + (size_t)t0 * w0->cols;
         const float *xp = x + (size_t)t0 * w0->cols;
         sn_status st;
-        if (w0->fmt == CW_Q4)
-            st = rpw == 4   ? gv_pass<4, 4>(di, s, p, w0, xp, nt, tt)
-                 : rpw == 1 ? gv_pass<4, 1>(di, s, p, w0, xp, nt, tt)
-                            : gv_pass<4, 2>(di, s, p, w0, xp, nt, tt);
+        if (dp)
+            st = rpw == 4   ? gv_pass<4, 4, true>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<4, 1, true>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<4, 2, true>(di, s, p, w0, xp, nt, tt);
+        else if (w0->fmt == CW_Q4)
+            st = rpw == 4   ? gv_pass<4, 4, false>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<4, 1, false>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<4, 2, false>(di, s, p, w0, xp, nt, tt);
         else
-            st = rpw == 4   ? gv_pass<8, 4>(di, s, p, w0, xp, nt, tt)
-                 : rpw == 1 ? gv_pass<8, 1>(di, s, p, w0, xp, nt, tt)
-                            : gv_pass<8, 2>(di, s, p, w0, xp, nt, tt);
+            st = rpw == 4   ? gv_pass<8, 4, false>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<8, 1, false>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<8, 2, false>(di, s, p, w0, xp, nt, tt);
         SN_TRY(st);
         t0 += nt;
     }
@@ -2582,17 +2842,20 @@ void cu_matmul_buffers_free(cu_devinfo *di)
 
 sn_status cu_matmul_init(const cu_devinfo *di)
 {
-#define GEMV_INIT(B, R)                                                                                           \
-    SN_TRY(gv_max_smem(k_gemv<B, 1, R>, di));                                                                      \
-    SN_TRY(gv_max_smem(k_gemv<B, 2, R>, di));                                                                      \
-    SN_TRY(gv_max_smem(k_gemv<B, 4, R>, di));                                                                      \
-    SN_TRY(gv_max_smem(k_gemv<B, 8, R>, di));
-    GEMV_INIT(4, 1)
-    GEMV_INIT(4, 2)
-    GEMV_INIT(4, 4)
-    GEMV_INIT(8, 1)
-    GEMV_INIT(8, 2)
-    GEMV_INIT(8, 4)
+#define GEMV_INIT(B, R, DP)                                                                                       \
+    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP>, di));                                                                  \
+    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP>, di));                                                                  \
+    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP>, di));                                                                  \
+    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP>, di));
+    GEMV_INIT(4, 1, false)
+    GEMV_INIT(4, 2, false)
+    GEMV_INIT(4, 4, false)
+    GEMV_INIT(4, 1, true)
+    GEMV_INIT(4, 2, true)
+    GEMV_INIT(4, 4, true)
+    GEMV_INIT(8, 1, false)
+    GEMV_INIT(8, 2, false)
+    GEMV_INIT(8, 4, false)
 #undef GEMV_INIT
 #define GI_INIT(GS)                                                                                               \
     SN_TRY(max_smem_dyn(k_gemv_i8<GS, 1, 1>, di, "gemv init"));                                                    \
