@@ -48,9 +48,11 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(AVX512_FLAGS),$(if $(findstring _avx2,$<),$(AVX2_FLAGS))) -MMD -MP -c $< -o $@
 
+# -MMD -MP as for C: a header change (cuda_internal.h's cu_devinfo) must
+# rebuild every .cu that includes it, or objects disagree on its layout
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/sanctum-mlx: $(BUILD)/obj/src/server/main.o $(SERVER_OBJ) $(BUILD)/libsanctum.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
