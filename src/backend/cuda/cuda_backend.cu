@@ -1473,6 +1473,9 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_sk_bps = 2;
     cb->di.gemv_i8_min = -1; /* by shape */
     cb->di.gemv_dp = 1;
+    cb->di.attn_splits = 64;
+    cb->di.attn_warps = 0; /* by shape */
+    cb->di.gemv_rpw1_rows = 0; /* off: 35B-A3B 339-349 vs 347-355 tok/s, not separable from noise (results.log 20:19Z) */
     {
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
         const char *g = getenv("SANCTUM_CUDA_GEMM");
@@ -1644,6 +1647,30 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
     if (!strcmp(key, "gemv_i8")) {
         SN_TRY(host_barrier(cb));
         cb->di.gemv_i8 = value != 0;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
+    if (!strcmp(key, "gemv_rpw1_rows")) {
+        if (value < 0)
+            return SN_FAIL(SN_E_INVALID, "cuda tune gemv_rpw1_rows=%d (>= 0; 0 = never)", value);
+        SN_TRY(host_barrier(cb));
+        cb->di.gemv_rpw1_rows = value;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
+    if (!strcmp(key, "attn_warps")) {
+        if (value != 0 && value != 4 && value != 8)
+            return SN_FAIL(SN_E_INVALID, "cuda tune attn_warps=%d (0 = by shape, 4 or 8)", value);
+        SN_TRY(host_barrier(cb));
+        cb->di.attn_warps = value;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
+    if (!strcmp(key, "attn_splits")) {
+        if (value != 64 && value != 128)
+            return SN_FAIL(SN_E_INVALID, "cuda tune attn_splits=%d (64 or 128)", value);
+        SN_TRY(host_barrier(cb));
+        cb->di.attn_splits = value;
         graphs_invalidate(cb);
         return SN_OK;
     }

@@ -128,6 +128,9 @@ typedef struct {
     size_t smem_optin;    /* max dynamic shared memory per block */
     int gemv_rpw;         /* rows per warp of the quantized GEMV: 0 = by shape, else 1, 2 or 4 */
     int gemv_dp;          /* Q4 SIMT GEMV on x's integer digits (dp4a) instead of fp32 FMAs (default 1) */
+    int attn_splits;      /* KV splits of the decode attention: 64 (default) or 128 */
+    int attn_warps;       /* warps per block of the GQA decode attention: 0 = by shape (default), 4 or 8 */
+    int gemv_rpw1_rows;   /* by shape, T <= 2: a GEMV launch of fewer rows takes one row per warp */
     void *blas;           /* cuBLAS context (cuda_blas.cu) or NULL when not loaded */
     int blas_min_t;       /* quantized GEMMs of at least this many tokens use cuBLAS; 0 = never */
     int gemm_fast;        /* 1: single fp16 pass (11-bit operands); 0: split fp16x3, fp32-class (default) */

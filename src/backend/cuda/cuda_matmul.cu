@@ -628,6 +628,19 @@ __host__ __device__ __forceinline__ size_t gd_stage_bytes(int TT, int nit, int64
     return ((size_t)TT * nit * 3072 + (size_t)TT * nch * 8 + 15) / 16 * 16;
 }
 
+/* 8 consecutive floats: two 16-byte loads when p is 16-aligned */
+__device__ __forceinline__ void ld8(const float *p, bool al, float (&v)[8])
+{
+    if (al) {
+        const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = p[k];
+    }
+}
+
 template <int TT>
 __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g)
 {
@@ -650,26 +663,10 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
         for (int k = 0; k < 8; k++)
             v[k] = 0.f;
         if (in) {
-            const float *xr = x + (size_t)t * cols + 8 * (size_t)u;
-            if (aligned) {
-                const float4 a = __ldg((const float4 *)xr), b = __ldg((const float4 *)xr + 1);
-                v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; k++)
-                    v[k] = xr[k];
-            }
+            ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, v);
             if (g.nw) {
-                const float *wr = g.nw + 8 * (size_t)u;
                 float w8[8];
-                if (w_al) {
-                    const float4 a = __ldg((const float4 *)wr), b = __ldg((const float4 *)wr + 1);
-                    w8[0] = a.x; w8[1] = a.y; w8[2] = a.z; w8[3] = a.w; w8[4] = b.x; w8[5] = b.y; w8[6] = b.z; w8[7] = b.w;
-                } else {
-#pragma unroll
-                    for (int k = 0; k < 8; k++)
-                        w8[k] = wr[k];
-                }
+                ld8(g.nw + 8 * (size_t)u, w_al, w8);
                 const float iv = inv[t];
 #pragma unroll
                 for (int k = 0; k < 8; k++)
@@ -827,15 +824,18 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             const char *ws = iw + (size_t)ic.it * 512;
             const char *ss = ic.sb + ((size_t)gi << sbs);
             const uint32_t wd = ring_sa + (uint32_t)islot * (RPW * 512), sd = sring_sa + (uint32_t)islot * (RPW * 256);
+            /* a group's rows past the matrix's end (nrows < RPW) copy its
+             * last row again: no branch per row, and their sums are never
+             * stored */
 #pragma unroll
-            for (int r = 0; r < RPW; r++)
-                if (r < ic.nrows) {
-                    cp_async_sa<16>(wd + r * 512, ws + (size_t)(r * rwb));
-                    if (f32s)
-                        cp_async_sa<8>(sd + r * 256, ss + (size_t)(r * rsb));
-                    else
-                        cp_async_sa<4>(sd + r * 256, ss + (size_t)(r * rsb));
-                }
+            for (int r = 0; r < RPW; r++) {
+                const uint32_t rr = (uint32_t)min(r, ic.nrows - 1);
+                cp_async_sa<16>(wd + r * 512, ws + (size_t)(rr * rwb));
+                if (f32s)
+                    cp_async_sa<8>(sd + r * 256, ss + (size_t)(rr * rsb));
+                else
+                    cp_async_sa<4>(sd + r * 256, ss + (size_t)(rr * rsb));
+            }
         }
         fi++;
         islot = islot + 1 == S ? 0 : islot + 1;
@@ -885,13 +885,8 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             float2 sbv[RPW];
 #pragma unroll
             for (int r = 0; r < RPW; r++) {
-                if (r < cc.nrows) {
-                    wv[r] = wsrc[r * 32];
-                    sbv[r] = sb_pair(ssrc[r * 32], sf);
-                } else {
-                    wv[r] = make_uint4(0, 0, 0, 0);
-                    sbv[r] = make_float2(0.f, 0.f);
-                }
+                wv[r] = wsrc[r * 32];
+                sbv[r] = sb_pair(ssrc[r * 32], sf);
             }
             if constexpr (DP)
                 gd_chunk<TT, RPW>(wv, sbv, (const char *)xs, nit, nch, c, acc, T);
@@ -2618,8 +2613,11 @@ sn_status gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weig
      * most resident warps idle while each busy one runs every token of its
      * rows in series, so there one row a warp halves that chain (the 8-layer
      * default model's 6-row step: see docs/PERFORMANCE.md) */
+    /* at T <= 2, a launch of fewer than gemv_rpw1_rows rows (35B-A3B: the
+     * out projection's 2048, the router's 256) takes one row a warp, so
+     * that its row groups cover the resident warps */
     int rpw = di->gemv_rpw ? di->gemv_rpw
-              : T <= 2          ? (tot >= 8192 ? 4 : 2)
+              : T <= 2          ? (tot >= 8192 ? 4 : tot < di->gemv_rpw1_rows ? 1 : 2)
               : (tot + 1) / 2 < (int64_t)di->n_sm * 8 ? 1 : 2;
     /* the dp4a form for Q4 in MLX's groups (its staging needs whole groups
      * of 4, 8 or 16 threads): chosen by format only, so a matrix takes the

@@ -191,11 +191,14 @@ __global__ void k_kv_write(float *__restrict__ kc, float *__restrict__ vc, const
 }
 
 /* ------------------------------------------------------------------------ */
-/* Attention, decode: split-KV. Grid (T*Hq, NSPLIT); each split keeps an     */
+/* Attention, decode: split-KV. Grid (T*Hq, splits); each split keeps an     */
 /* online-softmax partial (m, l, o[D]) that k_attn_combine merges.           */
 /* ------------------------------------------------------------------------ */
 
-constexpr int NSPLIT = 64;
+/* KV splits per (token, head): gridDim.y of the decode kernels, set per
+ * backend (cu_devinfo.attn_splits, 64 or 128) and never from T, so a token's
+ * bits do not depend on the rows beside it */
+constexpr int NSPLIT_MAX = 128;
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_KB = 4; /* keys per warp step, reduced together */
 
@@ -209,7 +212,7 @@ k_attn_decode(const float *__restrict__ q, const float *__restrict__ kc, const f
     const int t = th / Hq, h = th % Hq, kvh = h / (Hq / Hkv);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int L = pos0 + *d_delta + t + 1; /* keys [0, L) */
-    const int per = (L + NSPLIT - 1) / NSPLIT;
+    const int ns = (int)gridDim.y, per = (L + ns - 1) / ns;
     const int j0 = split * per, j1 = min(L, j0 + per);
     const size_t stride = (size_t)Hkv * D;
     const float *qh = q + ((size_t)t * Hq + h) * D;
@@ -286,7 +289,7 @@ k_attn_decode(const float *__restrict__ q, const float *__restrict__ kc, const f
     float M = -INFINITY;
     for (int w = 0; w < DEC_WARPS; w++)
         M = fmaxf(M, sm[w]);
-    float* out = part + ((size_t)th * NSPLIT + split) * (D + 2);
+    float* out = part + ((size_t)th * gridDim.y + split) * (D + 2);
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float acc = 0.f;
         for (int w = 0; w < DEC_WARPS; w++)
@@ -308,8 +311,8 @@ k_attn_decode(const float *__restrict__ q, const float *__restrict__ kc, const f
  * head, split) serves all R = Hq/Hkv query heads of the group, so each K/V
  * row is read once per split instead of once per query head. Two keys per
  * warp step keep both rows' loads in flight. */
-template <int EPL, int R>
-__global__ void __launch_bounds__(DEC_WARPS * 32)
+template <int EPL, int R, int NW>
+__global__ void __launch_bounds__(NW * 32)
 k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc, int Hq,
                   int Hkv, int D, int pos0, const int *__restrict__ d_delta, float scale, float *__restrict__ part)
 {
@@ -318,7 +321,7 @@ k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, con
     const int t = tg / Hkv, g = tg % Hkv, r = Hq / Hkv;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int L = pos0 + *d_delta + t + 1;
-    const int per = (L + NSPLIT - 1) / NSPLIT;
+    const int ns = (int)gridDim.y, per = (L + ns - 1) / ns;
     const int j0 = split * per, j1 = min(L, j0 + per);
     const size_t stride = (size_t)Hkv * D;
     const float *kb = kc + (size_t)g * D, *vb = vc + (size_t)g * D;
@@ -335,18 +338,27 @@ k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, con
         m[i] = -INFINITY;
         l[i] = 0.f;
     }
-    for (int jb = j0 + 2 * warp; jb < j1; jb += 2 * DEC_WARPS) {
-        const bool two = jb + 1 < j1;
-        float k0[EPL], k1[EPL], v0[EPL], v1[EPL];
+    /* the next step's two K and V rows are loaded before this step's
+     * arithmetic, so a warp has four rows in flight, not two (the loop was
+     * bound by load latency: 1.1 TB/s at 4096 keys, ncu) */
+    float k0[EPL], k1[EPL], v0[EPL], v1[EPL];
+    auto load_kv = [&](int jb, float *a0, float *a1, float *b0, float *b1) {
+        const bool ok0 = jb < j1, ok1 = jb + 1 < j1;
 #pragma unroll
         for (int e = 0; e < EPL; e++) {
             int d = lane + 32 * e;
             bool in = d < D;
-            k0[e] = in ? kb[(size_t)jb * stride + d] : 0.f;
-            k1[e] = in && two ? kb[(size_t)(jb + 1) * stride + d] : 0.f;
-            v0[e] = in ? vb[(size_t)jb * stride + d] : 0.f;
-            v1[e] = in && two ? vb[(size_t)(jb + 1) * stride + d] : 0.f;
+            a0[e] = in && ok0 ? kb[(size_t)jb * stride + d] : 0.f;
+            a1[e] = in && ok1 ? kb[(size_t)(jb + 1) * stride + d] : 0.f;
+            b0[e] = in && ok0 ? vb[(size_t)jb * stride + d] : 0.f;
+            b1[e] = in && ok1 ? vb[(size_t)(jb + 1) * stride + d] : 0.f;
         }
+    };
+    load_kv(j0 + 2 * warp, k0, k1, v0, v1);
+    for (int jb = j0 + 2 * warp; jb < j1; jb += 2 * NW) {
+        const bool two = jb + 1 < j1;
+        float nk0[EPL], nk1[EPL], nv0[EPL], nv1[EPL];
+        load_kv(jb + 2 * NW, nk0, nk1, nv0, nv1);
         float s0[R], s1[R];
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -377,9 +389,16 @@ k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, con
                 o[i][e] = fmaf(p1, v1[e], fmaf(p0, v0[e], o[i][e] * corr));
             m[i] = mx;
         }
+#pragma unroll
+        for (int e = 0; e < EPL; e++) {
+            k0[e] = nk0[e];
+            k1[e] = nk1[e];
+            v0[e] = nv0[e];
+            v1[e] = nv1[e];
+        }
     }
-    __shared__ float sm[DEC_WARPS][R], sl[DEC_WARPS][R];
-    extern __shared__ float so[]; /* [DEC_WARPS][R][D] */
+    __shared__ float sm[NW][R], sl[NW][R];
+    extern __shared__ float so[]; /* [NW][R][D] */
     if (lane == 0)
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -397,19 +416,19 @@ k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, con
     __syncthreads();
     for (int i = 0; i < r; i++) {
         float M = -INFINITY;
-        for (int w = 0; w < DEC_WARPS; w++)
+        for (int w = 0; w < NW; w++)
             M = fmaxf(M, sm[w][i]);
-        float *out = part + (((size_t)t * Hq + (size_t)g * r + i) * NSPLIT + split) * (D + 2);
+        float *out = part + (((size_t)t * Hq + (size_t)g * r + i) * gridDim.y + split) * (D + 2);
         for (int d = threadIdx.x; d < D; d += blockDim.x) {
             float acc = 0.f;
-            for (int w = 0; w < DEC_WARPS; w++)
+            for (int w = 0; w < NW; w++)
                 if (sm[w][i] != -INFINITY)
                     acc += so[(w * R + i) * D + d] * expf(sm[w][i] - M);
             out[2 + d] = acc;
         }
         if (threadIdx.x == 0) {
             float Lsum = 0.f;
-            for (int w = 0; w < DEC_WARPS; w++)
+            for (int w = 0; w < NW; w++)
                 if (sm[w][i] != -INFINITY)
                     Lsum += sl[w][i] * expf(sm[w][i] - M);
             out[0] = M;
@@ -418,26 +437,55 @@ k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, con
     }
 }
 
-__global__ void k_attn_combine(const float *__restrict__ part, int D, float *__restrict__ out)
+/* One block per (token, q head), at least ns threads. The splits' (m, l)
+ * and their weights expf(m - M) are read and computed once, in parallel,
+ * into shared memory (each thread walking all 64 splits twice before its
+ * outputs was a chain of dependent loads: 16 us per call on the H200,
+ * ncu); L and each output still sum over s = 0..ns-1 in order, skipping
+ * empty splits; a thread per output (D threads), its 64 loads at once. */
+__global__ void k_attn_combine(const float *__restrict__ part, int ns, int D, float *__restrict__ out)
 {
     pdl_enter();
-    const int th = blockIdx.x;
-    const float *p = part + (size_t)th * NSPLIT * (D + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < NSPLIT; s++)
-        M = fmaxf(M, p[(size_t)s * (D + 2)]);
-    float L = 0.f;
-    for (int s = 0; s < NSPLIT; s++) {
-        float ms = p[(size_t)s * (D + 2)];
-        if (ms != -INFINITY)
-            L += p[(size_t)s * (D + 2) + 1] * expf(ms - M);
+    __shared__ float ws[NSPLIT_MAX], ls[NSPLIT_MAX], wmax[NSPLIT_MAX / 32];
+    __shared__ int ok[NSPLIT_MAX];
+    const int th = blockIdx.x, s0 = threadIdx.x, lane = threadIdx.x & 31;
+    const float *p = part + (size_t)th * ns * (D + 2);
+    float ms = -INFINITY;
+    if (s0 < ns) {
+        ms = p[(size_t)s0 * (D + 2)];
+        ls[s0] = p[(size_t)s0 * (D + 2) + 1];
     }
+    float m = ms;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0 && s0 < ns)
+        wmax[s0 >> 5] = m;
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ns / 32; w++)
+        M = fmaxf(M, wmax[w]);
+    if (s0 < ns) {
+        ok[s0] = ms != -INFINITY;
+        ws[s0] = ms != -INFINITY ? expf(ms - M) : 0.f;
+    }
+    __syncthreads();
+    /* every thread forms L itself (shared reads, the same order): no third barrier */
+    float L = 0.f;
+    for (int s = 0; s < ns; s++)
+        if (ok[s])
+            L = fmaf(ls[s], ws[s], L);
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
         float acc = 0.f;
-        for (int s = 0; s < NSPLIT; s++) {
-            float ms = p[(size_t)s * (D + 2)];
-            if (ms != -INFINITY)
-                acc += p[(size_t)s * (D + 2) + 2 + d] * expf(ms - M);
+        for (int sb = 0; sb < ns; sb += 64) {
+            float v[64];
+#pragma unroll
+            for (int i = 0; i < 64; i++)
+                v[i] = p[(size_t)(sb + i) * (D + 2) + 2 + d];
+#pragma unroll
+            for (int i = 0; i < 64; i++)
+                if (ok[sb + i])
+                    acc = fmaf(v[i], ws[sb + i], acc);
         }
         out[(size_t)th * D + d] = acc / L;
     }
@@ -974,6 +1022,16 @@ sn_status cu_ops_init(const cu_devinfo *di)
 {
     int v = (int)di->smem_optin;
     SN_TRY(cu_pf_init(di)); /* [prefill] cuda_prefill.cu */
+    /* the 8-warp GQA decode keeps 8 x R x D floats of partials (64 KB at R = 8, D = 256) */
+#define GQA8_SMEM(E, R)                                                                                              \
+    CU_TRY(cudaFuncSetAttribute(k_attn_decode_gqa<E, R, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,              \
+                                (int)(8 * R * 256 * sizeof(float))),                                                 \
+           "attention init");
+    GQA8_SMEM(1, 2) GQA8_SMEM(1, 4) GQA8_SMEM(1, 6) GQA8_SMEM(1, 8)
+    GQA8_SMEM(2, 2) GQA8_SMEM(2, 4) GQA8_SMEM(2, 6) GQA8_SMEM(2, 8)
+    GQA8_SMEM(4, 2) GQA8_SMEM(4, 4) GQA8_SMEM(4, 6) GQA8_SMEM(4, 8)
+    GQA8_SMEM(8, 2) GQA8_SMEM(8, 4) GQA8_SMEM(8, 6) GQA8_SMEM(8, 8)
+#undef GQA8_SMEM
     CU_TRY(cudaFuncSetAttribute(k_attn_prefill<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
     CU_TRY(cudaFuncSetAttribute(k_attn_prefill<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
     CU_TRY(cudaFuncSetAttribute(k_attn_prefill<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
@@ -1094,7 +1152,7 @@ size_t cu_attention_scratch_bytes(const sn_kv_view *kv, int T, int n_q_heads)
 {
     if (T > DECODE_MAX_T)
         return 0;
-    return (size_t)T * n_q_heads * NSPLIT * (kv->head_dim + 2) * sizeof(float);
+    return (size_t)T * n_q_heads * NSPLIT_MAX * (kv->head_dim + 2) * sizeof(float);
 }
 
 sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, const sn_kv_view *kv, int T,
@@ -1107,16 +1165,31 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
         return SN_FAIL(SN_E_UNSUPPORTED, "attention: head_dim %d > 256", D);
     if (T <= DECODE_MAX_T) {
         float *part = (float *)scratch;
+        const int ns = di->attn_splits == 128 ? 128 : 64;
+        /* warps per (kv head, split) block of the GQA kernel: 8 (one
+         * 256-thread block per SM, registers) when one token's blocks fit
+         * one wave at that, else 4 (two per SM); attn_warps 4 or 8 forces
+         * one. Never chosen from T: the warps' merge order is part of a
+         * token's bits, which must not depend on the rows beside it. */
+        const int nw = di->attn_warps == 8 || (di->attn_warps == 0 && Hkv * ns <= di->n_sm) ? 8 : DEC_WARPS;
         int epl = (D + 31) / 32, r = n_q_heads / Hkv;
         if (r >= 2 && r <= 8) {
-            dim3 grid((unsigned)(T * Hkv), NSPLIT);
+            dim3 grid((unsigned)(T * Hkv), (unsigned)ns);
 #define GQA_LAUNCH(E, R)                                                                                             \
-    (void)cu_launch(k_attn_decode_gqa<E, R>, grid, DEC_WARPS * 32, (size_t)DEC_WARPS * R * D * sizeof(float), s,                   \
-        q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta, scale, part)
+    do {                                                                                                             \
+        if (nw == 8)                                                                                                 \
+            (void)cu_launch(k_attn_decode_gqa<E, R, 8>, grid, 8 * 32, (size_t)8 * R * D * sizeof(float), s, q,       \
+                            kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta, scale, part);                            \
+        else                                                                                                         \
+            (void)cu_launch(k_attn_decode_gqa<E, R, DEC_WARPS>, grid, DEC_WARPS * 32,                                \
+                            (size_t)DEC_WARPS * R * D * sizeof(float), s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0,  \
+                            d_delta, scale, part);                                                                   \
+    } while (0)
 #define GQA_R(E)                                                                                                     \
     do {                                                                                                             \
         if (r <= 2) GQA_LAUNCH(E, 2);                                                                                \
         else if (r <= 4) GQA_LAUNCH(E, 4);                                                                           \
+        else if (r <= 6) GQA_LAUNCH(E, 6);                                                                           \
         else GQA_LAUNCH(E, 8);                                                                                       \
     } while (0)
             if (epl <= 1) GQA_R(1);
@@ -1126,7 +1199,7 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
 #undef GQA_R
 #undef GQA_LAUNCH
         } else {
-        dim3 grid((unsigned)(T * n_q_heads), NSPLIT);
+        dim3 grid((unsigned)(T * n_q_heads), (unsigned)ns);
         size_t smem = (size_t)DEC_WARPS * D * sizeof(float);
         if (epl <= 1)
             (void)cu_launch(k_attn_decode<1>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
@@ -1142,7 +1215,8 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
                                                                  scale, part);
         }
         CU_CHECK_LAUNCH("attention decode");
-        (void)cu_launch(k_attn_combine, (unsigned)(T * n_q_heads), D < 128 ? 64 : 128, 0, s, part, D, out);
+        const int cth = ((D > ns ? D : ns) + 31) / 32 * 32; /* D <= 256 */
+        (void)cu_launch(k_attn_combine, (unsigned)(T * n_q_heads), cth, 0, s, part, ns, D, out);
         CU_CHECK_LAUNCH("attention combine");
         return SN_OK;
     }
