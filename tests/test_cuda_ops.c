@@ -134,6 +134,12 @@ static void test_matmul_q4_gemv_i8(void)
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 0));
     mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1, 0, 1);
     mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 6, 0, 1);
+    /* the SIMT GEMV with fp32 FMAs (gemv_dp=0) as well as its dp4a form */
+    CHECK_OK(sn_cuda_tune(G, "gemv_dp", 0));
+    mm_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1, 0, 1);
+    mm_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, 3, 0, 0);
+    mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 8, 0, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_dp", 1));
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
 }
 
@@ -220,6 +226,14 @@ static void test_gemv_batch_invariant(void)
     gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 0);
     CHECK_OK(sn_cuda_tune(G, "gemv_rpw", 0));
+    /* the fp32 FMA form of it, and one row a warp below 4096 rows at T <= 2 */
+    CHECK_OK(sn_cuda_tune(G, "gemv_dp", 0));
+    gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
+    gemv_invariance_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_dp", 1));
+    CHECK_OK(sn_cuda_tune(G, "gemv_rpw1_rows", 4096));
+    gemv_invariance_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_rpw1_rows", 0));
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
 }
 
@@ -500,6 +514,22 @@ static void test_attention_decode_batch_invariant(void)
     attn_batch_case(24, 4);
     attn_batch_case(16, 2);
     attn_batch_case(8, 1);
+    /* the GQA kernel's block forms forced (by shape it takes 8 warps for
+     * 1-2 kv heads, 4 above) and 128 splits, against the CPU and across T */
+    const int forms[3][2] = { { 8, 64 }, { 4, 64 }, { 0, 128 } };
+    for (int f = 0; f < 3; f++) {
+        CHECK_OK(sn_cuda_tune(G, "attn_warps", forms[f][0]));
+        CHECK_OK(sn_cuda_tune(G, "attn_splits", forms[f][1]));
+        attn_case(1, 1000, 16, 2, 256, 1024);
+        attn_case(2, 77, 24, 4, 256, 128);
+        attn_batch_case(24, 4);
+        attn_batch_case(16, 2);
+    }
+    CHECK_OK(sn_cuda_tune(G, "attn_warps", 0));
+    CHECK_OK(sn_cuda_tune(G, "attn_splits", 64));
+    CHECK(sn_cuda_tune(G, "attn_warps", 6) == SN_E_INVALID);
+    CHECK(sn_cuda_tune(G, "attn_splits", 96) == SN_E_INVALID);
+    CHECK(sn_cuda_tune(G, "gemv_rpw1_rows", -1) == SN_E_INVALID);
 }
 
 /* ---- GatedDeltaNet ---- */
