@@ -14,7 +14,9 @@
  * with one byte-permute each (0x3F00qq00 = 0.5 + q/256, see q4v), Q8 bytes
  * two at a time through a half2 (1 + q/256, see qpair); in both forms the
  * fp32 dot product of v and x minus the chunk sum gives sum(q*x) with ~20
- * good bits, and the affine bias costs one FMA per chunk and row.
+ * good bits, and the affine bias costs one FMA per chunk and row. Q4 in
+ * MLX's groups takes the dp4a form by default (gemv_dp; see gd_stage_x):
+ * x as int8 digits, exact integer partials, fewer instructions per weight.
  *
  * Prefill: x is converted to fp16 once per call (rows scaled by a power of
  * two); by default both operands are split so the GEMM is fp32-class
