@@ -1,6 +1,7 @@
-/* Device helpers of the decode GEMVs, shared by cuda_matmul.cu (the SIMT
- * GEMV) and cuda_gemv_int.cu (the tensor-core GEMVs): included once by
- * each, inside an anonymous namespace, so each file has its own copies. */
+/* Device helpers for quantized weights and staged activations, shared by
+ * cuda_gemv.cu (the SIMT decode GEMV), cuda_gemv_int.cu (the tensor-core
+ * GEMVs) and cuda_matmul.cu (GEMM, the per-token MoE kernels): included
+ * once by each, inside an anonymous namespace, so each has its own copies. */
 #ifndef SANCTUM_CUDA_QUANT_H
 #define SANCTUM_CUDA_QUANT_H
 
@@ -99,6 +100,77 @@ sn_status max_smem_dyn(K kern, const cu_devinfo *di, const char *what)
     /* all of L1 as shared memory, so several rings fit per SM */
     CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, 100), what);
     return SN_OK;
+}
+
+/* Two quantized values of word w as floats 1 + q/2^bits: pair k of a Q4 word
+ * is nibbles (k, k+4); of a Q8 word bytes (k, k+2). */
+template <int BITS>
+__device__ __forceinline__ float2 qpair(uint32_t w, int k)
+{
+    uint32_t h;
+    if (BITS == 4) {
+        uint32_t s = k == 0 ? (w << 6) : k == 1 ? (w << 2) : k == 2 ? (w >> 2) : (w >> 6);
+        h = (s & 0x03C003C0u) | 0x3C003C00u;
+    } else {
+        uint32_t s = k == 0 ? (w << 2) : (w >> 6);
+        h = (s & 0x03FC03FCu) | 0x3C003C00u;
+    }
+    return __half22float2(*reinterpret_cast<__half2 *>(&h));
+}
+
+/* Lane-major x layout: chunk c (VPC = 128/BITS values, one uint4 of words)
+ * float4 i lives at float4 index ((c >> 5) * NF4 + i) * 32 + (c & 31). */
+template <int BITS>
+__device__ __forceinline__ int64_t xperm(int64_t c, int i)
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+    return ((c >> 5) * NF4 + i) * 32 + (c & 31);
+}
+
+/* After the staged x of T tokens ([T][stride4] float4s, lane-major), the
+ * sum of each chunk's values ([T][nch] floats), in value order; so the
+ * affine bias costs one FMA per chunk and row. Ends with a barrier. */
+template <int BITS>
+__device__ void chunk_sums(float4 *xs, int T, int64_t nch, int64_t stride4)
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+    float *sums = (float *)(xs + (size_t)T * stride4);
+    for (int64_t tc = threadIdx.x; tc < T * nch; tc += blockDim.x) {
+        int t = (int)(tc / nch);
+        int64_t c = tc % nch;
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < NF4; i++) {
+            float4 f = xs[t * stride4 + xperm<BITS>(c, i)];
+            a += f.x;
+            a += f.y;
+            a += f.z;
+            a += f.w;
+        }
+        sums[tc] = a;
+    }
+    __syncthreads();
+}
+
+/* x_t for t < T into shared memory in the lane-major order, followed by
+ * the sum of each chunk's values ([T][nch] floats after the T*stride4
+ * float4s), so the affine bias costs one FMA per chunk and row. Ends with
+ * a barrier. */
+
+/* Q4 values as floats without a conversion instruction: the low nibbles
+ * of w (values 0,2,4,6 in bytes 0..3) and the high ones (1,3,5,7) are
+ * masked into bytes, and one byte-permute per value builds the float
+ * 0x3F00qq00 = 0.5 + q/256 (q in the top mantissa bits, so the fp32 sums
+ * keep ~20 bits once 0.5*sum(x) is taken off). */
+__device__ __forceinline__ float q4v(uint32_t bytes, int k)
+{
+    return __uint_as_float(__byte_perm(bytes, 0x3F000000u, 0x7044u | ((uint32_t)k << 8)));
+}
+
+/* Bytes of staged x (and its chunk sums) for T tokens, 16-aligned. */
+__host__ __device__ __forceinline__ size_t xstage_bytes(int T, int64_t nch, int64_t stride4)
+{
+    return ((size_t)T * stride4 * 16 + (size_t)T * nch * 4 + 15) / 16 * 16;
 }
 
 } // namespace

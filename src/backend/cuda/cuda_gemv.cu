@@ -1,0 +1,805 @@
+/* The SIMT decode GEMV (issue 6). Decode is a pure memory stream (4.5 bits
+ * per weight against 32-bit activations), so the GEMV is built around the
+ * bytes: each lane streams 16 bytes of a row per step (512 B per warp,
+ * coalesced) through a per-warp cp.async ring a few chunks deep; a warp
+ * works on 1, 2 or 4 rows so each activation read from shared memory feeds
+ * several rows; x sits in shared memory in a lane-major order (no bank
+ * conflicts for the 16-byte reads), up to 8 tokens per pass, with an
+ * RMSNorm folded into its staging and the residual add into the epilogue.
+ * Q4 in MLX's groups runs on x's int8 digits with dp4a by default (gemv_dp;
+ * see gd_stage_x): exact integer partials, fewer instructions per weight.
+ * Otherwise Q4 nibbles become floats with one byte-permute each
+ * (0x3F00qq00 = 0.5 + q/256, see q4v), Q8 bytes two at a time through a
+ * half2 (1 + q/256, see qpair); the fp32 dot product of v and x minus the
+ * chunk sum gives sum(q*x) with ~20 good bits, and the affine bias costs
+ * one FMA per chunk and row. cuda_matmul.cu's dispatch calls cu_gv_run when
+ * the tensor-core GEMV does not take a weight (cu_gi_size_ok, cu_gi_ok). */
+#include <string.h>
+
+#include <cuda_pipeline.h>
+
+#include "backend/cuda/cuda_gemv.h"
+#include "backend/cuda/cuda_quant.h"
+
+namespace {
+
+/* cp.async to a 32-bit shared address, without a memory clobber: the
+ * caller orders its reads of the destination around cp_async_wait (which
+ * has one) and a compiler barrier before it refills a slot. 16-byte copies
+ * go through L2 only (.cg), smaller ones must use .ca. */
+
+template <int N>
+__device__ __forceinline__ void cp_async_sa(uint32_t sa, const void *gmem)
+{
+    if (N == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(sa), "l"(gmem), "n"(N));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* ---- the decode GEMV: one launch over up to CU_GROUP_MAX weights ------- */
+/*
+ * A launch covers the segments of a gemv_seg (weights that read the same x:
+ * q/k/v, gate/up, or one matmul alone) and up to GV_TMAX tokens in one pass
+ * over the weights. Rows are cut into groups of RPW and the groups of all
+ * segments are dealt out to the warps of a grid that is resident at once,
+ * each warp a contiguous run, so a warp streams its rows back to back
+ * through its cp.async ring without draining it between rows.
+ *
+ * Launched with PDL: before pdl_wait() a block only fills its ring with the
+ * first weight chunks (constant data), so those loads overlap the tail of
+ * the kernel before; x is staged after the wait. When the launch carries a
+ * norm (gemv_seg.nw), x is RMS-normalised while it is staged, exactly as
+ * k_rmsnorm does it (same sum order), and block 0 also writes the
+ * normalised row to g.xn for later readers.
+ *
+ * Per (row, token) the arithmetic is the same whatever TT, RPW, the grid or
+ * the segment: a token's result is bitwise identical alone or among up to
+ * GV_TMAX (what prompt-lookup verification relies on). */
+constexpr int GV_TMAX = 8;
+/* k_gemv's static shared memory (the norm's partials) is under this; the
+ * dynamic part may use the rest of the opt-in limit. */
+constexpr size_t GV_STATIC_SMEM = 2048;
+
+
+template <int RPW>
+struct gv_ring {
+    static constexpr int S = RPW <= 2 ? 6 : 4; /* chunks in flight per row: S - 1 */
+    static constexpr size_t per_warp = (size_t)S * RPW * 32 * (sizeof(uint4) + sizeof(uint2));
+};
+
+/* A warp's position: row group grp of segment seg (rows r0.., nrows of
+ * them), chunk step it. */
+struct gv_cur {
+    int64_t grp, r0;
+    int it, nrows, seg;
+    const uint32_t *W;
+    const char *sb;
+};
+
+__device__ __forceinline__ void gv_locate(const gemv_seg &g, int rpw, int64_t words, int64_t groups, size_t sbsz,
+                                          gv_cur &c)
+{
+    int i = 0;
+    while (i + 1 < g.n && c.grp >= g.g0[i + 1])
+        i++;
+    c.seg = i;
+    c.r0 = (c.grp - g.g0[i]) * rpw;
+    c.nrows = (int)min((int64_t)rpw, g.rows[i] - c.r0);
+    c.W = g.W[i] + c.r0 * words;
+    c.sb = (const char *)g.sb[i] + (size_t)c.r0 * groups * sbsz;
+}
+
+constexpr int GV_STAGE_U = 4; /* x loads in flight per thread while staging */
+
+/* x for tokens t < TT into shared memory (lane-major, zeros for t >= T),
+ * normalised when g.nw is set, then the chunk sums. Ends with a barrier. */
+/* The fused RMSNorm's 1/rms per token (g.nw set) into inv[TT] (shared),
+ * the sums of squares exactly as k_rmsnorm forms them. Ends with a barrier. */
+template <int TT>
+__device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg &g, float *inv)
+{
+    __shared__ float red[TT][32];
+    /* the sum of x^2 exactly as k_rmsnorm forms it (rms_partials' virtual
+     * warps), the tokens' virtual warps spread over the block's warps so
+     * their loads are in flight together (a verify pass of 8 rows took 8
+     * load latencies one after the other) */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const int nvw = g.norm_threads / 32, nt = T < TT ? T : TT;
+    for (int p = warp; p < nt * nvw; p += nwarps) {
+        const int t = p / nvw, vw = p % nvw;
+        const float *xr = x + (size_t)t * cols;
+        float ss = 0.f;
+#pragma unroll 4
+        for (int64_t i = vw * 32 + lane; i < cols; i += g.norm_threads)
+            ss += xr[i] * xr[i];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0)
+            red[t][vw] = ss;
+    }
+    __syncthreads();
+    /* one warp per token finishes its tree (warp 0 doing all of them
+     * was a serial chain the whole block waited for) */
+    for (int t = warp; t < TT; t += nwarps) {
+        float v = t < T ? rms_total(red[t], g.norm_threads) : 0.f;
+        if (lane == 0)
+            inv[t] = 1.f / sqrtf(v / (float)cols + g.eps);
+    }
+    __syncthreads();
+}
+
+template <int BITS, int TT>
+__device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t stride4, const gemv_seg &g)
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+    __shared__ float inv[TT];
+    const int64_t n4 = cols / 4, nch = n4 / NF4;
+    if (g.nw)
+        gv_norm_inv<TT>(x, T, cols, g, inv);
+    const bool aligned = ((uintptr_t)x & 15) == 0; /* cols % 32 == 0 always */
+    /* QU float4 columns of all TT tokens per thread and pass, every load
+     * issued before any is used (at least GV_STAGE_U in flight): staging
+     * costs about one load latency, not one per token or per pass of the
+     * block over a long row; no division in the index math */
+    constexpr int QU = TT >= GV_STAGE_U ? 1 : GV_STAGE_U / TT;
+    const int64_t bd = blockDim.x;
+    const bool w_al = g.nw && ((uintptr_t)g.nw & 15) == 0;
+    for (int64_t q0 = threadIdx.x; q0 < n4; q0 += QU * bd) {
+        float4 v[QU][TT];
+#pragma unroll
+        for (int u = 0; u < QU; u++) {
+            const int64_t q = q0 + u * bd;
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                const float *xr = x + (size_t)t * cols;
+                v[u][t] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (q < n4 && t < T)
+                    v[u][t] = aligned ? __ldg((const float4 *)xr + q)
+                                      : make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < QU; u++) {
+            const int64_t q = q0 + u * bd;
+            if (q >= n4)
+                break;
+            float4 w4 = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (g.nw)
+                w4 = w_al ? __ldg((const float4 *)g.nw + q)
+                          : make_float4(g.nw[4 * q], g.nw[4 * q + 1], g.nw[4 * q + 2], g.nw[4 * q + 3]);
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                float4 y = v[u][t];
+                if (t < T && g.nw) {
+                    /* k_rmsnorm: y = x * inv * w, in that order */
+                    const float iv = inv[t];
+                    y = make_float4(y.x * iv * w4.x, y.y * iv * w4.y, y.z * iv * w4.z, y.w * iv * w4.w);
+                    if (g.xn && blockIdx.x == 0)
+                        *(float4 *)(g.xn + (size_t)t * cols + 4 * q) = y;
+                }
+                xs[t * stride4 + xperm<BITS>(q / NF4, (int)(q % NF4))] = y;
+            }
+        }
+    }
+    __syncthreads();
+    chunk_sums<BITS>(xs, TT, nch, stride4);
+}
+
+/* One chunk (one uint4 of words per row) of RPW rows against TT tokens.
+ * Each word's values are turned into floats once and used for every token;
+ * per (row, token) the FMA sequence is word by word, value by value. c and
+ * the x offsets are 32-bit: shared memory and a row's chunks fit. */
+template <int BITS, int TT, int RPW>
+__device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, const float4 *xs, int stride4,
+                                         const float *xsums, int nch, int c, float acc[RPW][TT], int T)
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+    const int xb = (c >> 5) * NF4 * 32 + (c & 31); /* xperm(c, 0) */
+    /* token slots past T (a pass of 6 tokens in 8 slots) are skipped: the
+     * branch is uniform over the warp and a real token's FMAs are unchanged */
+    float d[RPW][TT];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            d[r][t] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (BITS == 4) {
+            float lo[RPW][4], hi[RPW][4];
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+                uint32_t bl = w & 0x0F0F0F0Fu, bh = (w >> 4) & 0x0F0F0F0Fu;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    lo[r][k] = q4v(bl, k);
+                    hi[r][k] = q4v(bh, k);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                if (TT > 1 && t >= T)
+                    break;
+                const float4 a = xs[t * stride4 + xb + 32 * (2 * j)];
+                const float4 b = xs[t * stride4 + xb + 32 * (2 * j + 1)];
+                const float xv[8] = { a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w };
+#pragma unroll
+                for (int r = 0; r < RPW; r++) {
+                    float dd = d[r][t];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        dd = fmaf(lo[r][k], xv[2 * k], dd);
+                        dd = fmaf(hi[r][k], xv[2 * k + 1], dd);
+                    }
+                    d[r][t] = dd;
+                }
+            }
+        } else {
+            float2 p0[RPW], p1[RPW];
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+                p0[r] = qpair<8>(w, 0);
+                p1[r] = qpair<8>(w, 1);
+            }
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                if (TT > 1 && t >= T)
+                    break;
+                const float4 a = xs[t * stride4 + xb + 32 * j];
+#pragma unroll
+                for (int r = 0; r < RPW; r++) {
+                    float dd = d[r][t];
+                    dd = fmaf(p0[r].x, a.x, dd);
+                    dd = fmaf(p0[r].y, a.z, dd);
+                    dd = fmaf(p1[r].x, a.y, dd);
+                    dd = fmaf(p1[r].y, a.w, dd);
+                    d[r][t] = dd;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (TT > 1 && t >= T)
+            break;
+        const float xsum = xsums[t * nch + c];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            /* Q4: sum q*x = 256*(d - xsum/2); Q8: 256*(d - xsum) (values 1 + q/256).
+             * Rounding spelled out (no contraction left to the compiler), so
+             * every TT / RPW instantiation gives a token the same bits. */
+            float qd = __fmul_rn(256.f, __fsub_rn(d[r][t], BITS == 4 ? __fmul_rn(0.5f, xsum) : xsum));
+            acc[r][t] = __fadd_rn(acc[r][t], fmaf(sbv[r].x, qd, __fmul_rn(sbv[r].y, xsum)));
+        }
+    }
+}
+
+/* ---- the dp4a form (Q4, groups of 32/64/128): x as integer digits ----- */
+/*
+ * The fp32 GEMV above spends about 1.4 integer-pipe instructions per weight
+ * (a byte-permute per value plus the nibble masks) and its integer pipe
+ * runs at half the FMA rate: ncu puts it at 60 % issue with "math pipe
+ * throttle" on the permutes. Here x comes in as k_x_digits' three signed
+ * 8-bit digits per (token, quant group), and a word of 8 nibbles against
+ * them is two masks and 3 x 2 dp4a: about 0.9 instructions per weight and
+ * exact int32 partials per 32-value chunk and digit plane (|D| <= 61440),
+ * combined as 65536*D0 + (256*D1 + D2) in one fp32 rounding and scaled by
+ * the group's 2^-e2 (exact), so the result is fp32-class like the
+ * tensor-core paths. Per (row, token) the arithmetic does not depend on TT,
+ * RPW, the grid or the grouping.
+ *
+ * Staged per token, chunk c = 32*it + l (l the lane that reads it): for
+ * each digit plane two uint4s at [((t*nit + it)*3 + plane)*2 + half][l],
+ * word 2j of a chunk's 8 the digits of values 8j, 8j+2, 8j+4, 8j+6 (the
+ * low nibbles of weight word j), word 2j+1 those of 8j+1, ... (the high
+ * ones); then per (token, chunk) (2^-e2, 2^-e2 * sum X). */
+__host__ __device__ __forceinline__ size_t gd_stage_bytes(int TT, int nit, int64_t nch)
+{
+    return ((size_t)TT * nit * 3072 + (size_t)TT * nch * 8 + 15) / 16 * 16;
+}
+
+/* 8 consecutive floats: two 16-byte loads when p is 16-aligned */
+__device__ __forceinline__ void ld8(const float *p, bool al, float (&v)[8])
+{
+    if (al) {
+        const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = p[k];
+    }
+}
+
+template <int TT>
+__device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g)
+{
+    __shared__ float inv[TT];
+    if (g.nw)
+        gv_norm_inv<TT>(x, T, cols, g, inv);
+    uint32_t *xw = (uint32_t *)stage;
+    float2 *xe = (float2 *)(stage + (size_t)TT * nit * 3072);
+    const int nch = (int)(cols / 32), n8 = (int)(cols / 8), nt = T < TT ? T : TT;
+    const int lpg = group / 8; /* threads per quant group: 4, 8 or 16, aligned in the warp */
+    const bool aligned = ((uintptr_t)x & 15) == 0;
+    const bool w_al = g.nw && ((uintptr_t)g.nw & 15) == 0;
+    const int total = nt * n8; /* a multiple of lpg and of 4: whole groups and chunks per warp */
+    for (int p0 = 0; p0 < total; p0 += blockDim.x) {
+        const int p = p0 + threadIdx.x;
+        const bool in = p < total;
+        const int t = in ? p / n8 : 0, u = in ? p - t * n8 : 0;
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = 0.f;
+        if (in) {
+            ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, v);
+            if (g.nw) {
+                float w8[8];
+                ld8(g.nw + 8 * (size_t)u, w_al, w8);
+                const float iv = inv[t];
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    v[k] = v[k] * iv * w8[k]; /* k_rmsnorm: y = x * inv * w, in that order */
+                if (g.xn && blockIdx.x == 0)
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        g.xn[(size_t)t * cols + 8 * (size_t)u + k] = v[k];
+            }
+        }
+        float mx = 0.f;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            mx = fmaxf(mx, fabsf(v[k]));
+        for (int o = lpg / 2; o > 0; o >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const int e2 = xd_exp(mx);
+        uint32_t pw[3][2] = { { 0u, 0u }, { 0u, 0u }, { 0u, 0u } };
+        int S = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int d0, d1, d2;
+            S += xd_split(v[k], e2, d0, d1, d2);
+            const int h = k & 1, sh = 8 * (k >> 1);
+            pw[0][h] |= (uint32_t)(d0 & 255) << sh;
+            pw[1][h] |= (uint32_t)(d1 & 255) << sh;
+            pw[2][h] |= (uint32_t)(d2 & 255) << sh;
+        }
+        S += __shfl_xor_sync(0xffffffffu, S, 1); /* the chunk's four threads; integers: exact */
+        S += __shfl_xor_sync(0xffffffffu, S, 2);
+        if (in) {
+            const int c = u >> 2, j = u & 3, it = c >> 5, l = c & 31;
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) {
+                const int unit = ((t * nit + it) * 3 + pl) * 2 + (j >> 1);
+                uint32_t *d = xw + ((size_t)unit * 32 + l) * 4 + (j & 1) * 2;
+                d[0] = pw[pl][0];
+                d[1] = pw[pl][1];
+            }
+            if (j == 0) {
+                const float es = ldexpf(1.f, -e2);
+                xe[(size_t)t * nch + c] = make_float2(es, __fmul_rn((float)S, es));
+            }
+        }
+    }
+    __syncthreads();
+}
+
+/* One chunk of RPW rows against TT tokens on the digits (see above). */
+template <int TT, int RPW>
+__device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, const char *stage, int nit, int nch, int c,
+                                         float acc[RPW][TT], int T)
+{
+    const int it = c >> 5, l = c & 31;
+    const uint4 *xw = (const uint4 *)stage;
+    const float2 *xe = (const float2 *)(stage + (size_t)TT * nit * 3072);
+    int lo[RPW][4], hi[RPW][4];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+            lo[r][j] = (int)(w & 0x0F0F0F0Fu);
+            hi[r][j] = (int)((w >> 4) & 0x0F0F0F0Fu);
+        }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (TT > 1 && t >= T)
+            break;
+        const uint4 *xp = xw + (size_t)(t * nit + it) * 6 * 32 + l;
+        uint4 a[3][2];
+#pragma unroll
+        for (int pl = 0; pl < 3; pl++) {
+            a[pl][0] = xp[(2 * pl) * 32];
+            a[pl][1] = xp[(2 * pl + 1) * 32];
+        }
+        const float2 e = xe[(size_t)t * nch + c];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            int D[3];
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) {
+                int d = __dp4a(lo[r][0], (int)a[pl][0].x, 0);
+                d = __dp4a(hi[r][0], (int)a[pl][0].y, d);
+                d = __dp4a(lo[r][1], (int)a[pl][0].z, d);
+                d = __dp4a(hi[r][1], (int)a[pl][0].w, d);
+                d = __dp4a(lo[r][2], (int)a[pl][1].x, d);
+                d = __dp4a(hi[r][2], (int)a[pl][1].y, d);
+                d = __dp4a(lo[r][3], (int)a[pl][1].z, d);
+                d = __dp4a(hi[r][3], (int)a[pl][1].w, d);
+                D[pl] = d;
+            }
+            /* 256*D1 + D2 and D0 are exact in fp32; one rounding for the sum */
+            const float qx = __fmul_rn(fmaf(65536.f, (float)D[0], (float)(D[1] * 256 + D[2])), e.x);
+            acc[r][t] = __fadd_rn(acc[r][t], fmaf(sbv[r].x, qx, __fmul_rn(sbv[r].y, e.y)));
+        }
+    }
+}
+
+/* The main loop keeps its bookkeeping off the per-chunk path (it was about
+ * 60 % of the instructions at T = 1, per ncu: 715 warp instructions per
+ * chunk of 4 rows against 288 for the arithmetic): 32-bit chunk indices,
+ * ring slots that wrap instead of 64-bit remainders, per-lane row pointers
+ * set once per row group, and the chunk's quant group by a multiply-high
+ * instead of a 64-bit division. */
+template <int BITS, int TT, int RPW, bool DP>
+__global__ void __launch_bounds__(512)
+k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
+{
+    static_assert(!DP || BITS == 4, "the dp4a form is for Q4");
+    pdl_launch();
+    extern __shared__ float4 xs[];
+    constexpr int VPC = 128 / BITS, NF4 = VPC / 4, S = gv_ring<RPW>::S;
+    const int nch = (int)(words / 4); /* cols <= INT32_MAX */
+    const int nit = (nch + 31) / 32;
+    const int stride4 = nit * NF4 * 32;
+    const int nwarps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t sbsz = sf == CS_F32 ? 8 : 4;
+    const bool f32s = sf == CS_F32;
+    /* c * VPC / group as a multiply-high by ceil(2^32 / group): exact while
+     * c * VPC * group < 2^32 (gv_run checks cols * group) */
+    const uint32_t gmag = 0xffffffffu / (uint32_t)group + 1u;
+    char *rbase = (char *)xs + (DP ? gd_stage_bytes(TT, nit, nch) : xstage_bytes(TT, nch, stride4));
+    uint4 *ring = (uint4 *)rbase + (size_t)warp * S * RPW * 32 + lane;
+    uint2 *sring = (uint2 *)(rbase + (size_t)nwarps * S * RPW * 32 * sizeof(uint4)) + (size_t)warp * S * RPW * 32 + lane;
+    const int64_t G = g.g0[g.n];
+    const int64_t NW = (int64_t)gridDim.x * nwarps, wid = (int64_t)blockIdx.x * nwarps + warp;
+    const int64_t gb = wid * G / NW, ge = (wid + 1) * G / NW;
+    const int nf = (int)((ge - gb) * nit);
+
+    /* issue side of the ring: chunk ic.it of row group ic.grp. Everything
+     * the copies need is in registers (32-bit shared addresses, byte
+     * strides), and the copies carry no memory clobber, so nothing is
+     * recomputed per row: the one compiler barrier per chunk is the wait
+     * before the ring is read (and the barrier at the top of issue, which
+     * keeps the reads of the slot being refilled before its copies). */
+    const uint32_t ring_sa = smem_u32(ring), sring_sa = smem_u32(sring);
+    const int sbs = f32s ? 3 : 2;                        /* log2 of an entry's bytes */
+    const uint32_t rwb = (uint32_t)nch * 16u;            /* weight bytes per row */
+    const uint32_t rsb = (uint32_t)groups << sbs;        /* (scale, bias) bytes per row */
+    gv_cur ic;
+    ic.grp = gb;
+    ic.it = 0;
+    const char *iw = nullptr; /* this lane's first chunk of the group's first row */
+    if (gb < ge) {
+        gv_locate(g, RPW, words, groups, sbsz, ic);
+        iw = (const char *)ic.W + 16 * lane;
+    }
+    int fi = 0, islot = 0;
+    auto issue = [&]() {
+        asm volatile("" ::: "memory");
+        const int c = lane + 32 * ic.it;
+        if (c < nch) {
+            const uint32_t gi = __umulhi((uint32_t)c * VPC, gmag);
+            const char *ws = iw + (size_t)ic.it * 512;
+            const char *ss = ic.sb + ((size_t)gi << sbs);
+            const uint32_t wd = ring_sa + (uint32_t)islot * (RPW * 512), sd = sring_sa + (uint32_t)islot * (RPW * 256);
+            /* a group's rows past the matrix's end (nrows < RPW) copy its
+             * last row again: no branch per row, and their sums are never
+             * stored */
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                const uint32_t rr = (uint32_t)min(r, ic.nrows - 1);
+                cp_async_sa<16>(wd + r * 512, ws + (size_t)(rr * rwb));
+                if (f32s)
+                    cp_async_sa<8>(sd + r * 256, ss + (size_t)(rr * rsb));
+                else
+                    cp_async_sa<4>(sd + r * 256, ss + (size_t)(rr * rsb));
+            }
+        }
+        fi++;
+        islot = islot + 1 == S ? 0 : islot + 1;
+        if (++ic.it == nit) {
+            ic.it = 0;
+            if (++ic.grp < ge) {
+                gv_locate(g, RPW, words, groups, sbsz, ic);
+                iw = (const char *)ic.W + 16 * lane;
+            }
+        }
+    };
+#pragma unroll
+    for (int st = 0; st < S - 1; st++) {
+        if (fi < nf)
+            issue();
+        cp_async_commit();
+    }
+    pdl_wait();
+    if constexpr (DP)
+        gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g);
+    else
+        gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g);
+    const float *xsums = (const float *)(xs + (size_t)TT * stride4);
+
+    gv_cur cc;
+    cc.grp = gb;
+    cc.it = 0;
+    if (gb < ge)
+        gv_locate(g, RPW, words, groups, sbsz, cc);
+    float acc[RPW][TT];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[r][t] = 0.f;
+    int cslot = 0;
+    for (int f = 0; f < nf; f++) {
+        if (fi < nf)
+            issue();
+        cp_async_commit();
+        cp_async_wait<S - 1>();
+        const int c = lane + 32 * cc.it;
+        if (c < nch) {
+            const uint4 *wsrc = ring + cslot * RPW * 32;
+            const uint2 *ssrc = sring + cslot * RPW * 32;
+            uint4 wv[RPW];
+            float2 sbv[RPW];
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                wv[r] = wsrc[r * 32];
+                sbv[r] = sb_pair(ssrc[r * 32], sf);
+            }
+            if constexpr (DP)
+                gd_chunk<TT, RPW>(wv, sbv, (const char *)xs, nit, nch, c, acc, T);
+            else
+                gv_chunk<BITS, TT, RPW>(wv, sbv, xs, stride4, xsums, nch, c, acc, T);
+        }
+        cslot = cslot + 1 == S ? 0 : cslot + 1;
+        if (++cc.it == nit) {
+            /* the row group is complete: reduce over the lanes and store */
+#pragma unroll
+            for (int r = 0; r < RPW; r++)
+#pragma unroll
+                for (int t = 0; t < TT; t++) {
+                    if (TT > 1 && t >= T)
+                        break;
+                    float v = acc[r][t];
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1)
+                        v += __shfl_xor_sync(0xffffffffu, v, o);
+                    acc[r][t] = v;
+                }
+            if (lane < cc.nrows * TT) {
+                const int r = lane / TT, t = lane % TT;
+                float v = 0.f;
+#pragma unroll
+                for (int rr = 0; rr < RPW; rr++)
+#pragma unroll
+                    for (int tt = 0; tt < TT; tt++)
+                        if (rr == r && tt == t)
+                            v = acc[rr][tt];
+                if (t < T) {
+                    const int i = cc.seg;
+                    const int64_t row = cc.r0 + r, rows = g.rows[i];
+                    if (g.bias[i])
+                        v += g.bias[i][row];
+                    g.y[i][(size_t)t * rows + row] = v;
+                    if (g.add_to[i])
+                        g.add_to[i][(size_t)t * rows + row] += v;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < RPW; r++)
+#pragma unroll
+                for (int t = 0; t < TT; t++)
+                    acc[r][t] = 0.f;
+            cc.it = 0;
+            if (++cc.grp < ge)
+                gv_locate(g, RPW, words, groups, sbsz, cc);
+        }
+    }
+}
+
+/* Blocks per SM of a kernel at a block size and dynamic shared memory,
+ * remembered per kernel (the query costs microseconds per call). */
+template <typename K>
+int occupancy(K kern, int threads, size_t smem)
+{
+    static uint64_t cache[8];
+    static int next;
+    const uint64_t key = ((uint64_t)smem << 11) | (uint64_t)threads;
+    for (int i = 0; i < 8; i++) {
+        uint64_t e = __atomic_load_n(&cache[i], __ATOMIC_RELAXED);
+        if (e && (e >> 16) == key)
+            return (int)(e & 0xffff);
+    }
+    int per = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, threads, smem) != cudaSuccess) {
+        cudaGetLastError(); /* a failed query must not look like a failed launch */
+        per = 0;
+    }
+    int slot = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED) & 7;
+    __atomic_store_n(&cache[slot], (key << 16) | (uint64_t)(per & 0xffff), __ATOMIC_RELAXED);
+    return per;
+}
+
+/* Dynamic shared memory of a k_gemv block: staged x for tt tokens and
+ * nwarps rings. */
+size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps, bool dp)
+{
+    int vpc = 128 / w->bits;
+    int64_t nch = w->words / 4, stride4 = ((nch + 31) / 32) * (vpc / 4) * 32;
+    size_t ring = rpw <= 2 ? gv_ring<2>::per_warp : gv_ring<4>::per_warp;
+    size_t stage = dp ? gd_stage_bytes(tt, (int)((nch + 31) / 32), nch) : xstage_bytes(tt, nch, stride4);
+    return stage + (size_t)nwarps * ring;
+}
+
+/* One pass: the block size (8 or 16 warps) that keeps the most warps per
+ * SM resident, and a grid no larger than what is resident at once. */
+template <typename K>
+sn_status gv_max_smem(K kern, const cu_devinfo *di)
+{
+    cudaFuncAttributes fa;
+    CU_TRY(cudaFuncGetAttributes(&fa, kern), "gemv init");
+    if (fa.sharedSizeBytes > GV_STATIC_SMEM)
+        return SN_FAIL(SN_E_BACKEND, "gemv init: %zu B of static shared memory", (size_t)fa.sharedSizeBytes);
+    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(di->smem_optin - GV_STATIC_SMEM)),
+           "gemv init");
+    /* all of L1 as shared memory: the grid is sized for as many blocks per SM
+     * as the occupancy query says, which assumes the largest carveout */
+    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, 100), "gemv init");
+    return SN_OK;
+}
+
+template <int BITS, int TT, int RPW, bool DP>
+sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
+                    int T)
+{
+    auto kern = k_gemv<BITS, TT, RPW, DP>;
+    int best_w = 0, best_per = 0;
+    const int cand[2] = { 8, 16 };
+    for (int ci = 0; ci < 2; ci++) {
+        int nw = cand[ci];
+        size_t smem = gv_smem(w0, TT, RPW, nw, DP);
+        if (smem + GV_STATIC_SMEM > di->smem_optin)
+            continue;
+        int per = occupancy(kern, nw * 32, smem);
+        if (per > 0 && per * nw > best_per * best_w) {
+            best_per = per;
+            best_w = nw;
+        }
+    }
+    if (!best_w)
+        return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
+                       (long long)w0->cols);
+    const int64_t G = g.g0[g.n];
+    int64_t grid = (G + best_w - 1) / best_w;
+    if (grid > (int64_t)di->n_sm * best_per)
+        grid = (int64_t)di->n_sm * best_per;
+    if (grid < 1)
+        grid = 1;
+    (void)cu_launch(kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w, DP), s, g,
+                    w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, x, T);
+    CU_CHECK_LAUNCH("matmul gemv");
+    return SN_OK;
+}
+
+template <int BITS, int RPW, bool DP>
+sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
+                  int T, int tt)
+{
+    switch (tt) {
+    case 1: return gv_launch<BITS, 1, RPW, DP>(di, s, g, w0, x, T);
+    case 2: return gv_launch<BITS, 2, RPW, DP>(di, s, g, w0, x, T);
+    case 4: return gv_launch<BITS, 4, RPW, DP>(di, s, g, w0, x, T);
+    default: return gv_launch<BITS, 8, RPW, DP>(di, s, g, w0, x, T);
+    }
+}
+
+} // namespace
+
+/* T <= GV_TMAX tokens (more in passes) through the segments of g, whose
+ * rows, pointers, norm and add_to are set; g0 is filled here. */
+sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weight *w0, const float *x, int T)
+{
+    int64_t tot = 0;
+    for (int i = 0; i < g.n; i++)
+        tot += g.rows[i];
+    if ((uint64_t)w0->cols * (uint64_t)w0->group >= (1ull << 32)) /* k_gemv's quant-group multiply-high */
+        return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns in groups of %d exceed the GEMV's index range",
+                       (long long)w0->cols, w0->group);
+    /* rows per warp: a verify pass (T > 2) through a small matrix leaves
+     * most resident warps idle while each busy one runs every token of its
+     * rows in series, so there one row a warp halves that chain (the 8-layer
+     * default model's 6-row step: see docs/PERFORMANCE.md) */
+    /* at T <= 2, a launch of fewer than gemv_rpw1_rows rows (35B-A3B: the
+     * out projection's 2048, the router's 256) takes one row a warp, so
+     * that its row groups cover the resident warps */
+    int rpw = di->gemv_rpw ? di->gemv_rpw
+              : T <= 2          ? (tot >= 8192 ? 4 : tot < di->gemv_rpw1_rows ? 1 : 2)
+              : (tot + 1) / 2 < (int64_t)di->n_sm * 8 ? 1 : 2;
+    /* the dp4a form for Q4 in MLX's groups (its staging needs whole groups
+     * of 4, 8 or 16 threads): chosen by format only, so a matrix takes the
+     * same kernel alone or grouped */
+    const bool dp = di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128);
+    g.g0[0] = 0;
+    for (int i = 0; i < g.n; i++)
+        g.g0[i + 1] = g.g0[i] + (g.rows[i] + rpw - 1) / rpw;
+    for (int t0 = 0; t0 < T;) {
+        int left = T - t0;
+        int tt = left <= 1 ? 1 : left <= 2 ? 2 : left <= 4 ? 4 : GV_TMAX;
+        while (tt > 1 && gv_smem(w0, tt, rpw, 8, dp) + GV_STATIC_SMEM > di->smem_optin)
+            tt /= 2;
+        if (gv_smem(w0, 1, rpw, 8, dp) + GV_STATIC_SMEM > di->smem_optin)
+            return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
+                           (long long)w0->cols);
+        int nt = left < tt ? left : tt;
+        gemv_seg p = g;
+        for (int i = 0; i < g.n; i++) {
+            p.y[i] = g.y[i] + (size_t)t0 * g.rows[i];
+            if (g.add_to[i])
+                p.add_to[i] = g.add_to[i] + (size_t)t0 * g.rows[i];
+        }
+        if (g.xn)
+            p.xn = g.xn + (size_t)t0 * w0->cols;
+        const float *xp = x + (size_t)t0 * w0->cols;
+        sn_status st;
+        if (dp)
+            st = rpw == 4   ? gv_pass<4, 4, true>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<4, 1, true>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<4, 2, true>(di, s, p, w0, xp, nt, tt);
+        else if (w0->fmt == CW_Q4)
+            st = rpw == 4   ? gv_pass<4, 4, false>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<4, 1, false>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<4, 2, false>(di, s, p, w0, xp, nt, tt);
+        else
+            st = rpw == 4   ? gv_pass<8, 4, false>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<8, 1, false>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<8, 2, false>(di, s, p, w0, xp, nt, tt);
+        SN_TRY(st);
+        t0 += nt;
+    }
+    return SN_OK;
+}
+
+sn_status cu_gemv_init(const cu_devinfo *di)
+{
+#define GEMV_INIT(B, R, DP)                                                                                       \
+    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP>, di));                                                                  \
+    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP>, di));                                                                  \
+    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP>, di));                                                                  \
+    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP>, di));
+    GEMV_INIT(4, 1, false)
+    GEMV_INIT(4, 2, false)
+    GEMV_INIT(4, 4, false)
+    GEMV_INIT(4, 1, true)
+    GEMV_INIT(4, 2, true)
+    GEMV_INIT(4, 4, true)
+    GEMV_INIT(8, 1, false)
+    GEMV_INIT(8, 2, false)
+    GEMV_INIT(8, 4, false)
+#undef GEMV_INIT
+    return SN_OK;
+}

@@ -1,0 +1,32 @@
+/* The SIMT decode GEMV of cuda_gemv.cu (issue 6), as cuda_matmul.cu's
+ * dispatch uses it: MLX words as stored, up to CU_GROUP_MAX matrices that
+ * read the same x in one launch, T <= 8 tokens per pass over the weights. */
+#ifndef SANCTUM_CUDA_GEMV_H
+#define SANCTUM_CUDA_GEMV_H
+
+#include "backend/cuda/cuda_internal.h"
+
+/* The segments of one launch, filled by the caller (W, sb, bias, y, add_to,
+ * rows, n and the optional norm); g0 by cu_gv_run. */
+struct gemv_seg {
+    const uint32_t *W[CU_GROUP_MAX];
+    const void *sb[CU_GROUP_MAX];
+    const float *bias[CU_GROUP_MAX];
+    float *y[CU_GROUP_MAX];
+    float *add_to[CU_GROUP_MAX];
+    int64_t rows[CU_GROUP_MAX];
+    int64_t g0[CU_GROUP_MAX + 1]; /* first row group of segment i; g0[n] = all groups */
+    int n;
+    /* optional fused RMSNorm of x (nw != NULL): x_n = x * inv_rms * nw */
+    const float *nw;
+    float eps;
+    int norm_threads; /* the thread count whose sum order the norm reproduces */
+    float *xn;        /* where block 0 writes x_n (may be NULL) */
+};
+
+/* T tokens (passes of up to 8) through g's segments. */
+sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weight *w0, const float *x, int T);
+/* From cu_matmul_init: the kernels' shared memory limits. */
+sn_status cu_gemv_init(const cu_devinfo *di);
+
+#endif
