@@ -37,6 +37,7 @@
 
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_moe.h"
+#include "backend/cuda/cuda_quant.h"
 
 int cu_moe_dec_mode = 1; /* see cuda_moe.h */
 int cu_moe_gu_warps = 4; /* 35B-A3B decode 298.7-303.4 -> 323.3-327.4 tok/s (H200, about 18:13Z) */
@@ -52,14 +53,6 @@ constexpr size_t MD_SMEM_MAX = 47 * 1024; /* dynamic: with the static part under
 constexpr int MD_GU_U = 2;       /* chunk steps loaded ahead per lane: gate/up (4 rows) */
 constexpr int MD_DN_U = 4;       /* down (2 rows) */
 
-/* a lane-major x: chunk c's float4 i at ((c >> 5) * NF4 + i) * 32 + (c & 31) */
-template <int BITS>
-__device__ __forceinline__ int64_t md_xperm(int64_t c, int i)
-{
-    constexpr int NF4 = (128 / BITS) / 4;
-    return ((c >> 5) * NF4 + i) * 32 + (c & 31);
-}
-
 __host__ __device__ __forceinline__ int64_t md_stride4(int64_t nch, int bits)
 {
     return (nch + 31) / 32 * ((128 / bits) / 4) * 32;
@@ -68,36 +61,16 @@ __host__ __device__ __forceinline__ int64_t md_stride4(int64_t nch, int bits)
 __host__ __device__ __forceinline__ size_t md_stage_bytes(int64_t n, int bits)
 {
     const int64_t nch = n * bits / 128;
-    return ((size_t)md_stride4(nch, bits) * 16 + (size_t)nch * 4 + 15) / 16 * 16;
+    return xstage_bytes(1, nch, md_stride4(nch, bits));
 }
 
 /* n values of x (n a multiple of the chunk) into xs, lane-major, then the
- * chunk sums after stride4 float4s. Whole block; ends with a barrier. */
+ * chunk sums after stride4 float4s: the SIMT GEMV's staging of one token
+ * (cuda_quant.h). Whole block; ends with a barrier. */
 template <int BITS>
 __device__ void md_stage(float4 *xs, const float *__restrict__ x, int64_t n)
 {
-    constexpr int NF4 = (128 / BITS) / 4;
-    const int64_t n4 = n / 4, nch = n4 / NF4, stride4 = md_stride4(nch, BITS);
-    const bool aligned = ((uintptr_t)x & 15) == 0;
-    for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) {
-        float4 v = aligned ? __ldg((const float4 *)x + q) : make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
-        xs[md_xperm<BITS>(q / NF4, (int)(q % NF4))] = v;
-    }
-    __syncthreads();
-    float *sums = (float *)(xs + stride4);
-    for (int64_t c = threadIdx.x; c < nch; c += blockDim.x) {
-        float a = 0.f;
-#pragma unroll
-        for (int i = 0; i < NF4; i++) {
-            const float4 f = xs[md_xperm<BITS>(c, i)];
-            a += f.x;
-            a += f.y;
-            a += f.z;
-            a += f.w;
-        }
-        sums[c] = a;
-    }
-    __syncthreads();
+    stage_x<BITS>(xs, x, 1, n, md_stride4(n * BITS / 128, BITS));
 }
 
 /* one (scale, bias) pair as loaded: 4 bytes (bf16/f16) or 8 (f32) */
@@ -108,15 +81,6 @@ __device__ __forceinline__ uint2 md_ld_sb(const void *sb, int sf, int64_t i)
     return make_uint2(__ldg((const unsigned int *)sb + i), 0u);
 }
 
-__device__ __forceinline__ float2 md_pair(uint2 e, int sf)
-{
-    if (sf == CS_F32)
-        return make_float2(__uint_as_float(e.x), __uint_as_float(e.y));
-    if (sf == CS_BF16)
-        return make_float2(__uint_as_float(e.x << 16), __uint_as_float(e.x & 0xffff0000u));
-    return __half22float2(*reinterpret_cast<__half2 *>(&e.x));
-}
-
 /* chunk values of token x as floats: VPC of them */
 template <int BITS>
 __device__ __forceinline__ void md_xload(const float4 *xs, int64_t c, float (&xv)[128 / BITS])
@@ -124,7 +88,7 @@ __device__ __forceinline__ void md_xload(const float4 *xs, int64_t c, float (&xv
     constexpr int NF4 = (128 / BITS) / 4;
 #pragma unroll
     for (int i = 0; i < NF4; i++) {
-        const float4 f = xs[md_xperm<BITS>(c, i)];
+        const float4 f = xs[xperm<BITS>(c, i)];
         xv[4 * i] = f.x;
         xv[4 * i + 1] = f.y;
         xv[4 * i + 2] = f.z;
@@ -354,7 +318,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
                 const float xsum = xsums[c];
 #pragma unroll
                 for (int s = 0; s < NS; s++)
-                    acc[s] += md_chunk<BITS>(wv[u][s], md_pair(sv[u][s], a.sf), xv, xsum);
+                    acc[s] += md_chunk<BITS>(wv[u][s], sb_pair(sv[u][s], a.sf), xv, xsum);
             }
         }
         if (it0 + U < nit)
@@ -460,7 +424,7 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
                 const float xsum = xsums[f];
 #pragma unroll
                 for (int r = 0; r < MD_RPW; r++)
-                    acc[r] += md_chunk<BITS>(wv[u][r], md_pair(sv[u][r], a.sf), xv, xsum);
+                    acc[r] += md_chunk<BITS>(wv[u][r], sb_pair(sv[u][r], a.sf), xv, xsum);
             }
         }
         if (it0 + U < nit)

@@ -173,6 +173,25 @@ __host__ __device__ __forceinline__ size_t xstage_bytes(int T, int64_t nch, int6
     return ((size_t)T * stride4 * 16 + (size_t)T * nch * 4 + 15) / 16 * 16;
 }
 
+template <int BITS>
+__device__ void stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t stride4)
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+    int64_t n4 = cols / 4, nch = n4 / NF4;
+    bool aligned = ((uintptr_t)x & 15) == 0; /* cols % 4 == 0 always (cols % 32 == 0) */
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * cols;
+        for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) {
+            int64_t c = q / NF4;
+            float4 v = aligned ? __ldg((const float4 *)xr + q)
+                               : make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
+            xs[t * stride4 + xperm<BITS>(c, (int)(q % NF4))] = v;
+        }
+    }
+    __syncthreads();
+    chunk_sums<BITS>(xs, T, nch, stride4);
+}
+
 } // namespace
 
 #endif
