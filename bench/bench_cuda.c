@@ -637,9 +637,10 @@ int main(int argc, char **argv)
     }
     double dec_nofuse = (nnf - 1) / tn;
     TRY(sn_cuda_tune(B, "fuse", 1));
-    /* decode variants (graph): PDL on (off by default), the fp32 GEMV, the integer GEMV's ring form */
+    /* decode variants (graph): PDL for every kernel and off (default: the weight kernels), the fp32 GEMV, the integer GEMV's ring form */
     int nv = ndec / 2 < 8 ? 8 : ndec / 2;
-    double dec_pdl = decode_with(&m, "pdl", 1, 0, prefill, nv, &tok);
+    double dec_pdl = decode_with(&m, "pdl", 1, 2, prefill, nv, &tok);
+    double dec_nopdl = decode_with(&m, "pdl", 0, 2, prefill, nv, &tok);
     double dec_fp32 = decode_with(&m, "gemv_i8", 0, 1, prefill, nv, &tok);
     double dec_ring = decode_with(&m, "gemv_sk", 0, 1, prefill, nv, &tok);
     double dec_bps1 = decode_with(&m, "gemv_sk_bps", 1, 2, prefill, nv, &tok);
@@ -696,8 +697,9 @@ int main(int argc, char **argv)
            "read-only\n", dec_graph, med * 1e3, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs);
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
-    printf("  decode (graph) variants: PDL on %.1f tok/s; fp32 GEMV %.1f; integer GEMV in its ring form "
-           "%.1f\n", dec_pdl, dec_fp32, dec_ring);
+    printf("  decode (graph) variants: PDL for every kernel %.1f tok/s, PDL off %.1f; fp32 GEMV "
+           "%.1f; integer GEMV in its ring form %.1f\n",
+           dec_pdl, dec_nopdl, dec_fp32, dec_ring);
     printf("  decode (graph), stream-K GEMV split for 1 block per SM: %.1f tok/s\n", dec_bps1);
     printf("  decode (graph), fp32 GEMV for launches under N MB of 4-bit weights: N=0 %.1f, 4 %.1f, 12 %.1f, 24 %.1f tok/s\n",
            dec_min[0], dec_min[1], dec_min[2], dec_min[3]);

@@ -10,7 +10,8 @@
 #   box lacks (libevent, utf8proc), in .devcarry/lead/.
 # There (device tool, carry [".devcarry/lead"]):  bench/gpu_record.sh run
 #   the verify-pass cost curve (bench_pld --cost-curve 8), every CUDA test
-#   (test_cuda_ops and test_cuda_model also with SANCTUM_CUDA_PDL=1),
+#   (test_cuda_ops and test_cuda_model also with SANCTUM_CUDA_PDL=1, the
+#   model also with 0),
 #   test_cuda_ops under compute-sanitizer memcheck, bench_cuda on the 35B-A3B
 #   and 27B configs at 4096 tokens, then bench_cuda_gpu.sh pcache quick;
 #   a summary is printed and the logs come back as $OUT/logs.tar.xz
@@ -49,9 +50,11 @@ run)
     }
     step curve 60 "$B/bench_pld" --backend cuda --model models/default --task copy --n 1 --cost-curve 8
     for t in ops model moe prefill gemm_i8; do step "$t" 150 "$B/test_cuda_$t"; done
-    # programmatic dependent launch is off by default: keep its path tested
+    # programmatic dependent launch for every kernel (1) and none (0): the
+    # default (2) gives it only to the weight-prefetching kernels
     step ops_pdl 150 env SANCTUM_CUDA_PDL=1 "$B/test_cuda_ops"
     step model_pdl 150 env SANCTUM_CUDA_PDL=1 "$B/test_cuda_model"
+    step model_nopdl 150 env SANCTUM_CUDA_PDL=0 "$B/test_cuda_model"
     SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
     step memcheck_ops 300 env SANCTUM_CUDA_CUBLAS=0 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_ops"
     for cfg in qwen3_5_35b_a3b qwen3_5_27b; do
@@ -62,7 +65,7 @@ run)
     printf '%s\n' "${s[@]}" | tee "$w/summary.log"
     grep -h "cost by rows" "$w/curve.log"
     grep -h "ERROR SUMMARY" "$w/memcheck_ops.log" | tail -1
-    grep -h "FAIL" "$w"/ops.log "$w"/ops_pdl.log "$w"/model.log "$w"/model_pdl.log "$w"/moe.log "$w"/prefill.log "$w"/gemm_i8.log | head
+    grep -h "FAIL" "$w"/ops.log "$w"/ops_pdl.log "$w"/model.log "$w"/model_pdl.log "$w"/model_nopdl.log "$w"/moe.log "$w"/prefill.log "$w"/gemm_i8.log | head
     grep -h "decode (graph\|prefill 4096 tokens (default\|GPU memory" "$w"/bench_*.log
     grep -h "summary (pcache" -A3 "$w/pcache_run.log" | cut -c1-200
     (cd "$w" && tar cJf "$out/logs.tar.xz" ./*.log)

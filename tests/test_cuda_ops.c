@@ -530,6 +530,7 @@ static void test_attention_decode_batch_invariant(void)
     CHECK(sn_cuda_tune(G, "attn_warps", 6) == SN_E_INVALID);
     CHECK(sn_cuda_tune(G, "attn_splits", 96) == SN_E_INVALID);
     CHECK(sn_cuda_tune(G, "gemv_rpw1_rows", -1) == SN_E_INVALID);
+    CHECK(sn_cuda_tune(G, "pdl", 3) == SN_E_INVALID);
 }
 
 /* ---- GatedDeltaNet ---- */

@@ -1457,8 +1457,11 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
         return SN_FAIL(SN_E_UNSUPPORTED, "CUDA backend: %s is sm_%d%d; sm_80 or newer needed", prop.name, prop.major,
                        prop.minor);
     const char *pdl = getenv("SANCTUM_CUDA_PDL");
-    if (pdl && strcmp(pdl, "0") && strcmp(pdl, "1"))
-        return SN_FAIL(SN_E_INVALID, "SANCTUM_CUDA_PDL=%s: want 0 (default) or 1 (programmatic dependent launch)", pdl);
+    if (pdl && strcmp(pdl, "0") && strcmp(pdl, "1") && strcmp(pdl, "2"))
+        return SN_FAIL(SN_E_INVALID,
+                       "SANCTUM_CUDA_PDL=%s: want 0 (no programmatic dependent launch), 1 (for every kernel) or 2 "
+                       "(default: for the kernels that prefetch weights)",
+                       pdl);
     cuda_be *cb = (cuda_be *)calloc(1, sizeof *cb);
     if (!cb)
         return SN_FAIL(SN_E_NOMEM, "CUDA backend");
@@ -1483,9 +1486,10 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
         /* [gemm_i8] SANCTUM_CUDA_GEMM=i8 (default: 3 digits) | i8fast (2 digits) | split | fast: the
          * integer tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every weight */
         cb->di.gemm_i8 = !g || !strcmp(g, "i8") ? 3 : !strcmp(g, "i8fast") ? 2 : 0;
-        /* SANCTUM_CUDA_PDL=1: kernels may start before the previous one ends (checked above) */
+        /* SANCTUM_CUDA_PDL=0|1|2 (checked above): which kernels may start before the previous
+         * one ends; by default (2) those that prefetch weights (cuda_internal.h) */
         const char *p = getenv("SANCTUM_CUDA_PDL");
-        cu_pdl = p && !strcmp(p, "1");
+        cu_pdl = p ? atoi(p) : 2;
     }
     cb->di.n_sm = prop.multiProcessorCount;
     cb->di.smem_optin = prop.sharedMemPerBlockOptin;
@@ -1711,8 +1715,10 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
         return SN_OK;
     }
     if (!strcmp(key, "pdl")) {
+        if (value < 0 || value > 2)
+            return SN_FAIL(SN_E_INVALID, "cuda tune pdl=%d (0 off, 1 every kernel, 2 weight-prefetching kernels)", value);
         SN_TRY(host_barrier(cb));
-        cu_pdl = value != 0;
+        cu_pdl = value;
         graphs_invalidate(cb);
         return SN_OK;
     }

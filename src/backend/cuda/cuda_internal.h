@@ -36,14 +36,21 @@ extern "C" {
 
 /* Programmatic dependent launch (sm_90). A kernel launched with cu_launch
  * may start while the kernel before it in the stream is still running:
- * every kernel calls pdl_launch() first (so the next one may be scheduled)
- * and pdl_wait() before it touches any activation, which blocks until the
+ * pdl_launch() lets the next one be scheduled (first thing in a kernel that
+ * prefetches weights, after pdl_wait in the others: pdl_enter), and every
+ * kernel calls pdl_wait() before it touches any activation, which blocks until the
  * previous kernel has finished and its writes are visible. Only constant
  * data (weights) may be read before pdl_wait(), and nothing may be written.
- * Without the launch attribute both are no-ops. cu_pdl (SANCTUM_CUDA_PDL=1
- * turns it on at backend creation; off by default since the H200 runs of
- * 2026-12-01 17:58Z: decode 27B 105.8 -> 110.1, 35B-A3B 331 -> 337 tok/s,
- * interleaved, three rounds each) says whether cu_launch sets it. */
+ * Without the launch attribute both are no-ops. cu_pdl says which launches
+ * carry it: 0 none, 1 every kernel, 2 (default) only the kernels that
+ * prefetch weights before pdl_wait (launched with cu_launch_w). With 1,
+ * when every kernel still triggered its dependents first thing, 35B-A3B
+ * decode ran 3.24-3.28 against 2.92-2.94 ms per step off, the 27B
+ * 8.30-8.54 against 8.70-8.76 (results.log 21:43Z); with the trigger after
+ * the wait in the others, three interleaved rounds at 4096 context
+ * (22:13Z): 35B-A3B 2.826-2.837 ms (2), 3.014-3.027 (1), 2.864-2.869 (0);
+ * 27B 8.311-8.465 (2), 8.314-8.362 (1), 8.509-8.573 (0). Set at backend
+ * creation from SANCTUM_CUDA_PDL, or by the tune key pdl. */
 __device__ __forceinline__ void pdl_launch()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -56,10 +63,15 @@ __device__ __forceinline__ void pdl_wait()
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+/* For a kernel with nothing to prefetch: wait, then let the next kernel be
+ * scheduled, so at most one kernel sits resident in pdl_wait behind the one
+ * that runs (triggering first let a chain of small kernels all become
+ * resident and spin; the trigger's place never changes what is computed,
+ * pdl_wait waits for the whole previous grid either way). */
 __device__ __forceinline__ void pdl_enter()
 {
-    pdl_launch();
     pdl_wait();
+    pdl_launch();
 }
 
 extern int cu_pdl;
@@ -68,7 +80,8 @@ extern int cu_pdl;
 extern thread_local int cu_pdl_skip;
 
 template <typename... KP, typename... A>
-cudaError_t cu_launch(void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args)
+cudaError_t cu_launch_pdl(bool edge, void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                          A &&...args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
@@ -79,9 +92,25 @@ cudaError_t cu_launch(void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, c
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = cu_pdl && !cu_pdl_skip ? 1 : 0;
+    cfg.numAttrs = edge && !cu_pdl_skip ? 1 : 0;
     cu_pdl_skip = 0;
     return cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
+}
+
+/* A kernel that reads only activations after pdl_wait: the edge when
+ * cu_pdl is 1. */
+template <typename... KP, typename... A>
+cudaError_t cu_launch(void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args)
+{
+    return cu_launch_pdl(cu_pdl == 1, kern, grid, block, smem, s, static_cast<A &&>(args)...);
+}
+
+/* A kernel that streams weights into its pipeline before pdl_wait: the edge
+ * when cu_pdl is 1 or 2. */
+template <typename... KP, typename... A>
+cudaError_t cu_launch_w(void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args)
+{
+    return cu_launch_pdl(cu_pdl != 0, kern, grid, block, smem, s, static_cast<A &&>(args)...);
 }
 
 /* Weight formats on the device. Quantized weights keep MLX's packed words
