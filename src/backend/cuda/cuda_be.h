@@ -1,0 +1,127 @@
+/* The CUDA backend's state and the helpers its files share: the op
+ * records of a step, the cached step graphs, and cuda_be itself, which
+ * cuda_backend.cu drives (ops, upload, graphs) and cuda_measure.cu reads and
+ * tunes (profiling, sn_cuda_tune, the bandwidth probe). */
+#ifndef SANCTUM_CUDA_BE_H
+#define SANCTUM_CUDA_BE_H
+
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/sn_cuda.h"
+
+enum rec_kind {
+    R_MATMUL, R_EMBED, R_RMSNORM, R_GRMSNORM, R_ADD, R_SWIGLU, R_MULSIG, R_ROPE, R_KVWRITE, R_ATTN, R_GDN,
+    R_COPY, R_MEMSET, R_ARGMAX, R_MOE, R_ADDGATED, R_COUNT
+};
+inline const char *const rec_names[R_COUNT] = { "matmul", "embed", "rmsnorm", "gated_rmsnorm", "add",
+                                                "swiglu", "mul_sigmoid", "rope", "kv_write", "attention",
+                                                "gdn", "copy", "memset0", "argmax", "moe", "add_gated" };
+
+/* One op call. Zero-initialised before filling, so memcmp compares it. */
+struct rec {
+    int kind;
+    int has_pos;
+    int pos0;
+    int pad;
+    const void *p[10];
+    int64_t i[8];
+    float f[4];
+};
+
+constexpr int STEP_MAX_IDS = 4096;
+constexpr int STEP_MAX_OUTS = 1024;
+
+struct step_params {
+    int delta;
+    int pad[31];
+    int32_t ids[STEP_MAX_IDS];
+};
+
+struct prof_ev {
+    int kind;
+    cudaEvent_t a, b;
+};
+
+/* A captured step graph and the record it was captured from. */
+struct gslot {
+    rec *recs;
+    int n, cap;
+    bool valid;
+    cudaGraphExec_t exec;
+    size_t nodes; /* of the graph exec was made from */
+    long used;
+};
+constexpr int GRAPH_SLOTS = 8;
+
+struct cuda_be {
+    sn_backend base; /* first: the table's sn_backend * is this struct */
+    int dev;
+    cu_devinfo di;
+    char name[256];
+    cudaStream_t st;
+    size_t held;
+    cu_weight *weights;
+
+    void *scratch;
+    size_t scratch_cap;
+    int *d_zero;            /* constant 0: the delta outside graphs */
+    int *d_gdn_cnt;         /* CU_GDN_CNT zeroed counters of the one-kernel GDN step */
+    int32_t *d_ids;         /* eager embed ids */
+    size_t ids_cap;
+    int32_t *d_outs;        /* argmax results [STEP_MAX_OUTS] */
+    int32_t *h_outs;        /* pinned mirror */
+    step_params *d_sp, *h_sp;
+
+    /* step recording */
+    bool in_step, broken;
+    rec *recs;
+    int n_recs, cap_recs;
+    int32_t pend_ids[STEP_MAX_IDS];
+    int n_ids;
+    int32_t *out_ptrs[STEP_MAX_OUTS]; /* host destinations of argmax rows */
+    int n_outs;
+
+    /* the cached graphs: one per step shape seen lately (a decode step, and
+     * prompt-lookup verify steps of 2..8 rows), least recently used replaced */
+    gslot gs[GRAPH_SLOTS];
+    long g_clock;
+    long n_replayed, n_captured, n_eager;
+
+    int fuse;               /* group decode GEMVs and fold residual adds inside graphs */
+
+    /* The x the integer prefill GEMM last staged into scratch (its digit
+     * planes). Consecutive eager matmuls of one x (q/k/v, qkv/z/b/a,
+     * shared gate/up) stage it once; anything else that runs, or any
+     * write the backend sees, forgets it (stg_forget). */
+    struct {
+        bool valid;
+        const void *x, *scratch;
+        int64_t T, cols, group;
+        int digits;
+    } stg;
+
+    /* profiling */
+    bool prof;
+    prof_ev *evs;
+    int n_evs, cap_evs;
+};
+
+inline void stg_forget(cuda_be *cb) { cb->stg.valid = false; }
+
+inline cuda_be *cb_of(sn_backend *b) { return (cuda_be *)b; }
+
+/* Every cached graph holds pointers and kernel choices: any change to those drops them all. */
+inline void graphs_invalidate(cuda_be *cb)
+{
+    for (int i = 0; i < GRAPH_SLOTS; i++)
+        cb->gs[i].valid = false;
+}
+
+inline sn_status cu_err(cudaError_t e, const char *what)
+{
+    return SN_FAIL(SN_E_BACKEND, "cuda %s: %s", what, cudaGetErrorString(e));
+}
+
+/* Ops that need the host: inside a step, run what is pending first. */
+sn_status host_barrier(cuda_be *cb);
+
+#endif

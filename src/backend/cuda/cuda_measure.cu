@@ -1,0 +1,244 @@
+/* Measurement hooks of the CUDA backend (sn_cuda.h): device and memory
+ * info, the ncu profiler range, per-op event profiling, the tune keys that
+ * benchmarks flip (sn_cuda_tune), the read-bandwidth probe and the graph
+ * counters. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_profiler_api.h>
+
+#include "backend/cuda/cuda_be.h"
+#include "backend/cuda/cuda_moe.h"
+
+extern "C" sn_status sn_cuda_info(sn_backend *b, char *name, size_t name_len, size_t *dev_used, size_t *dev_total,
+                                  size_t *held)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    cudaSetDevice(cb->dev);
+    size_t fr = 0, tot = 0;
+    CU_TRY(cudaMemGetInfo(&fr, &tot), "memory info");
+    if (name && name_len)
+        snprintf(name, name_len, "%s%s", cb->name, cb->di.blas ? " (+cuBLAS prefill)" : "");
+    if (dev_used)
+        *dev_used = tot - fr;
+    if (dev_total)
+        *dev_total = tot;
+    if (held)
+        *held = cb->held;
+    return SN_OK;
+}
+
+extern "C" sn_status sn_cuda_profiler_range(sn_backend *b, int on)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    cudaSetDevice(cb->dev);
+    CU_TRY(cudaStreamSynchronize(cb->st), "profiler range");
+    CU_TRY(on ? cudaProfilerStart() : cudaProfilerStop(), "profiler range");
+    return SN_OK;
+}
+
+extern "C" void sn_cuda_profile(sn_backend *b, int on)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    cudaStreamSynchronize(cb->st);
+    for (int k = 0; k < cb->n_evs; k++) {
+        cudaEventDestroy(cb->evs[k].a);
+        cudaEventDestroy(cb->evs[k].b);
+    }
+    cb->n_evs = 0;
+    cb->prof = on != 0;
+}
+
+extern "C" sn_status sn_cuda_profile_report(sn_backend *b, FILE *f)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    CU_TRY(cudaStreamSynchronize(cb->st), "profile report");
+    double ms[R_COUNT] = { 0 }, total = 0;
+    long calls[R_COUNT] = { 0 };
+    for (int k = 0; k < cb->n_evs; k++) {
+        float t = 0;
+        CU_TRY(cudaEventElapsedTime(&t, cb->evs[k].a, cb->evs[k].b), "profile report");
+        ms[cb->evs[k].kind] += t;
+        calls[cb->evs[k].kind]++;
+        total += t;
+    }
+    fprintf(f, "%-14s %8s %10s %6s\n", "op", "calls", "ms", "share");
+    for (int k = 0; k < R_COUNT; k++)
+        if (calls[k])
+            fprintf(f, "%-14s %8ld %10.3f %5.1f%%\n", rec_names[k], calls[k], ms[k],
+                    total > 0 ? 100.0 * ms[k] / total : 0.0);
+    fprintf(f, "%-14s %8s %10.3f\n", "total", "", total);
+    return SN_OK;
+}
+
+namespace {
+
+/* The measurement knobs of sn_cuda_tune that are one int each: where the
+ * value goes, what it may be (one of set[], or lo..hi when nset is 0; flags
+ * take any value as value != 0), and whether captured graphs must go (they
+ * hold the kernels chosen with the old value). */
+struct tune_key {
+    const char *key;
+    int *(*field)(cuda_be *);
+    bool flag, graphs;
+    int nset, set[4], lo, hi;
+    const char *allowed; /* for the error message */
+};
+
+#define TUNE_DI(f) [](cuda_be *c) { return &c->di.f; }
+#define TUNE_GLOBAL(v) [](cuda_be *) { return &v; }
+const tune_key tune_keys[] = {
+    { "gemv_rpw", TUNE_DI(gemv_rpw), false, true, 4, { 0, 1, 2, 4 }, 0, 0, "0, 1, 2 or 4" },
+    { "gemm_i8", TUNE_DI(gemm_i8), false, false, 3, { 0, 2, 3 }, 0, 0, "0 off, 2 or 3 digits" },
+    { "gemm_fast", TUNE_DI(gemm_fast), true, false, 0, {}, 0, 0, "" },
+    { "moe_dec", TUNE_GLOBAL(cu_moe_dec_mode), false, true, 0, {}, 0, 2, "0 off, 1 on, 2 on with the L2 prefetch" },
+    { "gdn_step", TUNE_GLOBAL(cu_gdn_step_mode), true, true, 0, {}, 0, 0, "" },
+    { "moe_gu_warps", TUNE_GLOBAL(cu_moe_gu_warps), false, true, 2, { 4, 8 }, 0, 0, "4 or 8" },
+    { "moe_gemm", TUNE_DI(moe_gemm), true, false, 0, {}, 0, 0, "" },
+    { "gemv_i8", TUNE_DI(gemv_i8), true, true, 0, {}, 0, 0, "" },
+    { "gemv_rpw1_rows", TUNE_DI(gemv_rpw1_rows), false, true, 0, {}, 0, INT_MAX, ">= 0; 0 = never" },
+    { "attn_warps", TUNE_DI(attn_warps), false, true, 3, { 0, 4, 8 }, 0, 0, "0 = by shape, 4 or 8" },
+    { "attn_splits", TUNE_DI(attn_splits), false, true, 2, { 64, 128 }, 0, 0, "64 or 128" },
+    { "gemv_dp", TUNE_DI(gemv_dp), true, true, 0, {}, 0, 0, "" },
+    { "gemv_sk_bps", TUNE_DI(gemv_sk_bps), false, true, 0, {}, 1, 2, "1 or 2" },
+    { "gemv_sk", TUNE_DI(gemv_sk), true, true, 0, {}, 0, 0, "" },
+    { "gemv_mb", TUNE_DI(gemv_mb), false, true, 0, {}, 0, 2, "0 = by shape, 1 or 2" },
+    { "pdl", TUNE_GLOBAL(cu_pdl), false, true, 0, {}, 0, 2, "0 off, 1 every kernel, 2 weight-prefetching kernels" },
+    { "fuse", [](cuda_be *c) { return &c->fuse; }, true, true, 0, {}, 0, 0, "" },
+};
+#undef TUNE_DI
+#undef TUNE_GLOBAL
+
+} // namespace
+
+extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    stg_forget(cb);
+    for (const tune_key &k : tune_keys) {
+        if (strcmp(key, k.key))
+            continue;
+        bool ok = k.flag;
+        for (int i = 0; i < k.nset; i++)
+            ok = ok || value == k.set[i];
+        if (!k.flag && !k.nset)
+            ok = value >= k.lo && value <= k.hi;
+        if (!ok)
+            return SN_FAIL(SN_E_INVALID, "cuda tune %s=%d (%s)", key, value, k.allowed);
+        SN_TRY(host_barrier(cb));
+        *k.field(cb) = k.flag ? value != 0 : value;
+        if (k.graphs)
+            graphs_invalidate(cb);
+        return SN_OK;
+    }
+    if (!strcmp(key, "gemv_i8_min_kb")) {
+        if (value < -1)
+            return SN_FAIL(SN_E_INVALID, "cuda tune gemv_i8_min_kb=%d (-1 = by shape, or >= 0)", value);
+        SN_TRY(host_barrier(cb));
+        cb->di.gemv_i8_min = value < 0 ? -1 : (int64_t)value << 10;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
+    if (!strcmp(key, "cublas_min_t")) {
+        if (value < 0)
+            return SN_FAIL(SN_E_INVALID, "cuda tune cublas_min_t=%d", value);
+        if (value > 0 && !cb->di.blas)
+            return SN_FAIL(SN_E_UNSUPPORTED, "cuda tune: cuBLAS is not loaded");
+        SN_TRY(host_barrier(cb));
+        cb->di.blas_min_t = value;
+        return SN_OK;
+    }
+    return SN_FAIL(SN_E_INVALID, "cuda tune: unknown key '%s'", key);
+}
+
+namespace {
+
+/* Every thread sums uint4 loads of its grid-stride range, 8 in flight; the
+ * sum goes to out so the loads are not dropped. */
+__global__ void k_read_probe(const uint4 *__restrict__ p, size_t n, unsigned *__restrict__ out)
+{
+    unsigned acc = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 7 * stride < n; i += 8 * stride) {
+        uint4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = __ldcs(p + i + k * stride);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    }
+    for (; i < n; i += stride) {
+        uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u)
+        *out = acc;
+}
+
+} // namespace
+
+extern "C" sn_status sn_cuda_read_bandwidth(sn_backend *b, size_t bytes, int reps, double *gbs)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    SN_TRY(host_barrier(cb));
+    cudaSetDevice(cb->dev);
+    if (bytes < 16 || reps < 1)
+        return SN_FAIL(SN_E_INVALID, "read bandwidth: %zu bytes, %d reps", bytes, reps);
+    void *buf = NULL;
+    CU_TRY(cudaMalloc(&buf, bytes + 16), "read bandwidth buffer");
+    sn_status st = SN_OK;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaError_t e = cudaMemsetAsync(buf, 1, bytes, cb->st);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&e0);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&e1);
+    const size_t n = bytes / 16;
+    const unsigned grid = (unsigned)cb->di.n_sm * 8;
+    if (e == cudaSuccess) {
+        k_read_probe<<<grid, 512, 0, cb->st>>>((const uint4 *)buf, n, (unsigned *)((char *)buf + bytes));
+        e = cudaEventRecord(e0, cb->st);
+    }
+    for (int r = 0; r < reps && e == cudaSuccess; r++) {
+        k_read_probe<<<grid, 512, 0, cb->st>>>((const uint4 *)buf, n, (unsigned *)((char *)buf + bytes));
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess)
+        e = cudaEventRecord(e1, cb->st);
+    if (e == cudaSuccess)
+        e = cudaEventSynchronize(e1);
+    float ms = 0;
+    if (e == cudaSuccess)
+        e = cudaEventElapsedTime(&ms, e0, e1);
+    if (e != cudaSuccess)
+        st = cu_err(e, "read bandwidth");
+    else
+        *gbs = (double)n * 16 * reps / (ms * 1e-3) / 1e9;
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    cudaFree(buf);
+    return st;
+}
+
+extern "C" void sn_cuda_graph_stats(sn_backend *b, long *replayed, long *captured, long *eager)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (replayed)
+        *replayed = cb->n_replayed;
+    if (captured)
+        *captured = cb->n_captured;
+    if (eager)
+        *eager = cb->n_eager;
+}
