@@ -426,14 +426,20 @@ static void gemv_micro(model_t *m)
 
 /* Decode tok/s through graphs with one tuning knob set (restored after):
  * n steps from position pos0, the first (capture) not timed. */
+/* --rows N: the --ncu-decode steps carry N rows (a prompt-lookup verify
+ * pass of N - 1 drafts), at positions pos0 + i .. pos0 + i + N - 1 */
+static int g_rows = 1;
+
 static double decode_with(model_t *m, const char *key, int val, int restore, int pos0, int n, int32_t *tok)
 {
     if (key) TRY(sn_cuda_tune(B, key, val));
     double t = 0;
     for (int i = 0; i < n; i++) {
         double t0 = now();
+        int32_t ids[8];
+        for (int r = 0; r < g_rows; r++) ids[r] = *tok;
         TRY(O->begin_step(B));
-        forward(m, tok, 1, pos0 + i, tok);
+        forward(m, ids, g_rows, pos0 + i, tok);
         TRY(O->end_step(B));
         if (i) t += now() - t0;
     }
@@ -475,14 +481,18 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--ncu-decode")) ncu_decode = 1;
         else if (!strcmp(argv[i], "--tune") && i + 1 < argc && n_tunes < 8) tunes[n_tunes++] = argv[++i];
         else if (!strcmp(argv[i], "--vary") && i + 1 < argc && n_vary < 16) vary[n_vary++] = argv[++i];
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) g_rows = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s --config config.json [--prefill P] [--decode N] [--layers L] [--log F] "
-                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--ncu-decode] [--tune key=value]...\n", argv[0]);
+                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--ncu-decode [--rows 1..8] [--vary key=value:restore]...] "
+                            "[--tune key=value]...\n", argv[0]);
             return 2;
         }
     }
-    if (!cfgp || prefill < 1 || ndec < 2) {
-        fprintf(stderr, "bench_cuda: --config needed; prefill >= 1, decode >= 2\n");
+    if (!cfgp || prefill < 1 || ndec < 2 || g_rows < 1 || g_rows > 8 || g_rows > prefill ||
+        (g_rows > 1 && !ncu_decode)) {
+        fprintf(stderr, "bench_cuda: --config needed; prefill >= 1, decode >= 2; --rows 1..8 (at most the "
+                        "prefill), with --ncu-decode\n");
         return 2;
     }
     model_t m;
@@ -538,8 +548,8 @@ int main(int argc, char **argv)
     if (ncu_decode) {
         const double tps = decode_with(&m, NULL, 0, 0, prefill, ndec, &tok);
         int pos = prefill + ndec;
-        printf("bench_cuda %s --ncu-decode: decode (graph) %.3f ms per step over %d steps; profiled step next\n",
-               cfgp, 1e3 / tps, ndec - 1);
+        printf("bench_cuda %s --ncu-decode: decode (graph) %.3f ms per step of %d row%s over %d steps; profiled step next\n",
+               cfgp, 1e3 / tps, g_rows, g_rows > 1 ? "s" : "", ndec - 1);
         for (int round = 0; round < 3 && n_vary; round++)
             for (int v = -1; v < n_vary; v++) {
                 char key[64] = "";
