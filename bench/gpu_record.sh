@@ -13,9 +13,10 @@
 #   (test_cuda_ops and test_cuda_model also with SANCTUM_CUDA_PDL=1, the
 #   model also with 0),
 #   test_cuda_ops under compute-sanitizer memcheck, bench_cuda on the 35B-A3B
-#   and 27B configs at 4096 tokens, then bench_cuda_gpu.sh pcache quick;
+#   and 27B configs at 4096 tokens (and their 6-row verify steps, --rows 6),
+#   then bench_cuda_gpu.sh pcache quick;
 #   a summary is printed and the logs come back as $OUT/logs.tar.xz
-#   (about 110 s of wall time on the H200).
+#   (about 200 s of wall time on the H200; without the --rows 6 steps it took 135 s).
 set -u
 cd "$(dirname "$0")/.."
 L=.devcarry/lead
@@ -59,6 +60,8 @@ run)
     step memcheck_ops 300 env SANCTUM_CUDA_CUBLAS=0 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_ops"
     for cfg in qwen3_5_35b_a3b qwen3_5_27b; do
         step "bench_$cfg" 200 "$B/bench_cuda" --config "bench/configs/$cfg.json" --prefill 4096 --decode 64 --log "$w/results.log"
+        # what a prompt-lookup verify pass of 6 rows costs there
+        step "rows6_$cfg" 100 "$B/bench_cuda" --config "bench/configs/$cfg.json" --prefill 4096 --decode 16 --ncu-decode --no-profile --rows 6
     done
     PACK_DIR=$L SN_GPU_BUDGET_S=150 OUT=$w bash bench/bench_cuda_gpu.sh pcache quick > "$w/pcache_run.log" 2>&1
     echo "==== summary"
@@ -67,6 +70,7 @@ run)
     grep -h "ERROR SUMMARY" "$w/memcheck_ops.log" | tail -1
     grep -h "FAIL" "$w"/ops.log "$w"/ops_pdl.log "$w"/model.log "$w"/model_pdl.log "$w"/model_nopdl.log "$w"/moe.log "$w"/prefill.log "$w"/gemm_i8.log | head
     grep -h "decode (graph\|prefill 4096 tokens (default\|GPU memory" "$w"/bench_*.log
+    grep -h "ms per step of 6 rows" "$w"/rows6_*.log
     grep -h "summary (pcache" -A3 "$w/pcache_run.log" | cut -c1-200
     (cd "$w" && tar cJf "$out/logs.tar.xz" ./*.log)
     ;;
