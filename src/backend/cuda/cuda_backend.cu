@@ -1,5 +1,6 @@
 /* The CUDA backend driver: device memory, weight upload, argument checks,
- * the op table, per-op profiling, and decode-step graphs.
+ * the op table, per-op profiling events (reported by cuda_measure.cu), and
+ * decode-step graphs. Its state, cuda_be, is in cuda_be.h.
  *
  * Decode-step graphs. Between begin_step and end_step, ops are not run but
  * recorded (arguments only; every check still happens at the call). At
