@@ -781,7 +781,9 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
 {
     /* the counter form (gemv_ws) exists for the one-token dp4a launches */
     constexpr bool WS_FORM = DP && TT == 1 && RPW >= 2;
-    auto kern = WS_FORM && g.ws_cnt ? k_gemv<BITS, TT, RPW, DP, WS_FORM> : k_gemv<BITS, TT, RPW, DP>;
+    const bool ws = WS_FORM && g.ws_cnt;
+    auto kern = ws ? k_gemv<BITS, TT, RPW, DP, WS_FORM> : k_gemv<BITS, TT, RPW, DP>;
+    const int tag = ((BITS * 10 + TT) * 10 + RPW) * 4 + DP * 2 + ws; /* occupancy's key */
     int best_w = 0, best_per = 0;
     const int cand[2] = { 8, 16 };
     for (int ci = 0; ci < 2; ci++) {
@@ -789,7 +791,6 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
         size_t smem = gv_smem(w0, TT, RPW, nw, DP);
         if (smem + GV_STATIC_SMEM > di->smem_optin)
             continue;
-        const int tag = ((BITS * 10 + TT) * 10 + RPW) * 4 + DP * 2 + (kern != k_gemv<BITS, TT, RPW, DP>);
         int per = occupancy(kern, tag, nw * 32, smem);
         if (per > 0 && per * nw > best_per * best_w) {
             best_per = per;

@@ -125,11 +125,10 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
     for (const tune_key &k : tune_keys) {
         if (strcmp(key, k.key))
             continue;
-        bool ok = k.flag;
+        bool in_set = false;
         for (int i = 0; i < k.nset; i++)
-            ok = ok || value == k.set[i];
-        if (!k.flag && !k.nset)
-            ok = value >= k.lo && value <= k.hi;
+            in_set = in_set || value == k.set[i];
+        const bool ok = k.flag || (k.nset ? in_set : value >= k.lo && value <= k.hi);
         if (!ok)
             return SN_FAIL(SN_E_INVALID, "cuda tune %s=%d (%s)", key, value, k.allowed);
         SN_TRY(host_barrier(cb));
