@@ -143,44 +143,6 @@ static void test_matmul_q4_gemv_i8(void)
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
 }
 
-/* The SIMT GEMV with its last row groups taken from a counter (gemv_ws)
- * gives the fixed runs' bits, launch after launch (so the counter is back
- * at zero after each), for several splits of fixed and counted groups: 4
- * and 2 rows a warp, and a matrix of fewer row groups than warps. */
-static void test_gemv_ws(void)
-{
-    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 0)); /* the SIMT GEMV for every shape */
-    const int64_t shapes[3][2] = { { 9000, 512 }, { 259, 1088 }, { 3, 64 } };
-    for (int k = 0; k < 3; k++) {
-        const int64_t rows = shapes[k][0], cols = shapes[k][1];
-        tw t;
-        tw_make(&t, SN_DT_Q4, rows, cols, 64, SN_DT_BF16, 0, 1);
-        float *x = hrand((size_t)cols, 1.0f);
-        float *dx = dcopy(x, (size_t)cols), *dy = dpoison((size_t)rows);
-        CHECK_OK(sn_cuda_tune(G, "gemv_ws", -1));
-        CHECK_OK(G->ops->matmul(G, &t.wg, 0, dx, 1, dy));
-        float *y0 = tohost(dy, (size_t)rows);
-        const int ws[3] = { 0, 4, 7 };
-        for (int w = 0; w < 3; w++) {
-            CHECK_OK(sn_cuda_tune(G, "gemv_ws", ws[w]));
-            for (int rep = 0; rep < 3; rep++) {
-                CHECK_OK(G->ops->memset0(G, dy, sizeof(float) * (size_t)rows));
-                CHECK_OK(G->ops->matmul(G, &t.wg, 0, dx, 1, dy));
-                float *y = tohost(dy, (size_t)rows);
-                CHECKF(!memcmp(y, y0, sizeof(float) * (size_t)rows), "gemv_ws=%d rows=%lld cols=%lld launch %d: "
-                       "bits differ from the fixed runs", ws[w], (long long)rows, (long long)cols, rep);
-                free(y);
-            }
-        }
-        free(x); free(y0);
-        dfree(dx); dfree(dy);
-        tw_free(&t);
-    }
-    CHECK_OK(sn_cuda_tune(G, "gemv_ws", -1));
-    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
-    CHECK(sn_cuda_tune(G, "gemv_ws", 8) == SN_E_INVALID);
-}
-
 static void test_matmul_q8(void)
 {
     int Ts[] = { 1, 2, 5, 8, 33 };
@@ -914,7 +876,6 @@ int main(void)
     RUN(test_matmul_q4);
     RUN(test_matmul_q8);
     RUN(test_matmul_q4_gemv_i8);
-    RUN(test_gemv_ws);
     RUN(test_gemv_batch_invariant);
     RUN(test_matmul_dense);
     RUN(test_matmul_errors);

@@ -575,7 +575,6 @@ void cuda_destroy(sn_backend *b)
     cudaFree(cb->scratch);
     cudaFree(cb->d_zero);
     cudaFree(cb->d_gdn_cnt);
-    cudaFree(cb->di.gv_cnt);
     cu_matmul_buffers_free(&cb->di);
     cudaFree(cb->d_ids);
     cudaFree(cb->d_outs);
@@ -1365,7 +1364,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_sk_bps = 2;
     cb->di.gemv_i8_min = -1; /* by shape */
     cb->di.gemv_dp = 1;
-    cb->di.gemv_ws = -1; /* fixed runs; the counter form is not yet measured */
     cb->di.attn_splits = 64;
     cb->di.attn_warps = 0; /* by shape */
     cb->di.gemv_rpw1_rows = 0; /* off: 35B-A3B 339-349 vs 347-355 tok/s, not separable from noise (results.log 20:19Z) */
@@ -1390,8 +1388,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
         (e = cudaMemset(cb->d_zero, 0, sizeof(int))) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_gdn_cnt, sizeof(int) * CU_GDN_CNT)) != cudaSuccess ||
         (e = cudaMemset(cb->d_gdn_cnt, 0, sizeof(int) * CU_GDN_CNT)) != cudaSuccess ||
-        (e = cudaMalloc(&cb->di.gv_cnt, sizeof(int))) != cudaSuccess ||
-        (e = cudaMemset(cb->di.gv_cnt, 0, sizeof(int))) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_outs, sizeof(int32_t) * STEP_MAX_OUTS)) != cudaSuccess ||
         (e = cudaMallocHost(&cb->h_outs, sizeof(int32_t) * STEP_MAX_OUTS)) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_sp, sizeof(step_params))) != cudaSuccess ||

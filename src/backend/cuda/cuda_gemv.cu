@@ -454,7 +454,7 @@ __device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, con
  * ring slots that wrap instead of 64-bit remainders, per-lane row pointers
  * set once per row group, and the chunk's quant group by a multiply-high
  * instead of a 64-bit division. */
-template <int BITS, int TT, int RPW, bool DP, bool WS = false>
+template <int BITS, int TT, int RPW, bool DP>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
@@ -476,11 +476,8 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     uint2 *sring = (uint2 *)(rbase + (size_t)nwarps * S * RPW * 32 * sizeof(uint4)) + (size_t)warp * S * RPW * 32 + lane;
     const int64_t G = g.g0[g.n];
     const int64_t NW = (int64_t)gridDim.x * nwarps, wid = (int64_t)blockIdx.x * nwarps + warp;
-    /* WS: only the row groups [0, Gs) are dealt out as fixed runs, the rest
-     * are taken one at a time from g.ws_cnt after pdl_wait (see gemv_ws) */
-    const int64_t Gs = WS ? G * g.ws_static / 8 : G, Gd = G - Gs;
-    const int64_t gb = wid * Gs / NW, ge = (wid + 1) * Gs / NW;
-    int nf = (int)((ge - gb) * nit); /* WS: grows as groups are taken */
+    const int64_t gb = wid * G / NW, ge = (wid + 1) * G / NW;
+    const int nf = (int)((ge - gb) * nit);
 
     /* issue side of the ring: chunk ic.it of row group ic.grp. Everything
      * the copies need is in registers (32-bit shared addresses, byte
@@ -500,62 +497,6 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
         gv_locate(g, RPW, words, groups, sbsz, ic);
         iw = (const char *)ic.W + 16 * lane;
     }
-    /* WS: the warp's groups after its fixed run are Gs + t for each ticket
-     * t < Gd it draws. Every warp draws until one ticket is past the end, so
-     * a launch draws Gd + NW of them and the warp that draws the last puts
-     * the counter back to 0 (the next launch draws only after its pdl_wait,
-     * when this grid is done). The ticket for a group is drawn when the
-     * group before it begins issuing (a fixed-run group before pdl_wait:
-     * when it ends), so its latency hides behind those copies. gq holds the
-     * groups the issue side has begun and the consumer not yet: at most S. */
-    __shared__ int gq[WS ? 16 : 1][8];
-    int qw = 0, qr = 0, tkt = 0;
-    bool drawn = false, spent = false, waited = false;
-    auto ws_draw = [&]() {
-        if (lane == 0)
-            tkt = atomicAdd(g.ws_cnt, 1);
-        drawn = true;
-    };
-    /* the issue side moves to group grp (< 0: none): nf counts its chunks */
-    auto ws_begin = [&](int64_t grp) {
-        if (grp < 0)
-            return;
-        ic.grp = grp;
-        gv_locate(g, RPW, words, groups, sbsz, ic);
-        iw = (const char *)ic.W + 16 * lane;
-        nf += nit;
-        if (lane == 0)
-            gq[warp][qw] = (int)grp;
-        qw = (qw + 1) & 7;
-        __syncwarp();
-        if (waited && grp + 1 >= ge && !spent && !drawn) /* the fixed run's last group, or a dynamic one */
-            ws_draw();
-    };
-    /* the next dynamic group, or -1 (none left) */
-    auto ws_take = [&]() -> int64_t {
-        if (spent)
-            return -1;
-        if (!drawn)
-            ws_draw();
-        drawn = false;
-        const int64_t t = __shfl_sync(0xffffffffu, tkt, 0);
-        if (t < Gd)
-            return Gs + t;
-        spent = true;
-        if (t == Gd + NW - 1 && lane == 0)
-            atomicExch(g.ws_cnt, 0);
-        return -1;
-    };
-    if constexpr (WS)
-        if (gb < ge) {
-            nf = nit;
-            if (lane == 0)
-                gq[warp][0] = (int)gb;
-            qw = 1;
-            __syncwarp();
-        } else {
-            nf = 0;
-        }
     int fi = 0, islot = 0;
     auto issue = [&]() {
         asm volatile("" ::: "memory");
@@ -582,49 +523,19 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
         islot = islot + 1 == S ? 0 : islot + 1;
         if (++ic.it == nit) {
             ic.it = 0;
-            if constexpr (WS) {
-                /* before pdl_wait a warp only runs its fixed run: the
-                 * dynamic groups begin after it (below) */
-                if (ic.grp + 1 < ge)
-                    ws_begin(ic.grp + 1);
-                else if (waited)
-                    ws_begin(ws_take());
-            } else if (++ic.grp < ge) {
+            if (++ic.grp < ge) {
                 gv_locate(g, RPW, words, groups, sbsz, ic);
                 iw = (const char *)ic.W + 16 * lane;
             }
         }
     };
-    int pre = 0; /* WS: copy groups committed before pdl_wait */
 #pragma unroll
     for (int st = 0; st < S - 1; st++) {
-        if constexpr (WS) {
-            /* real chunks from the first copy group on and empty groups only
-             * after the warp's last chunk, so cp_async_wait<S - 1> before
-             * chunk f covers it: a fixed run shorter than S - 1 chunks
-             * leaves the rest of the first S - 1 groups for after pdl_wait */
-            if (fi >= nf)
-                break;
+        if (fi < nf)
             issue();
-            cp_async_commit();
-            pre++;
-        } else {
-            if (fi < nf)
-                issue();
-            cp_async_commit();
-        }
+        cp_async_commit();
     }
     pdl_wait();
-    if constexpr (WS) {
-        waited = true;
-        if (fi == nf) /* the fixed run is all issued (or empty): the first dynamic group */
-            ws_begin(ws_take());
-        for (; pre < S - 1; pre++) {
-            if (fi < nf)
-                issue();
-            cp_async_commit();
-        }
-    }
     if constexpr (DP)
         gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g);
     else
@@ -634,13 +545,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     gv_cur cc;
     cc.grp = gb;
     cc.it = 0;
-    if constexpr (WS) {
-        if (nf > 0) {
-            cc.grp = gq[warp][0];
-            qr = 1;
-            gv_locate(g, RPW, words, groups, sbsz, cc);
-        }
-    } else if (gb < ge)
+    if (gb < ge)
         gv_locate(g, RPW, words, groups, sbsz, cc);
     float acc[RPW][TT];
 #pragma unroll
@@ -710,28 +615,21 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                 for (int t = 0; t < TT; t++)
                     acc[r][t] = 0.f;
             cc.it = 0;
-            if constexpr (WS) {
-                if (f + 1 < nf) {
-                    cc.grp = gq[warp][qr];
-                    qr = (qr + 1) & 7;
-                    gv_locate(g, RPW, words, groups, sbsz, cc);
-                }
-            } else if (++cc.grp < ge)
+            if (++cc.grp < ge)
                 gv_locate(g, RPW, words, groups, sbsz, cc);
         }
     }
 }
 
 /* Blocks per SM of a kernel at a block size and dynamic shared memory,
- * remembered (the query costs microseconds per call). Every k_gemv
- * instance has the same type, so tag (< 2^14) tells them apart. */
+ * remembered per kernel (the query costs microseconds per call). */
 template <typename K>
-int occupancy(K kern, int tag, int threads, size_t smem)
+int occupancy(K kern, int threads, size_t smem)
 {
-    static uint64_t cache[16];
+    static uint64_t cache[8];
     static int next;
-    const uint64_t key = ((uint64_t)tag << 29) | ((uint64_t)smem << 11) | (uint64_t)threads;
-    for (int i = 0; i < 16; i++) {
+    const uint64_t key = ((uint64_t)smem << 11) | (uint64_t)threads;
+    for (int i = 0; i < 8; i++) {
         uint64_t e = __atomic_load_n(&cache[i], __ATOMIC_RELAXED);
         if (e && (e >> 16) == key)
             return (int)(e & 0xffff);
@@ -741,7 +639,7 @@ int occupancy(K kern, int tag, int threads, size_t smem)
         cudaGetLastError(); /* a failed query must not look like a failed launch */
         per = 0;
     }
-    int slot = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED) & 15;
+    int slot = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED) & 7;
     __atomic_store_n(&cache[slot], (key << 16) | (uint64_t)(per & 0xffff), __ATOMIC_RELAXED);
     return per;
 }
@@ -779,11 +677,7 @@ template <int BITS, int TT, int RPW, bool DP>
 sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                     int T)
 {
-    /* the counter form (gemv_ws) exists for the one-token dp4a launches */
-    constexpr bool WS_FORM = DP && TT == 1 && RPW >= 2;
-    const bool ws = WS_FORM && g.ws_cnt;
-    auto kern = ws ? k_gemv<BITS, TT, RPW, DP, WS_FORM> : k_gemv<BITS, TT, RPW, DP>;
-    const int tag = ((BITS * 10 + TT) * 10 + RPW) * 4 + DP * 2 + ws; /* occupancy's key */
+    auto kern = k_gemv<BITS, TT, RPW, DP>;
     int best_w = 0, best_per = 0;
     const int cand[2] = { 8, 16 };
     for (int ci = 0; ci < 2; ci++) {
@@ -791,7 +685,7 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
         size_t smem = gv_smem(w0, TT, RPW, nw, DP);
         if (smem + GV_STATIC_SMEM > di->smem_optin)
             continue;
-        int per = occupancy(kern, tag, nw * 32, smem);
+        int per = occupancy(kern, nw * 32, smem);
         if (per > 0 && per * nw > best_per * best_w) {
             best_per = per;
             best_w = nw;
@@ -853,8 +747,6 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
     g.g0[0] = 0;
     for (int i = 0; i < g.n; i++)
         g.g0[i + 1] = g.g0[i] + (g.rows[i] + rpw - 1) / rpw;
-    g.ws_cnt = di->gemv_ws >= 0 ? di->gv_cnt : nullptr;
-    g.ws_static = di->gemv_ws;
     for (int t0 = 0; t0 < T;) {
         int left = T - t0;
         int tt = left <= 1 ? 1 : left <= 2 ? 2 : left <= 4 ? 4 : GV_TMAX;
@@ -905,8 +797,6 @@ sn_status cu_gemv_init(const cu_devinfo *di)
     GEMV_INIT(4, 1, true)
     GEMV_INIT(4, 2, true)
     GEMV_INIT(4, 4, true)
-    SN_TRY(gv_max_smem(k_gemv<4, 1, 2, true, true>, di));
-    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, true>, di));
     GEMV_INIT(8, 1, false)
     GEMV_INIT(8, 2, false)
     GEMV_INIT(8, 4, false)

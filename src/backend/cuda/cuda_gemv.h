@@ -22,11 +22,6 @@ struct gemv_seg {
     float eps;
     int norm_threads; /* the thread count whose sum order the norm reproduces */
     float *xn;        /* where block 0 writes x_n (may be NULL) */
-    /* cu_gv_run sets these from gemv_ws: NULL, or a zeroed counter the
-     * launch hands out its last (8 - ws_static) / 8 of row groups from, one
-     * at a time, and leaves at zero again */
-    int *ws_cnt;
-    int ws_static;
 };
 
 /* T tokens (passes of up to 8) through g's segments. */
