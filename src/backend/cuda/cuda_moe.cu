@@ -74,21 +74,38 @@ __device__ void md_stage(float4 *xs, const float *__restrict__ x, int64_t n)
 }
 
 /* one (scale, bias) pair as loaded: 4 bytes (bf16/f16) or 8 (f32) */
-__device__ __forceinline__ uint2 md_ld_sb(const void *sb, int sf, int64_t i)
+__device__ __forceinline__ uint2 md_ld_sb(const void *sb, int sf, int i)
 {
     if (sf == CS_F32)
         return __ldg((const uint2 *)sb + i);
     return make_uint2(__ldg((const unsigned int *)sb + i), 0u);
 }
 
-/* chunk values of token x as floats: VPC of them */
+/* The quant group of chunk c: c / cpg, by a shift when cpg (chunks per
+ * group) is a power of two. The kernels' chunk indices are 32-bit: their
+ * 64-bit divisions were a subroutine call per load (ncu). */
+struct md_cdiv {
+    int d, sh; /* divisor; its log2, or -1 */
+};
+
+md_cdiv md_cdiv_of(int d)
+{
+    int sh = 0;
+    while ((1 << sh) < d)
+        sh++;
+    return md_cdiv{ d, (1 << sh) == d ? sh : -1 };
+}
+
+__device__ __forceinline__ int md_div(int c, md_cdiv q) { return q.sh >= 0 ? c >> q.sh : c / q.d; }
+
+/* chunk values of token x as floats: VPC of them (xperm in 32 bits) */
 template <int BITS>
-__device__ __forceinline__ void md_xload(const float4 *xs, int64_t c, float (&xv)[128 / BITS])
+__device__ __forceinline__ void md_xload(const float4 *xs, int c, float (&xv)[128 / BITS])
 {
     constexpr int NF4 = (128 / BITS) / 4;
 #pragma unroll
     for (int i = 0; i < NF4; i++) {
-        const float4 f = xs[xperm<BITS>(c, i)];
+        const float4 f = xs[((c >> 5) * NF4 + i) * 32 + (c & 31)];
         xv[4 * i] = f.x;
         xv[4 * i + 1] = f.y;
         xv[4 * i + 2] = f.z;
@@ -209,6 +226,7 @@ struct md_gu_args {
     int sf;
     int64_t rows, cols, words, groups; /* I, H */
     int group;
+    md_cdiv cpg;         /* chunks per quant group */
     const float *logits; /* [T, E] */
     int E, k, norm;
     const float *x;      /* [T, H] */
@@ -237,22 +255,36 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
     constexpr int U = MD_GU_U;
     const int t = blockIdx.z, j = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t nch = a.words / 4;
-    const int nit = (int)((nch + 31) / 32);
+    const int nch = (int)(a.words / 4);
+    const int nit = (nch + 31) / 32;
     const int64_t r0 = ((int64_t)blockIdx.x * NW + warp) * MD_RPW;
     const int nrows = r0 < a.rows ? (int)min((int64_t)MD_RPW, a.rows - r0) : 0;
     const size_t sbsz = a.sf == CS_F32 ? 8 : 4;
     pdl_wait();
 
-    int e;
-    float wj;
+    /* the routing by warp 0 alone, handed to the others through shared
+     * memory: every warp doing it was 40 % of the kernel's instructions
+     * (ncu, 35B-A3B), and the kernel is bound by issue */
+    __shared__ int e_s;
+    __shared__ float w_s;
     const bool shj = a.Wsg && j == a.k; /* the shared expert's slot: no routing, its own matrices */
-    if (shj) {
-        e = -1;
-        wj = 1.f / (1.f + expf(-a.sg[t]));
-    } else {
-        md_route<NPL>(a.logits + (size_t)t * a.E, a.E, a.k, a.norm, j, &e, &wj);
+    if (warp == 0) {
+        int e0;
+        float w0;
+        if (shj) {
+            e0 = -1;
+            w0 = 1.f / (1.f + expf(-a.sg[t]));
+        } else {
+            md_route<NPL>(a.logits + (size_t)t * a.E, a.E, a.k, a.norm, j, &e0, &w0);
+        }
+        if (lane == 0) {
+            e_s = e0;
+            w_s = w0;
+        }
     }
+    __syncthreads();
+    const int e = e_s;
+    const float wj = w_s;
     if (blockIdx.x == 0 && threadIdx.x == 0)
         a.idx[(size_t)t * a.ks + j] = e;
     if (a.Wd && threadIdx.x == 0) {
@@ -286,12 +318,12 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
     auto load = [&](int it0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int64_t c = lane + 32 * (int64_t)(it0 + u);
+            const int c = lane + 32 * (it0 + u);
 #pragma unroll
             for (int s = 0; s < NS; s++) {
                 if (c < nch && s % MD_RPW < nrows) {
                     wv[u][s] = __ldcs(W[s] + c);
-                    sv[u][s] = md_ld_sb(S[s], a.sf, c * VPC / a.group);
+                    sv[u][s] = md_ld_sb(S[s], a.sf, md_div(c, a.cpg));
                 } else {
                     wv[u][s] = make_uint4(0u, 0u, 0u, 0u);
                     sv[u][s] = make_uint2(0u, 0u);
@@ -311,7 +343,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
     for (int it0 = 0; it0 < nit; it0 += U) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int64_t c = lane + 32 * (int64_t)(it0 + u);
+            const int c = lane + 32 * (it0 + u);
             if (c < nch) {
                 float xv[VPC];
                 md_xload<BITS>(xs, c, xv);
@@ -347,6 +379,7 @@ struct md_dn_args {
     int sf;
     int64_t rows, cols, words, groups; /* H, I */
     int group, k;       /* k: slots per token (the shared expert's included) */
+    md_cdiv cpg, nce;   /* chunks per quant group, per expert row */
     const uint32_t *Wsd; /* the shared expert's down matrix (slot index -1) */
     const void *Ssd;
     const int32_t *idx; /* [T, k] */
@@ -369,9 +402,9 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
     constexpr int U = MD_DN_U;
     const int t = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t nce = a.words / 4;            /* chunks per expert row */
-    const int64_t F = (int64_t)a.k * nce;      /* chunks of the concatenated row */
-    const int nit = (int)((F + 31) / 32);
+    const int nce = a.nce.d;      /* chunks per expert row */
+    const int F = a.k * nce;      /* chunks of the concatenated row */
+    const int nit = (F + 31) / 32;
     const int64_t r0 = ((int64_t)blockIdx.x * MD_WARPS + warp) * MD_RPW;
     const int nrows = r0 < a.rows ? (int)min((int64_t)MD_RPW, a.rows - r0) : 0;
     const size_t sbsz = a.sf == CS_F32 ? 8 : 4;
@@ -388,16 +421,16 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
     auto load = [&](int it0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int64_t f = lane + 32 * (int64_t)(it0 + u);
-            const int jj = f < F ? (int)(f / nce) : 0;
-            const int64_t c = f - (int64_t)jj * nce;
+            const int f = lane + 32 * (it0 + u);
+            const int jj = f < F ? md_div(f, a.nce) : 0;
+            const int c = f - jj * nce;
             const uint32_t *wm = wsl[jj];
             const char *sm = ssl[jj];
 #pragma unroll
             for (int r = 0; r < MD_RPW; r++) {
                 if (f < F && r < nrows) {
                     wv[u][r] = __ldcs((const uint4 *)(wm + (r0 + r) * a.words) + c);
-                    sv[u][r] = md_ld_sb(sm + (size_t)(r0 + r) * a.groups * sbsz, a.sf, c * VPC / a.group);
+                    sv[u][r] = md_ld_sb(sm + (size_t)(r0 + r) * a.groups * sbsz, a.sf, md_div(c, a.cpg));
                 } else {
                     wv[u][r] = make_uint4(0u, 0u, 0u, 0u);
                     sv[u][r] = make_uint2(0u, 0u);
@@ -417,7 +450,7 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
     for (int it0 = 0; it0 < nit; it0 += U) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int64_t f = lane + 32 * (int64_t)(it0 + u);
+            const int f = lane + 32 * (it0 + u);
             if (f < F) {
                 float xv[VPC];
                 md_xload<BITS>(xs, f, xv);
@@ -542,6 +575,7 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     g.words = gate->words;
     g.groups = gate->groups;
     g.group = gate->group;
+    g.cpg = md_cdiv_of(gate->group / (128 / gate->bits));
     g.logits = logits;
     g.E = (int)E;
     g.k = top_k;
@@ -586,6 +620,8 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     d.words = down->words;
     d.groups = down->groups;
     d.group = down->group;
+    d.cpg = md_cdiv_of(down->group / (128 / down->bits));
+    d.nce = md_cdiv_of((int)(down->words / 4));
     d.k = ks;
     if (sh) {
         d.Wsd = (const uint32_t *)sh->down->q;

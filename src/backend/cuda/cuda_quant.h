@@ -135,9 +135,11 @@ __device__ void chunk_sums(float4 *xs, int T, int64_t nch, int64_t stride4)
 {
     constexpr int NF4 = (128 / BITS) / 4;
     float *sums = (float *)(xs + (size_t)T * stride4);
-    for (int64_t tc = threadIdx.x; tc < T * nch; tc += blockDim.x) {
-        int t = (int)(tc / nch);
-        int64_t c = tc % nch;
+    /* 32-bit indices (T * nch is small): a 64-bit division is a subroutine call */
+    const unsigned n = (unsigned)nch;
+    for (unsigned tc = threadIdx.x; tc < (unsigned)T * n; tc += blockDim.x) {
+        int t = (int)(tc / n);
+        int64_t c = tc % n;
         float a = 0.f;
 #pragma unroll
         for (int i = 0; i < NF4; i++) {
