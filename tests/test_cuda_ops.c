@@ -455,6 +455,12 @@ static void test_attention(void)
     attn_case(70, 50, 12, 4, 256, 128);
     attn_case(9, 3, 2, 1, 32, 16);
     attn_case(33, 0, 4, 4, 96, 40);
+    /* few keys (most splits empty), and GQA groups of 6 and 4 at head dims
+     * 128 and 64 */
+    attn_case(1, 3, 16, 2, 256, 8);
+    attn_case(5, 130, 12, 2, 128, 200);
+    attn_case(3, 200, 8, 2, 64, 256);
+    attn_case(2, 61, 12, 3, 128, 70);
     CHECK(G->ops->attention(G, (float *)8, &(sn_kv_view){ (float *)8, (float *)8, 4, 2, 64 }, 2, 3, 4, 1.f,
                             (float *)8) == SN_E_RANGE);
 }
@@ -522,6 +528,7 @@ static void test_attention_decode_batch_invariant(void)
         CHECK_OK(sn_cuda_tune(G, "attn_splits", forms[f][1]));
         attn_case(1, 1000, 16, 2, 256, 1024);
         attn_case(2, 77, 24, 4, 256, 128);
+        attn_case(3, 200, 8, 2, 64, 256);
         attn_batch_case(24, 4);
         attn_batch_case(16, 2);
     }

@@ -307,6 +307,47 @@ k_attn_decode(const float *__restrict__ q, const float *__restrict__ kc, const f
     }
 }
 
+/* k_attn_decode_gqa's last step: the block's NW warp partials (m, l in
+ * sm/sl [NW][RS], o in so [NW][RS][D], visible after a barrier) of its r
+ * heads merged into part[] rows out0, out0 + ns, ... (one per head). The
+ * weights expf(m_w - M) are formed once per (warp, head) into wts (every
+ * thread forming all of them cost ~1500 instructions per warp, ncu);
+ * an empty warp (m = -inf, o = 0) gets weight 0, which adds exactly 0, so
+ * the bits are those of skipping it. */
+template <int NW, int RS>
+__device__ __forceinline__ void attn_warp_merge(const float *so, const float (*sm)[RS], const float (*sl)[RS],
+                                                float (*wts)[RS], int r, int D, float *part, size_t out0,
+                                                size_t ns)
+{
+    if ((int)threadIdx.x < r) {
+        const int i = threadIdx.x;
+        float M = -INFINITY;
+        for (int w = 0; w < NW; w++)
+            M = fmaxf(M, sm[w][i]);
+        float Lsum = 0.f;
+        for (int w = 0; w < NW; w++) {
+            const float e = sm[w][i] != -INFINITY ? expf(sm[w][i] - M) : 0.f;
+            wts[w][i] = e;
+            if (sm[w][i] != -INFINITY)
+                Lsum += sl[w][i] * e;
+        }
+        float *out = part + (out0 + (size_t)i * ns) * (D + 2);
+        out[0] = M;
+        out[1] = Lsum;
+    }
+    __syncthreads();
+    for (int i = 0; i < r; i++) {
+        float *out = part + (out0 + (size_t)i * ns) * (D + 2);
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            float acc = 0.f;
+#pragma unroll
+            for (int w = 0; w < NW; w++)
+                acc += so[(w * RS + i) * D + d] * wts[w][i];
+            out[2 + d] = acc;
+        }
+    }
+}
+
 /* The same split-KV decode with GQA sharing: one block per (token, kv
  * head, split) serves all R = Hq/Hkv query heads of the group, so each K/V
  * row is read once per split instead of once per query head. Two keys per
@@ -414,27 +455,9 @@ k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, con
                 so[(warp * R + i) * D + d] = o[i][e];
         }
     __syncthreads();
-    for (int i = 0; i < r; i++) {
-        float M = -INFINITY;
-        for (int w = 0; w < NW; w++)
-            M = fmaxf(M, sm[w][i]);
-        float *out = part + (((size_t)t * Hq + (size_t)g * r + i) * gridDim.y + split) * (D + 2);
-        for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            float acc = 0.f;
-            for (int w = 0; w < NW; w++)
-                if (sm[w][i] != -INFINITY)
-                    acc += so[(w * R + i) * D + d] * expf(sm[w][i] - M);
-            out[2 + d] = acc;
-        }
-        if (threadIdx.x == 0) {
-            float Lsum = 0.f;
-            for (int w = 0; w < NW; w++)
-                if (sm[w][i] != -INFINITY)
-                    Lsum += sl[w][i] * expf(sm[w][i] - M);
-            out[0] = M;
-            out[1] = Lsum;
-        }
-    }
+    __shared__ float wts[NW][R];
+    attn_warp_merge<NW, R>(so, sm, sl, wts, r, D, part, ((size_t)t * Hq + (size_t)g * r) * gridDim.y + split,
+                           gridDim.y);
 }
 
 /* One block per (token, q head), at least ns threads. The splits' (m, l)
