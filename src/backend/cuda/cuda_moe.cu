@@ -3,11 +3,12 @@
  * through
  *
  *   k_md_gate_up  routing + gate/up GEMVs + SiLU product, grid (row blocks, k, T):
- *                 every warp recomputes token t's routing from the logits
- *                 (softmax, top-k by k rounds of a warp max with the lowest
- *                 index on ties, weights renormalised when asked) - the same
- *                 instructions on the same data in every warp and block, so
- *                 all agree - then block (r, j, t) computes rows r.. of
+ *                 warp 0 of every block recomputes token t's routing from
+ *                 the logits (softmax, top-k by k rounds of a warp max with
+ *                 the lowest index on ties, weights renormalised when asked)
+ *                 and hands it to the block's other warps - the same
+ *                 instructions on the same data in every block, so all
+ *                 agree - then block (r, j, t) computes rows r.. of
  *                 h[t, j] = w_j * silu(gate_e x_t) * (up_e x_t), e = expert j.
  *                 Block (0, j, t) stores e for the down kernel and, with
  *                 cu_moe_dec_mode 2, every block asks L2 to prefetch its share
