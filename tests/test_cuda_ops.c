@@ -616,19 +616,22 @@ static void gdn_case(int Hk, int Hv, int Dk, int Dv, int K, int T)
         dfree(dconv2); dfree(dS2); dfree(dout2); dfree(dh);
     }
     if (T <= 8) {
-        /* the one-kernel decode step gives the three kernels' bits: outputs,
-         * state, conv state and history (gdn_step 1 vs 0, the default) */
-        for (int nh = 0; nh <= (T >= 2 ? T - 1 : 0); nh += T >= 2 ? T - 1 : 1) {
-            size_t n1 = 0, n0 = 0;
-            CHECK_OK(sn_cuda_tune(G, "gdn_step", 1));
-            float *one = gdn_run(&d, dqkv, da, db, dcw, dAl, ddt, conv, S, T, nh, &n1);
-            CHECK_OK(sn_cuda_tune(G, "gdn_step", 0));
-            float *three = gdn_run(&d, dqkv, da, db, dcw, dAl, ddt, conv, S, T, nh, &n0);
-            CHECKF(n1 == n0 && !memcmp(one, three, sizeof(float) * n1),
-                   "gdn Hk=%d Hv=%d Dk=%d Dv=%d K=%d T=%d nh=%d: the one-kernel step differs from the three kernels",
-                   Hk, Hv, Dk, Dv, K, T, nh);
-            free(one); free(three);
-        }
+        /* the one-kernel decode step (gdn_step 1) and the two-kernel one (2)
+         * give the three kernels' bits (0, the default): outputs, state,
+         * conv state and history */
+        for (int mode = 1; mode <= 2; mode++)
+            for (int nh = 0; nh <= (T >= 2 ? T - 1 : 0); nh += T >= 2 ? T - 1 : 1) {
+                size_t n1 = 0, n0 = 0;
+                CHECK_OK(sn_cuda_tune(G, "gdn_step", mode));
+                float *one = gdn_run(&d, dqkv, da, db, dcw, dAl, ddt, conv, S, T, nh, &n1);
+                CHECK_OK(sn_cuda_tune(G, "gdn_step", 0));
+                float *three = gdn_run(&d, dqkv, da, db, dcw, dAl, ddt, conv, S, T, nh, &n0);
+                CHECKF(n1 == n0 && !memcmp(one, three, sizeof(float) * n1),
+                       "gdn Hk=%d Hv=%d Dk=%d Dv=%d K=%d T=%d nh=%d: gdn_step %d differs from the three kernels", Hk,
+                       Hv, Dk, Dv, K, T, nh, mode);
+                free(one); free(three);
+            }
+        CHECK(sn_cuda_tune(G, "gdn_step", 3) == SN_E_INVALID);
     }
     free(qkv); free(a); free(b); free(cw); free(Al); free(dtb); free(conv); free(S); free(conv_c); free(S_c);
     free(ref); free(out); free(Sg); free(cg);

@@ -663,29 +663,34 @@ __device__ __forceinline__ void gdn_shift_ch(float *state, const float *__restri
     }
 }
 
-/* Block (head vector hv_idx, token t): channels of one q, k or v head of
- * token t through the causal conv + SiLU; q/k heads l2-normalised (q also
- * times Dk^-0.5). Head index: [0,Hk) q, [Hk,2Hk) k, [2Hk, 2Hk+Hv) v. Block 0
- * of each token also forms beta and the decay for every value head. */
-__global__ void k_gdn_conv(const float *__restrict__ qkv, const float *__restrict__ conv_w,
-                           const float *__restrict__ state, int Hk, int Hv, int Dk, int Dv, int K, float l2eps,
-                           const float *__restrict__ a, const float *__restrict__ b, const float *__restrict__ A_log,
-                           const float *__restrict__ dt_bias, float *__restrict__ c, float *__restrict__ beta,
-                           float *__restrict__ decay)
+/* The channels [ch0, ch0 + n) of head vector hidx (q, k or v head). */
+__device__ __forceinline__ void gdn_head_channels(int hidx, int Hk, int Dk, int Dv, int &ch0, int &n)
 {
-    pdl_enter();
-    __shared__ float red[33];
-    const int hidx = blockIdx.x, t = blockIdx.y;
-    const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
-    int ch0, n;
-    bool is_qk = hidx < 2 * Hk;
-    if (is_qk) {
+    if (hidx < 2 * Hk) {
         ch0 = hidx * Dk;
         n = Dk;
     } else {
-        ch0 = 2 * key_dim + (hidx - 2 * Hk) * Dv;
+        ch0 = 2 * Hk * Dk + (hidx - 2 * Hk) * Dv;
         n = Dv;
     }
+}
+
+/* Block (head vector hidx, token t): channels of one q, k or v head of
+ * token t through the causal conv + SiLU; q/k heads l2-normalised (q also
+ * times Dk^-0.5). Head index: [0,Hk) q, [Hk,2Hk) k, [2Hk, 2Hk+Hv) v. Block 0
+ * of each token also forms beta and the decay for every value head. The
+ * channels a block reads of the conv state are its own head's only. */
+__device__ __forceinline__ void gdn_conv_head(int hidx, int t, const float *__restrict__ qkv,
+                                              const float *__restrict__ conv_w, const float *state, int Hk, int Hv,
+                                              int Dk, int Dv, int K, float l2eps, const float *__restrict__ a,
+                                              const float *__restrict__ b, const float *__restrict__ A_log,
+                                              const float *__restrict__ dt_bias, float *__restrict__ c,
+                                              float *__restrict__ beta, float *__restrict__ decay, float *red)
+{
+    const int C = 2 * Hk * Dk + Hv * Dv;
+    const bool is_qk = hidx < 2 * Hk;
+    int ch0, n;
+    gdn_head_channels(hidx, Hk, Dk, Dv, ch0, n);
     float ss = 0.f;
     float vals[4]; /* up to 4 channels per thread (head dims up to 4*blockDim) */
 #pragma unroll
@@ -720,6 +725,48 @@ __global__ void k_gdn_conv(const float *__restrict__ qkv, const float *__restric
             decay[(size_t)t * Hv + hv] = expf(g);
             beta[(size_t)t * Hv + hv] = sigmoidf_(b[(size_t)t * Hv + hv]);
         }
+}
+
+/* Grid (2Hk + Hv, T): gdn_conv_head of block (x, t); k_gdn_state updates
+ * the conv state after it. */
+__global__ void k_gdn_conv(const float *__restrict__ qkv, const float *__restrict__ conv_w,
+                           const float *__restrict__ state, int Hk, int Hv, int Dk, int Dv, int K, float l2eps,
+                           const float *__restrict__ a, const float *__restrict__ b, const float *__restrict__ A_log,
+                           const float *__restrict__ dt_bias, float *__restrict__ c, float *__restrict__ beta,
+                           float *__restrict__ decay)
+{
+    pdl_enter();
+    __shared__ float red[33];
+    gdn_conv_head(blockIdx.x, blockIdx.y, qkv, conv_w, state, Hk, Hv, Dk, Dv, K, l2eps, a, b, A_log, dt_bias, c, beta,
+                  decay, red);
+}
+
+/* The decode form (T <= GDN_STEP_T, gdn_step 2): grid (2Hk + Hv), each
+ * block walks the T tokens of its head, then, its reads done, moves that
+ * head's channels of the conv state (and history) as k_gdn_state does; no
+ * other block reads them. Same bits as k_gdn_conv + k_gdn_state, one
+ * launch fewer. */
+__global__ void k_gdn_conv_state(const float *__restrict__ qkv, const float *__restrict__ conv_w,
+                                 float *__restrict__ state, int Hk, int Hv, int Dk, int Dv, int K, float l2eps,
+                                 const float *__restrict__ a, const float *__restrict__ b,
+                                 const float *__restrict__ A_log, const float *__restrict__ dt_bias,
+                                 float *__restrict__ c, float *__restrict__ beta, float *__restrict__ decay, int T,
+                                 float *__restrict__ hist, size_t hstride, int nh)
+{
+    pdl_enter();
+    __shared__ float red[33];
+    const int hidx = blockIdx.x;
+    for (int t = 0; t < T; t++)
+        gdn_conv_head(hidx, t, qkv, conv_w, state, Hk, Hv, Dk, Dv, K, l2eps, a, b, A_log, dt_bias, c, beta, decay,
+                      red);
+    if (K < 2)
+        return;
+    __syncthreads(); /* every read of this head's old conv state is done */
+    const int C = 2 * Hk * Dk + Hv * Dv;
+    int ch0, n;
+    gdn_head_channels(hidx, Hk, Dk, Dv, ch0, n);
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        gdn_shift_ch(state, qkv, hist, hstride, nh, ch0 + i, T, K, C);
 }
 
 /* New conv state = rows T..T+K-2 of concat(state, qkv); one thread per
@@ -1276,8 +1323,9 @@ size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T)
            cu_pf_gdn_scratch_bytes(d, T); /* [prefill] chunked delta rule (cuda_prefill.cu) */
 }
 
-/* off by default: the H200 measured it slower than the three kernels (2026-12-01 18:07Z: 35B-A3B decode
- * 313.5-321.2 vs 325.3-325.7 tok/s, 27B 105.9-106.8 vs 106.8-107.5, three interleaved rounds) */
+/* 0 by default: the H200 measured the one-kernel step (1) slower than the three kernels (2026-12-01
+ * 18:07Z: 35B-A3B decode 313.5-321.2 vs 325.3-325.7 tok/s, 27B 105.9-106.8 vs 106.8-107.5, three
+ * interleaved rounds); the two-kernel form (2) is written and tested for bits, not yet measured */
 int cu_gdn_step_mode = 0;
 
 /* f(RPT) for the delta-rule kernels (k_gdn_rec, k_gdn_step): Dk / 4 rows
@@ -1313,7 +1361,7 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
     float *beta = c + (size_t)T * C, *decay = beta + (size_t)T * Hv;
     float l2eps = d->norm_eps > 0.f ? d->norm_eps : 1e-6f;
     const dim3 rgrid((unsigned)Hv, (unsigned)((Dv + 31) / 32)); /* the delta rule's blocks */
-    if (cu_gdn_step_mode && cnt && T <= GDN_STEP_T && Dk <= GDN_STEP_DK && Hk <= CU_GDN_CNT && Hv % Hk == 0) {
+    if (cu_gdn_step_mode == 1 && cnt && T <= GDN_STEP_T && Dk <= GDN_STEP_DK && Hk <= CU_GDN_CNT && Hv % Hk == 0) {
         /* decode / verify: the whole step in one kernel (k_gdn_step) */
         gdn_by_rpt(Dk, [&](auto R) {
             (void)cu_launch(k_gdn_step<decltype(R)::value>, rgrid, 128, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv,
@@ -1323,10 +1371,17 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
         return SN_OK;
     }
     unsigned th = 128; /* k_gdn_conv covers up to 4*128 channels per head */
-    (void)cu_launch(k_gdn_conv, dim3((unsigned)(2 * Hk + Hv), (unsigned)T), th, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv, K,
-                                                                          l2eps, a, b, A_log, dt_bias, c, beta, decay);
-    CU_CHECK_LAUNCH("gdn conv");
-    if (K > 1) {
+    if (cu_gdn_step_mode == 2 && T <= GDN_STEP_T) {
+        /* decode / verify: conv and conv state in one launch, then the recurrence */
+        (void)cu_launch(k_gdn_conv_state, (unsigned)(2 * Hk + Hv), th, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv,
+                        K, l2eps, a, b, A_log, dt_bias, c, beta, decay, T, hist, hstride, nh);
+        CU_CHECK_LAUNCH("gdn conv + state");
+    } else {
+        (void)cu_launch(k_gdn_conv, dim3((unsigned)(2 * Hk + Hv), (unsigned)T), th, 0, s, qkv, conv_w, conv_state, Hk,
+                        Hv, Dk, Dv, K, l2eps, a, b, A_log, dt_bias, c, beta, decay);
+        CU_CHECK_LAUNCH("gdn conv");
+    }
+    if (K > 1 && !(cu_gdn_step_mode == 2 && T <= GDN_STEP_T)) {
         (void)cu_launch(k_gdn_state, (unsigned)((C + 255) / 256), 256, 0, s, conv_state, qkv, (int)C, K, T, hist,
                         hstride, nh);
         CU_CHECK_LAUNCH("gdn conv state");
