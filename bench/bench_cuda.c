@@ -671,6 +671,8 @@ int main(int argc, char **argv)
     /* the one-kernel GDN step (off by default: slower than the three kernels), and the two-kernel one */
     double dec_gdn1 = decode_with(&m, "gdn_step", 1, 0, prefill, nv, &tok);
     double dec_gdn2 = decode_with(&m, "gdn_step", 2, 0, prefill, nv, &tok);
+    /* the gated attention's q/k norms, RoPEs and KV write as one launch (off by default, not yet measured) */
+    double dec_prep = decode_with(&m, "fuse_attn_prep", 1, 0, prefill, nv, &tok);
     /* eager: fewer steps (same positions range) */
     int neager = ndec / 4 < 8 ? 8 : ndec / 4;
     pos = prefill;
@@ -722,6 +724,7 @@ int main(int argc, char **argv)
                dec_gu8);
     printf("  decode (graph), the one-kernel GDN step (gdn_step=1): %.1f tok/s; conv with its state update, then the "
            "recurrence (gdn_step=2): %.1f\n", dec_gdn1, dec_gdn2);
+    printf("  decode (graph), q/k norms + RoPE + KV write in one launch (fuse_attn_prep=1): %.1f tok/s\n", dec_prep);
     gemv_micro(&m);
     /* [prefill-breakdown] one prefill per setting of the prefill kernels
      * (cuda_prefill.cu: chunked GDN + flash attention, or the old ones),

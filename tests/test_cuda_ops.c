@@ -13,8 +13,9 @@
  *    dot product measured 7.7e-5 on the H200; cuBLAS ~1e-5);
  *    the single-pass fp16 form (gemm_fast): rel <= 2e-3.
  *  - argmax: exact (first index on ties).
- *  - graph replay of a step: bitwise equal to the same ops run eagerly.
- *  - the one-kernel GDN decode step (tune gdn_step=1, T <= 8): outputs,
+ *  - graph replay of a step: bitwise equal to the same ops run eagerly
+ *    (also with the q/k norm + RoPE + KV write fused: fuse_attn_prep).
+ *  - the one- and two-kernel GDN decode steps (tune gdn_step=1 / 2, T <= 8): outputs,
  *    state, conv state and history bitwise equal to the three kernels.
  * On a machine without a GPU (or a build without CUDA) the test says SKIP
  * and reports 0 passed, 0 failed. */
@@ -752,8 +753,10 @@ typedef struct {
     tw emb, wq, wk, wv, wo, wg, wu, wd;
     float *norm_w, *inv_freq;
     float *h, *xn, *q, *k, *v, *att, *o, *kc, *vc, *mg, *mu, *ma;
+    float *qkn_w, *qn, *kn; /* qkn: the gated attention's q/k RMSNorms before RoPE (qwen3_5) */
     int H, Hq, Hkv, D, ctx, I;
     int R; /* rows per step: 1 = a decode step, 2..8 = a prompt-lookup verify pass */
+    int qkn;
     int32_t outs[8]; /* argmax of each row: valid after the step (after end_step inside one) */
 } mini;
 
@@ -771,10 +774,19 @@ static void mini_step(mini *m, int32_t tok, int pos)
         CHECK_OK(b->ops->matmul(b, &m->wq.wg, 0, m->xn, R, m->q));
         CHECK_OK(b->ops->matmul(b, &m->wk.wg, 0, m->xn, R, m->k));
         CHECK_OK(b->ops->matmul(b, &m->wv.wg, 0, m->xn, R, m->v));
-        CHECK_OK(b->ops->rope(b, m->q, R, m->Hq, m->D, m->D / 2, pos, m->inv_freq, 1.f));
-        CHECK_OK(b->ops->rope(b, m->k, R, m->Hkv, m->D, m->D / 2, pos, m->inv_freq, 1.f));
-        CHECK_OK(b->ops->kv_write(b, &kv, m->k, m->v, R, pos));
-        CHECK_OK(b->ops->attention(b, m->q, &kv, R, pos, m->Hq, 0.125f, m->att));
+        float *q = m->q, *k = m->k;
+        if (m->qkn) {
+            /* forward.c's order for qwen3_5: both norms, both RoPEs (partial), the KV write */
+            CHECK_OK(b->ops->rmsnorm(b, m->q, m->qkn_w, R * m->Hq, m->D, 1e-6f, m->qn));
+            CHECK_OK(b->ops->rmsnorm(b, m->k, m->qkn_w + m->D, R * m->Hkv, m->D, 1e-6f, m->kn));
+            q = m->qn;
+            k = m->kn;
+        }
+        const int rot = m->qkn ? m->D / 4 : m->D / 2;
+        CHECK_OK(b->ops->rope(b, q, R, m->Hq, m->D, rot, pos, m->inv_freq, 1.f));
+        CHECK_OK(b->ops->rope(b, k, R, m->Hkv, m->D, rot, pos, m->inv_freq, 1.f));
+        CHECK_OK(b->ops->kv_write(b, &kv, k, m->v, R, pos));
+        CHECK_OK(b->ops->attention(b, q, &kv, R, pos, m->Hq, 0.125f, m->att));
         CHECK_OK(b->ops->matmul(b, &m->wo.wg, 0, m->att, R, m->o));
         CHECK_OK(b->ops->add(b, m->h, m->o, (size_t)R * m->H));
         /* the MLP: norm folded into gate/up, swiglu folded into down */
@@ -792,9 +804,9 @@ static void mini_step(mini *m, int32_t tok, int pos)
  * 512 threads (fewer and more virtual warps than the GEMV block has).
  * R rows per step: the grouped, folded launches of a verify pass give the
  * bits of the same ops run one by one. */
-static void graph_case(int H, int R)
+static void graph_case(int H, int R, int qkn)
 {
-    mini m = { .H = H, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 128, .I = H + 128, .R = R };
+    mini m = { .H = H, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 128, .I = H + 128, .R = R, .qkn = qkn };
     tw_make(&m.emb, SN_DT_Q4, 256, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wq, SN_DT_Q4, m.Hq * m.D, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wk, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
@@ -807,6 +819,10 @@ static void graph_case(int H, int R)
     for (int i = 0; i < 32; i++) inv[i] = powf(10000.f, -2.f * i / 32);
     m.norm_w = dcopy(nw, m.H);
     m.inv_freq = dcopy(inv, 32);
+    float *qw = hrand((size_t)2 * m.D, 1.f);
+    m.qkn_w = dcopy(qw, (size_t)2 * m.D);
+    m.qn = dpoison((size_t)R * m.Hq * m.D);
+    m.kn = dpoison((size_t)R * m.Hkv * m.D);
     m.h = dpoison((size_t)R * m.H); m.xn = dpoison((size_t)R * m.H); m.q = dpoison((size_t)R * m.Hq * m.D);
     m.k = dpoison((size_t)R * m.Hkv * m.D); m.v = dpoison((size_t)R * m.Hkv * m.D);
     m.att = dpoison((size_t)R * m.Hq * m.D); m.o = dpoison((size_t)R * m.H);
@@ -834,8 +850,9 @@ static void graph_case(int H, int R)
     }
     long r1, c1, e1;
     sn_cuda_graph_stats(G, &r1, &c1, &e1);
-    CHECKF(memcmp(toks_e, toks_g, sizeof toks_e) == 0, "graph H=%d R=%d: tokens differ from eager", H, R);
-    CHECKF(memcmp(hs_e, hs_g, hb * N) == 0, "graph H=%d R=%d: hidden states differ from eager", H, R);
+    CHECKF(memcmp(toks_e, toks_g, sizeof toks_e) == 0, "graph H=%d R=%d qkn=%d: tokens differ from eager", H, R,
+           qkn);
+    CHECKF(memcmp(hs_e, hs_g, hb * N) == 0, "graph H=%d R=%d qkn=%d: hidden states differ from eager", H, R, qkn);
     CHECKF(c1 - c0 == 1 && r1 - r0 == N - 1 && e1 == e0, "graphs: captured %ld replayed %ld eager %ld", c1 - c0,
            r1 - r0, e1 - e0);
     /* a host read inside a step runs it eagerly, with the same result */
@@ -846,7 +863,8 @@ static void graph_case(int H, int R)
     CHECK_OK(G->ops->to_host(G, tmp, m.h, sizeof tmp));
     CHECK_OK(sn_cuda_end_step(G));
     CHECK(m.outs[R - 1] >= 0 && m.outs[R - 1] < m.H);
-    free(nw); free(hs_e); free(hs_g);
+    free(nw); free(qw); free(hs_e); free(hs_g);
+    dfree(m.qkn_w); dfree(m.qn); dfree(m.kn);
     tw_free(&m.emb); tw_free(&m.wq); tw_free(&m.wk); tw_free(&m.wv); tw_free(&m.wo);
     tw_free(&m.wg); tw_free(&m.wu); tw_free(&m.wd);
     dfree(m.mg); dfree(m.mu); dfree(m.ma);
@@ -858,14 +876,21 @@ static void test_graph_replay(void)
 {
     /* the integer GEMV at every size (its digits pass folds the norm and the swiglu) */
     CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
-    graph_case(256, 1);
-    graph_case(5120, 1);
-    graph_case(256, 3);
-    graph_case(5120, 6);
+    graph_case(256, 1, 0);
+    graph_case(5120, 1, 0);
+    graph_case(256, 3, 0);
+    graph_case(5120, 6, 0);
     /* by shape: at H = 256 the fp32 GEMV (norm folded, swiglu run before it) */
     CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
-    graph_case(256, 1);
-    graph_case(256, 8);
+    graph_case(256, 1, 0);
+    graph_case(256, 8, 0);
+    /* q/k norms before a partial RoPE, unfused and fused into one launch */
+    for (int f = 0; f <= 1; f++) {
+        CHECK_OK(sn_cuda_tune(G, "fuse_attn_prep", f));
+        graph_case(256, 1, 1);
+        graph_case(256, 5, 1);
+    }
+    CHECK_OK(sn_cuda_tune(G, "fuse_attn_prep", 0));
 }
 
 int main(void)

@@ -456,6 +456,59 @@ int try_fuse_moe(cuda_be *cb, int k, sn_status *st)
 }
 /* [moe] end */
 
+/* Inside a capture, with cu_fuse_attn_prep: the gated attention's q/k
+ * RMSNorms, their RoPEs and the KV write of one sequence (five records in
+ * forward.c's order) as one launch (cu_attn_prep, the same bits). Every
+ * buffer must be distinct, so no record reads what an earlier one of the
+ * five wrote except as the unfused order does. Returns the records used. */
+int try_fuse_attn_prep(cuda_be *cb, int k, sn_status *st)
+{
+    if (!cb->fuse || !cu_fuse_attn_prep || k + 5 > cb->n_recs)
+        return 0;
+    const rec &nq = cb->recs[k], &nk = cb->recs[k + 1], &rq = cb->recs[k + 2], &rk = cb->recs[k + 3],
+              &kw = cb->recs[k + 4];
+    if (nq.kind != R_RMSNORM || nk.kind != R_RMSNORM || rq.kind != R_ROPE || rk.kind != R_ROPE ||
+        kw.kind != R_KVWRITE)
+        return 0;
+    const int64_t T = rq.i[0], Hq = rq.i[1], Hkv = rk.i[1], D = rq.i[2];
+    const bool shape = rk.i[0] == T && kw.i[3] == T && rk.i[2] == D && nq.i[1] == D && nk.i[1] == D &&
+                       kw.i[2] == D && nq.i[0] == T * Hq && nk.i[0] == T * Hkv && kw.i[1] == Hkv &&
+                       rq.i[3] == rk.i[3] && rq.p[1] == rk.p[1] && rq.f[0] == rk.f[0] && rq.pos0 == rk.pos0 &&
+                       kw.pos0 == rq.pos0 && D <= 4096;
+    /* the chain: rope(qn), rope(kn), kv_write(kn, v) */
+    const bool chain = rq.p[0] == nq.p[2] && rk.p[0] == nk.p[2] && kw.p[2] == nk.p[2];
+    if (!shape || !chain)
+        return 0;
+    const void *bufs[7] = { nq.p[0], nk.p[0], kw.p[3], nq.p[2], nk.p[2], kw.p[0], kw.p[1] };
+    for (int i = 0; i < 7; i++)
+        for (int j = i + 1; j < 7; j++)
+            if (bufs[i] == bufs[j])
+                return 0;
+    cu_attn_prep_args a;
+    memset(&a, 0, sizeof a);
+    a.q = (const float *)nq.p[0];
+    a.k = (const float *)nk.p[0];
+    a.v = (const float *)kw.p[3];
+    a.qw = (const float *)nq.p[1];
+    a.kw = (const float *)nk.p[1];
+    a.qn = (float *)nq.p[2];
+    a.kn = (float *)nk.p[2];
+    a.eps_q = nq.f[0];
+    a.eps_k = nk.f[0];
+    a.T = (int)T;
+    a.Hq = (int)Hq;
+    a.Hkv = (int)Hkv;
+    a.D = (int)D;
+    a.rot_dim = (int)rq.i[3];
+    a.pos0 = rq.pos0;
+    a.inv_freq = (const float *)rq.p[1];
+    a.mscale = rq.f[0];
+    a.kc = (float *)kw.p[0];
+    a.vc = (float *)kw.p[1];
+    *st = cu_attn_prep(cb->st, &a, &cb->d_sp->delta);
+    return 5;
+}
+
 sn_status capture_and_run(cuda_be *cb, gslot *gsl)
 {
     cudaStream_t s = cb->st;
@@ -471,6 +524,8 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
         int used = try_fuse(cb, k, &st);
         if (!used && st == SN_OK)
             used = try_fuse_moe(cb, k, &st); /* [moe] */
+        if (!used && st == SN_OK)
+            used = try_fuse_attn_prep(cb, k, &st);
         if (used) {
             k += used;
             continue;

@@ -296,6 +296,20 @@ sn_status cu_mul_sigmoid(cudaStream_t s, float *y, const float *g, size_t n);
 sn_status cu_add_gated(cudaStream_t s, float *y, const float *x, const float *g, int T, int n);
 sn_status cu_rope(cudaStream_t s, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,
                   const int *d_delta, const float *inv_freq, float mscale);
+/* q/k RMSNorm + RoPE + KV write in one launch (the graph fuser, tune
+ * fuse_attn_prep): the bits of cu_rmsnorm on q and on k, cu_rope on both,
+ * then cu_kv_write of (kn, v). qn/kn get the final rows. */
+typedef struct {
+    const float *q, *k, *v, *qw, *kw;
+    float *qn, *kn;
+    float eps_q, eps_k;
+    int T, Hq, Hkv, D, rot_dim, pos0;
+    const float *inv_freq;
+    float mscale;
+    float *kc, *vc; /* the cache rows [ctx][Hkv][D] */
+} cu_attn_prep_args;
+extern int cu_fuse_attn_prep;
+sn_status cu_attn_prep(cudaStream_t s, const cu_attn_prep_args *a, const int *d_delta);
 sn_status cu_kv_write(cudaStream_t s, const sn_kv_view *kv, const float *k, const float *v, int T, int pos0,
                       const int *d_delta);
 size_t cu_attention_scratch_bytes(const sn_kv_view *kv, int T, int n_q_heads);

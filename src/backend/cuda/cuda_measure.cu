@@ -97,6 +97,7 @@ const tune_key tune_keys[] = {
     { "gemm_i8", TUNE_DI(gemm_i8), false, false, 3, { 0, 2, 3 }, 0, 0, "0 off, 2 or 3 digits" },
     { "gemm_fast", TUNE_DI(gemm_fast), true, false, 0, {}, 0, 0, "" },
     { "moe_dec", TUNE_GLOBAL(cu_moe_dec_mode), false, true, 0, {}, 0, 2, "0 off, 1 on, 2 on with the L2 prefetch" },
+    { "fuse_attn_prep", TUNE_GLOBAL(cu_fuse_attn_prep), true, true, 0, {}, 0, 0, "" },
     { "gdn_step", TUNE_GLOBAL(cu_gdn_step_mode), false, true, 3, { 0, 1, 2 }, 0, 0,
       "0 three kernels, 1 one kernel, 2 conv with its state update, then the recurrence" },
     { "moe_gu_warps", TUNE_GLOBAL(cu_moe_gu_warps), false, true, 2, { 4, 8 }, 0, 0, "4 or 8" },

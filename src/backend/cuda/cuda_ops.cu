@@ -190,6 +190,48 @@ __global__ void k_kv_write(float *__restrict__ kc, float *__restrict__ vc, const
     }
 }
 
+/* q and k rows (blocks [0, T*Hq) and [T*Hq, T*(Hq+Hkv))), norm_threads(D)
+ * threads: k_rmsnorm's sum and scaling, then k_rope's rotation of the
+ * normalised row (same expressions), the result to qn/kn and, for a k row,
+ * with its v row into the cache at position pos0 + delta + t. */
+__global__ void k_attn_prep(cu_attn_prep_args a, const int *__restrict__ d_delta)
+{
+    pdl_enter();
+    __shared__ float red[33];
+    extern __shared__ float ys[]; /* the normalised row */
+    const int D = a.D, nq = a.T * a.Hq;
+    const bool isq = (int)blockIdx.x < nq;
+    const int row = isq ? (int)blockIdx.x : (int)blockIdx.x - nq, t = row / (isq ? a.Hq : a.Hkv);
+    const float *xr = (isq ? a.q : a.k) + (size_t)row * D, *w = isq ? a.qw : a.kw;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    float inv = 1.f / sqrtf(ss / (float)D + (isq ? a.eps_q : a.eps_k));
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        ys[i] = xr[i] * inv * w[i];
+    __syncthreads();
+    const int p0 = a.pos0 + *d_delta, half = a.rot_dim / 2;
+    float *yr = (isq ? a.qn : a.kn) + (size_t)row * D;
+    const size_t crow = (size_t)(p0 + t) * a.Hkv * D + (size_t)(row % a.Hkv) * D; /* k/v rows only */
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float v = ys[i];
+        if (i < 2 * half) {
+            const int j = i < half ? i : i - half;
+            float ang = (float)(p0 + t) * a.inv_freq[j];
+            float c = cosf(ang) * a.mscale, s = sinf(ang) * a.mscale;
+            /* k_rope: x1 = x[j], x2 = x[j + half] */
+            const float x1 = ys[j], x2 = ys[j + half];
+            v = i < half ? x1 * c - x2 * s : x2 * c + x1 * s;
+        }
+        yr[i] = v;
+        if (!isq) {
+            a.kc[crow + i] = v;
+            a.vc[crow + i] = a.v[(size_t)row * D + i];
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Attention, decode: split-KV. Grid (T*Hq, splits); each split keeps an     */
 /* online-softmax partial (m, l, o[D]) that k_attn_combine merges.           */
@@ -1212,6 +1254,20 @@ sn_status cu_kv_write(cudaStream_t s, const sn_kv_view *kv, const float *k, cons
         return SN_OK;
     (void)cu_launch(k_kv_write, ew_grid(n), 256, 0, s, kv->k, kv->v, k, v, n, row, pos0, d_delta);
     CU_CHECK_LAUNCH("kv_write");
+    return SN_OK;
+}
+
+/* off by default: written in run 18, tested for the unfused bits (test_cuda_ops' graph replay), not yet
+ * measured on the H200 */
+int cu_fuse_attn_prep = 0;
+
+sn_status cu_attn_prep(cudaStream_t s, const cu_attn_prep_args *a, const int *d_delta)
+{
+    const unsigned nb = (unsigned)(a->T * (a->Hq + a->Hkv));
+    if (!nb)
+        return SN_OK;
+    (void)cu_launch(k_attn_prep, nb, norm_threads(a->D), (size_t)a->D * sizeof(float), s, *a, d_delta);
+    CU_CHECK_LAUNCH("attention prep");
     return SN_OK;
 }
 
