@@ -1427,7 +1427,8 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
         return SN_OK;
     }
     unsigned th = 128; /* k_gdn_conv covers up to 4*128 channels per head */
-    if (cu_gdn_step_mode == 2 && T <= GDN_STEP_T) {
+    const bool two = cu_gdn_step_mode == 2 && T <= GDN_STEP_T;
+    if (two) {
         /* decode / verify: conv and conv state in one launch, then the recurrence */
         (void)cu_launch(k_gdn_conv_state, (unsigned)(2 * Hk + Hv), th, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv,
                         K, l2eps, a, b, A_log, dt_bias, c, beta, decay, T, hist, hstride, nh);
@@ -1437,7 +1438,7 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
                         Hv, Dk, Dv, K, l2eps, a, b, A_log, dt_bias, c, beta, decay);
         CU_CHECK_LAUNCH("gdn conv");
     }
-    if (K > 1 && !(cu_gdn_step_mode == 2 && T <= GDN_STEP_T)) {
+    if (K > 1 && !two) {
         (void)cu_launch(k_gdn_state, (unsigned)((C + 255) / 256), 256, 0, s, conv_state, qkv, (int)C, K, T, hist,
                         hstride, nh);
         CU_CHECK_LAUNCH("gdn conv state");
