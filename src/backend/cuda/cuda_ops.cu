@@ -38,6 +38,17 @@ __device__ float block_sum(float v, float *red)
 
 unsigned norm_threads(int n) { return n <= 128 ? 64u : n <= 512 ? 128u : n <= 2048 ? 256u : 512u; }
 
+/* 1 / rms of a row of n, the sum of squares in each thread's order and
+ * block_sum's tree: k_rmsnorm's and k_attn_prep's */
+__device__ __forceinline__ float rms_inv_row(const float *__restrict__ xr, int n, float eps, float *red)
+{
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    return 1.f / sqrtf(ss / (float)n + eps);
+}
+
 __global__ void k_rmsnorm(const float *__restrict__ x, const float *__restrict__ w, int n, float eps,
                           float *__restrict__ y)
 {
@@ -45,11 +56,7 @@ __global__ void k_rmsnorm(const float *__restrict__ x, const float *__restrict__
     __shared__ float red[33];
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        ss += xr[i] * xr[i];
-    ss = block_sum(ss, red);
-    float inv = 1.f / sqrtf(ss / (float)n + eps);
+    float inv = rms_inv_row(xr, n, eps, red);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         yr[i] = xr[i] * inv * w[i];
 }
@@ -158,8 +165,18 @@ unsigned ew_grid(size_t n)
     return (unsigned)(g > 4096 ? 4096 : g < 1 ? 1 : g);
 }
 
-/* One thread per (token, head, rotary pair). The angle is formed in fp32
- * exactly as the CPU does (fp32 position times fp32 inv_freq). */
+/* Rotary pair (x1, x2) at position pos and frequency f: k_rope's and
+ * k_attn_prep's arithmetic. The angle is formed in fp32 exactly as the CPU
+ * does (fp32 position times fp32 inv_freq). */
+__device__ __forceinline__ void rope_pair(float x1, float x2, int pos, float f, float mscale, float &o1, float &o2)
+{
+    float ang = (float)pos * f;
+    float c = cosf(ang) * mscale, s = sinf(ang) * mscale;
+    o1 = x1 * c - x2 * s;
+    o2 = x2 * c + x1 * s;
+}
+
+/* One thread per (token, head, rotary pair). */
 __global__ void k_rope(float *__restrict__ x, int T, int n_heads, int head_dim, int half, int pos0,
                        const int *__restrict__ d_delta, const float *__restrict__ inv_freq, float mscale)
 {
@@ -170,12 +187,8 @@ __global__ void k_rope(float *__restrict__ x, int T, int n_heads, int head_dim, 
         int i = (int)(e % half);
         size_t th = e / half;
         int t = (int)(th / n_heads);
-        float ang = (float)(p0 + t) * inv_freq[i];
-        float c = cosf(ang) * mscale, s = sinf(ang) * mscale;
         float *xh = x + th * head_dim;
-        float x1 = xh[i], x2 = xh[i + half];
-        xh[i] = x1 * c - x2 * s;
-        xh[i + half] = x2 * c + x1 * s;
+        rope_pair(xh[i], xh[i + half], p0 + t, inv_freq[i], mscale, xh[i], xh[i + half]);
     }
 }
 
@@ -192,7 +205,7 @@ __global__ void k_kv_write(float *__restrict__ kc, float *__restrict__ vc, const
 
 /* q and k rows (blocks [0, T*Hq) and [T*Hq, T*(Hq+Hkv))), norm_threads(D)
  * threads: k_rmsnorm's sum and scaling, then k_rope's rotation of the
- * normalised row (same expressions), the result to qn/kn and, for a k row,
+ * normalised row (the same helpers), the result to qn/kn and, for a k row,
  * with its v row into the cache at position pos0 + delta + t. */
 __global__ void k_attn_prep(cu_attn_prep_args a, const int *__restrict__ d_delta)
 {
@@ -203,30 +216,20 @@ __global__ void k_attn_prep(cu_attn_prep_args a, const int *__restrict__ d_delta
     const bool isq = (int)blockIdx.x < nq;
     const int row = isq ? (int)blockIdx.x : (int)blockIdx.x - nq, t = row / (isq ? a.Hq : a.Hkv);
     const float *xr = (isq ? a.q : a.k) + (size_t)row * D, *w = isq ? a.qw : a.kw;
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x)
-        ss += xr[i] * xr[i];
-    ss = block_sum(ss, red);
-    float inv = 1.f / sqrtf(ss / (float)D + (isq ? a.eps_q : a.eps_k));
+    float inv = rms_inv_row(xr, D, isq ? a.eps_q : a.eps_k, red);
     for (int i = threadIdx.x; i < D; i += blockDim.x)
         ys[i] = xr[i] * inv * w[i];
     __syncthreads();
     const int p0 = a.pos0 + *d_delta, half = a.rot_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        rope_pair(ys[i], ys[i + half], p0 + t, a.inv_freq[i], a.mscale, ys[i], ys[i + half]);
+    __syncthreads();
     float *yr = (isq ? a.qn : a.kn) + (size_t)row * D;
     const size_t crow = (size_t)(p0 + t) * a.Hkv * D + (size_t)(row % a.Hkv) * D; /* k/v rows only */
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float v = ys[i];
-        if (i < 2 * half) {
-            const int j = i < half ? i : i - half;
-            float ang = (float)(p0 + t) * a.inv_freq[j];
-            float c = cosf(ang) * a.mscale, s = sinf(ang) * a.mscale;
-            /* k_rope: x1 = x[j], x2 = x[j + half] */
-            const float x1 = ys[j], x2 = ys[j + half];
-            v = i < half ? x1 * c - x2 * s : x2 * c + x1 * s;
-        }
-        yr[i] = v;
+        yr[i] = ys[i];
         if (!isq) {
-            a.kc[crow + i] = v;
+            a.kc[crow + i] = ys[i];
             a.vc[crow + i] = a.v[(size_t)row * D + i];
         }
     }
