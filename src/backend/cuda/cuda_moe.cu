@@ -99,14 +99,14 @@ md_cdiv md_cdiv_of(int d)
 
 __device__ __forceinline__ int md_div(int c, md_cdiv q) { return q.sh >= 0 ? c >> q.sh : c / q.d; }
 
-/* chunk values of token x as floats: VPC of them (xperm in 32 bits) */
+/* chunk values of token x as floats: VPC of them */
 template <int BITS>
 __device__ __forceinline__ void md_xload(const float4 *xs, int c, float (&xv)[128 / BITS])
 {
     constexpr int NF4 = (128 / BITS) / 4;
 #pragma unroll
     for (int i = 0; i < NF4; i++) {
-        const float4 f = xs[((c >> 5) * NF4 + i) * 32 + (c & 31)];
+        const float4 f = xs[xperm<BITS>(c, i)];
         xv[4 * i] = f.x;
         xv[4 * i + 1] = f.y;
         xv[4 * i + 2] = f.z;
@@ -226,7 +226,6 @@ struct md_gu_args {
     const void *Sg, *Su;     /* [E, I, groups] pairs */
     int sf;
     int64_t rows, cols, words, groups; /* I, H */
-    int group;
     md_cdiv cpg;         /* chunks per quant group */
     const float *logits; /* [T, E] */
     int E, k, norm;
@@ -379,7 +378,7 @@ struct md_dn_args {
     const void *Sd;
     int sf;
     int64_t rows, cols, words, groups; /* H, I */
-    int group, k;       /* k: slots per token (the shared expert's included) */
+    int k;              /* slots per token (the shared expert's included) */
     md_cdiv cpg, nce;   /* chunks per quant group, per expert row */
     const uint32_t *Wsd; /* the shared expert's down matrix (slot index -1) */
     const void *Ssd;
@@ -575,7 +574,6 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     g.cols = H;
     g.words = gate->words;
     g.groups = gate->groups;
-    g.group = gate->group;
     g.cpg = md_cdiv_of(gate->group / (128 / gate->bits));
     g.logits = logits;
     g.E = (int)E;
@@ -620,7 +618,6 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     d.cols = I;
     d.words = down->words;
     d.groups = down->groups;
-    d.group = down->group;
     d.cpg = md_cdiv_of(down->group / (128 / down->bits));
     d.nce = md_cdiv_of((int)(down->words / 4));
     d.k = ks;

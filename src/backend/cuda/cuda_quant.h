@@ -119,9 +119,10 @@ __device__ __forceinline__ float2 qpair(uint32_t w, int k)
 }
 
 /* Lane-major x layout: chunk c (VPC = 128/BITS values, one uint4 of words)
- * float4 i lives at float4 index ((c >> 5) * NF4 + i) * 32 + (c & 31). */
-template <int BITS>
-__device__ __forceinline__ int64_t xperm(int64_t c, int i)
+ * float4 i lives at float4 index ((c >> 5) * NF4 + i) * 32 + (c & 31), in
+ * the width of c (the MoE kernels' 32-bit chunk indices). */
+template <int BITS, typename I>
+__device__ __forceinline__ I xperm(I c, int i)
 {
     constexpr int NF4 = (128 / BITS) / 4;
     return ((c >> 5) * NF4 + i) * 32 + (c & 31);
