@@ -617,8 +617,8 @@ static void gdn_case(int Hk, int Hv, int Dk, int Dv, int K, int T)
         dfree(dconv2); dfree(dS2); dfree(dout2); dfree(dh);
     }
     if (T <= 8) {
-        /* the one-kernel decode step (gdn_step 1) and the two-kernel one (2)
-         * give the three kernels' bits (0, the default): outputs, state,
+        /* the one-kernel decode step (gdn_step 1) and the two-kernel one (2,
+         * the default) give the three kernels' bits (0): outputs, state,
          * conv state and history */
         for (int mode = 1; mode <= 2; mode++)
             for (int nh = 0; nh <= (T >= 2 ? T - 1 : 0); nh += T >= 2 ? T - 1 : 1) {
@@ -633,6 +633,7 @@ static void gdn_case(int Hk, int Hv, int Dk, int Dv, int K, int T)
                 free(one); free(three);
             }
         CHECK(sn_cuda_tune(G, "gdn_step", 3) == SN_E_INVALID);
+        CHECK_OK(sn_cuda_tune(G, "gdn_step", 2)); /* the default again */
     }
     free(qkv); free(a); free(b); free(cw); free(Al); free(dtb); free(conv); free(S); free(conv_c); free(S_c);
     free(ref); free(out); free(Sg); free(cg);

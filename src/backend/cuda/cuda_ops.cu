@@ -1382,10 +1382,11 @@ size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T)
            cu_pf_gdn_scratch_bytes(d, T); /* [prefill] chunked delta rule (cuda_prefill.cu) */
 }
 
-/* 0 by default: the H200 measured the one-kernel step (1) slower than the three kernels (2026-12-01
- * 18:07Z: 35B-A3B decode 313.5-321.2 vs 325.3-325.7 tok/s, 27B 105.9-106.8 vs 106.8-107.5, three
- * interleaved rounds); the two-kernel form (2) is written and tested for bits, not yet measured */
-int cu_gdn_step_mode = 0;
+/* 2 by default: the two-kernel form, three interleaved rounds against the three kernels (0) on the
+ * H200 (2026-12-02 01:31Z): 35B-A3B 2.586-2.640 against 2.630-2.648 ms per step, 27B 8.178-8.304
+ * against 8.242-8.381. The one-kernel step (1) was measured slower than 0 (2026-12-01 18:07Z: 35B-A3B
+ * decode 313.5-321.2 vs 325.3-325.7 tok/s, 27B 105.9-106.8 vs 106.8-107.5). */
+int cu_gdn_step_mode = 2;
 
 /* f(RPT) for the delta-rule kernels (k_gdn_rec, k_gdn_step): Dk / 4 rows
  * of S per thread, as the 8, 16, 32 or 64 of an instantiation */
