@@ -509,86 +509,6 @@ int try_fuse_attn_prep(cuda_be *cb, int k, sn_status *st)
     return 5;
 }
 
-/* l2_pf_mb: a record that starts a stretch of small kernels, in which no
- * GEMV streams weights (the DRAM would sit mostly idle) */
-bool pf_gap(int kind)
-{
-    return kind == R_GDN || kind == R_ATTN || kind == R_MOE || kind == R_GRMSNORM || kind == R_ROPE ||
-           kind == R_KVWRITE || kind == R_MULSIG;
-}
-
-/* The weights of one launch (its spans from s0 of sp) get take = a uniform
- * share of what is left of the budget, so every warp of that launch finds
- * the start of its run in L2. */
-void pf_share(cu_span *sp, size_t *take, int s0, int n, size_t *budget)
-{
-    size_t total = 0;
-    for (int i = s0; i < n; i++)
-        total += sp[i].bytes;
-    for (int i = s0; i < n; i++)
-        take[i] = total <= *budget ? sp[i].bytes : (size_t)((double)sp[i].bytes * (double)*budget / (double)total);
-    *budget = total <= *budget ? *budget - total : 0;
-}
-
-/* Inside a capture, before record k (a pf_gap kind) after a GEMV: fork a
- * side branch that asks L2 for the K/V rows of an attention in this
- * stretch (with l2_pf_kv), then the weights of the GEMVs after it (up to
- * the next stretch; an MoE's shared expert counts as one), l2_pf_mb MB at
- * most, in launch order. The branch depends on what the stream has
- * queued so far and nothing depends on it but the end of the graph, so the
- * prefetch runs beside the small kernels and changes no result. */
-sn_status pf_fork(cuda_be *cb, int k)
-{
-    cu_span sp[CU_PF_SPANS];
-    size_t take[CU_PF_SPANS];
-    size_t budget = (size_t)cb->l2_pf_mb << 20;
-    int n = 0, j = k + 1;
-    for (; j < cb->n_recs && cb->recs[j].kind != R_MATMUL; j++) {
-        const rec &r = cb->recs[j];
-        if (r.kind == R_ATTN && cb->l2_pf_kv && n + 2 <= CU_PF_SPANS) {
-            /* the cache rows the attention reads (as of the capture; a
-             * replay at a later position reads a few more) */
-            const size_t rows = (size_t)(r.pos0 + r.i[3]) * (size_t)r.i[1] * (size_t)r.i[2] * sizeof(float);
-            sp[n++] = { r.p[0], rows };
-            sp[n++] = { r.p[1], rows };
-            pf_share(sp, take, n - 2, n, &budget);
-        }
-    }
-    while (j < cb->n_recs && budget && n + 6 <= CU_PF_SPANS) {
-        const rec &r = cb->recs[j];
-        const int s0 = n;
-        if (r.kind == R_MOE) {
-            /* the shared expert's three matrices (the routed ones are not known yet) */
-            for (int m = 6; m <= 8 && r.p[6]; m++) {
-                const cu_weight *w = cw_of(r.p[m]);
-                sp[n++] = { w->q, (size_t)w->rows * (size_t)w->words * 4 };
-                sp[n++] = { w->sb, (size_t)w->rows * (size_t)w->groups * (w->sfmt == CS_F32 ? 8 : 4) };
-            }
-            pf_share(sp, take, s0, n, &budget);
-            break;
-        }
-        if (pf_gap(r.kind))
-            break;
-        if (r.kind != R_MATMUL) {
-            j++;
-            continue;
-        }
-        /* one launch: the matmuls of this x and T in a row (try_fuse's group) */
-        for (; j < cb->n_recs && n + 2 <= CU_PF_SPANS; j++) {
-            const rec &m = cb->recs[j];
-            if (m.kind != R_MATMUL || m.p[1] != r.p[1] || m.i[1] != r.i[1])
-                break;
-            n += cu_matmul_reads(&cb->di, cw_of(m.p[0]), m.i[0], (const float *)m.p[1], (int)m.i[1], sp + n);
-        }
-        pf_share(sp, take, s0, n, &budget);
-    }
-    if (!n)
-        return SN_OK;
-    CU_TRY(cudaEventRecord(cb->ev_fork, cb->st), "prefetch fork");
-    CU_TRY(cudaStreamWaitEvent(cb->side, cb->ev_fork, 0), "prefetch fork");
-    return cu_l2_prefetch(cb->side, sp, take, n);
-}
-
 sn_status capture_and_run(cuda_be *cb, gslot *gsl)
 {
     cudaStream_t s = cb->st;
@@ -600,17 +520,7 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
     cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
     if (e != cudaSuccess)
         st = cu_err(e, "graph params");
-    bool pf_armed = false, forked = false; /* a GEMV since the last fork; the side stream in the capture */
     for (int k = 0; k < cb->n_recs && st == SN_OK;) {
-        const int kind = cb->recs[k].kind;
-        if (cb->l2_pf_mb && pf_armed && pf_gap(kind)) {
-            st = pf_fork(cb, k);
-            forked = true;
-            pf_armed = false;
-            if (st != SN_OK)
-                break;
-        }
-        pf_armed = pf_armed || kind == R_MATMUL;
         int used = try_fuse(cb, k, &st);
         if (!used && st == SN_OK)
             used = try_fuse_moe(cb, k, &st); /* [moe] */
@@ -622,13 +532,6 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
         }
         st = dispatch(cb, cb->recs[k], true);
         k++;
-    }
-    if (st == SN_OK && forked) {
-        /* the side branch joins the stream before the capture ends */
-        if ((e = cudaEventRecord(cb->ev_join, cb->side)) != cudaSuccess ||
-            (e = cudaStreamWaitEvent(s, cb->ev_join, 0)) != cudaSuccess)
-            st = cu_err(e, "prefetch join");
-        cu_pdl_skip = 1; /* what follows a join has two parents: no PDL edge */
     }
     if (st == SN_OK && cb->n_outs) {
         e = cudaMemcpyAsync(cb->h_outs, cb->d_outs, sizeof(int32_t) * cb->n_outs, cudaMemcpyDeviceToHost, s);
@@ -735,12 +638,6 @@ void cuda_destroy(sn_backend *b)
     cudaFreeHost(cb->h_sp);
     if (cb->st)
         cudaStreamDestroy(cb->st);
-    if (cb->side)
-        cudaStreamDestroy(cb->side);
-    if (cb->ev_fork)
-        cudaEventDestroy(cb->ev_fork);
-    if (cb->ev_join)
-        cudaEventDestroy(cb->ev_join);
     free(cb->recs);
     free(cb);
 }
@@ -1515,7 +1412,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->base.n_threads = 1;
     cb->dev = gpu;
     cb->fuse = true;
-    cb->l2_pf_kv = 1;
     cb->di.moe_gemm = 1;
     cb->di.gemv_i8 = 1;
     cb->di.gemv_mb = 0; /* by shape */
@@ -1543,9 +1439,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     snprintf(cb->name, sizeof cb->name, "%s", prop.name);
     sn_status st = SN_OK;
     if ((e = cudaStreamCreateWithFlags(&cb->st, cudaStreamNonBlocking)) != cudaSuccess ||
-        (e = cudaStreamCreateWithFlags(&cb->side, cudaStreamNonBlocking)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&cb->ev_fork, cudaEventDisableTiming)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&cb->ev_join, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_zero, sizeof(int))) != cudaSuccess ||
         (e = cudaMemset(cb->d_zero, 0, sizeof(int))) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_gdn_cnt, sizeof(int) * CU_GDN_CNT)) != cudaSuccess ||

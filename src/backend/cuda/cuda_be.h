@@ -87,13 +87,6 @@ struct cuda_be {
     long n_replayed, n_captured, n_eager;
 
     int fuse;               /* group decode GEMVs and fold residual adds inside graphs */
-    /* Inside graphs, at each stretch of small kernels after a GEMV (GDN,
-     * attention, MoE), a side branch asks L2 for the weights of the GEMVs
-     * that follow it, up to l2_pf_mb MB (0: off; tune key "l2_pf_mb"). */
-    int l2_pf_mb;
-    int l2_pf_kv;           /* and the K/V rows of an attention in the stretch (tune "l2_pf_kv", default on) */
-    cudaStream_t side;
-    cudaEvent_t ev_fork, ev_join;
 
     /* The x the integer prefill GEMM last staged into scratch (its digit
      * planes). Consecutive eager matmuls of one x (q/k/v, qkv/z/b/a,

@@ -263,15 +263,6 @@ bool cu_matmul_int_path(const cu_devinfo *di, const cu_weight *w, int64_t e, con
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
                           float *const *y, float *const *add_to, const float *x, int T, const cu_gemv_norm *norm,
                           void *scratch); /* scratch: cu_matmul_scratch_bytes(w[0], T) */
-/* The device bytes a decode matmul (T < 9 rows) of expert e of w reads, as
- * the kernel cu_matmul would choose reads them: the weights, then their
- * (scale, bias) pairs, into sp[0..1]. Returns the count, 0 when it is not a
- * quantized decode GEMV (for cu_l2_prefetch). */
-typedef struct {
-    const void *p;
-    size_t bytes;
-} cu_span;
-int cu_matmul_reads(const cu_devinfo *di, const cu_weight *w, int64_t e, const float *x, int T, cu_span *sp);
 /* y[T, cols] = dequantized rows d_ids[t] of W (ids validated by the caller). */
 sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int T, float *y);
 /* MoE FFN over the experts of one layer for T tokens, routing on the GPU:
@@ -299,13 +290,6 @@ sn_status cu_add(cudaStream_t s, float *y, const float *x, size_t n);
 #define CU_COPY_N_MAX 128
 sn_status cu_copy_n(cudaStream_t s, int n, void *const *dst, const void *const *src, const size_t *bytes);
 sn_status cu_swiglu(cudaStream_t s, const float *g, const float *u, size_t n, float *out);
-/* Ask L2 to fetch part of n <= CU_PF_SPANS spans, fire and forget
- * (cp.async.bulk.prefetch.L2; the kernel ends once the requests are out):
- * of span i the first take[i] / bytes of each of its 256 equal slices, so a
- * GEMV whose warps stream contiguous runs finds the start of every run in
- * L2. Reads nothing the model computes and writes nothing. */
-#define CU_PF_SPANS 24
-sn_status cu_l2_prefetch(cudaStream_t s, const cu_span *sp, const size_t *take, int n);
 /* silu as every kernel computes it (the swiglu folded into a GEMV must match k_swiglu bitwise) */
 __device__ __forceinline__ float cu_silu(float x) { return x / (1.f + expf(-x)); }
 sn_status cu_mul_sigmoid(cudaStream_t s, float *y, const float *g, size_t n);

@@ -112,8 +112,6 @@ const tune_key tune_keys[] = {
     { "gemv_mb", TUNE_DI(gemv_mb), false, true, 0, {}, 0, 2, "0 = by shape, 1 or 2" },
     { "pdl", TUNE_GLOBAL(cu_pdl), false, true, 0, {}, 0, 2, "0 off, 1 every kernel, 2 weight-prefetching kernels" },
     { "fuse", [](cuda_be *c) { return &c->fuse; }, true, true, 0, {}, 0, 0, "" },
-    { "l2_pf_mb", [](cuda_be *c) { return &c->l2_pf_mb; }, false, true, 0, {}, 0, 64, "0 off, else 1..64 MB" },
-    { "l2_pf_kv", [](cuda_be *c) { return &c->l2_pf_kv; }, true, true, 0, {}, 0, 0, "" },
 };
 #undef TUNE_DI
 #undef TUNE_GLOBAL

@@ -1131,55 +1131,7 @@ __global__ void k_argmax_final(const float2 *__restrict__ part, int32_t *__restr
         out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
 }
 
-/* cu_l2_prefetch: thread i takes slice i % PF_SLICES of span i / PF_SLICES */
-constexpr int PF_SLICES = 256;
-struct pf_list {
-    const char *p[CU_PF_SPANS];
-    unsigned long long bytes[CU_PF_SPANS], take[CU_PF_SPANS];
-    int n;
-};
-
-__global__ void __launch_bounds__(256) k_l2_prefetch(pf_list L)
-{
-    const int i = blockIdx.x * blockDim.x + threadIdx.x, sp = i / PF_SLICES, sl = i % PF_SLICES;
-    if (sp >= L.n)
-        return;
-    const unsigned long long b = L.bytes[sp];
-    const unsigned long long s0 = b * sl / PF_SLICES / 16 * 16, s1 = b * (sl + 1) / PF_SLICES / 16 * 16;
-    /* this slice's share of take, in whole 16-byte words */
-    const unsigned long long want = ((s1 - s0) * L.take[sp] / b + 15) / 16 * 16, n = want < s1 - s0 ? want : s1 - s0;
-    for (unsigned long long o = 0; o < n; o += 32768) {
-        const unsigned len = (unsigned)(n - o < 32768 ? n - o : 32768);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(L.p[sp] + s0 + o), "r"(len) : "memory");
-    }
-}
-
 } // namespace
-
-sn_status cu_l2_prefetch(cudaStream_t s, const cu_span *sp, const size_t *take, int n)
-{
-    if (n > CU_PF_SPANS)
-        return SN_FAIL(SN_E_INVALID, "l2_prefetch: %d spans (max %d)", n, CU_PF_SPANS);
-    pf_list L;
-    memset(&L, 0, sizeof L);
-    for (int i = 0; i < n; i++) {
-        /* whole 16-byte words inside the span (the bulk prefetch's unit) */
-        const uintptr_t a = ((uintptr_t)sp[i].p + 15) & ~(uintptr_t)15;
-        const size_t skip = a - (uintptr_t)sp[i].p;
-        if (!sp[i].p || sp[i].bytes < skip + 16 || !take[i])
-            continue;
-        L.p[L.n] = (const char *)a;
-        L.bytes[L.n] = (sp[i].bytes - skip) / 16 * 16;
-        L.take[L.n] = take[i] < L.bytes[L.n] ? take[i] : L.bytes[L.n];
-        L.n++;
-    }
-    if (!L.n)
-        return SN_OK;
-    /* a plain launch: it runs on a side branch of the graph, off the chain of PDL edges */
-    k_l2_prefetch<<<(unsigned)((L.n * PF_SLICES + 255) / 256), 256, 0, s>>>(L);
-    CU_CHECK_LAUNCH("l2 prefetch");
-    return SN_OK;
-}
 
 sn_status cu_ops_init(const cu_devinfo *di)
 {
