@@ -113,25 +113,19 @@ __device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg 
      * their loads are in flight together (a verify pass of 8 rows took 8
      * load latencies one after the other) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    const int nvw = g.norm_threads / 32, nt = T < TT ? T : TT, np = nt * nvw;
-    /* two virtual warps per pass, their loads in flight together */
-    for (int p = warp; p < np; p += 2 * nwarps) {
-        const int p2 = p + nwarps < np ? p + nwarps : p;
-        const int t = p / nvw, vw = p % nvw, t2 = p2 / nvw, vw2 = p2 % nvw;
-        const float *const rows[2] = { x + (size_t)t * cols, x + (size_t)t2 * cols };
-        const int64_t i0[2] = { (int64_t)vw * 32 + lane, p2 != p ? (int64_t)vw2 * 32 + lane : cols };
-        float ss[2];
-        rms_lane_sums<2>(rows, i0, cols, g.norm_threads, ss);
+    const int nvw = g.norm_threads / 32, nt = T < TT ? T : TT;
+    for (int p = warp; p < nt * nvw; p += nwarps) {
+        const int t = p / nvw, vw = p % nvw;
+        const float *xr = x + (size_t)t * cols;
+        float ss = 0.f;
+#pragma unroll 4
+        for (int64_t i = vw * 32 + lane; i < cols; i += g.norm_threads)
+            ss += xr[i] * xr[i];
 #pragma unroll
-        for (int k = 0; k < 2; k++)
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                ss[k] += __shfl_xor_sync(0xffffffffu, ss[k], o);
-        if (lane == 0) {
-            red[t][vw] = ss[0];
-            if (p2 != p)
-                red[t2][vw2] = ss[1];
-        }
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0)
+            red[t][vw] = ss;
     }
     __syncthreads();
     /* one warp per token finishes its tree (warp 0 doing all of them
@@ -333,6 +327,8 @@ template <int TT>
 __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g)
 {
     __shared__ float inv[TT];
+    if (g.nw)
+        gv_norm_inv<TT>(x, T, cols, g, inv);
     uint32_t *xw = (uint32_t *)stage;
     float2 *xe = (float2 *)(stage + (size_t)TT * nit * 3072);
     const int nch = (int)(cols / 32), n8 = (int)(cols / 8), nt = T < TT ? T : TT;
@@ -340,37 +336,19 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
     const bool aligned = ((uintptr_t)x & 15) == 0;
     const bool w_al = g.nw && ((uintptr_t)g.nw & 15) == 0;
     const int total = nt * n8; /* a multiple of lpg and of 4: whole groups and chunks per warp */
-    /* a pass's x and norm weights are loaded during the pass before it
-     * (the first pass's during the norm): no load latency of its own per pass */
-    auto fetch = [&](int p, float (&v)[8], float (&w8)[8]) {
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            v[k] = w8[k] = 0.f;
-        if (p < total) {
-            const int t = p / n8, u = p - t * n8;
-            ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, v);
-            if (g.nw)
-                ld8(g.nw + 8 * (size_t)u, w_al, w8);
-        }
-    };
-    float vn[8], wn[8];
-    fetch(threadIdx.x, vn, wn); /* in flight during the norm's sums */
-    if (g.nw)
-        gv_norm_inv<TT>(x, T, cols, g, inv);
     for (int p0 = 0; p0 < total; p0 += blockDim.x) {
         const int p = p0 + threadIdx.x;
         const bool in = p < total;
         const int t = in ? p / n8 : 0, u = in ? p - t * n8 : 0;
-        float v[8], w8[8];
+        float v[8];
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            v[k] = vn[k];
-            w8[k] = wn[k];
-        }
-        if (p0 + (int)blockDim.x < total)
-            fetch(p + blockDim.x, vn, wn);
+        for (int k = 0; k < 8; k++)
+            v[k] = 0.f;
         if (in) {
+            ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, v);
             if (g.nw) {
+                float w8[8];
+                ld8(g.nw + 8 * (size_t)u, w_al, w8);
                 const float iv = inv[t];
 #pragma unroll
                 for (int k = 0; k < 8; k++)
@@ -557,11 +535,6 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             issue();
         cp_async_commit();
     }
-    /* the folded norm's weights (constants) toward L2 before the wait, a
-     * 128-byte line per block: the staging reads them right after it */
-    if (g.nw && threadIdx.x == 0)
-        for (int64_t i = (int64_t)blockIdx.x * 32; i < cols; i += (int64_t)gridDim.x * 32)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(g.nw + i));
     pdl_wait();
     if constexpr (DP)
         gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g);

@@ -290,45 +290,6 @@ sn_status cu_add(cudaStream_t s, float *y, const float *x, size_t n);
 #define CU_COPY_N_MAX 128
 sn_status cu_copy_n(cudaStream_t s, int n, void *const *dst, const void *const *src, const size_t *bytes);
 sn_status cu_swiglu(cudaStream_t s, const float *g, const float *u, size_t n, float *out);
-/* RMSNorm's per-thread sum of squares, the order every norm of a row
- * shares (k_rmsnorm, k_attn_prep, the norms folded into the GEMVs and into
- * k_x_digits): s[k] = x_k[i0_k]^2 + x_k[i0_k + nt]^2 + ... over the indices
- * below cols, added in that order. NP such sums at once, CU_RMS_B values of
- * each loaded before any is added, so a thread waits for one load latency
- * per CU_RMS_B values (ncu of the 27B's gate/up GEMV: its fused norm waited
- * on x's loads a few at a time, ~10 % of the kernel's warp samples). An i0
- * of cols or more gives 0 and reads nothing. */
-constexpr int CU_RMS_B = 10;
-template <int NP>
-__device__ __forceinline__ void rms_lane_sums(const float *const (&xr)[NP], const int64_t (&i0)[NP], int64_t cols,
-                                              int64_t nt, float (&s)[NP])
-{
-#pragma unroll
-    for (int k = 0; k < NP; k++)
-        s[k] = 0.f;
-    for (int64_t b = 0;; b += CU_RMS_B * nt) {
-        float v[NP][CU_RMS_B];
-        bool more = false;
-#pragma unroll
-        for (int k = 0; k < NP; k++) {
-#pragma unroll
-            for (int j = 0; j < CU_RMS_B; j++) {
-                const int64_t i = i0[k] + b + j * nt;
-                v[k][j] = i < cols ? xr[k][i] : 0.f;
-            }
-            more = more || i0[k] + b + CU_RMS_B * nt < cols;
-        }
-#pragma unroll
-        for (int k = 0; k < NP; k++)
-#pragma unroll
-            for (int j = 0; j < CU_RMS_B; j++)
-                if (i0[k] + b + j * nt < cols)
-                    s[k] += v[k][j] * v[k][j];
-        if (!more)
-            break;
-    }
-}
-
 /* silu as every kernel computes it (the swiglu folded into a GEMV must match k_swiglu bitwise) */
 __device__ __forceinline__ float cu_silu(float x) { return x / (1.f + expf(-x)); }
 sn_status cu_mul_sigmoid(cudaStream_t s, float *y, const float *g, size_t n);

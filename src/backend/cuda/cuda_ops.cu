@@ -42,12 +42,11 @@ unsigned norm_threads(int n) { return n <= 128 ? 64u : n <= 512 ? 128u : n <= 20
  * block_sum's tree: k_rmsnorm's and k_attn_prep's */
 __device__ __forceinline__ float rms_inv_row(const float *__restrict__ xr, int n, float eps, float *red)
 {
-    const float *const rows[1] = { xr };
-    const int64_t i0[1] = { (int64_t)threadIdx.x };
-    float ss[1];
-    rms_lane_sums<1>(rows, i0, n, blockDim.x, ss);
-    const float tot = block_sum(ss[0], red);
-    return 1.f / sqrtf(tot / (float)n + eps);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    return 1.f / sqrtf(ss / (float)n + eps);
 }
 
 __global__ void k_rmsnorm(const float *__restrict__ x, const float *__restrict__ w, int n, float eps,

@@ -40,24 +40,16 @@ __device__ __forceinline__ float2 sb_pair(uint2 e, int sf)
  * rms_total (by one full warp) finishes the tree. */
 __device__ __forceinline__ void rms_partials(const float *xr, int64_t cols, int nt, float *red)
 {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5, nvw = nt / 32;
-    /* two virtual warps per pass, their loads in flight together */
-    for (int vw = warp; vw < nvw; vw += 2 * nwarps) {
-        const int vw2 = vw + nwarps;
-        const float *const rows[2] = { xr, xr };
-        const int64_t i0[2] = { (int64_t)vw * 32 + lane, vw2 < nvw ? (int64_t)vw2 * 32 + lane : cols };
-        float ss[2];
-        rms_lane_sums<2>(rows, i0, cols, nt, ss);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    for (int vw = warp; vw < nt / 32; vw += nwarps) {
+        float ss = 0.f;
+        for (int64_t i = vw * 32 + lane; i < cols; i += nt)
+            ss += xr[i] * xr[i];
 #pragma unroll
-        for (int k = 0; k < 2; k++)
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                ss[k] += __shfl_xor_sync(0xffffffffu, ss[k], o);
-        if (lane == 0) {
-            red[vw] = ss[0];
-            if (vw2 < nvw)
-                red[vw2] = ss[1];
-        }
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0)
+            red[vw] = ss;
     }
 }
 
@@ -190,27 +182,13 @@ __device__ void stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t
     constexpr int NF4 = (128 / BITS) / 4;
     int64_t n4 = cols / 4, nch = n4 / NF4;
     bool aligned = ((uintptr_t)x & 15) == 0; /* cols % 4 == 0 always (cols % 32 == 0) */
-    const int64_t bd = blockDim.x;
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * cols;
-        /* four passes' loads in flight before the first store: one load
-         * latency per four passes over the row, not one per pass */
-        for (int64_t q0 = threadIdx.x; q0 < n4; q0 += 4 * bd) {
-            float4 v[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int64_t q = q0 + u * bd;
-                v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (q < n4)
-                    v[u] = aligned ? __ldg((const float4 *)xr + q)
-                                   : make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const int64_t q = q0 + u * bd;
-                if (q < n4)
-                    xs[t * stride4 + xperm<BITS>(q / NF4, (int)(q % NF4))] = v[u];
-            }
+        for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) {
+            int64_t c = q / NF4;
+            float4 v = aligned ? __ldg((const float4 *)xr + q)
+                               : make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
+            xs[t * stride4 + xperm<BITS>(c, (int)(q % NF4))] = v;
         }
     }
     __syncthreads();
