@@ -101,6 +101,7 @@ const tune_key tune_keys[] = {
     { "gdn_step", TUNE_GLOBAL(cu_gdn_step_mode), false, true, 3, { 0, 1, 2 }, 0, 0,
       "0 three kernels, 1 one kernel, 2 conv with its state update, then the recurrence" },
     { "moe_gu_warps", TUNE_GLOBAL(cu_moe_gu_warps), false, true, 2, { 4, 8 }, 0, 0, "4 or 8" },
+    { "moe_route", TUNE_GLOBAL(cu_moe_route), true, true, 0, {}, 0, 0, "" },
     { "moe_gemm", TUNE_DI(moe_gemm), true, false, 0, {}, 0, 0, "" },
     { "gemv_i8", TUNE_DI(gemv_i8), true, true, 0, {}, 0, 0, "" },
     { "gemv_rpw1_rows", TUNE_DI(gemv_rpw1_rows), false, true, 0, {}, 0, INT_MAX, ">= 0; 0 = never" },

@@ -41,6 +41,7 @@
 #include "backend/cuda/cuda_quant.h"
 
 int cu_moe_dec_mode = 1; /* see cuda_moe.h */
+int cu_moe_route = 0;    /* see cuda_moe.h */
 int cu_moe_gu_warps = 4; /* 35B-A3B decode 298.7-303.4 -> 323.3-327.4 tok/s (H200, about 18:13Z) */
 
 namespace {
@@ -221,6 +222,139 @@ __device__ __forceinline__ void md_route(const float *__restrict__ l, int E, int
     *w_out = norm ? psel / tot : psel;
 }
 
+/* The parallel routing (cu_moe_route 1): warps 1..NW-1 each take the
+ * experts lane + 32 i of the columns i = w - 1, w - 1 + (NW - 1), ... and
+ * find their k best by md_route's rounds (largest key, lowest index on
+ * ties), into cand (key, expert, logit) in selection order, key 0 past the
+ * end; meanwhile warp 0 forms md_route's max and sum; then warp 0 merges
+ * the candidates with the same rounds. The global top k of a set is among
+ * the top k of the parts that hold them, and the merge picks them in the
+ * same order with the same weights as md_route. */
+constexpr int MD_CAND = 64; /* (NW - 1) * k candidates at most (two per lane) */
+struct md_cand {
+    uint32_t key[MD_CAND];
+    int idx[MD_CAND];
+    float val[MD_CAND];
+};
+
+template <int NPL, int NW>
+__device__ __forceinline__ void md_route_part(const float *__restrict__ l, int E, int k, int w, md_cand &c)
+{
+    constexpr int NC = (NPL + NW - 2) / (NW - 1); /* columns of this warp, at most */
+    const int lane = threadIdx.x & 31;
+    uint32_t key[NC];
+    float val[NC];
+#pragma unroll
+    for (int m = 0; m < NC; m++) {
+        const int i = w - 1 + m * (NW - 1), e = lane + 32 * i;
+        const bool in = i < NPL && e < E;
+        val[m] = in ? __ldg(l + e) : 0.f;
+        key[m] = in ? md_key(val[m]) : 0u;
+    }
+    for (int j = 0; j < k; j++) {
+        uint32_t b = 0u;
+#pragma unroll
+        for (int m = 0; m < NC; m++)
+            b = max(b, key[m]);
+        const uint32_t mk = __reduce_max_sync(0xffffffffu, b);
+        uint32_t cand = 0xffffffffu;
+#pragma unroll
+        for (int m = NC - 1; m >= 0; m--)
+            if (mk != 0u && key[m] == mk)
+                cand = (uint32_t)(lane + 32 * (w - 1 + m * (NW - 1)));
+        const uint32_t sel = __reduce_min_sync(0xffffffffu, cand);
+        float ov = 0.f;
+#pragma unroll
+        for (int m = 0; m < NC; m++)
+            if ((uint32_t)(lane + 32 * (w - 1 + m * (NW - 1))) == sel) {
+                ov = val[m];
+                key[m] = 0u;
+            }
+        const float v = __shfl_sync(0xffffffffu, ov, (int)(sel & 31u));
+        if (lane == 0) {
+            const int slot = (w - 1) * k + j;
+            c.key[slot] = mk;
+            c.idx[slot] = mk ? (int)sel : 0;
+            c.val[slot] = v;
+        }
+    }
+}
+
+/* warp 0's half before the merge: md_route's max and sum, bit for bit */
+template <int NPL>
+__device__ __forceinline__ void md_route_norm(const float *__restrict__ l, int E, float &mx, float &sum)
+{
+    const int lane = threadIdx.x & 31;
+    float val[NPL];
+    mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int e = lane + 32 * i;
+        val[i] = e < E ? __ldg(l + e) : 0.f;
+        mx = e < E ? fmaxf(mx, val[i]) : mx;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        if (lane + 32 * i < E)
+            sum += expf(val[i] - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+}
+
+/* warp 0: the k best of the n candidates, md_route's rounds and weights */
+__device__ __forceinline__ void md_route_merge(const md_cand &c, int n, int k, int norm, int jsel, float mx,
+                                               float sum, int *e_out, float *w_out)
+{
+    const int lane = threadIdx.x & 31;
+    uint32_t key[2];
+    int idx[2];
+    float val[2];
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        const int s = lane + 32 * m;
+        key[m] = s < n ? c.key[s] : 0u;
+        idx[m] = s < n ? c.idx[s] : 0;
+        val[m] = s < n ? c.val[s] : 0.f;
+    }
+    float tot = 0.f, psel = 0.f;
+    int esel = 0;
+    for (int j = 0; j < k; j++) {
+        const uint32_t mk = __reduce_max_sync(0xffffffffu, max(key[0], key[1]));
+        uint32_t cand = 0xffffffffu;
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+            if (mk != 0u && key[m] == mk)
+                cand = min(cand, (uint32_t)idx[m]);
+        uint32_t sel = __reduce_min_sync(0xffffffffu, cand);
+        if (mk == 0u)
+            sel = 0u; /* cannot happen for k <= E (md_route's guard) */
+        float ov = 0.f;
+        int own = 0;
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+            if (key[m] != 0u && key[m] == mk && (uint32_t)idx[m] == sel) {
+                ov = val[m];
+                key[m] = 0u;
+                own = 1;
+            }
+        const unsigned who = __ballot_sync(0xffffffffu, own);
+        const float v = __shfl_sync(0xffffffffu, ov, who ? __ffs(who) - 1 : 0);
+        const float p = expf(v - mx) / sum;
+        tot += p;
+        if (j == jsel) {
+            esel = (int)sel;
+            psel = p;
+        }
+    }
+    *e_out = esel;
+    *w_out = norm ? psel / tot : psel;
+}
+
 struct md_gu_args {
     const uint32_t *Wg, *Wu; /* [E, I, words] */
     const void *Sg, *Su;     /* [E, I, groups] pairs */
@@ -241,6 +375,7 @@ struct md_gu_args {
     const char *Wsd, *Ssd; /* its down matrix, for the prefetch */
     const float *sg;       /* [T] */
     int ks;                /* slots per token: k, or k + 1 with the shared expert */
+    int par;               /* the parallel routing (cu_moe_route 1, md_par_ok) */
 };
 
 /* NW warps per block: 8, or 4 with at most 102 registers (five blocks per
@@ -268,7 +403,25 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
     __shared__ int e_s;
     __shared__ float w_s;
     const bool shj = a.Wsg && j == a.k; /* the shared expert's slot: no routing, its own matrices */
-    if (warp == 0) {
+    if (NW > 1 && a.par && !shj) {
+        __shared__ md_cand cand;
+        const float *lt = a.logits + (size_t)t * a.E;
+        float mx = 0.f, sum = 0.f;
+        if (warp == 0)
+            md_route_norm<NPL>(lt, a.E, mx, sum);
+        else
+            md_route_part<NPL, NW>(lt, a.E, a.k, warp, cand);
+        __syncthreads();
+        if (warp == 0) {
+            int e0;
+            float w0;
+            md_route_merge(cand, (NW - 1) * a.k, a.k, a.norm, j, mx, sum, &e0, &w0);
+            if (lane == 0) {
+                e_s = e0;
+                w_s = w0;
+            }
+        }
+    } else if (warp == 0) {
         int e0;
         float w0;
         if (shj) {
@@ -600,6 +753,7 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     }
     const int npl = md_npl((int)E);
     const int W = cu_moe_gu_warps == 4 ? 4 : 8;
+    g.par = cu_moe_route && (W - 1) * top_k <= MD_CAND;
     dim3 g1((unsigned)((I + W * MD_RPW - 1) / (W * MD_RPW)), (unsigned)ks, (unsigned)T);
     const size_t smem1 = md_stage_bytes(H, gate->bits);
     sn_status gs;
