@@ -7,8 +7,8 @@
  *    f16 / f32 scales, groups 32/64/128, E up to 1000, k up to 64, ties
  *    and signed zeros among the logits, no renormalisation), and the old
  *    route/gate_up/down/sum kernels (tune moe_dec=0) within the same bound;
- *  - the parallel routing (tune moe_route=1, blocks of 4 and 8 warps):
- *    the same bits as warp 0 routing alone;
+ *  - the parallel routing (the default) and warp 0 routing alone (tune
+ *    moe_route=0), in blocks of 4 and 8 warps: the same bits;
  *  - deterministic: the same call twice gives the same bits;
  *  - batch invariant: a token's row is bitwise the same alone (T=1) or
  *    among T tokens;
@@ -134,19 +134,20 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     CHECKF(memcmp(a, w4, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: 8-warp gate/up blocks differ",
            x->E, x->k, T);
     free(w4);
-    /* the parallel routing (warps 1.. find parts' top k, warp 0 merges), in
-     * blocks of 4 and of 8 warps: the same bits */
-    CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
+    /* the routing by warp 0 alone against the parallel one (the default:
+     * warps 1.. find parts' top k, warp 0 merges), in blocks of 4 and of 8
+     * warps: the same bits */
+    CHECK_OK(sn_cuda_tune(G, "moe_route", 0));
     for (int nw = 4; nw <= 8; nw += 4) {
         CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", nw));
         float *pr = gpu_moe(x, hx, hl, T, norm);
         CHECKF(memcmp(a, pr, sizeof(float) * T * H) == 0,
-               "moe decode E=%d k=%d T=%d norm=%d logits=%d: the parallel routing (%d warps) differs", x->E, x->k, T,
-               norm, lkind, nw);
+               "moe decode E=%d k=%d T=%d norm=%d logits=%d: warp 0 routing alone (%d warps) differs from the "
+               "parallel routing", x->E, x->k, T, norm, lkind, nw);
         free(pr);
     }
     CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
-    CHECK_OK(sn_cuda_tune(G, "moe_route", 0));
+    CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
     /* the old kernels agree within the same bound */
     CHECK_OK(sn_cuda_tune(G, "moe_dec", 0));
     float *o = gpu_moe(x, hx, hl, T, norm);
@@ -224,10 +225,11 @@ static void sh_case(const experts *x, const shared_ex *s, int T)
         CHECKF(w4 && memcmp(a, w4, sizeof(float) * T * H) == 0, "moe_shared T=%d: 8-warp gate/up blocks differ", T);
         free(w4);
         float *pr = NULL;
-        CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
-        CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &pr));
         CHECK_OK(sn_cuda_tune(G, "moe_route", 0));
-        CHECKF(pr && memcmp(a, pr, sizeof(float) * T * H) == 0, "moe_shared T=%d: the parallel routing differs", T);
+        CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &pr));
+        CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
+        CHECKF(pr && memcmp(a, pr, sizeof(float) * T * H) == 0,
+               "moe_shared T=%d: warp 0 routing alone differs from the parallel routing", T);
         free(pr);
         for (int t = 0; t < T && T > 1; t++) {
             float *one = NULL;

@@ -41,7 +41,7 @@
 #include "backend/cuda/cuda_quant.h"
 
 int cu_moe_dec_mode = 1; /* see cuda_moe.h */
-int cu_moe_route = 0;    /* see cuda_moe.h */
+int cu_moe_route = 1;    /* see cuda_moe.h */
 int cu_moe_gu_warps = 4; /* 35B-A3B decode 298.7-303.4 -> 323.3-327.4 tok/s (H200, about 18:13Z) */
 
 namespace {

@@ -32,11 +32,11 @@ extern int cu_moe_dec_mode;
  * the 35B-A3B's 9 x 32 blocks of 8 warps took two waves at two blocks per
  * SM) or 8 (tune "moe_gu_warps"); the bits are the same */
 extern int cu_moe_gu_warps;
-/* the routing inside the gate/up kernel: 0 (default) by warp 0 alone; 1
- * the other warps find the top k of parts of the experts while warp 0 forms
- * the softmax's max and sum, then warp 0 merges (tune "moe_route"; for
- * (warps - 1) * k <= 64, else warp 0 alone); the same experts, weights and
- * bits either way */
+/* the routing inside the gate/up kernel: 1 (default) the other warps find
+ * the top k of parts of the experts while warp 0 forms the softmax's max
+ * and sum, then warp 0 merges (for (warps - 1) * k <= 64, else warp 0
+ * alone); 0 by warp 0 alone (tune "moe_route"); the same experts, weights
+ * and bits either way */
 extern int cu_moe_route;
 bool cu_moe_dec_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, int T, int top_k);
 bool cu_moe_dec_sh_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, const cu_moe_sh *sh, int T,
