@@ -3,12 +3,15 @@
  * through
  *
  *   k_md_gate_up  routing + gate/up GEMVs + SiLU product, grid (row blocks, k, T):
- *                 warp 0 of every block recomputes token t's routing from
- *                 the logits (softmax, top-k by k rounds of a warp max with
- *                 the lowest index on ties, weights renormalised when asked)
- *                 and hands it to the block's other warps - the same
- *                 instructions on the same data in every block, so all
- *                 agree - then block (r, j, t) computes rows r.. of
+ *                 every block recomputes token t's routing from the logits
+ *                 (softmax, top-k by k rounds of a warp max with the lowest
+ *                 index on ties, weights renormalised when asked): by
+ *                 default its warps 1.. find the top k of parts of the
+ *                 experts while warp 0 forms the softmax's max and sum,
+ *                 then warp 0 merges (md_route_part / md_route_merge;
+ *                 moe_route 0: warp 0 alone, md_route) and hands the result
+ *                 to the others - the same instructions on the same data in
+ *                 every block, so all agree - then block (r, j, t) computes rows r.. of
  *                 h[t, j] = w_j * silu(gate_e x_t) * (up_e x_t), e = expert j.
  *                 Block (0, j, t) stores e for the down kernel and, with
  *                 cu_moe_dec_mode 2, every block asks L2 to prefetch its share
@@ -41,7 +44,9 @@
 #include "backend/cuda/cuda_quant.h"
 
 int cu_moe_dec_mode = 1; /* see cuda_moe.h */
-int cu_moe_route = 1;    /* see cuda_moe.h */
+/* see cuda_moe.h; 1: the 35B-A3B decode step 2.542-2.557 ms against 2.609-2.612 with warp 0
+ * routing alone, three interleaved rounds on the H200 (results.log 2026-12-02T02:34Z) */
+int cu_moe_route = 1;
 int cu_moe_gu_warps = 4; /* 35B-A3B decode 298.7-303.4 -> 323.3-327.4 tok/s (H200, about 18:13Z) */
 
 namespace {
