@@ -14,8 +14,7 @@
  *    the single-pass fp16 form (gemm_fast): rel <= 2e-3.
  *  - argmax: exact (first index on ties).
  *  - graph replay of a step: bitwise equal to the same ops run eagerly
- *    (also with the q/k norm + RoPE + KV write fused: fuse_attn_prep, and
- *    with the RMSNorm before the GEMVs as its own launch: fuse_norm 0).
+ *    (also with the q/k norm + RoPE + KV write fused: fuse_attn_prep).
  *  - the one- and two-kernel GDN decode steps (tune gdn_step=1 / 2, T <= 8): outputs,
  *    state, conv state and history bitwise equal to the three kernels.
  * On a machine without a GPU (or a build without CUDA) the test says SKIP
@@ -893,11 +892,6 @@ static void test_graph_replay(void)
         graph_case(256, 5, 1);
     }
     CHECK_OK(sn_cuda_tune(G, "fuse_attn_prep", 0));
-    /* the RMSNorm as its own launch before the grouped GEMVs (fuse_norm 0) */
-    CHECK_OK(sn_cuda_tune(G, "fuse_norm", 0));
-    graph_case(5120, 1, 0);
-    graph_case(256, 3, 1);
-    CHECK_OK(sn_cuda_tune(G, "fuse_norm", 1));
 }
 
 int main(void)

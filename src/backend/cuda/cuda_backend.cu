@@ -315,7 +315,7 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
         return 0;
     const rec *nr = NULL, *sw = NULL;
     int k0 = k;
-    if (cb->recs[k].kind == R_RMSNORM && cb->fuse_norm && cb->recs[k].p[0] != cb->recs[k].p[2] && k + 1 < cb->n_recs) {
+    if (cb->recs[k].kind == R_RMSNORM && cb->recs[k].p[0] != cb->recs[k].p[2] && k + 1 < cb->n_recs) {
         nr = &cb->recs[k];
         k0 = k + 1;
     } else if (cb->recs[k].kind == R_SWIGLU && k + 1 < cb->n_recs) {
@@ -1412,7 +1412,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->base.n_threads = 1;
     cb->dev = gpu;
     cb->fuse = true;
-    cb->fuse_norm = 1;
     cb->di.moe_gemm = 1;
     cb->di.gemv_i8 = 1;
     cb->di.gemv_mb = 0; /* by shape */

@@ -87,7 +87,6 @@ struct cuda_be {
     long n_replayed, n_captured, n_eager;
 
     int fuse;               /* group decode GEMVs and fold residual adds inside graphs */
-    int fuse_norm;          /* with fuse: and fold the RMSNorm before them into the launch (tune "fuse_norm", default 1) */
 
     /* The x the integer prefill GEMM last staged into scratch (its digit
      * planes). Consecutive eager matmuls of one x (q/k/v, qkv/z/b/a,

@@ -113,7 +113,6 @@ const tune_key tune_keys[] = {
     { "gemv_mb", TUNE_DI(gemv_mb), false, true, 0, {}, 0, 2, "0 = by shape, 1 or 2" },
     { "pdl", TUNE_GLOBAL(cu_pdl), false, true, 0, {}, 0, 2, "0 off, 1 every kernel, 2 weight-prefetching kernels" },
     { "fuse", [](cuda_be *c) { return &c->fuse; }, true, true, 0, {}, 0, 0, "" },
-    { "fuse_norm", [](cuda_be *c) { return &c->fuse_norm; }, true, true, 0, {}, 0, 0, "" },
 };
 #undef TUNE_DI
 #undef TUNE_GLOBAL
