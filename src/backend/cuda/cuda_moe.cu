@@ -163,6 +163,29 @@ __device__ __forceinline__ uint32_t md_key(float v)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* The softmax's max and sum over a warp's E logits, lane-major (val[i] is
+ * logit lane + 32 i): md_route's, and warp 0's half of the parallel routing. */
+template <int NPL>
+__device__ __forceinline__ void md_softmax_stats(const float (&val)[NPL], int E, float &mx, float &sum)
+{
+    const int lane = threadIdx.x & 31;
+    mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        mx = lane + 32 * i < E ? fmaxf(mx, val[i]) : mx;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        if (lane + 32 * i < E)
+            sum += expf(val[i] - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+}
+
 /* Token routing by one warp (every lane gets the result): softmax over the
  * E logits, k rounds of "largest remaining key, lowest index on ties", and
  * the weight of choice jsel, renormalised over the k when norm. */
@@ -173,25 +196,14 @@ __device__ __forceinline__ void md_route(const float *__restrict__ l, int E, int
     const int lane = threadIdx.x & 31;
     uint32_t key[NPL];
     float val[NPL];
-    float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
         const int e = lane + 32 * i;
         val[i] = e < E ? __ldg(l + e) : 0.f;
         key[i] = e < E ? md_key(val[i]) : 0u;
-        mx = e < E ? fmaxf(mx, val[i]) : mx;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < NPL; i++)
-        if (lane + 32 * i < E)
-            sum += expf(val[i] - mx);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    float mx, sum;
+    md_softmax_stats<NPL>(val, E, mx, sum);
     float tot = 0.f, psel = 0.f;
     int esel = 0;
     for (int j = 0; j < k; j++) {
@@ -285,30 +297,18 @@ __device__ __forceinline__ void md_route_part(const float *__restrict__ l, int E
     }
 }
 
-/* warp 0's half before the merge: md_route's max and sum, bit for bit */
+/* warp 0's half before the merge: md_route's max and sum */
 template <int NPL>
 __device__ __forceinline__ void md_route_norm(const float *__restrict__ l, int E, float &mx, float &sum)
 {
     const int lane = threadIdx.x & 31;
     float val[NPL];
-    mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
         const int e = lane + 32 * i;
         val[i] = e < E ? __ldg(l + e) : 0.f;
-        mx = e < E ? fmaxf(mx, val[i]) : mx;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < NPL; i++)
-        if (lane + 32 * i < E)
-            sum += expf(val[i] - mx);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    md_softmax_stats<NPL>(val, E, mx, sum);
 }
 
 /* warp 0: the k best of the n candidates, md_route's rounds and weights */
@@ -380,7 +380,7 @@ struct md_gu_args {
     const char *Wsd, *Ssd; /* its down matrix, for the prefetch */
     const float *sg;       /* [T] */
     int ks;                /* slots per token: k, or k + 1 with the shared expert */
-    int par;               /* the parallel routing (cu_moe_route 1, md_par_ok) */
+    int par;               /* the parallel routing (cu_moe_route 1 and (warps - 1) * k <= MD_CAND) */
 };
 
 /* NW warps per block: 8, or 4 with at most 102 registers (five blocks per
