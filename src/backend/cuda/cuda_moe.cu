@@ -402,9 +402,10 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
     const size_t sbsz = a.sf == CS_F32 ? 8 : 4;
     pdl_wait();
 
-    /* the routing by warp 0 alone, handed to the others through shared
-     * memory: every warp doing it was 40 % of the kernel's instructions
-     * (ncu, 35B-A3B), and the kernel is bound by issue */
+    /* the routing, once per block, handed to every warp through shared
+     * memory (every warp doing it was 40 % of the kernel's instructions,
+     * ncu, 35B-A3B): by default spread over the warps (md_route_part /
+     * md_route_merge), with moe_route 0 by warp 0 alone (md_route) */
     __shared__ int e_s;
     __shared__ float w_s;
     const bool shj = a.Wsg && j == a.k; /* the shared expert's slot: no routing, its own matrices */
