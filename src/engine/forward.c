@@ -46,6 +46,10 @@ static sn_status attn_block(sn_model *m, const step *st, int l, const float *xn,
     float *q = ws->s[0], *gate = ws->s[1], *k = ws->s[2], *v = ws->s[3];
     float *o = ws->s[4];
     SN_TRY(OPS->matmul(BE, &ly->wq, 0, xn, T, q));
+    /* the output gate's rows read the same xn: issued beside q/k/v, so a
+     * backend that groups consecutive matmuls of one input (CUDA) streams
+     * them in one launch instead of one more after the attention */
+    if (ly->wgate.data) SN_TRY(OPS->matmul(BE, &ly->wgate, 0, xn, T, gate));
     SN_TRY(OPS->matmul(BE, &ly->wk, 0, xn, T, k));
     SN_TRY(OPS->matmul(BE, &ly->wv, 0, xn, T, v));
     if (ly->q_norm) {
@@ -76,10 +80,7 @@ static sn_status attn_block(sn_model *m, const step *st, int l, const float *xn,
         SN_TRY(OPS->kv_write(BE, &s->kv[l], ki, vi, it->n, s->pos));
         SN_TRY(OPS->attention(BE, qi, &s->kv[l], it->n, s->pos, Hq, m->attn_scale, oi));
     }
-    if (ly->wgate.data) {
-        SN_TRY(OPS->matmul(BE, &ly->wgate, 0, xn, T, gate));
-        SN_TRY(OPS->mul_sigmoid(BE, o, gate, (size_t)T * (size_t)qd));
-    }
+    if (ly->wgate.data) SN_TRY(OPS->mul_sigmoid(BE, o, gate, (size_t)T * (size_t)qd));
     return OPS->matmul(BE, &ly->wo, 0, o, T, y);
 }
 
