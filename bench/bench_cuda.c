@@ -459,6 +459,9 @@ int main(int argc, char **argv)
     int prefill = 4096, ndec = 128, layers = 0, profile = 1;
     int breakdown = 0; /* [prefill-breakdown] */
     int gemv_only = 0; /* only the decode GEMV alone per matrix (gemv_micro) */
+    /* --read-sweep: after the bandwidth lines, the plain read kernel's time
+     * per launch at the decode GEMVs' sizes (cold in L2), then exit */
+    int read_sweep = 0;
     /* --ncu-decode: prefill, the decode graph timed, then one replayed step
      * inside sn_cuda_profiler_range (for ncu --profile-from-start off
      * --graph-profiling node: every kernel of one step, alone) */
@@ -478,13 +481,14 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--no-profile")) profile = 0;
         else if (!strcmp(argv[i], "--prefill-breakdown")) breakdown = 1; /* [prefill-breakdown] */
         else if (!strcmp(argv[i], "--gemv-only")) gemv_only = 1;
+        else if (!strcmp(argv[i], "--read-sweep")) read_sweep = 1;
         else if (!strcmp(argv[i], "--ncu-decode")) ncu_decode = 1;
         else if (!strcmp(argv[i], "--tune") && i + 1 < argc && n_tunes < 8) tunes[n_tunes++] = argv[++i];
         else if (!strcmp(argv[i], "--vary") && i + 1 < argc && n_vary < 16) vary[n_vary++] = argv[++i];
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) g_rows = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s --config config.json [--prefill P] [--decode N] [--layers L] [--log F] "
-                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--ncu-decode [--rows 1..8] [--vary key=value:restore]...] "
+                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--read-sweep] [--ncu-decode [--rows 1..8] [--vary key=value:restore]...] "
                             "[--tune key=value]...\n", argv[0]);
             return 2;
         }
@@ -526,6 +530,19 @@ int main(int argc, char **argv)
     TRY(sn_cuda_read_bandwidth(B, (size_t)4 << 30, 10, &read_gbs));
     O->buf_free(B, c0);
     O->buf_free(B, c1);
+    if (read_sweep) {
+        /* the 35B-A3B's router / out / gate+up / qkvzba and the 27B's out /
+         * attention q+k+v / qkvzba / down / gate+up launches, in MB */
+        const double mb[] = { 0.6, 1.8, 4.7, 10.6, 17.7, 20.0, 23.6, 29.5, 48.4, 50.1, 100.2, 400.0 };
+        printf("bench_cuda --read-sweep: copy %.0f GB/s, read %.0f GB/s\n", copy_gbs, read_gbs);
+        for (size_t i = 0; i < sizeof mb / sizeof mb[0]; i++) {
+            double us = 0;
+            const size_t bytes = (size_t)(mb[i] * 1e6);
+            TRY(sn_cuda_read_sweep(B, bytes, (size_t)3 << 30, mb[i] > 100 ? 20 : 200, &us));
+            printf("  read %7.1f MB: %8.2f us per launch, %6.0f GB/s\n", mb[i], us, bytes / (us * 1e-6) / 1e9);
+        }
+        return 0;
+    }
 
     double tb = now();
     build(&m, layers, prefill, prefill + ndec + 8);

@@ -14,7 +14,9 @@
  *    the single-pass fp16 form (gemm_fast): rel <= 2e-3.
  *  - argmax: exact (first index on ties).
  *  - graph replay of a step: bitwise equal to the same ops run eagerly
- *    (also with the q/k norm + RoPE + KV write fused: fuse_attn_prep).
+ *    (also with the q/k norm + RoPE + KV write fused: fuse_attn_prep, and
+ *    with the L2 prefetch behind each stretch of small kernels: l2_pf_mb,
+ *    and a gated RMSNorm folded into the GEMV after it: fuse_gate).
  *  - the one- and two-kernel GDN decode steps (tune gdn_step=1 / 2, T <= 8): outputs,
  *    state, conv state and history bitwise equal to the three kernels.
  * On a machine without a GPU (or a build without CUDA) the test says SKIP
@@ -758,6 +760,9 @@ typedef struct {
     int H, Hq, Hkv, D, ctx, I;
     int R; /* rows per step: 1 = a decode step, 2..8 = a prompt-lookup verify pass */
     int qkn;
+    int gnorm; /* between the attention and wo, with z = the raw q: 1 a gated RMSNorm (rows of 128, as a GDN
+                * layer's), 2 the gated attention's output gate (mul_sigmoid) */
+    float *gn_w, *ga;
     int32_t outs[8]; /* argmax of each row: valid after the step (after end_step inside one) */
 } mini;
 
@@ -788,7 +793,14 @@ static void mini_step(mini *m, int32_t tok, int pos)
         CHECK_OK(b->ops->rope(b, k, R, m->Hkv, m->D, rot, pos, m->inv_freq, 1.f));
         CHECK_OK(b->ops->kv_write(b, &kv, k, m->v, R, pos));
         CHECK_OK(b->ops->attention(b, q, &kv, R, pos, m->Hq, 0.125f, m->att));
-        CHECK_OK(b->ops->matmul(b, &m->wo.wg, 0, m->att, R, m->o));
+        const float *ao = m->att;
+        if (m->gnorm == 1) {
+            CHECK_OK(b->ops->gated_rmsnorm(b, m->att, m->q, m->gn_w, R * m->Hq * m->D / 128, 128, 1e-6f, m->ga));
+            ao = m->ga;
+        } else if (m->gnorm == 2) {
+            CHECK_OK(b->ops->mul_sigmoid(b, m->att, m->q, (size_t)R * m->Hq * m->D));
+        }
+        CHECK_OK(b->ops->matmul(b, &m->wo.wg, 0, ao, R, m->o));
         CHECK_OK(b->ops->add(b, m->h, m->o, (size_t)R * m->H));
         /* the MLP: norm folded into gate/up, swiglu folded into down */
         CHECK_OK(b->ops->rmsnorm(b, m->h, m->norm_w, R, m->H, 1e-6f, m->xn));
@@ -805,9 +817,9 @@ static void mini_step(mini *m, int32_t tok, int pos)
  * 512 threads (fewer and more virtual warps than the GEMV block has).
  * R rows per step: the grouped, folded launches of a verify pass give the
  * bits of the same ops run one by one. */
-static void graph_case(int H, int R, int qkn)
+static void graph_case_g(int H, int R, int qkn, int gnorm)
 {
-    mini m = { .H = H, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 128, .I = H + 128, .R = R, .qkn = qkn };
+    mini m = { .H = H, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 128, .I = H + 128, .R = R, .qkn = qkn, .gnorm = gnorm };
     tw_make(&m.emb, SN_DT_Q4, 256, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wq, SN_DT_Q4, m.Hq * m.D, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wk, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
@@ -822,6 +834,9 @@ static void graph_case(int H, int R, int qkn)
     m.inv_freq = dcopy(inv, 32);
     float *qw = hrand((size_t)2 * m.D, 1.f);
     m.qkn_w = dcopy(qw, (size_t)2 * m.D);
+    float *gw = hrand(128, 1.f);
+    m.gn_w = dcopy(gw, 128);
+    m.ga = dpoison((size_t)R * m.Hq * m.D);
     m.qn = dpoison((size_t)R * m.Hq * m.D);
     m.kn = dpoison((size_t)R * m.Hkv * m.D);
     m.h = dpoison((size_t)R * m.H); m.xn = dpoison((size_t)R * m.H); m.q = dpoison((size_t)R * m.Hq * m.D);
@@ -851,9 +866,10 @@ static void graph_case(int H, int R, int qkn)
     }
     long r1, c1, e1;
     sn_cuda_graph_stats(G, &r1, &c1, &e1);
-    CHECKF(memcmp(toks_e, toks_g, sizeof toks_e) == 0, "graph H=%d R=%d qkn=%d: tokens differ from eager", H, R,
-           qkn);
-    CHECKF(memcmp(hs_e, hs_g, hb * N) == 0, "graph H=%d R=%d qkn=%d: hidden states differ from eager", H, R, qkn);
+    CHECKF(memcmp(toks_e, toks_g, sizeof toks_e) == 0, "graph H=%d R=%d qkn=%d gnorm=%d: tokens differ from eager",
+           H, R, qkn, gnorm);
+    CHECKF(memcmp(hs_e, hs_g, hb * N) == 0, "graph H=%d R=%d qkn=%d gnorm=%d: hidden states differ from eager", H, R,
+           qkn, gnorm);
     CHECKF(c1 - c0 == 1 && r1 - r0 == N - 1 && e1 == e0, "graphs: captured %ld replayed %ld eager %ld", c1 - c0,
            r1 - r0, e1 - e0);
     /* a host read inside a step runs it eagerly, with the same result */
@@ -864,14 +880,16 @@ static void graph_case(int H, int R, int qkn)
     CHECK_OK(G->ops->to_host(G, tmp, m.h, sizeof tmp));
     CHECK_OK(sn_cuda_end_step(G));
     CHECK(m.outs[R - 1] >= 0 && m.outs[R - 1] < m.H);
-    free(nw); free(qw); free(hs_e); free(hs_g);
-    dfree(m.qkn_w); dfree(m.qn); dfree(m.kn);
+    free(nw); free(qw); free(gw); free(hs_e); free(hs_g);
+    dfree(m.qkn_w); dfree(m.qn); dfree(m.kn); dfree(m.gn_w); dfree(m.ga);
     tw_free(&m.emb); tw_free(&m.wq); tw_free(&m.wk); tw_free(&m.wv); tw_free(&m.wo);
     tw_free(&m.wg); tw_free(&m.wu); tw_free(&m.wd);
     dfree(m.mg); dfree(m.mu); dfree(m.ma);
     dfree(m.norm_w); dfree(m.inv_freq); dfree(m.h); dfree(m.xn); dfree(m.q); dfree(m.k); dfree(m.v);
     dfree(m.att); dfree(m.o); dfree(m.kc); dfree(m.vc);
 }
+
+static void graph_case(int H, int R, int qkn) { graph_case_g(H, R, qkn, 0); }
 
 static void test_graph_replay(void)
 {
@@ -892,6 +910,42 @@ static void test_graph_replay(void)
         graph_case(256, 5, 1);
     }
     CHECK_OK(sn_cuda_tune(G, "fuse_attn_prep", 0));
+    /* a gated norm before wo folded into its launch, an output gate into
+     * the attention combine (fuse_gate, default), and each run as its own
+     * kernel: both integer GEMV forms, 1 and several rows */
+    for (int f = 1; f >= 0; f--) {
+        CHECK_OK(sn_cuda_tune(G, "fuse_gate", f));
+        CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
+        graph_case_g(5120, 1, 0, 1);
+        graph_case_g(256, 6, 1, 1);
+        CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
+        graph_case_g(256, 1, 1, 1);
+        graph_case_g(5120, 5, 0, 1);
+        graph_case_g(256, 1, 1, 2);
+        graph_case_g(256, 7, 1, 2);
+    }
+    CHECK_OK(sn_cuda_tune(G, "fuse_gate", 1));
+    /* the L2 prefetch behind each stretch's first kernel (l2_pf_mb) changes
+     * no bit: a share of each launch's weights (1 MB) and all of them
+     * (64 MB), both GEMV kinds */
+    for (int mb = 1; mb <= 64; mb += 63) {
+        CHECK_OK(sn_cuda_tune(G, "l2_pf_mb", mb));
+        CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
+        graph_case(5120, 1, 0);
+        graph_case(5120, 6, 0);
+        CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
+        graph_case(256, 1, 0);
+        graph_case(256, 5, 1);
+    }
+    /* per-line prefetches instead of bulk ones */
+    CHECK_OK(sn_cuda_tune(G, "l2_pf_lines", 1));
+    graph_case(256, 5, 1);
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
+    graph_case(5120, 1, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
+    CHECK_OK(sn_cuda_tune(G, "l2_pf_lines", 0));
+    CHECK_OK(sn_cuda_tune(G, "l2_pf_mb", 0));
+    CHECK(sn_cuda_tune(G, "l2_pf_mb", 65) == SN_E_INVALID);
 }
 
 int main(void)

@@ -153,7 +153,8 @@ __host__ __device__ __forceinline__ gi_x gi_x_at(void *scratch, int64_t cols, in
 template <int GS>
 __global__ void __launch_bounds__(256)
 k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const float *__restrict__ nw, float eps,
-           int norm_threads, float *__restrict__ xn, const float *__restrict__ su, gi_x d, int T, int rec)
+           int norm_threads, float *__restrict__ xn, const float *__restrict__ su, const float *__restrict__ gz,
+           gi_x d, int T, int rec)
 {
     pdl_enter();
     __shared__ float red_n[32];
@@ -162,7 +163,7 @@ k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const floa
     const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const float *xr = x + (size_t)t * cols;
     float inv = 1.f;
-    if (nw) {
+    if (nw && !gz) {
         rms_partials(xr, cols, norm_threads, red_n);
         __syncthreads();
         if (warp == 0) {
@@ -176,7 +177,30 @@ k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const floa
     const int64_t q = (int64_t)blockIdx.x * 256 + threadIdx.x; /* float4 index */
     const bool in = 4 * q < cols;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (in) {
+    if (gz) {
+        /* the gated RMSNorm: a warp's 128 columns are one of its rows, lane
+         * l holding 4l..4l+3 as in k_gated_rmsnorm_w (same sum, same tree;
+         * cols % 128 == 0, so a warp is all in or all out) */
+        if (in)
+            v = __ldg((const float4 *)xr + q);
+        float ss = 0.f;
+        ss = fmaf(v.x, v.x, ss);
+        ss = fmaf(v.y, v.y, ss);
+        ss = fmaf(v.z, v.z, ss);
+        ss = fmaf(v.w, v.w, ss);
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, m);
+        const float gi = 1.f / sqrtf(ss / (float)CU_GNORM_N + eps);
+        if (in) {
+            const float4 g4 = __ldg((const float4 *)(gz + (size_t)t * cols) + q);
+            const float *wr = nw + 4 * lane;
+            v = make_float4(wr[0] * (v.x * gi) * cu_silu(g4.x), wr[1] * (v.y * gi) * cu_silu(g4.y),
+                            wr[2] * (v.z * gi) * cu_silu(g4.z), wr[3] * (v.w * gi) * cu_silu(g4.w));
+            if (xn)
+                *((float4 *)(xn + (size_t)t * cols) + q) = v;
+        }
+    } else if (in) {
         v = __ldg((const float4 *)xr + q);
         if (su) {
             /* k_swiglu: out = silu(g) * u */
@@ -724,6 +748,10 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
         if (!__shfl_sync(0xffffffffu, last, 0))
             return;
         __threadfence();
+        /* a piece's slot: 1 only for the first warp, when it began before
+         * the tile (every later warp of the tile begins inside it, so its
+         * piece is its first tile's): one division, not one per piece */
+        const int slot_f = sp.first(wf) >= ts ? 0 : 1;
         for (int o = lane; o < 16 * T; o += 32) {
             const int row = o / T, t = o % T;
             float p0 = 0.f, p1 = 0.f, p2 = 0.f;
@@ -735,8 +763,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                 for (int q = 0; q < 8; q++) {
                     const int64_t w2 = w0 + q;
                     if (w2 <= wl) {
-                        const int64_t ua2 = sp.first(w2);
-                        const float *src = part + ((size_t)w2 * 2 + (ua2 >= ts ? 0 : 1)) * GK_SLOT + row * 24 + 3 * t;
+                        const float *src = part + ((size_t)w2 * 2 + (w2 == wf ? slot_f : 0)) * GK_SLOT + row * 24 + 3 * t;
                         v[q][0] = __ldcg(src);
                         v[q][1] = __ldcg(src + 1);
                         v[q][2] = __ldcg(src + 2);
@@ -898,7 +925,8 @@ sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, gi_seg &g, const cu_we
     dim3 qg((unsigned)((w0->cols + 1023) / 1024), (unsigned)T);
     (void)cu_launch(k_x_digits<GS>, qg, dim3(256), 0, s, x, (int64_t)w0->cols, (int64_t)w0->groups,
                     norm ? norm->w : (const float *)NULL, norm ? norm->eps : 0.f, norm ? norm->threads : 0,
-                    norm ? norm->xn : (float *)NULL, norm ? norm->su : (const float *)NULL, xd, T,
+                    norm ? norm->xn : (float *)NULL, norm ? norm->su : (const float *)NULL,
+                    norm ? norm->gz : (const float *)NULL, xd, T,
                     gk ? gi_rec_bytes(T, GS == 1 ? 2 : 1) : 0);
     CU_CHECK_LAUNCH("matmul gemv digits");
     if (gk) {

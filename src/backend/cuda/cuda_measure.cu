@@ -102,6 +102,7 @@ const tune_key tune_keys[] = {
       "0 three kernels, 1 one kernel, 2 conv with its state update, then the recurrence" },
     { "moe_gu_warps", TUNE_GLOBAL(cu_moe_gu_warps), false, true, 2, { 4, 8 }, 0, 0, "4 or 8" },
     { "moe_route", TUNE_GLOBAL(cu_moe_route), true, true, 0, {}, 0, 0, "" },
+    { "moe_stage_b", TUNE_GLOBAL(cu_moe_stage_b), true, true, 0, {}, 0, 0, "" },
     { "moe_gemm", TUNE_DI(moe_gemm), true, false, 0, {}, 0, 0, "" },
     { "gemv_i8", TUNE_DI(gemv_i8), true, true, 0, {}, 0, 0, "" },
     { "gemv_rpw1_rows", TUNE_DI(gemv_rpw1_rows), false, true, 0, {}, 0, INT_MAX, ">= 0; 0 = never" },
@@ -113,6 +114,11 @@ const tune_key tune_keys[] = {
     { "gemv_mb", TUNE_DI(gemv_mb), false, true, 0, {}, 0, 2, "0 = by shape, 1 or 2" },
     { "pdl", TUNE_GLOBAL(cu_pdl), false, true, 0, {}, 0, 2, "0 off, 1 every kernel, 2 weight-prefetching kernels" },
     { "fuse", [](cuda_be *c) { return &c->fuse; }, true, true, 0, {}, 0, 0, "" },
+    { "fuse_gate", [](cuda_be *c) { return &c->fuse_gate; }, true, true, 0, {}, 0, 0, "" },
+    { "l2_pf_mb", [](cuda_be *c) { return &c->l2_pf_mb; }, false, true, 0, {}, 0, 64, "0 off, else 1..64 MB" },
+    { "l2_pf_at", [](cuda_be *c) { return &c->l2_pf_at; }, false, true, 0, {}, 1, 3,
+      "1 GDN/attention stretches, 2 MoE stretches, 3 both" },
+    { "l2_pf_lines", TUNE_GLOBAL(cu_pf_lines), true, true, 0, {}, 0, 0, "" },
 };
 #undef TUNE_DI
 #undef TUNE_GLOBAL
@@ -229,6 +235,79 @@ extern "C" sn_status sn_cuda_read_bandwidth(sn_backend *b, size_t bytes, int rep
         cudaEventDestroy(e0);
     if (e1)
         cudaEventDestroy(e1);
+    cudaFree(buf);
+    return st;
+}
+
+extern "C" sn_status sn_cuda_read_sweep(sn_backend *b, size_t bytes, size_t span, int reps, double *us)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    SN_TRY(host_barrier(cb));
+    cudaSetDevice(cb->dev);
+    bytes = bytes / 256 * 256;
+    if (bytes < 256 || span < 2 * bytes || reps < 1 || reps > 4096)
+        return SN_FAIL(SN_E_INVALID, "read sweep: %zu bytes in a span of %zu, %d reps", bytes, span, reps);
+    void *buf = NULL;
+    CU_TRY(cudaMalloc(&buf, span + 16), "read sweep buffer");
+    sn_status st = SN_OK;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaStream_t cs = NULL;
+    cudaError_t e = cudaMemsetAsync(buf, 1, span, cb->st);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cb->st);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&e0);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&e1);
+    const unsigned grid = (unsigned)cb->di.n_sm * 8;
+    /* reps launches back to back in one graph, each over the next slice of
+     * the span (wrapping), so none finds its bytes in L2 */
+    const size_t slots = span / bytes;
+    if (e == cudaSuccess)
+        e = cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+        for (int r = 0; r < reps; r++)
+            k_read_probe<<<grid, 512, 0, cs>>>((const uint4 *)((const char *)buf + (size_t)(r % slots) * bytes),
+                                               bytes / 16, (unsigned *)((char *)buf + span));
+        cudaError_t e2 = cudaStreamEndCapture(cs, &g);
+        e = cudaGetLastError();
+        if (e == cudaSuccess)
+            e = e2;
+    }
+    if (e == cudaSuccess)
+        e = cudaGraphInstantiate(&ge, g, 0);
+    if (e == cudaSuccess)
+        e = cudaGraphLaunch(ge, cs); /* warm-up */
+    if (e == cudaSuccess)
+        e = cudaEventRecord(e0, cs);
+    if (e == cudaSuccess)
+        e = cudaGraphLaunch(ge, cs);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(e1, cs);
+    if (e == cudaSuccess)
+        e = cudaEventSynchronize(e1);
+    float ms = 0;
+    if (e == cudaSuccess)
+        e = cudaEventElapsedTime(&ms, e0, e1);
+    if (e != cudaSuccess)
+        st = cu_err(e, "read sweep");
+    else
+        *us = (double)ms * 1e3 / reps;
+    if (ge)
+        cudaGraphExecDestroy(ge);
+    if (g)
+        cudaGraphDestroy(g);
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    if (cs)
+        cudaStreamDestroy(cs);
     cudaFree(buf);
     return st;
 }

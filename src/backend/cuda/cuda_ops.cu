@@ -511,7 +511,8 @@ k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, con
  * outputs was a chain of dependent loads: 16 us per call on the H200,
  * ncu); L and each output still sum over s = 0..ns-1 in order, skipping
  * empty splits; a thread per output (D threads), its 64 loads at once. */
-__global__ void k_attn_combine(const float *__restrict__ part, int ns, int D, float *__restrict__ out)
+__global__ void k_attn_combine(const float *__restrict__ part, int ns, int D, float *__restrict__ out,
+                               const float *__restrict__ gate)
 {
     pdl_enter();
     __shared__ float ws[NSPLIT_MAX], ls[NSPLIT_MAX], wmax[NSPLIT_MAX / 32];
@@ -555,7 +556,10 @@ __global__ void k_attn_combine(const float *__restrict__ part, int ns, int D, fl
                 if (ok[sb + i])
                     acc = fmaf(v[i], ws[sb + i], acc);
         }
-        out[(size_t)th * D + d] = acc / L;
+        float y = acc / L;
+        if (gate) /* the gated attention's output gate, as k_mul_sigmoid applies it after */
+            y *= sigmoidf_(gate[(size_t)th * D + d]);
+        out[(size_t)th * D + d] = y;
     }
 }
 
@@ -1131,7 +1135,75 @@ __global__ void k_argmax_final(const float2 *__restrict__ part, int32_t *__restr
         out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
 }
 
+/* k_l2_prefetch: block b of the grid takes slice b of every span, lane j
+ * span j. One block per span put every request of a span on one SM's copy
+ * engine: s10r1, 18 MB that way cost the 27B step 62 us per stretch. */
+struct pf_list {
+    const char *p[CU_PF_SPANS];
+    unsigned long long bytes[CU_PF_SPANS], take[CU_PF_SPANS];
+    int n, lines; /* lines: per-line prefetch.global.L2 by every lane instead of bulk requests */
+};
+static_assert(CU_PF_SPANS <= 32, "one lane per span");
+
+/* Fire-and-forget requests (cp.async.bulk.prefetch.L2), then wait for the
+ * kernel before it in the stream, so this one ends only after that one
+ * (what is queued after it keeps the order it had without it). Reads
+ * nothing the model computes and writes nothing. */
+__global__ void __launch_bounds__(32) k_l2_prefetch(pf_list L)
+{
+    for (int sp = L.lines ? 0 : threadIdx.x; sp < L.n; sp += L.lines ? 1 : 32) {
+        const unsigned long long b = L.bytes[sp], ns = gridDim.x, sl = blockIdx.x;
+        const unsigned long long s0 = b * sl / ns / 16 * 16, s1 = b * (sl + 1) / ns / 16 * 16;
+        /* this slice's share of take, in whole 16-byte words */
+        const unsigned long long want = ((s1 - s0) * L.take[sp] / b + 15) / 16 * 16,
+                                 n = want < s1 - s0 ? want : s1 - s0;
+        const char *q = L.p[sp] + s0;
+        if (L.lines) {
+            for (unsigned long long o = 128ull * threadIdx.x; o < n; o += 32 * 128)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(q + o));
+        } else {
+            for (unsigned long long o = 0; o < n; o += 32768) {
+                const unsigned len = (unsigned)(n - o < 32768 ? n - o : 32768);
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q + o), "r"(len) : "memory");
+            }
+        }
+    }
+    pdl_launch();
+    pdl_wait();
+}
+
 } // namespace
+
+thread_local cu_pf_req cu_pf_pending;
+int cu_pf_lines;
+unsigned cu_pf_blocks = 528; /* 4 per SM of an H200; set from the device at backend creation */
+
+cudaError_t cu_pf_fire(cudaStream_t s)
+{
+    cu_pf_req q = cu_pf_pending;
+    cu_pf_pending.n = 0; /* before the launch below, which comes back through cu_launch_pdl */
+    if (q.n > CU_PF_SPANS)
+        return cudaErrorInvalidValue;
+    pf_list L;
+    memset(&L, 0, sizeof L);
+    for (int i = 0; i < q.n; i++) {
+        /* whole 16-byte words inside the span (the bulk prefetch's unit) */
+        const uintptr_t a = ((uintptr_t)q.sp[i].p + 15) & ~(uintptr_t)15;
+        const size_t skip = a - (uintptr_t)q.sp[i].p;
+        if (!q.sp[i].p || q.sp[i].bytes < skip + 16 || !q.take[i])
+            continue;
+        L.p[L.n] = (const char *)a;
+        L.bytes[L.n] = (q.sp[i].bytes - skip) / 16 * 16;
+        L.take[L.n] = q.take[i] < L.bytes[L.n] ? q.take[i] : L.bytes[L.n];
+        L.n++;
+    }
+    if (!L.n)
+        return cudaSuccess;
+    L.lines = cu_pf_lines;
+    /* on the programmatic edge whatever the pdl mode: it must start while
+     * the kernel before it runs (pdl 0 leaves it after that kernel) */
+    return cu_launch_pdl(cu_pdl != 0, k_l2_prefetch, dim3(cu_pf_blocks), dim3(32), 0, s, L);
+}
 
 sn_status cu_ops_init(const cu_devinfo *di)
 {
@@ -1285,10 +1357,16 @@ size_t cu_attention_scratch_bytes(const sn_kv_view *kv, int T, int n_q_heads)
 }
 
 sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, const sn_kv_view *kv, int T,
-                       int pos0, const int *d_delta, int n_q_heads, float scale, float *out, void *scratch)
+                       int pos0, const int *d_delta, int n_q_heads, float scale, float *out, void *scratch,
+                       const float *gate)
 {
     if (T <= 0)
         return SN_OK;
+    if (gate && T > DECODE_MAX_T) {
+        /* only the decode combine takes the gate: here it is its own pass */
+        SN_TRY(cu_attention(di, s, q, kv, T, pos0, d_delta, n_q_heads, scale, out, scratch, NULL));
+        return cu_mul_sigmoid(s, out, gate, (size_t)T * n_q_heads * kv->head_dim);
+    }
     int D = kv->head_dim, Hkv = kv->n_kv_heads;
     if (D > 256)
         return SN_FAIL(SN_E_UNSUPPORTED, "attention: head_dim %d > 256", D);
@@ -1345,7 +1423,7 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
         }
         CU_CHECK_LAUNCH("attention decode");
         const int cth = ((D > ns ? D : ns) + 31) / 32 * 32; /* D <= 256 */
-        (void)cu_launch(k_attn_combine, (unsigned)(T * n_q_heads), cth, 0, s, part, ns, D, out);
+        (void)cu_launch(k_attn_combine, (unsigned)(T * n_q_heads), cth, 0, s, part, ns, D, out, gate);
         CU_CHECK_LAUNCH("attention combine");
         return SN_OK;
     }

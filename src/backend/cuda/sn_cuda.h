@@ -36,6 +36,11 @@ void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *e
  * 16-byte-per-load reading kernel over a fresh buffer of bytes (the bound
  * a weight-streaming GEMV is measured against). */
 sn_status sn_cuda_read_bandwidth(sn_backend *be, size_t bytes, int reps, double *gbs);
+/* The same kernel over bytes at a time, reps launches back to back in one
+ * graph, each over the next slice of a buffer of span bytes (so L2 holds
+ * none of it): *us = microseconds per launch, the floor of a GEMV that
+ * streams bytes of weights in one launch. */
+sn_status sn_cuda_read_sweep(sn_backend *be, size_t bytes, size_t span, int reps, double *us);
 
 /* Kernel choices for benchmarks: "gemv_rpw" = rows per warp of the
  * quantized GEMV (0: by shape, 1, 2 or 4); "cublas_min_t" = quantized GEMMs
