@@ -8,8 +8,7 @@
  *    and signed zeros among the logits, no renormalisation), and the old
  *    route/gate_up/down/sum kernels (tune moe_dec=0) within the same bound;
  *  - the parallel routing (the default) and warp 0 routing alone (tune
- *    moe_route=0), in blocks of 4 and 8 warps, and the staging with four
- *    loads in flight (tune moe_stage_b=1): the same bits;
+ *    moe_route=0), in blocks of 4 and 8 warps: the same bits;
  *  - deterministic: the same call twice gives the same bits;
  *  - batch invariant: a token's row is bitwise the same alone (T=1) or
  *    among T tokens;
@@ -149,13 +148,6 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     }
     CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
     CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
-    /* x staged with four loads in flight (moe_stage_b): the same bits */
-    CHECK_OK(sn_cuda_tune(G, "moe_stage_b", 1));
-    float *sb = gpu_moe(x, hx, hl, T, norm);
-    CHECK_OK(sn_cuda_tune(G, "moe_stage_b", 0));
-    CHECKF(memcmp(a, sb, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: the batched staging differs",
-           x->E, x->k, T);
-    free(sb);
     /* the old kernels agree within the same bound */
     CHECK_OK(sn_cuda_tune(G, "moe_dec", 0));
     float *o = gpu_moe(x, hx, hl, T, norm);
@@ -239,12 +231,6 @@ static void sh_case(const experts *x, const shared_ex *s, int T)
         CHECKF(pr && memcmp(a, pr, sizeof(float) * T * H) == 0,
                "moe_shared T=%d: warp 0 routing alone differs from the parallel routing", T);
         free(pr);
-        float *sbt = NULL;
-        CHECK_OK(sn_cuda_tune(G, "moe_stage_b", 1));
-        CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &sbt));
-        CHECK_OK(sn_cuda_tune(G, "moe_stage_b", 0));
-        CHECKF(sbt && memcmp(a, sbt, sizeof(float) * T * H) == 0, "moe_shared T=%d: the batched staging differs", T);
-        free(sbt);
         for (int t = 0; t < T && T > 1; t++) {
             float *one = NULL;
             CHECK_OK(gpu_moe_shared(x, s, hx + (size_t)t * H, hl + (size_t)t * x->E, hsg + t, 1, &one));

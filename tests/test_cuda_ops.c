@@ -15,8 +15,8 @@
  *  - argmax: exact (first index on ties).
  *  - graph replay of a step: bitwise equal to the same ops run eagerly
  *    (also with the q/k norm + RoPE + KV write fused: fuse_attn_prep, and
- *    with the L2 prefetch behind each stretch of small kernels: l2_pf_mb,
- *    and a gated RMSNorm folded into the GEMV after it: fuse_gate).
+ *    a GDN layer's gated RMSNorm folded into the integer GEMV after it and
+ *    the attention's output gate into its combine: fuse_gate).
  *  - the one- and two-kernel GDN decode steps (tune gdn_step=1 / 2, T <= 8): outputs,
  *    state, conv state and history bitwise equal to the three kernels.
  * On a machine without a GPU (or a build without CUDA) the test says SKIP
@@ -925,27 +925,6 @@ static void test_graph_replay(void)
         graph_case_g(256, 7, 1, 2);
     }
     CHECK_OK(sn_cuda_tune(G, "fuse_gate", 1));
-    /* the L2 prefetch behind each stretch's first kernel (l2_pf_mb) changes
-     * no bit: a share of each launch's weights (1 MB) and all of them
-     * (64 MB), both GEMV kinds */
-    for (int mb = 1; mb <= 64; mb += 63) {
-        CHECK_OK(sn_cuda_tune(G, "l2_pf_mb", mb));
-        CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
-        graph_case(5120, 1, 0);
-        graph_case(5120, 6, 0);
-        CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
-        graph_case(256, 1, 0);
-        graph_case(256, 5, 1);
-    }
-    /* per-line prefetches instead of bulk ones */
-    CHECK_OK(sn_cuda_tune(G, "l2_pf_lines", 1));
-    graph_case(256, 5, 1);
-    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
-    graph_case(5120, 1, 0);
-    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
-    CHECK_OK(sn_cuda_tune(G, "l2_pf_lines", 0));
-    CHECK_OK(sn_cuda_tune(G, "l2_pf_mb", 0));
-    CHECK(sn_cuda_tune(G, "l2_pf_mb", 65) == SN_E_INVALID);
 }
 
 int main(void)

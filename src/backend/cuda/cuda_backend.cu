@@ -343,7 +343,11 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
         return 0;
     if (sw && (sw->p[2] != x || sw->i[0] != T * w0->cols))
         return 0;
-    if (gn && (gn->p[3] != x || w0->cols % CU_GNORM_N != 0 || gn->i[0] != T * (w0->cols / CU_GNORM_N)))
+    /* only into the integer GEMV (its digits pass runs once per launch): in
+     * the SIMT GEMV every block would form it again (35B-A3B: 2.58 against
+     * 2.54-2.55 ms per step apart, s10r2) */
+    if (gn && (gn->p[3] != x || w0->cols % CU_GNORM_N != 0 || gn->i[0] != T * (w0->cols / CU_GNORM_N) ||
+               !cu_matmul_int_path(&cb->di, w0, r0.i[0], (const float *)x, (int)T)))
         return 0;
     int n = 0, j = k0;
     while (j < cb->n_recs && n < CU_GROUP_MAX) {
@@ -520,72 +524,6 @@ int try_fuse_attn_prep(cuda_be *cb, int k, sn_status *st)
     return 5;
 }
 
-/* l2_pf_mb: a record that starts a stretch of small kernels, in which no
- * GEMV streams weights (the DRAM would sit mostly idle): 1 = the GDN /
- * attention kinds, 2 = an MoE (latency-bound launches of a few MB) */
-int pf_gap(int kind)
-{
-    if (kind == R_GDN || kind == R_ATTN || kind == R_GRMSNORM || kind == R_ROPE || kind == R_KVWRITE ||
-        kind == R_MULSIG)
-        return 1;
-    return kind == R_MOE ? 2 : 0;
-}
-
-/* The weights of one launch (its spans from s0 of sp) get take = a uniform
- * share of what is left of the budget, so every warp of that launch finds
- * the start of its run in L2. */
-void pf_share(cu_span *sp, size_t *take, int s0, int n, size_t *budget)
-{
-    size_t total = 0;
-    for (int i = s0; i < n; i++)
-        total += sp[i].bytes;
-    for (int i = s0; i < n; i++)
-        take[i] = total <= *budget ? sp[i].bytes : (size_t)((double)sp[i].bytes * (double)*budget / (double)total);
-    *budget = total <= *budget ? *budget - total : 0;
-}
-
-/* Inside a capture, at record k (a pf_gap kind after a GEMV): the weights
- * of the GEMVs after this stretch, up to the next one (an MoE's shared
- * expert counts as one launch), l2_pf_mb MB at most in launch order, into
- * cu_pf_pending; the next kernel launch (the stretch's first) fires it. */
-void pf_arm(cuda_be *cb, int k)
-{
-    cu_pf_req &q = cu_pf_pending;
-    q.n = 0;
-    size_t budget = (size_t)cb->l2_pf_mb << 20;
-    int j = k + 1;
-    while (j < cb->n_recs && cb->recs[j].kind != R_MATMUL && cb->recs[j].kind != R_MOE)
-        j++;
-    while (j < cb->n_recs && budget && q.n + 6 <= CU_PF_SPANS) {
-        const rec &r = cb->recs[j];
-        const int s0 = q.n;
-        if (r.kind == R_MOE) {
-            /* the shared expert's three matrices (the routed ones are not known yet) */
-            for (int m = 6; m <= 8 && r.p[6]; m++) {
-                const cu_weight *w = cw_of(r.p[m]);
-                q.sp[q.n++] = { w->q, (size_t)w->rows * (size_t)w->words * 4 };
-                q.sp[q.n++] = { w->sb, (size_t)w->rows * (size_t)w->groups * (w->sfmt == CS_F32 ? 8 : 4) };
-            }
-            pf_share(q.sp, q.take, s0, q.n, &budget);
-            break;
-        }
-        if (pf_gap(r.kind))
-            break;
-        if (r.kind != R_MATMUL) {
-            j++;
-            continue;
-        }
-        /* one launch: the matmuls of this x and T in a row (try_fuse's group) */
-        for (; j < cb->n_recs && q.n + 2 <= CU_PF_SPANS; j++) {
-            const rec &m = cb->recs[j];
-            if (m.kind != R_MATMUL || m.p[1] != r.p[1] || m.i[1] != r.i[1])
-                break;
-            q.n += cu_matmul_reads(&cb->di, cw_of(m.p[0]), m.i[0], (const float *)m.p[1], (int)m.i[1], q.sp + q.n);
-        }
-        pf_share(q.sp, q.take, s0, q.n, &budget);
-    }
-}
-
 /* Inside a capture: an attention followed by the output gate on its
  * output (mul_sigmoid of all of it, gate elsewhere) runs as one: the
  * decode combine applies the gate as it writes (the same float
@@ -618,14 +556,7 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
     cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
     if (e != cudaSuccess)
         st = cu_err(e, "graph params");
-    bool pf_armed = false; /* a weight kernel since the last prefetch */
     for (int k = 0; k < cb->n_recs && st == SN_OK;) {
-        const int kind = cb->recs[k].kind, gap = pf_gap(kind);
-        if (cb->l2_pf_mb && pf_armed && (gap & cb->l2_pf_at)) {
-            pf_arm(cb, k);
-            pf_armed = false;
-        }
-        pf_armed = pf_armed || kind == R_MATMUL || kind == R_MOE;
         int used = try_fuse(cb, k, &st);
         if (!used && st == SN_OK)
             used = try_fuse_moe(cb, k, &st); /* [moe] */
@@ -640,7 +571,6 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
         st = dispatch(cb, cb->recs[k], true);
         k++;
     }
-    cu_pf_pending.n = 0; /* armed by the last stretch but never fired */
     if (st == SN_OK && cb->n_outs) {
         e = cudaMemcpyAsync(cb->h_outs, cb->d_outs, sizeof(int32_t) * cb->n_outs, cudaMemcpyDeviceToHost, s);
         cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
@@ -1521,7 +1451,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->dev = gpu;
     cb->fuse = true;
     cb->fuse_gate = 1;
-    cb->l2_pf_at = 3;
     cb->di.moe_gemm = 1;
     cb->di.gemv_i8 = 1;
     cb->di.gemv_mb = 0; /* by shape */
@@ -1545,7 +1474,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
         cu_pdl = p ? atoi(p) : 2;
     }
     cb->di.n_sm = prop.multiProcessorCount;
-    cu_pf_blocks = 4u * (unsigned)prop.multiProcessorCount;
     cb->di.smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(cb->name, sizeof cb->name, "%s", prop.name);
     sn_status st = SN_OK;

@@ -89,12 +89,6 @@ struct cuda_be {
     int fuse;               /* group decode GEMVs and fold residual adds inside graphs */
     int fuse_gate;          /* and the gates: a GDN layer's gated norm into its out projection, the
                              * attention's output gate into its combine (tune "fuse_gate") */
-    /* Inside graphs, at each stretch of small kernels after a GEMV, a
-     * prefetch kernel behind the stretch's first kernel asks L2 for the
-     * weights of the GEMVs that follow, up to l2_pf_mb MB (0: off; tune key
-     * "l2_pf_mb"); l2_pf_at says which stretches: 1 those that start at a
-     * GDN/attention/norm kind, 2 those that start at an MoE, 3 both. */
-    int l2_pf_mb, l2_pf_at;
 
     /* The x the integer prefill GEMM last staged into scratch (its digit
      * planes). Consecutive eager matmuls of one x (q/k/v, qkv/z/b/a,

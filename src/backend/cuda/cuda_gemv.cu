@@ -327,7 +327,7 @@ template <int TT>
 __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g)
 {
     __shared__ float inv[TT];
-    if (g.nw && !g.gz)
+    if (g.nw)
         gv_norm_inv<TT>(x, T, cols, g, inv);
     uint32_t *xw = (uint32_t *)stage;
     float2 *xe = (float2 *)(stage + (size_t)TT * nit * 3072);
@@ -344,40 +344,7 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
 #pragma unroll
         for (int k = 0; k < 8; k++)
             v[k] = 0.f;
-        if (g.gz) {
-            /* the gated RMSNorm of rows of 128: 16 threads of 8 values, each
-             * thread two of k_gated_rmsnorm_w's lanes (values 8u..8u+3 and
-             * 8u+4..8u+7), so its butterfly over 32 lanes is the one over
-             * these 16 threads (xor 8, 4, 2, 1) and last the thread's own
-             * pair: the same sum and tree. total is whole rows, so the 16
-             * threads of a row are all in or all out. */
-            if (in)
-                ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, v);
-            float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                s0 = fmaf(v[k], v[k], s0);
-                s1 = fmaf(v[4 + k], v[4 + k], s1);
-            }
-#pragma unroll
-            for (int m = 8; m > 0; m >>= 1) {
-                s0 += __shfl_xor_sync(0xffffffffu, s0, m);
-                s1 += __shfl_xor_sync(0xffffffffu, s1, m);
-            }
-            const float gi = 1.f / sqrtf((s0 + s1) / (float)CU_GNORM_N + g.eps);
-            if (in) {
-                float z8[8];
-                ld8(g.gz + (size_t)t * cols + 8 * (size_t)u, aligned, z8);
-                const float *wr = g.nw + (8 * u) % CU_GNORM_N;
-#pragma unroll
-                for (int k = 0; k < 8; k++)
-                    v[k] = wr[k] * (v[k] * gi) * cu_silu(z8[k]);
-                if (g.xn && blockIdx.x == 0)
-#pragma unroll
-                    for (int k = 0; k < 8; k++)
-                        g.xn[(size_t)t * cols + 8 * (size_t)u + k] = v[k];
-            }
-        } else if (in) {
+        if (in) {
             ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, v);
             if (g.nw) {
                 float w8[8];

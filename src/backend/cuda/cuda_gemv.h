@@ -22,9 +22,6 @@ struct gemv_seg {
     float eps;
     int norm_threads; /* the thread count whose sum order the norm reproduces */
     float *xn;        /* where block 0 writes x_n (may be NULL) */
-    /* with nw: x_n is the gated RMSNorm of x's rows of CU_GNORM_N against
-     * gz (the dp4a form only; cu_gemv_norm.gz) */
-    const float *gz;
 };
 
 /* T tokens (passes of up to 8) through g's segments. */

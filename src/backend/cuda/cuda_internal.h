@@ -79,27 +79,6 @@ extern int cu_pdl;
  * without the attribute (a programmatic edge is a kernel-to-kernel thing). */
 extern thread_local int cu_pdl_skip;
 
-/* An L2 prefetch waiting for the next kernel launch (l2_pf_mb, set while a
- * graph is captured): right after that kernel is queued, cu_pf_fire queues
- * k_l2_prefetch behind it on a programmatic edge, so the requests go out
- * while that kernel runs (a stretch of small kernels that leaves the DRAM
- * idle) and the prefetch kernel then waits for it; nothing queued after
- * can start before that kernel ends, so no result changes. */
-typedef struct {
-    const void *p;
-    size_t bytes;
-} cu_span;
-#define CU_PF_SPANS 24
-typedef struct {
-    int n;
-    cu_span sp[CU_PF_SPANS];
-    size_t take[CU_PF_SPANS]; /* of span i, take[i] bytes spread over its 256 equal slices */
-} cu_pf_req;
-extern thread_local cu_pf_req cu_pf_pending;
-extern int cu_pf_lines;      /* tune l2_pf_lines: per-line prefetches instead of bulk ones */
-extern unsigned cu_pf_blocks; /* the prefetch kernel's grid: 4 blocks per SM */
-cudaError_t cu_pf_fire(cudaStream_t s);
-
 template <typename... KP, typename... A>
 cudaError_t cu_launch_pdl(bool edge, void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                           A &&...args)
@@ -115,10 +94,7 @@ cudaError_t cu_launch_pdl(bool edge, void (*kern)(KP...), dim3 grid, dim3 block,
     cfg.attrs = at;
     cfg.numAttrs = edge && !cu_pdl_skip ? 1 : 0;
     cu_pdl_skip = 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
-    if (e == cudaSuccess && cu_pf_pending.n)
-        e = cu_pf_fire(s);
-    return e;
+    return cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
 }
 
 /* A kernel that reads only activations after pdl_wait: the edge when
@@ -289,11 +265,6 @@ bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b);
 /* Whether cu_matmul of T rows of x through expert e of w takes the integer
  * tensor-core GEMV (else the fp32 GEMV, or the GEMM from GEMM_MIN_T rows). */
 bool cu_matmul_int_path(const cu_devinfo *di, const cu_weight *w, int64_t e, const float *x, int T);
-/* The device bytes a decode matmul (T < 9 rows) of expert e of w reads, as
- * the kernel cu_matmul would choose reads them: the weights, then their
- * (scale, bias) pairs, into sp[0..1]. Returns the count, 0 when it is not a
- * quantized decode GEMV (for the L2 prefetch). */
-int cu_matmul_reads(const cu_devinfo *di, const cu_weight *w, int64_t e, const float *x, int T, cu_span *sp);
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
                           float *const *y, float *const *add_to, const float *x, int T, const cu_gemv_norm *norm,
                           void *scratch); /* scratch: cu_matmul_scratch_bytes(w[0], T) */

@@ -1209,25 +1209,6 @@ bool cu_matmul_int_path(const cu_devinfo *di, const cu_weight *w, int64_t e, con
     return T < GEMM_MIN_T && e == 0 && cu_gi_ok(di, w, x, T) && cu_gi_size_ok(di, w->rows * w->cols / 2, w->cols);
 }
 
-int cu_matmul_reads(const cu_devinfo *di, const cu_weight *w, int64_t e, const float *x, int T, cu_span *sp)
-{
-    if (T < 1 || T >= GEMM_MIN_T || (w->fmt != CW_Q4 && w->fmt != CW_Q8))
-        return 0;
-    const size_t pb = w->sfmt == CS_F32 ? 8 : 4;
-    if (cu_matmul_int_path(di, w, e, x, T)) {
-        sp[0].p = w->qr;
-        sp[0].bytes = (size_t)w->mt * (size_t)(w->cols / 64) * 32 * sizeof(uint4);
-        sp[1].p = w->sr;
-        sp[1].bytes = (size_t)w->mt * (size_t)w->groups * 16 * pb;
-        return 2;
-    }
-    sp[0].bytes = (size_t)w->rows * (size_t)w->words * 4;
-    sp[0].p = (const char *)w->q + (size_t)e * sp[0].bytes;
-    sp[1].bytes = (size_t)w->rows * (size_t)w->groups * pb;
-    sp[1].p = (const char *)w->sb + (size_t)e * sp[1].bytes;
-    return 2;
-}
-
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
                           float *const *y, float *const *add_to, const float *x, int T, const cu_gemv_norm *norm,
                           void *scratch)
@@ -1251,11 +1232,10 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
          * first as its own op, with the same arithmetic */
         const uintptr_t al = (uintptr_t)x | (uintptr_t)norm->w | (uintptr_t)norm->su | (uintptr_t)norm->xn |
                              (uintptr_t)norm->gz;
-        /* the gated norm: only the digit forms stage it (rows of 128, whole 16-byte loads) */
-        const bool dp = di->gemv_dp && w[0]->fmt == CW_Q4 &&
-                        (w[0]->group == 32 || w[0]->group == 64 || w[0]->group == 128);
+        /* the gated norm: only the integer GEMV's digits pass stages it (rows
+         * of 128, whole 16-byte loads) */
         bool apart = (norm->su && !i8) || (i8 && (al & 15) != 0) ||
-                     (norm->gz && ((!i8 && !dp) || (al & 15) != 0 || cols % CU_GNORM_N != 0));
+                     (norm->gz && (!i8 || cols % CU_GNORM_N != 0));
         if (apart && !norm->xn)
             return SN_FAIL(SN_E_INVALID, "matmul group: a folded op without an output row");
         if (apart) {
@@ -1302,7 +1282,6 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
         g.eps = norm->eps;
         g.norm_threads = norm->threads;
         g.xn = norm->xn;
-        g.gz = norm->gz;
     }
     return cu_gv_run(di, s, g, w[0], x, T);
 }

@@ -102,7 +102,6 @@ const tune_key tune_keys[] = {
       "0 three kernels, 1 one kernel, 2 conv with its state update, then the recurrence" },
     { "moe_gu_warps", TUNE_GLOBAL(cu_moe_gu_warps), false, true, 2, { 4, 8 }, 0, 0, "4 or 8" },
     { "moe_route", TUNE_GLOBAL(cu_moe_route), true, true, 0, {}, 0, 0, "" },
-    { "moe_stage_b", TUNE_GLOBAL(cu_moe_stage_b), true, true, 0, {}, 0, 0, "" },
     { "moe_gemm", TUNE_DI(moe_gemm), true, false, 0, {}, 0, 0, "" },
     { "gemv_i8", TUNE_DI(gemv_i8), true, true, 0, {}, 0, 0, "" },
     { "gemv_rpw1_rows", TUNE_DI(gemv_rpw1_rows), false, true, 0, {}, 0, INT_MAX, ">= 0; 0 = never" },
@@ -115,10 +114,6 @@ const tune_key tune_keys[] = {
     { "pdl", TUNE_GLOBAL(cu_pdl), false, true, 0, {}, 0, 2, "0 off, 1 every kernel, 2 weight-prefetching kernels" },
     { "fuse", [](cuda_be *c) { return &c->fuse; }, true, true, 0, {}, 0, 0, "" },
     { "fuse_gate", [](cuda_be *c) { return &c->fuse_gate; }, true, true, 0, {}, 0, 0, "" },
-    { "l2_pf_mb", [](cuda_be *c) { return &c->l2_pf_mb; }, false, true, 0, {}, 0, 64, "0 off, else 1..64 MB" },
-    { "l2_pf_at", [](cuda_be *c) { return &c->l2_pf_at; }, false, true, 0, {}, 1, 3,
-      "1 GDN/attention stretches, 2 MoE stretches, 3 both" },
-    { "l2_pf_lines", TUNE_GLOBAL(cu_pf_lines), true, true, 0, {}, 0, 0, "" },
 };
 #undef TUNE_DI
 #undef TUNE_GLOBAL

@@ -47,7 +47,6 @@ int cu_moe_dec_mode = 1; /* see cuda_moe.h */
 /* see cuda_moe.h; 1: the 35B-A3B decode step 2.542-2.557 ms against 2.609-2.612 with warp 0
  * routing alone, three interleaved rounds on the H200 (results.log 2026-12-02T02:34Z) */
 int cu_moe_route = 1;
-int cu_moe_stage_b = 0; /* see cuda_moe.h */
 int cu_moe_gu_warps = 4; /* 35B-A3B decode 298.7-303.4 -> 323.3-327.4 tok/s (H200, about 18:13Z) */
 
 namespace {
@@ -76,37 +75,9 @@ __host__ __device__ __forceinline__ size_t md_stage_bytes(int64_t n, int bits)
  * chunk sums after stride4 float4s: the SIMT GEMV's staging of one token
  * (cuda_quant.h). Whole block; ends with a barrier. */
 template <int BITS>
-__device__ void md_stage(float4 *xs, const float *__restrict__ x, int64_t n, int batched)
+__device__ void md_stage(float4 *xs, const float *__restrict__ x, int64_t n)
 {
-    if (!batched) {
-        stage_x<BITS>(xs, x, 1, n, md_stride4(n * BITS / 128, BITS));
-        return;
-    }
-    /* the same copy with U loads in flight per thread before any
-     * store (one load and its store per pass was a latency per pass: ncu,
-     * the store at 11 % of k_md_gate_up's warp samples) */
-    constexpr int NF4 = (128 / BITS) / 4, U = 4;
-    const int n4 = (int)(n / 4), bd = (int)blockDim.x;
-    const int64_t stride4 = md_stride4(n * BITS / 128, BITS);
-    const bool aligned = ((uintptr_t)x & 15) == 0;
-    for (int q0 = threadIdx.x; q0 < n4; q0 += U * bd) {
-        float4 v[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int q = q0 + u * bd;
-            if (q < n4)
-                v[u] = aligned ? __ldg((const float4 *)x + q)
-                               : make_float4(x[4 * q], x[4 * q + 1], x[4 * q + 2], x[4 * q + 3]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int q = q0 + u * bd;
-            if (q < n4)
-                xs[xperm<BITS>(q / NF4, q % NF4)] = v[u];
-        }
-    }
-    __syncthreads();
-    chunk_sums<BITS>(xs, 1, n4 / NF4, stride4);
+    stage_x<BITS>(xs, x, 1, n, md_stride4(n * BITS / 128, BITS));
 }
 
 /* one (scale, bias) pair as loaded: 4 bytes (bf16/f16) or 8 (f32) */
@@ -410,7 +381,6 @@ struct md_gu_args {
     const float *sg;       /* [T] */
     int ks;                /* slots per token: k, or k + 1 with the shared expert */
     int par;               /* the parallel routing (cu_moe_route 1 and (warps - 1) * k <= MD_CAND) */
-    int stage_b;           /* x staged with several loads in flight (cu_moe_stage_b) */
 };
 
 /* NW warps per block: 8, or 4 with at most 102 registers (five blocks per
@@ -521,7 +491,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
         }
     };
     load(0); /* in flight while x is staged */
-    md_stage<BITS>(xs, a.x + (size_t)t * a.cols, a.cols, a.stage_b);
+    md_stage<BITS>(xs, a.x + (size_t)t * a.cols, a.cols);
     if (!nrows)
         return;
     const float *xsums = (const float *)(xs + md_stride4(nch, BITS));
@@ -577,7 +547,6 @@ struct md_dn_args {
     const float *sh;    /* epilogue (all NULL: none): y = v + sigmoid(sg[t]) * sh[t, r] */
     const float *sg;
     float *add_to;      /* add_to[t, r] += y */
-    int stage_b;        /* as md_gu_args.stage_b */
 };
 
 template <int BITS>
@@ -629,7 +598,7 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
         }
     };
     load(0); /* in flight while h is staged */
-    md_stage<BITS>(xs, a.h + (size_t)t * a.k * a.cols, (int64_t)a.k * a.cols, a.stage_b);
+    md_stage<BITS>(xs, a.h + (size_t)t * a.k * a.cols, (int64_t)a.k * a.cols);
     if (!nrows)
         return;
     const float *xsums = (const float *)(xs + md_stride4(F, BITS));
@@ -791,7 +760,6 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     const int npl = md_npl((int)E);
     const int W = cu_moe_gu_warps == 4 ? 4 : 8;
     g.par = cu_moe_route && (W - 1) * top_k <= MD_CAND;
-    g.stage_b = cu_moe_stage_b;
     dim3 g1((unsigned)((I + W * MD_RPW - 1) / (W * MD_RPW)), (unsigned)ks, (unsigned)T);
     const size_t smem1 = md_stage_bytes(H, gate->bits);
     sn_status gs;
@@ -813,7 +781,6 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     d.cpg = md_cdiv_of(down->group / (128 / down->bits));
     d.nce = md_cdiv_of((int)(down->words / 4));
     d.k = ks;
-    d.stage_b = cu_moe_stage_b;
     if (sh) {
         d.Wsd = (const uint32_t *)sh->down->q;
         d.Ssd = sh->down->sb;

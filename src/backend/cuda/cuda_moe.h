@@ -38,9 +38,6 @@ extern int cu_moe_gu_warps;
  * alone); 0 by warp 0 alone (tune "moe_route"); the same experts, weights
  * and bits either way */
 extern int cu_moe_route;
-/* 1: the MoE decode kernels stage x with four loads in flight per thread
- * (the same copy, the same bits; tune key moe_stage_b) */
-extern int cu_moe_stage_b;
 bool cu_moe_dec_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, int T, int top_k);
 bool cu_moe_dec_sh_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, const cu_moe_sh *sh, int T,
                       int top_k);

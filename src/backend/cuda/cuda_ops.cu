@@ -1135,75 +1135,7 @@ __global__ void k_argmax_final(const float2 *__restrict__ part, int32_t *__restr
         out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
 }
 
-/* k_l2_prefetch: block b of the grid takes slice b of every span, lane j
- * span j. One block per span put every request of a span on one SM's copy
- * engine: s10r1, 18 MB that way cost the 27B step 62 us per stretch. */
-struct pf_list {
-    const char *p[CU_PF_SPANS];
-    unsigned long long bytes[CU_PF_SPANS], take[CU_PF_SPANS];
-    int n, lines; /* lines: per-line prefetch.global.L2 by every lane instead of bulk requests */
-};
-static_assert(CU_PF_SPANS <= 32, "one lane per span");
-
-/* Fire-and-forget requests (cp.async.bulk.prefetch.L2), then wait for the
- * kernel before it in the stream, so this one ends only after that one
- * (what is queued after it keeps the order it had without it). Reads
- * nothing the model computes and writes nothing. */
-__global__ void __launch_bounds__(32) k_l2_prefetch(pf_list L)
-{
-    for (int sp = L.lines ? 0 : threadIdx.x; sp < L.n; sp += L.lines ? 1 : 32) {
-        const unsigned long long b = L.bytes[sp], ns = gridDim.x, sl = blockIdx.x;
-        const unsigned long long s0 = b * sl / ns / 16 * 16, s1 = b * (sl + 1) / ns / 16 * 16;
-        /* this slice's share of take, in whole 16-byte words */
-        const unsigned long long want = ((s1 - s0) * L.take[sp] / b + 15) / 16 * 16,
-                                 n = want < s1 - s0 ? want : s1 - s0;
-        const char *q = L.p[sp] + s0;
-        if (L.lines) {
-            for (unsigned long long o = 128ull * threadIdx.x; o < n; o += 32 * 128)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(q + o));
-        } else {
-            for (unsigned long long o = 0; o < n; o += 32768) {
-                const unsigned len = (unsigned)(n - o < 32768 ? n - o : 32768);
-                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(q + o), "r"(len) : "memory");
-            }
-        }
-    }
-    pdl_launch();
-    pdl_wait();
-}
-
 } // namespace
-
-thread_local cu_pf_req cu_pf_pending;
-int cu_pf_lines;
-unsigned cu_pf_blocks = 528; /* 4 per SM of an H200; set from the device at backend creation */
-
-cudaError_t cu_pf_fire(cudaStream_t s)
-{
-    cu_pf_req q = cu_pf_pending;
-    cu_pf_pending.n = 0; /* before the launch below, which comes back through cu_launch_pdl */
-    if (q.n > CU_PF_SPANS)
-        return cudaErrorInvalidValue;
-    pf_list L;
-    memset(&L, 0, sizeof L);
-    for (int i = 0; i < q.n; i++) {
-        /* whole 16-byte words inside the span (the bulk prefetch's unit) */
-        const uintptr_t a = ((uintptr_t)q.sp[i].p + 15) & ~(uintptr_t)15;
-        const size_t skip = a - (uintptr_t)q.sp[i].p;
-        if (!q.sp[i].p || q.sp[i].bytes < skip + 16 || !q.take[i])
-            continue;
-        L.p[L.n] = (const char *)a;
-        L.bytes[L.n] = (q.sp[i].bytes - skip) / 16 * 16;
-        L.take[L.n] = q.take[i] < L.bytes[L.n] ? q.take[i] : L.bytes[L.n];
-        L.n++;
-    }
-    if (!L.n)
-        return cudaSuccess;
-    L.lines = cu_pf_lines;
-    /* on the programmatic edge whatever the pdl mode: it must start while
-     * the kernel before it runs (pdl 0 leaves it after that kernel) */
-    return cu_launch_pdl(cu_pdl != 0, k_l2_prefetch, dim3(cu_pf_blocks), dim3(32), 0, s, L);
-}
 
 sn_status cu_ops_init(const cu_devinfo *di)
 {
