@@ -99,6 +99,7 @@ __device__ __forceinline__ void gv_locate(const gemv_seg &g, int rpw, int64_t wo
 }
 
 constexpr int GV_STAGE_U = 4; /* x loads in flight per thread while staging */
+constexpr int GV_NORM_LD = 16; /* the fused norm's loads per lane issued together, at most */
 
 /* x for tokens t < TT into shared memory (lane-major, zeros for t >= T),
  * normalised when g.nw is set, then the chunk sums. Ends with a barrier. */
@@ -114,13 +115,30 @@ __device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg 
      * load latencies one after the other) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     const int nvw = g.norm_threads / 32, nt = T < TT ? T : TT;
+    /* a row of at most GV_NORM_LD values per lane: all its loads at once,
+     * then the sum in the same order (the unrolled loop kept 4 in flight:
+     * 3 dependent L2 round trips for the 27B's 5120) */
+    const bool batch = cols <= (int64_t)GV_NORM_LD * g.norm_threads;
     for (int p = warp; p < nt * nvw; p += nwarps) {
         const int t = p / nvw, vw = p % nvw;
         const float *xr = x + (size_t)t * cols;
         float ss = 0.f;
+        if (batch) {
+            float v[GV_NORM_LD];
+#pragma unroll
+            for (int k = 0; k < GV_NORM_LD; k++) {
+                const int64_t i = vw * 32 + lane + (int64_t)k * g.norm_threads;
+                v[k] = i < cols ? xr[i] : 0.f;
+            }
+#pragma unroll
+            for (int k = 0; k < GV_NORM_LD; k++)
+                if (vw * 32 + lane + (int64_t)k * g.norm_threads < cols)
+                    ss += v[k] * v[k];
+        } else {
 #pragma unroll 4
-        for (int64_t i = vw * 32 + lane; i < cols; i += g.norm_threads)
-            ss += xr[i] * xr[i];
+            for (int64_t i = vw * 32 + lane; i < cols; i += g.norm_threads)
+                ss += xr[i] * xr[i];
+        }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
             ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -323,12 +341,12 @@ __device__ __forceinline__ void ld8(const float *p, bool al, float (&v)[8])
     }
 }
 
+constexpr int GD_PRE = 2; /* passes of the dp4a staging whose loads are issued together */
+
 template <int TT>
 __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g)
 {
     __shared__ float inv[TT];
-    if (g.nw)
-        gv_norm_inv<TT>(x, T, cols, g, inv);
     uint32_t *xw = (uint32_t *)stage;
     float2 *xe = (float2 *)(stage + (size_t)TT * nit * 3072);
     const int nch = (int)(cols / 32), n8 = (int)(cols / 8), nt = T < TT ? T : TT;
@@ -336,7 +354,31 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
     const bool aligned = ((uintptr_t)x & 15) == 0;
     const bool w_al = g.nw && ((uintptr_t)g.nw & 15) == 0;
     const int total = nt * n8; /* a multiple of lpg and of 4: whole groups and chunks per warp */
-    for (int p0 = 0; p0 < total; p0 += blockDim.x) {
+    /* up to GD_PRE passes: their x (and norm weight) loads go out before
+     * the norm's, so the prologue waits for about one L2 round trip, not
+     * one per pass plus the norm's (s10r4: the whole staging was 10-12 %
+     * of a decode step, ~2-6 us per launch) */
+    const bool pre = total <= GD_PRE * (int)blockDim.x;
+    float pv[GD_PRE][8], pw[GD_PRE][8];
+    if (pre) {
+#pragma unroll
+        for (int ps = 0; ps < GD_PRE; ps++) {
+            const int p = ps * (int)blockDim.x + threadIdx.x;
+            const int t = p < total ? p / n8 : 0, u = p < total ? p - t * n8 : 0;
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                pv[ps][k] = pw[ps][k] = 0.f;
+            if (p < total) {
+                ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, pv[ps]);
+                if (g.nw)
+                    ld8(g.nw + 8 * (size_t)u, w_al, pw[ps]);
+            }
+        }
+    }
+    if (g.nw)
+        gv_norm_inv<TT>(x, T, cols, g, inv);
+#pragma unroll 1
+    for (int p0 = 0, ps = 0; p0 < total; p0 += blockDim.x, ps++) {
         const int p = p0 + threadIdx.x;
         const bool in = p < total;
         const int t = in ? p / n8 : 0, u = in ? p - t * n8 : 0;
@@ -344,11 +386,30 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
 #pragma unroll
         for (int k = 0; k < 8; k++)
             v[k] = 0.f;
+        if (pre) {
+            /* the pass's values from the registers loaded above (ps < GD_PRE) */
+#pragma unroll
+            for (int q = 0; q < GD_PRE; q++)
+                if (q == ps)
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        v[k] = pv[q][k];
+        }
         if (in) {
-            ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, v);
+            if (!pre)
+                ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, v);
             if (g.nw) {
                 float w8[8];
-                ld8(g.nw + 8 * (size_t)u, w_al, w8);
+                if (pre) {
+#pragma unroll
+                    for (int q = 0; q < GD_PRE; q++)
+                        if (q == ps)
+#pragma unroll
+                            for (int k = 0; k < 8; k++)
+                                w8[k] = pw[q][k];
+                } else {
+                    ld8(g.nw + 8 * (size_t)u, w_al, w8);
+                }
                 const float iv = inv[t];
 #pragma unroll
                 for (int k = 0; k < 8; k++)
