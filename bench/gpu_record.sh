@@ -12,7 +12,8 @@
 #   the verify-pass cost curve (bench_pld --cost-curve 8), every CUDA test
 #   (test_cuda_ops and test_cuda_model also with SANCTUM_CUDA_PDL=1, the
 #   model also with 0),
-#   test_cuda_ops under compute-sanitizer memcheck, bench_cuda on the 35B-A3B
+#   test_cuda_ops under compute-sanitizer memcheck, the read sweep
+#   (bench_cuda --read-sweep), bench_cuda on the 35B-A3B
 #   and 27B configs at 4096 tokens (and their 6-row verify steps, --rows 6),
 #   then bench_cuda_gpu.sh pcache quick;
 #   a summary is printed and the logs come back as $OUT/logs.tar.xz
@@ -58,6 +59,8 @@ run)
     step model_nopdl 150 env SANCTUM_CUDA_PDL=0 "$B/test_cuda_model"
     SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
     step memcheck_ops 300 env SANCTUM_CUDA_CUBLAS=0 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_ops"
+    # the plain read kernel's time per launch at the decode GEMVs' sizes (their floor)
+    step sweep 60 "$B/bench_cuda" --config bench/configs/qwen3_5_35b_a3b.json --read-sweep
     for cfg in qwen3_5_35b_a3b qwen3_5_27b; do
         step "bench_$cfg" 200 "$B/bench_cuda" --config "bench/configs/$cfg.json" --prefill 4096 --decode 64 --log "$w/results.log"
         # what a prompt-lookup verify pass of 6 rows costs there
@@ -71,6 +74,7 @@ run)
     grep -h "FAIL" "$w"/ops.log "$w"/ops_pdl.log "$w"/model.log "$w"/model_pdl.log "$w"/model_nopdl.log "$w"/moe.log "$w"/prefill.log "$w"/gemm_i8.log | head
     grep -h "decode (graph\|prefill 4096 tokens (default\|GPU memory" "$w"/bench_*.log
     grep -h "ms per step of 6 rows" "$w"/rows6_*.log
+    grep -h "read .* MB:" "$w/sweep.log"
     grep -h "summary (pcache" -A3 "$w/pcache_run.log" | cut -c1-200
     (cd "$w" && tar cJf "$out/logs.tar.xz" ./*.log)
     ;;
