@@ -545,6 +545,55 @@ int try_fuse_attn_gate(cuda_be *cb, int k, sn_status *st)
     return 2;
 }
 
+/* A fingerprint of a captured graph's topology for cudaGraphExecUpdate:
+ * each node's type and kernel, each edge's kind (a programmatic edge or
+ * not) between which kernels, in the graph's order. Two captures of one
+ * node count can still differ there (another fused form, a PDL edge moved),
+ * and the update then fails with an API error (which compute-sanitizer
+ * reports) before the fallback instantiation; comparing this first skips
+ * that attempt. 0 when a query fails (then no update is tried). */
+uint64_t graph_shape(cudaGraph_t g, size_t nodes)
+{
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) {
+        for (int i = 0; i < 8; i++, v >>= 8)
+            h = (h ^ (v & 255)) * 1099511628211ull;
+    };
+    auto node_key = [](cudaGraphNode_t n) -> uint64_t {
+        cudaGraphNodeType t;
+        if (cudaGraphNodeGetType(n, &t) != cudaSuccess)
+            return 0;
+        uint64_t k = (uint64_t)t;
+        cudaKernelNodeParams kp;
+        if (t == cudaGraphNodeTypeKernel && cudaGraphKernelNodeGetParams(n, &kp) == cudaSuccess)
+            k ^= (uint64_t)(uintptr_t)kp.func << 8;
+        return k;
+    };
+    size_t ne = 0;
+    cudaGraphNode_t *nd = (cudaGraphNode_t *)malloc(sizeof(cudaGraphNode_t) * (nodes ? nodes : 1));
+    bool ok = nd && cudaGraphGetNodes(g, nd, &nodes) == cudaSuccess && cudaGraphGetEdges(g, NULL, NULL, NULL, &ne) == cudaSuccess;
+    for (size_t i = 0; ok && i < nodes; i++)
+        mix(node_key(nd[i]));
+    cudaGraphNode_t *from = ok ? (cudaGraphNode_t *)malloc(sizeof(cudaGraphNode_t) * (ne ? ne : 1)) : NULL;
+    cudaGraphNode_t *to = ok ? (cudaGraphNode_t *)malloc(sizeof(cudaGraphNode_t) * (ne ? ne : 1)) : NULL;
+    cudaGraphEdgeData *ed = ok ? (cudaGraphEdgeData *)malloc(sizeof(cudaGraphEdgeData) * (ne ? ne : 1)) : NULL;
+    ok = ok && from && to && ed && cudaGraphGetEdges(g, from, to, ed, &ne) == cudaSuccess;
+    for (size_t i = 0; ok && i < ne; i++) {
+        mix(node_key(from[i]));
+        mix(node_key(to[i]));
+        mix((uint64_t)ed[i].type | (uint64_t)ed[i].from_port << 8 | (uint64_t)ed[i].to_port << 16);
+    }
+    free(nd);
+    free(from);
+    free(to);
+    free(ed);
+    if (!ok) {
+        cudaGetLastError();
+        return 0;
+    }
+    return h ? h : 1;
+}
+
 sn_status capture_and_run(cuda_be *cb, gslot *gsl)
 {
     cudaStream_t s = cb->st;
@@ -593,8 +642,10 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
         nodes = 0;
     }
     /* an update can only work on the same topology: a different node count
-     * (another fusion, another GEMV form) goes straight to instantiation */
-    if (gsl->exec && gsl->nodes != nodes) {
+     * or shape (another fusion, another GEMV form) goes straight to
+     * instantiation */
+    const uint64_t shape = nodes ? graph_shape(g, nodes) : 0;
+    if (gsl->exec && (gsl->nodes != nodes || !shape || gsl->shape != shape)) {
         cudaGraphExecDestroy(gsl->exec);
         gsl->exec = NULL;
     }
@@ -618,6 +669,7 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
     }
     cudaGraphDestroy(g);
     gsl->nodes = nodes;
+    gsl->shape = shape;
     if (gsl->cap < cb->n_recs) {
         rec *nr = (rec *)realloc(gsl->recs, sizeof(rec) * cb->n_recs);
         if (!nr)

@@ -48,6 +48,7 @@ struct gslot {
     bool valid;
     cudaGraphExec_t exec;
     size_t nodes; /* of the graph exec was made from */
+    uint64_t shape; /* its graph_shape: kernels and edge kinds in order */
     long used;
 };
 constexpr int GRAPH_SLOTS = 8;
