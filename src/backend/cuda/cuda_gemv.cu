@@ -450,7 +450,7 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
                 d[1] = pw[pl][1];
             }
             if (j == 0) {
-                const float es = ldexpf(1.f, -e2);
+                const float es = xd_pow2(-e2);
                 xe[(size_t)t * nch + c] = make_float2(es, __fmul_rn((float)S, es));
             }
         }

@@ -246,7 +246,7 @@ k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const floa
         ((uint32_t *)(r + (3 * t + 1) * 64))[np] = p1;
         ((uint32_t *)(r + (3 * t + 2) * 64))[np] = p2;
         if ((threadIdx.x % LPG) == 0) {
-            const float es = ldexpf(1.f, -e2), xb = (float)sum * es * (1.f / 65536.f);
+            const float es = xd_pow2(-e2), xb = (float)sum * es * (1.f / 65536.f);
             /* the group's slot in the record of each block it covers */
             const int k = GS == 1 ? (int)((4 * q / G) & 1) : 0;
             float *e = (float *)(r + 3 * T * 64);
@@ -264,7 +264,7 @@ k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const floa
         ((uint32_t *)(d.planes + (size_t)(3 * t + 2) * cols))[q] = p2;
         if ((threadIdx.x % LPG) == 0) {
             const int64_t grp = 4 * q / G;
-            const float es = ldexpf(1.f, -e2);
+            const float es = xd_pow2(-e2);
             d.esc[(size_t)t * groups + grp] = es;
             d.xsb[(size_t)t * groups + grp] = (float)sum * es * (1.f / 65536.f);
         }

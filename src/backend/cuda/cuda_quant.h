@@ -72,15 +72,23 @@ __device__ __forceinline__ int xd_exp(float mx)
 {
     int e2 = 0;
     if (mx > 0.f && isfinite(mx)) {
-        frexpf(mx, &e2); /* mx < 2^e2 */
-        e2 = max(-100, min(100, 22 - e2));
+        /* frexpf's exponent (mx < 2^e) from the bits: a subnormal mx reads
+         * as e = -126, which the clamp below maps to 100 as frexpf's does */
+        const int e = (int)((__float_as_uint(mx) >> 23) & 255u) - 126;
+        e2 = max(-100, min(100, 22 - e));
     }
     return e2;
 }
 
+/* 2^e exactly, for e in [-126, 127] (xd_exp's e2 and -e2 are in [-100, 100]) */
+__device__ __forceinline__ float xd_pow2(int e) { return __int_as_float((127 + e) << 23); }
+
 __device__ __forceinline__ int xd_split(float v, int e2, int &d0, int &d1, int &d2)
 {
-    const int X = __float2int_rn(ldexpf(v, e2));
+    /* v * 2^e2 is ldexpf(v, e2) bitwise (one IEEE multiply by an exact power
+     * of two, subnormal results rounded the same way), without ldexpf's
+     * instruction sequence on every value of x (the staging is arithmetic-bound) */
+    const int X = __float2int_rn(v * xd_pow2(e2));
     d2 = ((X + 128) & 255) - 128;
     const int X1 = (X - d2) >> 8;
     d1 = ((X1 + 128) & 255) - 128;
