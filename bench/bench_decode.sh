@@ -37,7 +37,8 @@ bw=$("$dir/membw" 2048 "$threads" 2>/dev/null)
 echo "memory read bandwidth: $bw GB/s ($threads threads)"
 
 # Bytes of weights one decoded token reads: every tensor, except that of an
-# expert stack only top-k of E experts are read.
+# expert stack only top-k of E experts are read, and of an untied embedding
+# one row (a tied one is the lm_head, read whole).
 active_bytes() {
     python3 - "$1" <<'PY'
 import json, struct, sys, glob, os
@@ -45,6 +46,7 @@ d = sys.argv[1]
 cfg = json.load(open(os.path.join(d, "config.json")))
 tc = cfg.get("text_config", cfg)
 E, k = tc.get("num_experts", 0) or 0, tc.get("num_experts_per_tok", 0) or 0
+tied = tc.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
 tot = 0.0
 for f in glob.glob(os.path.join(d, "*.safetensors")):
     with open(f, "rb") as fh:
@@ -56,6 +58,8 @@ for f in glob.glob(os.path.join(d, "*.safetensors")):
         b = t["data_offsets"][1] - t["data_offsets"][0]
         if E and (".switch_mlp." in name or ".experts." in name):
             b = b * k / E
+        if not tied and "embed_tokens." in name:
+            b = b / t["shape"][0]  # an untied embedding: one row per token (the lm_head is its own tensor)
         tot += b
 print(int(tot))
 PY
