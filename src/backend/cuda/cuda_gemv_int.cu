@@ -183,20 +183,9 @@ k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const floa
          * cols % 128 == 0, so a warp is all in or all out) */
         if (in)
             v = __ldg((const float4 *)xr + q);
-        float ss = 0.f;
-        ss = fmaf(v.x, v.x, ss);
-        ss = fmaf(v.y, v.y, ss);
-        ss = fmaf(v.z, v.z, ss);
-        ss = fmaf(v.w, v.w, ss);
-#pragma unroll
-        for (int m = 16; m > 0; m >>= 1)
-            ss += __shfl_xor_sync(0xffffffffu, ss, m);
-        const float gi = 1.f / sqrtf(ss / (float)CU_GNORM_N + eps);
+        const float gi = cu_gnorm_inv(cu_gnorm_ss4(0.f, v), CU_GNORM_N, eps);
         if (in) {
-            const float4 g4 = __ldg((const float4 *)(gz + (size_t)t * cols) + q);
-            const float *wr = nw + 4 * lane;
-            v = make_float4(wr[0] * (v.x * gi) * cu_silu(g4.x), wr[1] * (v.y * gi) * cu_silu(g4.y),
-                            wr[2] * (v.z * gi) * cu_silu(g4.z), wr[3] * (v.w * gi) * cu_silu(g4.w));
+            v = cu_gnorm_apply4(nw + 4 * lane, v, __ldg((const float4 *)(gz + (size_t)t * cols) + q), gi);
             if (xn)
                 *((float4 *)(xn + (size_t)t * cols) + q) = v;
         }

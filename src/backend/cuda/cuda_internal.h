@@ -297,6 +297,31 @@ sn_status cu_copy_n(cudaStream_t s, int n, void *const *dst, const void *const *
 sn_status cu_swiglu(cudaStream_t s, const float *g, const float *u, size_t n, float *out);
 /* silu as every kernel computes it (the swiglu folded into a GEMV must match k_swiglu bitwise) */
 __device__ __forceinline__ float cu_silu(float x) { return x / (1.f + expf(-x)); }
+/* The gated RMSNorm's arithmetic, one warp per row with lane l holding
+ * values 4l..4l+3 of each 128: k_gated_rmsnorm_w and the integer GEMV's
+ * digits pass that folds it (which must match it bitwise) both use these.
+ * cu_gnorm_ss4 adds a float4's squares to a lane's sum; cu_gnorm_inv sums
+ * the lanes and forms 1/rms of a row of n; cu_gnorm_apply4 is
+ * w * (v * inv) * silu(z) for one float4 (w: its four weights). */
+__device__ __forceinline__ float cu_gnorm_ss4(float ss, float4 v)
+{
+    ss = fmaf(v.x, v.x, ss);
+    ss = fmaf(v.y, v.y, ss);
+    ss = fmaf(v.z, v.z, ss);
+    return fmaf(v.w, v.w, ss);
+}
+__device__ __forceinline__ float cu_gnorm_inv(float ss, int n, float eps)
+{
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, m);
+    return 1.f / sqrtf(ss / (float)n + eps);
+}
+__device__ __forceinline__ float4 cu_gnorm_apply4(const float *w, float4 v, float4 z, float inv)
+{
+    return make_float4(w[0] * (v.x * inv) * cu_silu(z.x), w[1] * (v.y * inv) * cu_silu(z.y),
+                       w[2] * (v.z * inv) * cu_silu(z.z), w[3] * (v.w * inv) * cu_silu(z.w));
+}
 sn_status cu_mul_sigmoid(cudaStream_t s, float *y, const float *g, size_t n);
 sn_status cu_add_gated(cudaStream_t s, float *y, const float *x, const float *g, int T, int n);
 sn_status cu_rope(cudaStream_t s, float *x, int T, int n_heads, int head_dim, int rot_dim, int pos0,

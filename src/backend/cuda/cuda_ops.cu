@@ -89,26 +89,12 @@ __global__ void __launch_bounds__(256) k_gated_rmsnorm_w(const float *__restrict
         return;
     const size_t off = (size_t)row * n;
     float ss = 0.f;
-    for (int i = 4 * lane; i < n; i += 128) {
-        const float4 v = *(const float4 *)(o + off + i);
-        ss = fmaf(v.x, v.x, ss);
-        ss = fmaf(v.y, v.y, ss);
-        ss = fmaf(v.z, v.z, ss);
-        ss = fmaf(v.w, v.w, ss);
-    }
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1)
-        ss += __shfl_xor_sync(0xffffffffu, ss, m);
-    const float inv = 1.f / sqrtf(ss / (float)n + eps);
-    for (int i = 4 * lane; i < n; i += 128) {
-        const float4 v = *(const float4 *)(o + off + i), g = *(const float4 *)(z + off + i);
-        float4 r;
-        r.x = w[i] * (v.x * inv) * silu(g.x);
-        r.y = w[i + 1] * (v.y * inv) * silu(g.y);
-        r.z = w[i + 2] * (v.z * inv) * silu(g.z);
-        r.w = w[i + 3] * (v.w * inv) * silu(g.w);
-        *(float4 *)(y + off + i) = r;
-    }
+    for (int i = 4 * lane; i < n; i += 128)
+        ss = cu_gnorm_ss4(ss, *(const float4 *)(o + off + i));
+    const float inv = cu_gnorm_inv(ss, n, eps);
+    for (int i = 4 * lane; i < n; i += 128)
+        *(float4 *)(y + off + i) =
+            cu_gnorm_apply4(w + i, *(const float4 *)(o + off + i), *(const float4 *)(z + off + i), inv);
 }
 
 struct copy_list {
