@@ -188,63 +188,17 @@ __global__ void k_read_probe(const uint4 *__restrict__ p, size_t n, unsigned *__
 
 } // namespace
 
-extern "C" sn_status sn_cuda_read_bandwidth(sn_backend *b, size_t bytes, int reps, double *gbs)
+/* k_read_probe over bytes (a multiple of 256) at a time, reps launches
+ * back to back in one graph, each over the next slice of a buffer of span
+ * bytes (wrapping; span >= bytes), after one warm-up replay: *us per
+ * launch. Serves sn_cuda_read_bandwidth (span = bytes) and
+ * sn_cuda_read_sweep. */
+static sn_status read_probe_us(cuda_be *cb, size_t bytes, size_t span, int reps, double *us, const char *what)
 {
-    SN_ASSERT(sn_cuda_is(b));
-    cuda_be *cb = cb_of(b);
     SN_TRY(host_barrier(cb));
     cudaSetDevice(cb->dev);
-    if (bytes < 16 || reps < 1)
-        return SN_FAIL(SN_E_INVALID, "read bandwidth: %zu bytes, %d reps", bytes, reps);
     void *buf = NULL;
-    CU_TRY(cudaMalloc(&buf, bytes + 16), "read bandwidth buffer");
-    sn_status st = SN_OK;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    cudaError_t e = cudaMemsetAsync(buf, 1, bytes, cb->st);
-    if (e == cudaSuccess)
-        e = cudaEventCreate(&e0);
-    if (e == cudaSuccess)
-        e = cudaEventCreate(&e1);
-    const size_t n = bytes / 16;
-    const unsigned grid = (unsigned)cb->di.n_sm * 8;
-    if (e == cudaSuccess) {
-        k_read_probe<<<grid, 512, 0, cb->st>>>((const uint4 *)buf, n, (unsigned *)((char *)buf + bytes));
-        e = cudaEventRecord(e0, cb->st);
-    }
-    for (int r = 0; r < reps && e == cudaSuccess; r++) {
-        k_read_probe<<<grid, 512, 0, cb->st>>>((const uint4 *)buf, n, (unsigned *)((char *)buf + bytes));
-        e = cudaGetLastError();
-    }
-    if (e == cudaSuccess)
-        e = cudaEventRecord(e1, cb->st);
-    if (e == cudaSuccess)
-        e = cudaEventSynchronize(e1);
-    float ms = 0;
-    if (e == cudaSuccess)
-        e = cudaEventElapsedTime(&ms, e0, e1);
-    if (e != cudaSuccess)
-        st = cu_err(e, "read bandwidth");
-    else
-        *gbs = (double)n * 16 * reps / (ms * 1e-3) / 1e9;
-    if (e0)
-        cudaEventDestroy(e0);
-    if (e1)
-        cudaEventDestroy(e1);
-    cudaFree(buf);
-    return st;
-}
-
-extern "C" sn_status sn_cuda_read_sweep(sn_backend *b, size_t bytes, size_t span, int reps, double *us)
-{
-    SN_ASSERT(sn_cuda_is(b));
-    cuda_be *cb = cb_of(b);
-    SN_TRY(host_barrier(cb));
-    cudaSetDevice(cb->dev);
-    bytes = bytes / 256 * 256;
-    if (bytes < 256 || span < 2 * bytes || reps < 1 || reps > 4096)
-        return SN_FAIL(SN_E_INVALID, "read sweep: %zu bytes in a span of %zu, %d reps", bytes, span, reps);
-    void *buf = NULL;
-    CU_TRY(cudaMalloc(&buf, span + 16), "read sweep buffer");
+    CU_TRY(cudaMalloc(&buf, span + 16), what);
     sn_status st = SN_OK;
     cudaEvent_t e0 = NULL, e1 = NULL;
     cudaGraph_t g = NULL;
@@ -260,8 +214,7 @@ extern "C" sn_status sn_cuda_read_sweep(sn_backend *b, size_t bytes, size_t span
     if (e == cudaSuccess)
         e = cudaEventCreate(&e1);
     const unsigned grid = (unsigned)cb->di.n_sm * 8;
-    /* reps launches back to back in one graph, each over the next slice of
-     * the span (wrapping), so none finds its bytes in L2 */
+    /* each launch over the next slice of the span, wrapping */
     const size_t slots = span / bytes;
     if (e == cudaSuccess)
         e = cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal);
@@ -290,7 +243,7 @@ extern "C" sn_status sn_cuda_read_sweep(sn_backend *b, size_t bytes, size_t span
     if (e == cudaSuccess)
         e = cudaEventElapsedTime(&ms, e0, e1);
     if (e != cudaSuccess)
-        st = cu_err(e, "read sweep");
+        st = cu_err(e, what);
     else
         *us = (double)ms * 1e3 / reps;
     if (ge)
@@ -305,6 +258,27 @@ extern "C" sn_status sn_cuda_read_sweep(sn_backend *b, size_t bytes, size_t span
         cudaStreamDestroy(cs);
     cudaFree(buf);
     return st;
+}
+
+extern "C" sn_status sn_cuda_read_bandwidth(sn_backend *b, size_t bytes, int reps, double *gbs)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    bytes = bytes / 256 * 256;
+    if (bytes < 256 || reps < 1 || reps > 4096)
+        return SN_FAIL(SN_E_INVALID, "read bandwidth: %zu bytes, %d reps", bytes, reps);
+    double us = 0;
+    SN_TRY(read_probe_us(cb_of(b), bytes, bytes, reps, &us, "read bandwidth"));
+    *gbs = (double)bytes / (us * 1e-6) / 1e9;
+    return SN_OK;
+}
+
+extern "C" sn_status sn_cuda_read_sweep(sn_backend *b, size_t bytes, size_t span, int reps, double *us)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    bytes = bytes / 256 * 256;
+    if (bytes < 256 || span < 2 * bytes || reps < 1 || reps > 4096)
+        return SN_FAIL(SN_E_INVALID, "read sweep: %zu bytes in a span of %zu, %d reps", bytes, span, reps);
+    return read_probe_us(cb_of(b), bytes, span, reps, us, "read sweep");
 }
 
 extern "C" void sn_cuda_graph_stats(sn_backend *b, long *replayed, long *captured, long *eager)
