@@ -94,6 +94,14 @@ sn_status eager_matmul(cuda_be *cb, const rec &r)
     return st;
 }
 
+/* An R_ATTN record on the stream; gate: its output gate folded in (try_fuse_attn_gate). */
+sn_status run_attention(cuda_be *cb, const rec &r, const int *d_delta, const float *gate)
+{
+    sn_kv_view kv = { (float *)r.p[0], (float *)r.p[1], (int)r.i[0], (int)r.i[1], (int)r.i[2] };
+    return cu_attention(&cb->di, cb->st, (const float *)r.p[2], &kv, (int)r.i[3], r.pos0, d_delta, (int)r.i[4], r.f[0],
+                        (float *)r.p[3], cb->scratch, gate);
+}
+
 sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
 {
     cudaStream_t s = cb->st;
@@ -139,11 +147,7 @@ sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
         sn_kv_view kv = { (float *)r.p[0], (float *)r.p[1], (int)r.i[0], (int)r.i[1], (int)r.i[2] };
         return cu_kv_write(s, &kv, (const float *)r.p[2], (const float *)r.p[3], (int)r.i[3], r.pos0, d_delta);
     }
-    case R_ATTN: {
-        sn_kv_view kv = { (float *)r.p[0], (float *)r.p[1], (int)r.i[0], (int)r.i[1], (int)r.i[2] };
-        return cu_attention(&cb->di, s, (const float *)r.p[2], &kv, (int)r.i[3], r.pos0, d_delta, (int)r.i[4],
-                            r.f[0], (float *)r.p[3], cb->scratch, NULL);
-    }
+    case R_ATTN: return run_attention(cb, r, d_delta, NULL);
     case R_GDN: {
         sn_gdn_dims d = { (int)r.i[0], (int)r.i[1], (int)r.i[2], (int)r.i[3], (int)r.i[4], r.f[0] };
         return cu_gdn(s, &d, (const float *)r.p[0], (const float *)r.p[1], (const float *)r.p[2],
@@ -538,10 +542,7 @@ int try_fuse_attn_gate(cuda_be *cb, int k, sn_status *st)
     const char *out = (const char *)a.p[3], *gp = (const char *)g.p[1];
     if (g.kind != R_MULSIG || g.p[0] != a.p[3] || g.i[0] != n || (gp < out + 4 * n && out < gp + 4 * n))
         return 0;
-    const int *d_delta = &cb->d_sp->delta;
-    sn_kv_view kv = { (float *)a.p[0], (float *)a.p[1], (int)a.i[0], (int)a.i[1], (int)a.i[2] };
-    *st = cu_attention(&cb->di, cb->st, (const float *)a.p[2], &kv, (int)a.i[3], a.pos0, d_delta, (int)a.i[4], a.f[0],
-                       (float *)a.p[3], cb->scratch, (const float *)g.p[1]);
+    *st = run_attention(cb, a, &cb->d_sp->delta, (const float *)g.p[1]);
     return 2;
 }
 

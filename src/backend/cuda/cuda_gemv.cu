@@ -343,6 +343,18 @@ __device__ __forceinline__ void ld8(const float *p, bool al, float (&v)[8])
 
 constexpr int GD_PRE = 2; /* passes of the dp4a staging whose loads are issued together */
 
+/* out = a[ps] for a pass index known only at run time (ps < GD_PRE), without
+ * indexing the register array by it (which would put it in local memory) */
+__device__ __forceinline__ void gd_pick(const float (&a)[GD_PRE][8], int ps, float (&out)[8])
+{
+#pragma unroll
+    for (int q = 0; q < GD_PRE; q++)
+        if (q == ps)
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                out[k] = a[q][k];
+}
+
 template <int TT>
 __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g)
 {
@@ -386,30 +398,17 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
 #pragma unroll
         for (int k = 0; k < 8; k++)
             v[k] = 0.f;
-        if (pre) {
-            /* the pass's values from the registers loaded above (ps < GD_PRE) */
-#pragma unroll
-            for (int q = 0; q < GD_PRE; q++)
-                if (q == ps)
-#pragma unroll
-                    for (int k = 0; k < 8; k++)
-                        v[k] = pv[q][k];
-        }
+        if (pre)
+            gd_pick(pv, ps, v); /* the pass's values from the registers loaded above */
         if (in) {
             if (!pre)
                 ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, v);
             if (g.nw) {
                 float w8[8];
-                if (pre) {
-#pragma unroll
-                    for (int q = 0; q < GD_PRE; q++)
-                        if (q == ps)
-#pragma unroll
-                            for (int k = 0; k < 8; k++)
-                                w8[k] = pw[q][k];
-                } else {
+                if (pre)
+                    gd_pick(pw, ps, w8);
+                else
                     ld8(g.nw + 8 * (size_t)u, w_al, w8);
-                }
                 const float iv = inv[t];
 #pragma unroll
                 for (int k = 0; k < 8; k++)
