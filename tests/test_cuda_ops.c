@@ -240,6 +240,63 @@ static void test_gemv_batch_invariant(void)
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
 }
 
+/* The SIMT GEMV's ring filled by one lane's bulk copies (gemv_bulk, the
+ * where the shape allows) or by every lane's cp.async (the default), with all or
+ * none of the first chunks issued before x is read (gemv_pre): the same
+ * bytes reach the same places, so every form gives the same bits. 1088 and
+ * 384 columns (g128) do not allow the bulk form (a row's 68 or 12 bytes of
+ * (scale, bias) entries), 2304 ends in a partial chunk that does. */
+static void ring_forms_case(sn_dtype dt, int64_t rows, int64_t cols, int group, sn_dtype sdt, int bias, int T)
+{
+    tw w;
+    tw_make(&w, dt, rows, cols, group, sdt, 0, bias);
+    float *x = hrand((size_t)T * cols, 1.0f), *dx = dcopy(x, (size_t)T * cols);
+    static const int form[4][2] = { { 1, 8 }, { 0, 8 }, { 1, 0 }, { 0, 1 } }; /* (gemv_bulk, gemv_pre) */
+    float *ref = NULL;
+    for (int f = 0; f < 4; f++) {
+        CHECK_OK(sn_cuda_tune(G, "gemv_bulk", form[f][0]));
+        CHECK_OK(sn_cuda_tune(G, "gemv_pre", form[f][1]));
+        float *dy = dpoison((size_t)T * rows);
+        CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, T, dy));
+        float *y = tohost(dy, (size_t)T * rows);
+        dfree(dy);
+        if (!ref) {
+            ref = y;
+            continue;
+        }
+        CHECKF(memcmp(ref, y, sizeof(float) * T * rows) == 0, "%s %lldx%lld g=%d T=%d: gemv_bulk=%d gemv_pre=%d differs",
+               sn_dtype_name(dt), (long long)rows, (long long)cols, group, T, form[f][0], form[f][1]);
+        free(y);
+    }
+    CHECK_OK(sn_cuda_tune(G, "gemv_bulk", 0));
+    CHECK_OK(sn_cuda_tune(G, "gemv_pre", 8));
+    free(x); free(ref);
+    dfree(dx);
+    tw_free(&w);
+}
+
+static void test_gemv_ring_forms(void)
+{
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 0)); /* the SIMT GEMV for every matrix */
+    int Ts[] = { 1, 3, 8 };
+    for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
+        ring_forms_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 0, Ts[i]);
+        ring_forms_case(SN_DT_Q4, 300, 2048, 128, SN_DT_BF16, 0, Ts[i]);
+        ring_forms_case(SN_DT_Q4, 1000, 2304, 64, SN_DT_BF16, 1, Ts[i]);
+        ring_forms_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, 1, Ts[i]);
+        ring_forms_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 0, Ts[i]);
+        ring_forms_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1, Ts[i]);
+        ring_forms_case(SN_DT_Q4, 33, 384, 128, SN_DT_F32, 0, Ts[i]);
+    }
+    CHECK_OK(sn_cuda_tune(G, "gemv_dp", 0)); /* and the fp32 FMA form */
+    ring_forms_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 0, 1);
+    ring_forms_case(SN_DT_Q4, 1000, 2304, 64, SN_DT_BF16, 1, 3);
+    CHECK_OK(sn_cuda_tune(G, "gemv_dp", 1));
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
+    mm_case(SN_DT_Q4, 1000, 2304, 64, SN_DT_BF16, 1, 0, 1);
+    mm_case(SN_DT_Q4, 1000, 2304, 64, SN_DT_BF16, 5, 0, 1);
+}
+
 static void test_matmul_dense(void)
 {
     int Ts[] = { 1, 3, 8, 21 };
@@ -946,6 +1003,7 @@ int main(void)
     RUN(test_matmul_q8);
     RUN(test_matmul_q4_gemv_i8);
     RUN(test_gemv_batch_invariant);
+    RUN(test_gemv_ring_forms);
     RUN(test_matmul_dense);
     RUN(test_matmul_errors);
     RUN(test_embed);

@@ -1511,6 +1511,8 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_sk_bps = 2;
     cb->di.gemv_i8_min = -1; /* by shape */
     cb->di.gemv_dp = 1;
+    cb->di.gemv_pre = 8;
+    cb->di.gemv_bulk = 0; /* s11r2: slower, see docs/PERFORMANCE.md run 21 */
     cb->di.attn_splits = 64;
     cb->di.attn_warps = 0; /* by shape */
     cb->di.gemv_rpw1_rows = 0; /* off: 35B-A3B 339-349 vs 347-355 tok/s, not separable from noise (results.log 20:19Z) */

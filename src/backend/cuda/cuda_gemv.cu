@@ -105,8 +105,8 @@ constexpr int GV_NORM_LD = 16; /* the fused norm's loads per lane issued togethe
  * normalised when g.nw is set, then the chunk sums. Ends with a barrier. */
 /* The fused RMSNorm's 1/rms per token (g.nw set) into inv[TT] (shared),
  * the sums of squares exactly as k_rmsnorm forms them. Ends with a barrier. */
-template <int TT>
-__device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg &g, float *inv)
+template <int TT, typename H>
+__device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg &g, float *inv, H &&after_loads)
 {
     __shared__ float red[TT][32];
     /* the sum of x^2 exactly as k_rmsnorm forms it (rms_partials' virtual
@@ -119,6 +119,7 @@ __device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg 
      * then the sum in the same order (the unrolled loop kept 4 in flight:
      * 3 dependent L2 round trips for the 27B's 5120) */
     const bool batch = cols <= (int64_t)GV_NORM_LD * g.norm_threads;
+    bool hooked = false;
     for (int p = warp; p < nt * nvw; p += nwarps) {
         const int t = p / nvw, vw = p % nvw;
         const float *xr = x + (size_t)t * cols;
@@ -129,6 +130,10 @@ __device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg 
             for (int k = 0; k < GV_NORM_LD; k++) {
                 const int64_t i = vw * 32 + lane + (int64_t)k * g.norm_threads;
                 v[k] = i < cols ? xr[i] : 0.f;
+            }
+            if (!hooked) {
+                after_loads();
+                hooked = true;
             }
 #pragma unroll
             for (int k = 0; k < GV_NORM_LD; k++)
@@ -145,6 +150,8 @@ __device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg 
         if (lane == 0)
             red[t][vw] = ss;
     }
+    if (!hooked)
+        after_loads();
     __syncthreads();
     /* one warp per token finishes its tree (warp 0 doing all of them
      * was a serial chain the whole block waited for) */
@@ -156,14 +163,17 @@ __device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg 
     __syncthreads();
 }
 
-template <int BITS, int TT>
-__device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t stride4, const gemv_seg &g)
+template <int BITS, int TT, typename H>
+__device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t stride4, const gemv_seg &g,
+                           H &&after_loads)
 {
     constexpr int NF4 = (128 / BITS) / 4;
     __shared__ float inv[TT];
     const int64_t n4 = cols / 4, nch = n4 / NF4;
     if (g.nw)
-        gv_norm_inv<TT>(x, T, cols, g, inv);
+        gv_norm_inv<TT>(x, T, cols, g, inv, after_loads);
+    else
+        after_loads();
     const bool aligned = ((uintptr_t)x & 15) == 0; /* cols % 32 == 0 always */
     /* QU float4 columns of all TT tokens per thread and pass, every load
      * issued before any is used (at least GV_STAGE_U in flight): staging
@@ -355,8 +365,9 @@ __device__ __forceinline__ void gd_pick(const float (&a)[GD_PRE][8], int ps, flo
                 out[k] = a[q][k];
 }
 
-template <int TT>
-__device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g)
+template <int TT, typename H>
+__device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g,
+                           H &&after_loads)
 {
     __shared__ float inv[TT];
     uint32_t *xw = (uint32_t *)stage;
@@ -388,7 +399,9 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
         }
     }
     if (g.nw)
-        gv_norm_inv<TT>(x, T, cols, g, inv);
+        gv_norm_inv<TT>(x, T, cols, g, inv, after_loads);
+    else
+        after_loads();
 #pragma unroll 1
     for (int p0 = 0, ps = 0; p0 < total; p0 += blockDim.x, ps++) {
         const int p = p0 + threadIdx.x;
@@ -514,7 +527,7 @@ __device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, con
  * ring slots that wrap instead of 64-bit remainders, per-lane row pointers
  * set once per row group, and the chunk's quant group by a multiply-high
  * instead of a 64-bit division. */
-template <int BITS, int TT, int RPW, bool DP>
+template <int BITS, int TT, int RPW, bool DP, bool BK>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
@@ -534,6 +547,10 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     char *rbase = (char *)xs + (DP ? gd_stage_bytes(TT, nit, nch) : xstage_bytes(TT, nch, stride4));
     uint4 *ring = (uint4 *)rbase + (size_t)warp * S * RPW * 32 + lane;
     uint2 *sring = (uint2 *)(rbase + (size_t)nwarps * S * RPW * 32 * sizeof(uint4)) + (size_t)warp * S * RPW * 32 + lane;
+    /* BK: the ring's slots are filled by lane 0's bulk copies, one per row
+     * for the weights and one for the chunk's (scale, bias) entries (each
+     * once, not once per lane), completing on the slot's mbarrier */
+    uint64_t *bar = (uint64_t *)(rbase + (size_t)nwarps * S * RPW * 32 * (sizeof(uint4) + sizeof(uint2))) + warp * S;
     const int64_t G = g.g0[g.n];
     const int64_t NW = (int64_t)gridDim.x * nwarps, wid = (int64_t)blockIdx.x * nwarps + warp;
     const int64_t gb = wid * G / NW, ge = (wid + 1) * G / NW;
@@ -547,6 +564,8 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
      * keeps the reads of the slot being refilled before its copies). */
     const uint32_t ring_sa = smem_u32(ring), sring_sa = smem_u32(sring);
     const int sbs = f32s ? 3 : 2;                        /* log2 of an entry's bytes */
+    const uint32_t gpc = __umulhi(32u * VPC, gmag);      /* BK: quant groups per full chunk */
+    const uint32_t ring0_sa = smem_u32(ring - lane), sring0_sa = smem_u32(sring - lane), bar_sa = smem_u32(bar);
     const uint32_t rwb = (uint32_t)nch * 16u;            /* weight bytes per row */
     const uint32_t rsb = (uint32_t)groups << sbs;        /* (scale, bias) bytes per row */
     gv_cur ic;
@@ -559,6 +578,33 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     }
     int fi = 0, islot = 0;
     auto issue = [&]() {
+        if constexpr (BK) {
+            __syncwarp(); /* every lane has read the slot being refilled */
+            if (lane == 0) {
+                const uint32_t nl = (uint32_t)min(32, nch - 32 * ic.it);
+                const uint32_t wb = nl * 16u, sbb = __umulhi(nl * VPC, gmag) << sbs;
+                const char *ws = (const char *)ic.W + (size_t)ic.it * 512;
+                const char *ss = ic.sb + ((size_t)(ic.it * gpc) << sbs);
+                const uint32_t b = bar_sa + (uint32_t)islot * 8u;
+                const uint32_t wd = ring0_sa + (uint32_t)islot * (RPW * 512), sd = sring0_sa + (uint32_t)islot * (RPW * 256);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(RPW * (wb + sbb))
+                             : "memory");
+#pragma unroll
+                for (int r = 0; r < RPW; r++) {
+                    const uint32_t rr = (uint32_t)min(r, ic.nrows - 1);
+                    asm volatile(
+                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                            wd + r * 512),
+                        "l"(ws + (size_t)(rr * rwb)), "r"(wb), "r"(b)
+                        : "memory");
+                    asm volatile(
+                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                            sd + r * 256),
+                        "l"(ss + (size_t)(rr * rsb)), "r"(sbb), "r"(b)
+                        : "memory");
+                }
+            }
+        } else {
         asm volatile("" ::: "memory");
         const int c = lane + 32 * ic.it;
         if (c < nch) {
@@ -579,6 +625,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                     cp_async_sa<4>(sd + r * 256, ss + (size_t)(rr * rsb));
             }
         }
+        }
         fi++;
         islot = islot + 1 == S ? 0 : islot + 1;
         if (++ic.it == nit) {
@@ -589,17 +636,41 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             }
         }
     };
-#pragma unroll
-    for (int st = 0; st < S - 1; st++) {
-        if (fi < nf)
-            issue();
-        cp_async_commit();
+    /* g.npre of the ring's S - 1 first chunks go out before x can be read;
+     * the others once x's loads are issued (after the norm's first batch),
+     * so that those are not queued behind a ring's worth of weights */
+    const int npre = min(g.npre, S - 1);
+    if constexpr (BK) {
+        if (lane == 0) {
+            for (int k = 0; k < S; k++)
+                mbar_init(bar + k, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp();
     }
+#pragma unroll
+    for (int st = 0; st < S - 1; st++)
+        if (st < npre) {
+            if (fi < nf)
+                issue();
+            if constexpr (!BK)
+                cp_async_commit();
+        }
     pdl_wait();
+    auto rest = [&]() {
+#pragma unroll
+        for (int st = 0; st < S - 1; st++)
+            if (st >= npre) {
+                if (fi < nf)
+                    issue();
+                if constexpr (!BK)
+                    cp_async_commit();
+            }
+    };
     if constexpr (DP)
-        gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g);
+        gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g, rest);
     else
-        gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g);
+        gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g, rest);
     const float *xsums = (const float *)(xs + (size_t)TT * stride4);
 
     gv_cur cc;
@@ -614,21 +685,35 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
         for (int t = 0; t < TT; t++)
             acc[r][t] = 0.f;
     int cslot = 0;
+    uint32_t phase = 0; /* BK: bit k, the parity of slot k's next completion */
+    /* BK: this lane's (scale, bias) entry within a chunk's */
+    const uint32_t esb = __umulhi((uint32_t)lane * VPC, gmag) << sbs;
     for (int f = 0; f < nf; f++) {
         if (fi < nf)
             issue();
-        cp_async_commit();
-        cp_async_wait<S - 1>();
+        if constexpr (BK) {
+            mbar_wait(bar + cslot, (phase >> cslot) & 1u);
+            phase ^= 1u << cslot;
+        } else {
+            cp_async_commit();
+            cp_async_wait<S - 1>();
+        }
         const int c = lane + 32 * cc.it;
         if (c < nch) {
             const uint4 *wsrc = ring + cslot * RPW * 32;
             const uint2 *ssrc = sring + cslot * RPW * 32;
+            const char *sbk = (const char *)(sring - lane) + (size_t)cslot * RPW * 256 + esb;
             uint4 wv[RPW];
             float2 sbv[RPW];
 #pragma unroll
             for (int r = 0; r < RPW; r++) {
                 wv[r] = wsrc[r * 32];
-                sbv[r] = sb_pair(ssrc[r * 32], sf);
+                if constexpr (BK)
+                    sbv[r] = sb_pair(f32s ? *(const uint2 *)(sbk + r * 256)
+                                          : make_uint2(*(const uint32_t *)(sbk + r * 256), 0u),
+                                     sf);
+                else
+                    sbv[r] = sb_pair(ssrc[r * 32], sf);
             }
             if constexpr (DP)
                 gd_chunk<TT, RPW>(wv, sbv, (const char *)xs, nit, nch, c, acc, T);
@@ -706,13 +791,32 @@ int occupancy(K kern, int threads, size_t smem)
 
 /* Dynamic shared memory of a k_gemv block: staged x for tt tokens and
  * nwarps rings. */
-size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps, bool dp)
+size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps, bool dp, bool bk)
 {
     int vpc = 128 / w->bits;
     int64_t nch = w->words / 4, stride4 = ((nch + 31) / 32) * (vpc / 4) * 32;
     size_t ring = rpw <= 2 ? gv_ring<2>::per_warp : gv_ring<4>::per_warp;
+    size_t bars = bk ? (size_t)(rpw <= 2 ? gv_ring<2>::S : gv_ring<4>::S) * 8 : 0;
     size_t stage = dp ? gd_stage_bytes(tt, (int)((nch + 31) / 32), nch) : xstage_bytes(tt, nch, stride4);
-    return stage + (size_t)nwarps * ring;
+    return stage + (size_t)nwarps * (ring + bars);
+}
+
+/* Whether the bulk-copy ring can take the weights of g: every chunk's
+ * bytes and (scale, bias) entries a multiple of 16 at 16-byte aligned
+ * addresses, and whole quant groups per chunk (so a lane's entry sits at
+ * a fixed place in its chunk's). The copies bring the same bytes to the
+ * same places the per-lane ring does, so either gives the same bits. */
+bool gv_bulk_ok(const gemv_seg &g, const cu_weight *w)
+{
+    const int64_t vpc = 128 / w->bits, nch = w->words / 4, last = nch % 32, sbsz = w->sfmt == CS_F32 ? 8 : 4;
+    if (w->group <= 0 || (32 * vpc) % w->group || (32 * vpc / w->group * sbsz) % 16 || (w->groups * sbsz) % 16)
+        return false;
+    if (last && ((last * vpc) % w->group || (last * vpc / w->group * sbsz) % 16))
+        return false;
+    for (int i = 0; i < g.n; i++)
+        if (((uintptr_t)g.W[i] | (uintptr_t)g.sb[i]) & 15)
+            return false;
+    return true;
 }
 
 /* One pass: the block size (8 or 16 warps) that keeps the most warps per
@@ -733,16 +837,16 @@ sn_status gv_max_smem(K kern, const cu_devinfo *di)
     return SN_OK;
 }
 
-template <int BITS, int TT, int RPW, bool DP>
+template <int BITS, int TT, int RPW, bool DP, bool BK>
 sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                     int T)
 {
-    auto kern = k_gemv<BITS, TT, RPW, DP>;
+    auto kern = k_gemv<BITS, TT, RPW, DP, BK>;
     int best_w = 0, best_per = 0;
     const int cand[2] = { 8, 16 };
     for (int ci = 0; ci < 2; ci++) {
         int nw = cand[ci];
-        size_t smem = gv_smem(w0, TT, RPW, nw, DP);
+        size_t smem = gv_smem(w0, TT, RPW, nw, DP, BK);
         if (smem + GV_STATIC_SMEM > di->smem_optin)
             continue;
         int per = occupancy(kern, nw * 32, smem);
@@ -760,22 +864,30 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
         grid = (int64_t)di->n_sm * best_per;
     if (grid < 1)
         grid = 1;
-    (void)cu_launch_w(kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w, DP), s, g,
+    (void)cu_launch_w(kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w, DP, BK), s, g,
                       w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, x, T);
     CU_CHECK_LAUNCH("matmul gemv");
     return SN_OK;
 }
 
-template <int BITS, int RPW, bool DP>
-sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
-                  int T, int tt)
+template <int BITS, int RPW, bool DP, bool BK>
+sn_status gv_pass_tt(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
+                     int T, int tt)
 {
     switch (tt) {
-    case 1: return gv_launch<BITS, 1, RPW, DP>(di, s, g, w0, x, T);
-    case 2: return gv_launch<BITS, 2, RPW, DP>(di, s, g, w0, x, T);
-    case 4: return gv_launch<BITS, 4, RPW, DP>(di, s, g, w0, x, T);
-    default: return gv_launch<BITS, 8, RPW, DP>(di, s, g, w0, x, T);
+    case 1: return gv_launch<BITS, 1, RPW, DP, BK>(di, s, g, w0, x, T);
+    case 2: return gv_launch<BITS, 2, RPW, DP, BK>(di, s, g, w0, x, T);
+    case 4: return gv_launch<BITS, 4, RPW, DP, BK>(di, s, g, w0, x, T);
+    default: return gv_launch<BITS, 8, RPW, DP, BK>(di, s, g, w0, x, T);
     }
+}
+
+template <int BITS, int RPW, bool DP>
+sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
+                  int T, int tt, bool bk)
+{
+    return bk ? gv_pass_tt<BITS, RPW, DP, true>(di, s, g, w0, x, T, tt)
+              : gv_pass_tt<BITS, RPW, DP, false>(di, s, g, w0, x, T, tt);
 }
 
 } // namespace
@@ -804,15 +916,17 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
      * of 4, 8 or 16 threads): chosen by format only, so a matrix takes the
      * same kernel alone or grouped */
     const bool dp = di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128);
+    const bool bk = di->gemv_bulk && gv_bulk_ok(g, w0);
+    g.npre = di->gemv_pre;
     g.g0[0] = 0;
     for (int i = 0; i < g.n; i++)
         g.g0[i + 1] = g.g0[i] + (g.rows[i] + rpw - 1) / rpw;
     for (int t0 = 0; t0 < T;) {
         int left = T - t0;
         int tt = left <= 1 ? 1 : left <= 2 ? 2 : left <= 4 ? 4 : GV_TMAX;
-        while (tt > 1 && gv_smem(w0, tt, rpw, 8, dp) + GV_STATIC_SMEM > di->smem_optin)
+        while (tt > 1 && gv_smem(w0, tt, rpw, 8, dp, bk) + GV_STATIC_SMEM > di->smem_optin)
             tt /= 2;
-        if (gv_smem(w0, 1, rpw, 8, dp) + GV_STATIC_SMEM > di->smem_optin)
+        if (gv_smem(w0, 1, rpw, 8, dp, bk) + GV_STATIC_SMEM > di->smem_optin)
             return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
                            (long long)w0->cols);
         int nt = left < tt ? left : tt;
@@ -827,17 +941,17 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
         const float *xp = x + (size_t)t0 * w0->cols;
         sn_status st;
         if (dp)
-            st = rpw == 4   ? gv_pass<4, 4, true>(di, s, p, w0, xp, nt, tt)
-                 : rpw == 1 ? gv_pass<4, 1, true>(di, s, p, w0, xp, nt, tt)
-                            : gv_pass<4, 2, true>(di, s, p, w0, xp, nt, tt);
+            st = rpw == 4   ? gv_pass<4, 4, true>(di, s, p, w0, xp, nt, tt, bk)
+                 : rpw == 1 ? gv_pass<4, 1, true>(di, s, p, w0, xp, nt, tt, bk)
+                            : gv_pass<4, 2, true>(di, s, p, w0, xp, nt, tt, bk);
         else if (w0->fmt == CW_Q4)
-            st = rpw == 4   ? gv_pass<4, 4, false>(di, s, p, w0, xp, nt, tt)
-                 : rpw == 1 ? gv_pass<4, 1, false>(di, s, p, w0, xp, nt, tt)
-                            : gv_pass<4, 2, false>(di, s, p, w0, xp, nt, tt);
+            st = rpw == 4   ? gv_pass<4, 4, false>(di, s, p, w0, xp, nt, tt, bk)
+                 : rpw == 1 ? gv_pass<4, 1, false>(di, s, p, w0, xp, nt, tt, bk)
+                            : gv_pass<4, 2, false>(di, s, p, w0, xp, nt, tt, bk);
         else
-            st = rpw == 4   ? gv_pass<8, 4, false>(di, s, p, w0, xp, nt, tt)
-                 : rpw == 1 ? gv_pass<8, 1, false>(di, s, p, w0, xp, nt, tt)
-                            : gv_pass<8, 2, false>(di, s, p, w0, xp, nt, tt);
+            st = rpw == 4   ? gv_pass<8, 4, false>(di, s, p, w0, xp, nt, tt, bk)
+                 : rpw == 1 ? gv_pass<8, 1, false>(di, s, p, w0, xp, nt, tt, bk)
+                            : gv_pass<8, 2, false>(di, s, p, w0, xp, nt, tt, bk);
         SN_TRY(st);
         t0 += nt;
     }
@@ -846,11 +960,12 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
 
 sn_status cu_gemv_init(const cu_devinfo *di)
 {
-#define GEMV_INIT(B, R, DP)                                                                                       \
-    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP>, di));                                                                  \
-    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP>, di));                                                                  \
-    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP>, di));                                                                  \
-    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP>, di));
+#define GEMV_INIT_BK(B, R, DP, BK)                                                                                \
+    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP, BK>, di));                                                              \
+    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP, BK>, di));                                                              \
+    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP, BK>, di));                                                              \
+    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, BK>, di));
+#define GEMV_INIT(B, R, DP) GEMV_INIT_BK(B, R, DP, false) GEMV_INIT_BK(B, R, DP, true)
     GEMV_INIT(4, 1, false)
     GEMV_INIT(4, 2, false)
     GEMV_INIT(4, 4, false)
@@ -861,5 +976,6 @@ sn_status cu_gemv_init(const cu_devinfo *di)
     GEMV_INIT(8, 2, false)
     GEMV_INIT(8, 4, false)
 #undef GEMV_INIT
+#undef GEMV_INIT_BK
     return SN_OK;
 }

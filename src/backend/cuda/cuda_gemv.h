@@ -22,6 +22,7 @@ struct gemv_seg {
     float eps;
     int norm_threads; /* the thread count whose sum order the norm reproduces */
     float *xn;        /* where block 0 writes x_n (may be NULL) */
+    int npre;         /* ring chunks per warp issued before x is read (cu_gv_run sets it) */
 };
 
 /* T tokens (passes of up to 8) through g's segments. */
