@@ -1511,8 +1511,8 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_sk_bps = 2;
     cb->di.gemv_i8_min = -1; /* by shape */
     cb->di.gemv_dp = 1;
-    cb->di.gemv_pre = 8;
-    cb->di.gemv_bulk = 0; /* s11r2: slower, see docs/PERFORMANCE.md run 21 */
+    cb->di.gemv_xd = 0; /* s11r3: 35B-A3B slower, 27B within noise */
+    cb->di.gemv_pre = 1; /* 35B-A3B 2.50-2.54 against 2.58-2.60 ms per step with 8 (results.log 07:05Z) */
     cb->di.attn_splits = 64;
     cb->di.attn_warps = 0; /* by shape */
     cb->di.gemv_rpw1_rows = 0; /* off: 35B-A3B 339-349 vs 347-355 tok/s, not separable from noise (results.log 20:19Z) */

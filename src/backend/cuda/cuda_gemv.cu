@@ -527,7 +527,7 @@ __device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, con
  * ring slots that wrap instead of 64-bit remainders, per-lane row pointers
  * set once per row group, and the chunk's quant group by a multiply-high
  * instead of a 64-bit division. */
-template <int BITS, int TT, int RPW, bool DP, bool BK>
+template <int BITS, int TT, int RPW, bool DP>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
@@ -547,10 +547,6 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     char *rbase = (char *)xs + (DP ? gd_stage_bytes(TT, nit, nch) : xstage_bytes(TT, nch, stride4));
     uint4 *ring = (uint4 *)rbase + (size_t)warp * S * RPW * 32 + lane;
     uint2 *sring = (uint2 *)(rbase + (size_t)nwarps * S * RPW * 32 * sizeof(uint4)) + (size_t)warp * S * RPW * 32 + lane;
-    /* BK: the ring's slots are filled by lane 0's bulk copies, one per row
-     * for the weights and one for the chunk's (scale, bias) entries (each
-     * once, not once per lane), completing on the slot's mbarrier */
-    uint64_t *bar = (uint64_t *)(rbase + (size_t)nwarps * S * RPW * 32 * (sizeof(uint4) + sizeof(uint2))) + warp * S;
     const int64_t G = g.g0[g.n];
     const int64_t NW = (int64_t)gridDim.x * nwarps, wid = (int64_t)blockIdx.x * nwarps + warp;
     const int64_t gb = wid * G / NW, ge = (wid + 1) * G / NW;
@@ -564,8 +560,6 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
      * keeps the reads of the slot being refilled before its copies). */
     const uint32_t ring_sa = smem_u32(ring), sring_sa = smem_u32(sring);
     const int sbs = f32s ? 3 : 2;                        /* log2 of an entry's bytes */
-    const uint32_t gpc = __umulhi(32u * VPC, gmag);      /* BK: quant groups per full chunk */
-    const uint32_t ring0_sa = smem_u32(ring - lane), sring0_sa = smem_u32(sring - lane), bar_sa = smem_u32(bar);
     const uint32_t rwb = (uint32_t)nch * 16u;            /* weight bytes per row */
     const uint32_t rsb = (uint32_t)groups << sbs;        /* (scale, bias) bytes per row */
     gv_cur ic;
@@ -578,33 +572,6 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     }
     int fi = 0, islot = 0;
     auto issue = [&]() {
-        if constexpr (BK) {
-            __syncwarp(); /* every lane has read the slot being refilled */
-            if (lane == 0) {
-                const uint32_t nl = (uint32_t)min(32, nch - 32 * ic.it);
-                const uint32_t wb = nl * 16u, sbb = __umulhi(nl * VPC, gmag) << sbs;
-                const char *ws = (const char *)ic.W + (size_t)ic.it * 512;
-                const char *ss = ic.sb + ((size_t)(ic.it * gpc) << sbs);
-                const uint32_t b = bar_sa + (uint32_t)islot * 8u;
-                const uint32_t wd = ring0_sa + (uint32_t)islot * (RPW * 512), sd = sring0_sa + (uint32_t)islot * (RPW * 256);
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(RPW * (wb + sbb))
-                             : "memory");
-#pragma unroll
-                for (int r = 0; r < RPW; r++) {
-                    const uint32_t rr = (uint32_t)min(r, ic.nrows - 1);
-                    asm volatile(
-                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                            wd + r * 512),
-                        "l"(ws + (size_t)(rr * rwb)), "r"(wb), "r"(b)
-                        : "memory");
-                    asm volatile(
-                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                            sd + r * 256),
-                        "l"(ss + (size_t)(rr * rsb)), "r"(sbb), "r"(b)
-                        : "memory");
-                }
-            }
-        } else {
         asm volatile("" ::: "memory");
         const int c = lane + 32 * ic.it;
         if (c < nch) {
@@ -625,7 +592,6 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                     cp_async_sa<4>(sd + r * 256, ss + (size_t)(rr * rsb));
             }
         }
-        }
         fi++;
         islot = islot + 1 == S ? 0 : islot + 1;
         if (++ic.it == nit) {
@@ -640,36 +606,46 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
      * the others once x's loads are issued (after the norm's first batch),
      * so that those are not queued behind a ring's worth of weights */
     const int npre = min(g.npre, S - 1);
-    if constexpr (BK) {
-        if (lane == 0) {
-            for (int k = 0; k < S; k++)
-                mbar_init(bar + k, 1);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncwarp();
-    }
 #pragma unroll
     for (int st = 0; st < S - 1; st++)
         if (st < npre) {
             if (fi < nf)
                 issue();
-            if constexpr (!BK)
-                cp_async_commit();
+            cp_async_commit();
         }
     pdl_wait();
-    auto rest = [&]() {
-#pragma unroll
-        for (int st = 0; st < S - 1; st++)
-            if (st >= npre) {
-                if (fi < nf)
-                    issue();
-                if constexpr (!BK)
-                    cp_async_commit();
-            }
+    auto rest = [&]() { /* called at up to three places: one copy of issue() each */
+#pragma unroll 1
+        for (int st = npre; st < S - 1; st++) {
+            if (fi < nf)
+                issue();
+            cp_async_commit();
+        }
     };
-    if constexpr (DP)
-        gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g, rest);
-    else
+    if constexpr (DP) {
+        if (g.xd) {
+            /* the launch's image of the staged x (k_gd_image, the same
+             * bytes gd_stage_x would write): one L2 round trip, 4 loads
+             * in flight per thread, through L2 only (written by the
+             * kernel before this one) */
+            rest();
+            uint4 *dst = (uint4 *)xs;
+            for (int i0 = threadIdx.x; i0 < g.xd16; i0 += 4 * blockDim.x) {
+                uint4 v[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (i0 + u * (int)blockDim.x < g.xd16)
+                        v[u] = __ldcg(g.xd + i0 + u * blockDim.x);
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (i0 + u * (int)blockDim.x < g.xd16)
+                        dst[i0 + u * blockDim.x] = v[u];
+            }
+            __syncthreads();
+        } else {
+            gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g, rest);
+        }
+    } else
         gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g, rest);
     const float *xsums = (const float *)(xs + (size_t)TT * stride4);
 
@@ -685,35 +661,21 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
         for (int t = 0; t < TT; t++)
             acc[r][t] = 0.f;
     int cslot = 0;
-    uint32_t phase = 0; /* BK: bit k, the parity of slot k's next completion */
-    /* BK: this lane's (scale, bias) entry within a chunk's */
-    const uint32_t esb = __umulhi((uint32_t)lane * VPC, gmag) << sbs;
     for (int f = 0; f < nf; f++) {
         if (fi < nf)
             issue();
-        if constexpr (BK) {
-            mbar_wait(bar + cslot, (phase >> cslot) & 1u);
-            phase ^= 1u << cslot;
-        } else {
-            cp_async_commit();
-            cp_async_wait<S - 1>();
-        }
+        cp_async_commit();
+        cp_async_wait<S - 1>();
         const int c = lane + 32 * cc.it;
         if (c < nch) {
             const uint4 *wsrc = ring + cslot * RPW * 32;
             const uint2 *ssrc = sring + cslot * RPW * 32;
-            const char *sbk = (const char *)(sring - lane) + (size_t)cslot * RPW * 256 + esb;
             uint4 wv[RPW];
             float2 sbv[RPW];
 #pragma unroll
             for (int r = 0; r < RPW; r++) {
                 wv[r] = wsrc[r * 32];
-                if constexpr (BK)
-                    sbv[r] = sb_pair(f32s ? *(const uint2 *)(sbk + r * 256)
-                                          : make_uint2(*(const uint32_t *)(sbk + r * 256), 0u),
-                                     sf);
-                else
-                    sbv[r] = sb_pair(ssrc[r * 32], sf);
+                sbv[r] = sb_pair(ssrc[r * 32], sf);
             }
             if constexpr (DP)
                 gd_chunk<TT, RPW>(wv, sbv, (const char *)xs, nit, nch, c, acc, T);
@@ -766,6 +728,22 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     }
 }
 
+/* The dp4a GEMV's staged x (tokens < T of TT) for a whole launch: one
+ * block runs the staging each GEMV block would run (gd_stage_x: the folded
+ * norm, block 0's normalised row to g.xn, the digits) and writes the bytes
+ * out, so the GEMV's blocks copy them instead of each forming them again
+ * (s11r2: ~2600 instructions per warp before the 27B gate/up's main loop). */
+template <int TT>
+__global__ void __launch_bounds__(512)
+k_gd_image(gemv_seg g, const float *__restrict__ x, int T, int64_t cols, int nit, int group, uint4 *img, int n16)
+{
+    extern __shared__ float4 xs[];
+    pdl_enter();
+    gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g, [] {});
+    for (int i = threadIdx.x; i < n16; i += blockDim.x)
+        img[i] = ((const uint4 *)xs)[i];
+}
+
 /* Blocks per SM of a kernel at a block size and dynamic shared memory,
  * remembered per kernel (the query costs microseconds per call). */
 template <typename K>
@@ -791,32 +769,13 @@ int occupancy(K kern, int threads, size_t smem)
 
 /* Dynamic shared memory of a k_gemv block: staged x for tt tokens and
  * nwarps rings. */
-size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps, bool dp, bool bk)
+size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps, bool dp)
 {
     int vpc = 128 / w->bits;
     int64_t nch = w->words / 4, stride4 = ((nch + 31) / 32) * (vpc / 4) * 32;
     size_t ring = rpw <= 2 ? gv_ring<2>::per_warp : gv_ring<4>::per_warp;
-    size_t bars = bk ? (size_t)(rpw <= 2 ? gv_ring<2>::S : gv_ring<4>::S) * 8 : 0;
     size_t stage = dp ? gd_stage_bytes(tt, (int)((nch + 31) / 32), nch) : xstage_bytes(tt, nch, stride4);
-    return stage + (size_t)nwarps * (ring + bars);
-}
-
-/* Whether the bulk-copy ring can take the weights of g: every chunk's
- * bytes and (scale, bias) entries a multiple of 16 at 16-byte aligned
- * addresses, and whole quant groups per chunk (so a lane's entry sits at
- * a fixed place in its chunk's). The copies bring the same bytes to the
- * same places the per-lane ring does, so either gives the same bits. */
-bool gv_bulk_ok(const gemv_seg &g, const cu_weight *w)
-{
-    const int64_t vpc = 128 / w->bits, nch = w->words / 4, last = nch % 32, sbsz = w->sfmt == CS_F32 ? 8 : 4;
-    if (w->group <= 0 || (32 * vpc) % w->group || (32 * vpc / w->group * sbsz) % 16 || (w->groups * sbsz) % 16)
-        return false;
-    if (last && ((last * vpc) % w->group || (last * vpc / w->group * sbsz) % 16))
-        return false;
-    for (int i = 0; i < g.n; i++)
-        if (((uintptr_t)g.W[i] | (uintptr_t)g.sb[i]) & 15)
-            return false;
-    return true;
+    return stage + (size_t)nwarps * ring;
 }
 
 /* One pass: the block size (8 or 16 warps) that keeps the most warps per
@@ -837,16 +796,16 @@ sn_status gv_max_smem(K kern, const cu_devinfo *di)
     return SN_OK;
 }
 
-template <int BITS, int TT, int RPW, bool DP, bool BK>
+template <int BITS, int TT, int RPW, bool DP>
 sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
-                    int T)
+                    int T, void *scratch)
 {
-    auto kern = k_gemv<BITS, TT, RPW, DP, BK>;
+    auto kern = k_gemv<BITS, TT, RPW, DP>;
     int best_w = 0, best_per = 0;
     const int cand[2] = { 8, 16 };
     for (int ci = 0; ci < 2; ci++) {
         int nw = cand[ci];
-        size_t smem = gv_smem(w0, TT, RPW, nw, DP, BK);
+        size_t smem = gv_smem(w0, TT, RPW, nw, DP);
         if (smem + GV_STATIC_SMEM > di->smem_optin)
             continue;
         int per = occupancy(kern, nw * 32, smem);
@@ -858,43 +817,63 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
     if (!best_w)
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
                        (long long)w0->cols);
+    gemv_seg gl = g;
+    if constexpr (DP) {
+        if (scratch) {
+            const int64_t nch = w0->words / 4;
+            const int nit = (int)((nch + 31) / 32);
+            const size_t bytes = gd_stage_bytes(TT, nit, nch);
+            (void)cu_launch(k_gd_image<TT>, 1, 512, bytes, s, g, x, T, (int64_t)w0->cols, nit, w0->group,
+                            (uint4 *)scratch, (int)(bytes / 16));
+            CU_CHECK_LAUNCH("matmul gemv x image");
+            gl.xd = (const uint4 *)scratch;
+            gl.xd16 = (int)(bytes / 16);
+            gl.xn = NULL; /* written by the image's block */
+        }
+    }
     const int64_t G = g.g0[g.n];
     int64_t grid = (G + best_w - 1) / best_w;
     if (grid > (int64_t)di->n_sm * best_per)
         grid = (int64_t)di->n_sm * best_per;
     if (grid < 1)
         grid = 1;
-    (void)cu_launch_w(kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w, DP, BK), s, g,
+    (void)cu_launch_w(kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w, DP), s, gl,
                       w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, x, T);
     CU_CHECK_LAUNCH("matmul gemv");
     return SN_OK;
 }
 
-template <int BITS, int RPW, bool DP, bool BK>
-sn_status gv_pass_tt(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
-                     int T, int tt)
-{
-    switch (tt) {
-    case 1: return gv_launch<BITS, 1, RPW, DP, BK>(di, s, g, w0, x, T);
-    case 2: return gv_launch<BITS, 2, RPW, DP, BK>(di, s, g, w0, x, T);
-    case 4: return gv_launch<BITS, 4, RPW, DP, BK>(di, s, g, w0, x, T);
-    default: return gv_launch<BITS, 8, RPW, DP, BK>(di, s, g, w0, x, T);
-    }
-}
-
 template <int BITS, int RPW, bool DP>
 sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
-                  int T, int tt, bool bk)
+                  int T, int tt, void *scratch)
 {
-    return bk ? gv_pass_tt<BITS, RPW, DP, true>(di, s, g, w0, x, T, tt)
-              : gv_pass_tt<BITS, RPW, DP, false>(di, s, g, w0, x, T, tt);
+    switch (tt) {
+    case 1: return gv_launch<BITS, 1, RPW, DP>(di, s, g, w0, x, T, scratch);
+    case 2: return gv_launch<BITS, 2, RPW, DP>(di, s, g, w0, x, T, scratch);
+    case 4: return gv_launch<BITS, 4, RPW, DP>(di, s, g, w0, x, T, scratch);
+    default: return gv_launch<BITS, 8, RPW, DP>(di, s, g, w0, x, T, scratch);
+    }
 }
 
 } // namespace
 
 /* T <= GV_TMAX tokens (more in passes) through the segments of g, whose
  * rows, pointers, norm and add_to are set; g0 is filled here. */
-sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weight *w0, const float *x, int T)
+static bool gv_dp(const cu_devinfo *di, const cu_weight *w)
+{
+    return di->gemv_dp && w->fmt == CW_Q4 && (w->group == 32 || w->group == 64 || w->group == 128);
+}
+
+size_t cu_gv_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T)
+{
+    if (!di->gemv_xd || !gv_dp(di, w) || T < 1)
+        return 0;
+    const int64_t nch = w->words / 4;
+    return gd_stage_bytes(T < GV_TMAX ? T : GV_TMAX, (int)((nch + 31) / 32), nch);
+}
+
+sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weight *w0, const float *x, int T,
+                    void *scratch)
 {
     int64_t tot = 0;
     for (int i = 0; i < g.n; i++)
@@ -915,8 +894,9 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
     /* the dp4a form for Q4 in MLX's groups (its staging needs whole groups
      * of 4, 8 or 16 threads): chosen by format only, so a matrix takes the
      * same kernel alone or grouped */
-    const bool dp = di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128);
-    const bool bk = di->gemv_bulk && gv_bulk_ok(g, w0);
+    const bool dp = gv_dp(di, w0);
+    if (!di->gemv_xd || !dp)
+        scratch = NULL;
     g.npre = di->gemv_pre;
     g.g0[0] = 0;
     for (int i = 0; i < g.n; i++)
@@ -924,9 +904,9 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
     for (int t0 = 0; t0 < T;) {
         int left = T - t0;
         int tt = left <= 1 ? 1 : left <= 2 ? 2 : left <= 4 ? 4 : GV_TMAX;
-        while (tt > 1 && gv_smem(w0, tt, rpw, 8, dp, bk) + GV_STATIC_SMEM > di->smem_optin)
+        while (tt > 1 && gv_smem(w0, tt, rpw, 8, dp) + GV_STATIC_SMEM > di->smem_optin)
             tt /= 2;
-        if (gv_smem(w0, 1, rpw, 8, dp, bk) + GV_STATIC_SMEM > di->smem_optin)
+        if (gv_smem(w0, 1, rpw, 8, dp) + GV_STATIC_SMEM > di->smem_optin)
             return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
                            (long long)w0->cols);
         int nt = left < tt ? left : tt;
@@ -941,17 +921,17 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
         const float *xp = x + (size_t)t0 * w0->cols;
         sn_status st;
         if (dp)
-            st = rpw == 4   ? gv_pass<4, 4, true>(di, s, p, w0, xp, nt, tt, bk)
-                 : rpw == 1 ? gv_pass<4, 1, true>(di, s, p, w0, xp, nt, tt, bk)
-                            : gv_pass<4, 2, true>(di, s, p, w0, xp, nt, tt, bk);
+            st = rpw == 4   ? gv_pass<4, 4, true>(di, s, p, w0, xp, nt, tt, scratch)
+                 : rpw == 1 ? gv_pass<4, 1, true>(di, s, p, w0, xp, nt, tt, scratch)
+                            : gv_pass<4, 2, true>(di, s, p, w0, xp, nt, tt, scratch);
         else if (w0->fmt == CW_Q4)
-            st = rpw == 4   ? gv_pass<4, 4, false>(di, s, p, w0, xp, nt, tt, bk)
-                 : rpw == 1 ? gv_pass<4, 1, false>(di, s, p, w0, xp, nt, tt, bk)
-                            : gv_pass<4, 2, false>(di, s, p, w0, xp, nt, tt, bk);
+            st = rpw == 4   ? gv_pass<4, 4, false>(di, s, p, w0, xp, nt, tt, scratch)
+                 : rpw == 1 ? gv_pass<4, 1, false>(di, s, p, w0, xp, nt, tt, scratch)
+                            : gv_pass<4, 2, false>(di, s, p, w0, xp, nt, tt, scratch);
         else
-            st = rpw == 4   ? gv_pass<8, 4, false>(di, s, p, w0, xp, nt, tt, bk)
-                 : rpw == 1 ? gv_pass<8, 1, false>(di, s, p, w0, xp, nt, tt, bk)
-                            : gv_pass<8, 2, false>(di, s, p, w0, xp, nt, tt, bk);
+            st = rpw == 4   ? gv_pass<8, 4, false>(di, s, p, w0, xp, nt, tt, scratch)
+                 : rpw == 1 ? gv_pass<8, 1, false>(di, s, p, w0, xp, nt, tt, scratch)
+                            : gv_pass<8, 2, false>(di, s, p, w0, xp, nt, tt, scratch);
         SN_TRY(st);
         t0 += nt;
     }
@@ -960,12 +940,11 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
 
 sn_status cu_gemv_init(const cu_devinfo *di)
 {
-#define GEMV_INIT_BK(B, R, DP, BK)                                                                                \
-    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP, BK>, di));                                                              \
-    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP, BK>, di));                                                              \
-    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP, BK>, di));                                                              \
-    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, BK>, di));
-#define GEMV_INIT(B, R, DP) GEMV_INIT_BK(B, R, DP, false) GEMV_INIT_BK(B, R, DP, true)
+#define GEMV_INIT(B, R, DP)                                                                                       \
+    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP>, di));                                                                  \
+    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP>, di));                                                                  \
+    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP>, di));                                                                  \
+    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP>, di));
     GEMV_INIT(4, 1, false)
     GEMV_INIT(4, 2, false)
     GEMV_INIT(4, 4, false)
@@ -976,6 +955,9 @@ sn_status cu_gemv_init(const cu_devinfo *di)
     GEMV_INIT(8, 2, false)
     GEMV_INIT(8, 4, false)
 #undef GEMV_INIT
-#undef GEMV_INIT_BK
+    SN_TRY(gv_max_smem(k_gd_image<1>, di));
+    SN_TRY(gv_max_smem(k_gd_image<2>, di));
+    SN_TRY(gv_max_smem(k_gd_image<4>, di));
+    SN_TRY(gv_max_smem(k_gd_image<8>, di));
     return SN_OK;
 }

@@ -21,42 +21,6 @@ __device__ __forceinline__ void cp16_cg(void *smem, const void *gmem)
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
-/* mbarriers and bulk asynchronous copies (sm_90) for rings filled by one
- * lane: a stage's copies complete on its barrier's transaction count. */
-__device__ __forceinline__ void mbar_init(uint64_t *b, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
-}
-
-/* expect bytes on the barrier's current phase without arriving */
-__device__ __forceinline__ void mbar_expect_only(uint64_t *b, uint32_t bytes)
-{
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect(uint64_t *b, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *b)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(b))
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t phase)
-{
-    uint32_t ok = 0;
-    while (!ok)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(ok)
-                     : "r"(smem_u32(b)), "r"(phase)
-                     : "memory");
-}
-
 /* An interleaved (scale, bias) pair as floats: bf16/f16 halves in e.x
  * (scale low), or two f32 words. */
 __device__ __forceinline__ float2 sb_pair(uint2 e, int sf)
