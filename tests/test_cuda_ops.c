@@ -241,19 +241,17 @@ static void test_gemv_batch_invariant(void)
 }
 
 /* The SIMT GEMV with none, some or all of its first ring chunks issued
- * before x is read (gemv_pre; the rest go out once x's loads have), and
- * its dp4a form's x staged by every block or once for the launch
- * (gemv_xd): the same bytes in the same places, so the same bits. */
+ * before x is read (gemv_pre; the rest go out once x's loads have): only
+ * the order of the copies changes, so every form gives the same bits. */
 static void ring_forms_case(sn_dtype dt, int64_t rows, int64_t cols, int group, sn_dtype sdt, int bias, int T)
 {
     tw w;
     tw_make(&w, dt, rows, cols, group, sdt, 0, bias);
     float *x = hrand((size_t)T * cols, 1.0f), *dx = dcopy(x, (size_t)T * cols);
-    static const int form[5][2] = { { 1, 1 }, { 8, 1 }, { 0, 0 }, { 2, 0 }, { 1, 0 } }; /* (pre, xd), default first */
+    static const int pre[4] = { 1, 8, 0, 2 }; /* the default first */
     float *ref = NULL;
-    for (int f = 0; f < 5; f++) {
-        CHECK_OK(sn_cuda_tune(G, "gemv_pre", form[f][0]));
-        CHECK_OK(sn_cuda_tune(G, "gemv_xd", form[f][1]));
+    for (int f = 0; f < 4; f++) {
+        CHECK_OK(sn_cuda_tune(G, "gemv_pre", pre[f]));
         float *dy = dpoison((size_t)T * rows);
         CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, T, dy));
         float *y = tohost(dy, (size_t)T * rows);
@@ -262,12 +260,11 @@ static void ring_forms_case(sn_dtype dt, int64_t rows, int64_t cols, int group, 
             ref = y;
             continue;
         }
-        CHECKF(memcmp(ref, y, sizeof(float) * T * rows) == 0, "%s %lldx%lld g=%d T=%d: gemv_pre=%d gemv_xd=%d differs",
-               sn_dtype_name(dt), (long long)rows, (long long)cols, group, T, form[f][0], form[f][1]);
+        CHECKF(memcmp(ref, y, sizeof(float) * T * rows) == 0, "%s %lldx%lld g=%d T=%d: gemv_pre=%d differs",
+               sn_dtype_name(dt), (long long)rows, (long long)cols, group, T, pre[f]);
         free(y);
     }
     CHECK_OK(sn_cuda_tune(G, "gemv_pre", 1));
-    CHECK_OK(sn_cuda_tune(G, "gemv_xd", 0));
     free(x); free(ref);
     dfree(dx);
     tw_free(&w);
@@ -958,11 +955,6 @@ static void test_graph_replay(void)
     CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
     graph_case(256, 1, 0);
     graph_case(256, 8, 0);
-    /* the dp4a GEMV's x (its norm folded) staged once a launch, not by every block */
-    CHECK_OK(sn_cuda_tune(G, "gemv_xd", 1));
-    graph_case(256, 1, 0);
-    graph_case(256, 8, 0);
-    CHECK_OK(sn_cuda_tune(G, "gemv_xd", 0));
     /* q/k norms before a partial RoPE, unfused and fused into one launch */
     for (int f = 0; f <= 1; f++) {
         CHECK_OK(sn_cuda_tune(G, "fuse_attn_prep", f));

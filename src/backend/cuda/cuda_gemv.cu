@@ -54,9 +54,15 @@ __device__ __forceinline__ void cp_async_wait()
  * each warp a contiguous run, so a warp streams its rows back to back
  * through its cp.async ring without draining it between rows.
  *
- * Launched with PDL: before pdl_wait() a block only fills its ring with the
- * first weight chunks (constant data), so those loads overlap the tail of
- * the kernel before; x is staged after the wait. When the launch carries a
+ * Launched with PDL: before pdl_wait() a block only puts the first weight
+ * chunks into its ring (constant data; gemv_pre of them, default one per
+ * warp), so those loads overlap the tail of the kernel before; x is staged
+ * after the wait, the ring's other first chunks going out once x's loads
+ * have (a full ring ahead of them queued x behind ~100 KB of weights per
+ * SM: 35B-A3B 2.50-2.57 against 2.55-2.62 ms per step, s11r1/s11r3). Two
+ * other ways to fill the ring were slower: one lane's bulk copies per
+ * chunk (1213598, s11r2) and x staged once per launch by a block of its own
+ * (ad779ab, s11r3; docs/PERFORMANCE.md run 21). When the launch carries a
  * norm (gemv_seg.nw), x is RMS-normalised while it is staged, exactly as
  * k_rmsnorm does it (same sum order), and block 0 also writes the
  * normalised row to g.xn for later readers.
@@ -622,30 +628,9 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             cp_async_commit();
         }
     };
-    if constexpr (DP) {
-        if (g.xd) {
-            /* the launch's image of the staged x (k_gd_image, the same
-             * bytes gd_stage_x would write): one L2 round trip, 4 loads
-             * in flight per thread, through L2 only (written by the
-             * kernel before this one) */
-            rest();
-            uint4 *dst = (uint4 *)xs;
-            for (int i0 = threadIdx.x; i0 < g.xd16; i0 += 4 * blockDim.x) {
-                uint4 v[4];
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    if (i0 + u * (int)blockDim.x < g.xd16)
-                        v[u] = __ldcg(g.xd + i0 + u * blockDim.x);
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    if (i0 + u * (int)blockDim.x < g.xd16)
-                        dst[i0 + u * blockDim.x] = v[u];
-            }
-            __syncthreads();
-        } else {
-            gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g, rest);
-        }
-    } else
+    if constexpr (DP)
+        gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g, rest);
+    else
         gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g, rest);
     const float *xsums = (const float *)(xs + (size_t)TT * stride4);
 
@@ -728,22 +713,6 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     }
 }
 
-/* The dp4a GEMV's staged x (tokens < T of TT) for a whole launch: one
- * block runs the staging each GEMV block would run (gd_stage_x: the folded
- * norm, block 0's normalised row to g.xn, the digits) and writes the bytes
- * out, so the GEMV's blocks copy them instead of each forming them again
- * (s11r2: ~2600 instructions per warp before the 27B gate/up's main loop). */
-template <int TT>
-__global__ void __launch_bounds__(512)
-k_gd_image(gemv_seg g, const float *__restrict__ x, int T, int64_t cols, int nit, int group, uint4 *img, int n16)
-{
-    extern __shared__ float4 xs[];
-    pdl_enter();
-    gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g, [] {});
-    for (int i = threadIdx.x; i < n16; i += blockDim.x)
-        img[i] = ((const uint4 *)xs)[i];
-}
-
 /* Blocks per SM of a kernel at a block size and dynamic shared memory,
  * remembered per kernel (the query costs microseconds per call). */
 template <typename K>
@@ -798,7 +767,7 @@ sn_status gv_max_smem(K kern, const cu_devinfo *di)
 
 template <int BITS, int TT, int RPW, bool DP>
 sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
-                    int T, void *scratch)
+                    int T)
 {
     auto kern = k_gemv<BITS, TT, RPW, DP>;
     int best_w = 0, best_per = 0;
@@ -817,27 +786,13 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
     if (!best_w)
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
                        (long long)w0->cols);
-    gemv_seg gl = g;
-    if constexpr (DP) {
-        if (scratch) {
-            const int64_t nch = w0->words / 4;
-            const int nit = (int)((nch + 31) / 32);
-            const size_t bytes = gd_stage_bytes(TT, nit, nch);
-            (void)cu_launch(k_gd_image<TT>, 1, 512, bytes, s, g, x, T, (int64_t)w0->cols, nit, w0->group,
-                            (uint4 *)scratch, (int)(bytes / 16));
-            CU_CHECK_LAUNCH("matmul gemv x image");
-            gl.xd = (const uint4 *)scratch;
-            gl.xd16 = (int)(bytes / 16);
-            gl.xn = NULL; /* written by the image's block */
-        }
-    }
     const int64_t G = g.g0[g.n];
     int64_t grid = (G + best_w - 1) / best_w;
     if (grid > (int64_t)di->n_sm * best_per)
         grid = (int64_t)di->n_sm * best_per;
     if (grid < 1)
         grid = 1;
-    (void)cu_launch_w(kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w, DP), s, gl,
+    (void)cu_launch_w(kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w, DP), s, g,
                       w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, x, T);
     CU_CHECK_LAUNCH("matmul gemv");
     return SN_OK;
@@ -845,13 +800,13 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
 
 template <int BITS, int RPW, bool DP>
 sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
-                  int T, int tt, void *scratch)
+                  int T, int tt)
 {
     switch (tt) {
-    case 1: return gv_launch<BITS, 1, RPW, DP>(di, s, g, w0, x, T, scratch);
-    case 2: return gv_launch<BITS, 2, RPW, DP>(di, s, g, w0, x, T, scratch);
-    case 4: return gv_launch<BITS, 4, RPW, DP>(di, s, g, w0, x, T, scratch);
-    default: return gv_launch<BITS, 8, RPW, DP>(di, s, g, w0, x, T, scratch);
+    case 1: return gv_launch<BITS, 1, RPW, DP>(di, s, g, w0, x, T);
+    case 2: return gv_launch<BITS, 2, RPW, DP>(di, s, g, w0, x, T);
+    case 4: return gv_launch<BITS, 4, RPW, DP>(di, s, g, w0, x, T);
+    default: return gv_launch<BITS, 8, RPW, DP>(di, s, g, w0, x, T);
     }
 }
 
@@ -859,21 +814,7 @@ sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const
 
 /* T <= GV_TMAX tokens (more in passes) through the segments of g, whose
  * rows, pointers, norm and add_to are set; g0 is filled here. */
-static bool gv_dp(const cu_devinfo *di, const cu_weight *w)
-{
-    return di->gemv_dp && w->fmt == CW_Q4 && (w->group == 32 || w->group == 64 || w->group == 128);
-}
-
-size_t cu_gv_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T)
-{
-    if (!di->gemv_xd || !gv_dp(di, w) || T < 1)
-        return 0;
-    const int64_t nch = w->words / 4;
-    return gd_stage_bytes(T < GV_TMAX ? T : GV_TMAX, (int)((nch + 31) / 32), nch);
-}
-
-sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weight *w0, const float *x, int T,
-                    void *scratch)
+sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weight *w0, const float *x, int T)
 {
     int64_t tot = 0;
     for (int i = 0; i < g.n; i++)
@@ -894,9 +835,7 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
     /* the dp4a form for Q4 in MLX's groups (its staging needs whole groups
      * of 4, 8 or 16 threads): chosen by format only, so a matrix takes the
      * same kernel alone or grouped */
-    const bool dp = gv_dp(di, w0);
-    if (!di->gemv_xd || !dp)
-        scratch = NULL;
+    const bool dp = di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128);
     g.npre = di->gemv_pre;
     g.g0[0] = 0;
     for (int i = 0; i < g.n; i++)
@@ -921,17 +860,17 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
         const float *xp = x + (size_t)t0 * w0->cols;
         sn_status st;
         if (dp)
-            st = rpw == 4   ? gv_pass<4, 4, true>(di, s, p, w0, xp, nt, tt, scratch)
-                 : rpw == 1 ? gv_pass<4, 1, true>(di, s, p, w0, xp, nt, tt, scratch)
-                            : gv_pass<4, 2, true>(di, s, p, w0, xp, nt, tt, scratch);
+            st = rpw == 4   ? gv_pass<4, 4, true>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<4, 1, true>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<4, 2, true>(di, s, p, w0, xp, nt, tt);
         else if (w0->fmt == CW_Q4)
-            st = rpw == 4   ? gv_pass<4, 4, false>(di, s, p, w0, xp, nt, tt, scratch)
-                 : rpw == 1 ? gv_pass<4, 1, false>(di, s, p, w0, xp, nt, tt, scratch)
-                            : gv_pass<4, 2, false>(di, s, p, w0, xp, nt, tt, scratch);
+            st = rpw == 4   ? gv_pass<4, 4, false>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<4, 1, false>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<4, 2, false>(di, s, p, w0, xp, nt, tt);
         else
-            st = rpw == 4   ? gv_pass<8, 4, false>(di, s, p, w0, xp, nt, tt, scratch)
-                 : rpw == 1 ? gv_pass<8, 1, false>(di, s, p, w0, xp, nt, tt, scratch)
-                            : gv_pass<8, 2, false>(di, s, p, w0, xp, nt, tt, scratch);
+            st = rpw == 4   ? gv_pass<8, 4, false>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<8, 1, false>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<8, 2, false>(di, s, p, w0, xp, nt, tt);
         SN_TRY(st);
         t0 += nt;
     }
@@ -955,9 +894,5 @@ sn_status cu_gemv_init(const cu_devinfo *di)
     GEMV_INIT(8, 2, false)
     GEMV_INIT(8, 4, false)
 #undef GEMV_INIT
-    SN_TRY(gv_max_smem(k_gd_image<1>, di));
-    SN_TRY(gv_max_smem(k_gd_image<2>, di));
-    SN_TRY(gv_max_smem(k_gd_image<4>, di));
-    SN_TRY(gv_max_smem(k_gd_image<8>, di));
     return SN_OK;
 }

@@ -23,17 +23,10 @@ struct gemv_seg {
     int norm_threads; /* the thread count whose sum order the norm reproduces */
     float *xn;        /* where block 0 writes x_n (may be NULL) */
     int npre;         /* ring chunks per warp issued before x is read (cu_gv_run sets it) */
-    /* the dp4a form's staged x made once for the launch (k_gd_image), which
-     * every block copies instead of staging x itself; NULL: each stages */
-    const uint4 *xd;
-    int xd16; /* its size in 16-byte words */
 };
 
 /* T tokens (passes of up to 8) through g's segments. */
-sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weight *w0, const float *x, int T,
-                    void *scratch);
-/* Scratch cu_gv_run may use for T rows through w (its staged-x image). */
-size_t cu_gv_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T);
+sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weight *w0, const float *x, int T);
 /* From cu_matmul_init: the kernels' shared memory limits. */
 sn_status cu_gemv_init(const cu_devinfo *di);
 

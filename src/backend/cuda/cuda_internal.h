@@ -156,7 +156,6 @@ typedef struct {
     int n_sm;
     size_t smem_optin;    /* max dynamic shared memory per block */
     int gemv_rpw;         /* rows per warp of the quantized GEMV: 0 = by shape, else 1, 2 or 4 */
-    int gemv_xd;          /* dp4a SIMT GEMV: x's staged image made once per launch (k_gd_image) */
     int gemv_pre;         /* SIMT GEMV: ring chunks per warp issued before x's loads (0..8, 8 = all; default 1) */
     int gemv_dp;          /* Q4 SIMT GEMV on x's integer digits (dp4a) instead of fp32 FMAs (default 1) */
     int attn_splits;      /* KV splits of the decode attention: 64 (default) or 128 */

@@ -925,11 +925,8 @@ static bool use_blas(const cu_devinfo *di, const cu_weight *w, int T)
 
 size_t cu_matmul_scratch_bytes(const cu_devinfo *di, const cu_weight *w, int T)
 {
-    if (T < GEMM_MIN_T) {
-        const size_t gi = cu_repacked_plain(w) && T <= GI_TMAX ? gi_x_bytes(w->cols, w->groups, T) : 0;
-        const size_t gv = cu_gv_scratch_bytes(di, w, T);
-        return gi > gv ? gi : gv;
-    }
+    if (T < GEMM_MIN_T)
+        return cu_repacked_plain(w) && T <= GI_TMAX ? gi_x_bytes(w->cols, w->groups, T) : 0;
     if (cu_repacked_plain(w) && di->gemm_i8) /* [gemm_i8] */
         return cu_gemm_i8_scratch_bytes(w, T, di->gemm_i8);
     int64_t Tp = round_up(T, BM), Kp = round_up(w->cols, BK), nseg = di->gemm_fast ? 1 : 3;
@@ -991,7 +988,7 @@ sn_status cu_matmul(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, in
         g.bias[0] = w->bias;
         g.y[0] = y;
         g.rows[0] = w->rows;
-        return cu_gv_run(di, s, g, w, x, T, scratch);
+        return cu_gv_run(di, s, g, w, x, T);
     }
     int64_t grid = (w->rows + 7) / 8;
     const void *q = (const char *)w->q + (size_t)e * w->rows * w->cols * (w->fmt == CW_F32 ? 4 : 2);
@@ -1286,5 +1283,5 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
         g.norm_threads = norm->threads;
         g.xn = norm->xn;
     }
-    return cu_gv_run(di, s, g, w[0], x, T, scratch);
+    return cu_gv_run(di, s, g, w[0], x, T);
 }
