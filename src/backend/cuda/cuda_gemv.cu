@@ -105,6 +105,20 @@ __device__ __forceinline__ void gv_locate(const gemv_seg &g, int rpw, int64_t wo
 }
 
 constexpr int GV_STAGE_U = 4; /* x loads in flight per thread while staging */
+
+/* p / n for 0 <= p < TT * n (a token's index from a work item's), by TT - 1
+ * compares instead of an integer division: ~25 instructions each, and the
+ * staging had two to three of them on every warp's path before its first
+ * chunk (ncu SASS, s11r4); at TT = 1 none */
+template <int TT>
+__device__ __forceinline__ int gv_div_tt(int p, int n)
+{
+    int t = 0;
+#pragma unroll
+    for (int q = 1; q < TT; q++)
+        t += p >= q * n;
+    return t;
+}
 constexpr int GV_NORM_LD = 16; /* the fused norm's loads per lane issued together, at most */
 
 /* x for tokens t < TT into shared memory (lane-major, zeros for t >= T),
@@ -127,24 +141,26 @@ __device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg 
     const bool batch = cols <= (int64_t)GV_NORM_LD * g.norm_threads;
     bool hooked = false;
     for (int p = warp; p < nt * nvw; p += nwarps) {
-        const int t = p / nvw, vw = p % nvw;
+        const int t = gv_div_tt<TT>(p, nvw), vw = p - t * nvw; /* p < nt * nvw */
         const float *xr = x + (size_t)t * cols;
         float ss = 0.f;
         if (batch) {
             float v[GV_NORM_LD];
+            const int i0 = vw * 32 + lane, nc = (int)cols; /* cols <= INT32_MAX */
 #pragma unroll
             for (int k = 0; k < GV_NORM_LD; k++) {
-                const int64_t i = vw * 32 + lane + (int64_t)k * g.norm_threads;
-                v[k] = i < cols ? xr[i] : 0.f;
+                const int i = i0 + k * g.norm_threads;
+                v[k] = i < nc ? xr[i] : 0.f;
             }
             if (!hooked) {
                 after_loads();
                 hooked = true;
             }
+            /* the values past the row are +0: adding their squares leaves
+             * ss (a sum of squares from +0) bitwise as it was */
 #pragma unroll
             for (int k = 0; k < GV_NORM_LD; k++)
-                if (vw * 32 + lane + (int64_t)k * g.norm_threads < cols)
-                    ss += v[k] * v[k];
+                ss += v[k] * v[k];
         } else {
 #pragma unroll 4
             for (int64_t i = vw * 32 + lane; i < cols; i += g.norm_threads)
@@ -186,26 +202,28 @@ __device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int6
      * costs about one load latency, not one per token or per pass of the
      * block over a long row; no division in the index math */
     constexpr int QU = TT >= GV_STAGE_U ? 1 : GV_STAGE_U / TT;
-    const int64_t bd = blockDim.x;
+    /* 32-bit indices: cols <= INT32_MAX (64-bit ones cost pairs of
+     * instructions for every address and compare of the staging) */
+    const int bd = blockDim.x, n4i = (int)n4, s4 = (int)stride4;
     const bool w_al = g.nw && ((uintptr_t)g.nw & 15) == 0;
-    for (int64_t q0 = threadIdx.x; q0 < n4; q0 += QU * bd) {
+    for (int q0 = threadIdx.x; q0 < n4i; q0 += QU * bd) {
         float4 v[QU][TT];
 #pragma unroll
         for (int u = 0; u < QU; u++) {
-            const int64_t q = q0 + u * bd;
+            const int q = q0 + u * bd;
 #pragma unroll
             for (int t = 0; t < TT; t++) {
                 const float *xr = x + (size_t)t * cols;
                 v[u][t] = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (q < n4 && t < T)
+                if (q < n4i && t < T)
                     v[u][t] = aligned ? __ldg((const float4 *)xr + q)
                                       : make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
             }
         }
 #pragma unroll
         for (int u = 0; u < QU; u++) {
-            const int64_t q = q0 + u * bd;
-            if (q >= n4)
+            const int q = q0 + u * bd;
+            if (q >= n4i)
                 break;
             float4 w4 = make_float4(0.f, 0.f, 0.f, 0.f);
             if (g.nw)
@@ -221,7 +239,7 @@ __device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int6
                     if (g.xn && blockIdx.x == 0)
                         *(float4 *)(g.xn + (size_t)t * cols + 4 * q) = y;
                 }
-                xs[t * stride4 + xperm<BITS>(q / NF4, (int)(q % NF4))] = y;
+                xs[t * s4 + xperm<BITS>(q / NF4, q % NF4)] = y;
             }
         }
     }
@@ -359,6 +377,7 @@ __device__ __forceinline__ void ld8(const float *p, bool al, float (&v)[8])
 
 constexpr int GD_PRE = 2; /* passes of the dp4a staging whose loads are issued together */
 
+
 /* out = a[ps] for a pass index known only at run time (ps < GD_PRE), without
  * indexing the register array by it (which would put it in local memory) */
 __device__ __forceinline__ void gd_pick(const float (&a)[GD_PRE][8], int ps, float (&out)[8])
@@ -393,7 +412,7 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
 #pragma unroll
         for (int ps = 0; ps < GD_PRE; ps++) {
             const int p = ps * (int)blockDim.x + threadIdx.x;
-            const int t = p < total ? p / n8 : 0, u = p < total ? p - t * n8 : 0;
+            const int t = p < total ? gv_div_tt<TT>(p, n8) : 0, u = p < total ? p - t * n8 : 0;
 #pragma unroll
             for (int k = 0; k < 8; k++)
                 pv[ps][k] = pw[ps][k] = 0.f;
@@ -412,7 +431,7 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
     for (int p0 = 0, ps = 0; p0 < total; p0 += blockDim.x, ps++) {
         const int p = p0 + threadIdx.x;
         const bool in = p < total;
-        const int t = in ? p / n8 : 0, u = in ? p - t * n8 : 0;
+        const int t = in ? gv_div_tt<TT>(p, n8) : 0, u = in ? p - t * n8 : 0;
         float v[8];
 #pragma unroll
         for (int k = 0; k < 8; k++)
@@ -548,8 +567,9 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     const size_t sbsz = sf == CS_F32 ? 8 : 4;
     const bool f32s = sf == CS_F32;
     /* c * VPC / group as a multiply-high by ceil(2^32 / group): exact while
-     * c * VPC * group < 2^32 (gv_run checks cols * group) */
-    const uint32_t gmag = 0xffffffffu / (uint32_t)group + 1u;
+     * c * VPC * group < 2^32 (gv_run checks cols * group); the host forms
+     * it (a division here was ~15 instructions on every warp's path) */
+    const uint32_t gmag = g.gmag;
     char *rbase = (char *)xs + (DP ? gd_stage_bytes(TT, nit, nch) : xstage_bytes(TT, nch, stride4));
     uint4 *ring = (uint4 *)rbase + (size_t)warp * S * RPW * 32 + lane;
     uint2 *sring = (uint2 *)(rbase + (size_t)nwarps * S * RPW * 32 * sizeof(uint4)) + (size_t)warp * S * RPW * 32 + lane;
@@ -837,6 +857,9 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
      * same kernel alone or grouped */
     const bool dp = di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128);
     g.npre = di->gemv_pre;
+    if (w0->group <= 0)
+        return SN_FAIL(SN_E_INVALID, "matmul: quant group of %d", w0->group);
+    g.gmag = 0xffffffffu / (uint32_t)w0->group + 1u;
     g.g0[0] = 0;
     for (int i = 0; i < g.n; i++)
         g.g0[i + 1] = g.g0[i] + (g.rows[i] + rpw - 1) / rpw;

@@ -23,6 +23,7 @@ struct gemv_seg {
     int norm_threads; /* the thread count whose sum order the norm reproduces */
     float *xn;        /* where block 0 writes x_n (may be NULL) */
     int npre;         /* ring chunks per warp issued before x is read (cu_gv_run sets it) */
+    uint32_t gmag;    /* ceil(2^32 / group), for the chunk's quant group (cu_gv_run sets it) */
 };
 
 /* T tokens (passes of up to 8) through g's segments. */
