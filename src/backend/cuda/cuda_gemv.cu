@@ -119,10 +119,9 @@ __device__ __forceinline__ int gv_div_tt(int p, int n)
         t += p >= q * n;
     return t;
 }
+
 constexpr int GV_NORM_LD = 16; /* the fused norm's loads per lane issued together, at most */
 
-/* x for tokens t < TT into shared memory (lane-major, zeros for t >= T),
- * normalised when g.nw is set, then the chunk sums. Ends with a barrier. */
 /* The fused RMSNorm's 1/rms per token (g.nw set) into inv[TT] (shared),
  * the sums of squares exactly as k_rmsnorm forms them. Ends with a barrier. */
 template <int TT, typename H>
@@ -185,6 +184,8 @@ __device__ void gv_norm_inv(const float *x, int T, int64_t cols, const gemv_seg 
     __syncthreads();
 }
 
+/* x for tokens t < TT into shared memory (lane-major, zeros for t >= T),
+ * normalised when g.nw is set, then the chunk sums. Ends with a barrier. */
 template <int BITS, int TT, typename H>
 __device__ void gv_stage_x(float4 *xs, const float *x, int T, int64_t cols, int64_t stride4, const gemv_seg &g,
                            H &&after_loads)
