@@ -147,8 +147,8 @@ __device__ void chunk_sums(float4 *xs, int T, int64_t nch, int64_t stride4)
     /* 32-bit indices (T * nch is small): a 64-bit division is a subroutine call */
     const unsigned n = (unsigned)nch;
     for (unsigned tc = threadIdx.x; tc < (unsigned)T * n; tc += blockDim.x) {
-        int t = (int)(tc / n);
-        int64_t c = tc % n;
+        const int t = T == 1 ? 0 : (int)(tc / n); /* one row (decode): no division */
+        const int64_t c = tc - (unsigned)t * n;
         float a = 0.f;
 #pragma unroll
         for (int i = 0; i < NF4; i++) {
