@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# A change against a base commit on the GPU, in one device call: the CUDA
+# tests of the change, then decode steps of both binaries alternated round
+# by round (machines of one kind differ by a few percent from call to call,
+# so only an interleaved comparison in one call says anything).
+#
+# Here (nvcc, no GPU):  bench/gpu_ab.sh pack BASE [CONFIG...]
+#   builds this tree's CUDA tests and bench_cuda, and bench_cuda of commit
+#   BASE in a temporary git worktree, and packs them with the shared
+#   libraries the GPU box lacks into .devcarry/ab/ (git-ignored). CONFIGs
+#   (default: the 35B-A3B and 27B configs) are remembered for run.
+# There (device tool, carry [".devcarry/ab"]):  bench/gpu_ab.sh run [ROUNDS]
+#   test_cuda_ops, test_cuda_model, test_cuda_moe, test_cuda_gemm_i8 of the
+#   change, then for each config ROUNDS (default 3) rounds of
+#   `bench_cuda --config C --prefill 1024 --decode 32 --ncu-decode --no-profile`,
+#   base and change alternating (which goes first alternates too), and a
+#   summary: every round's ms per step and the medians. Logs come back as
+#   $OUT/ab.tar.xz. About 10 s a bench run on the H200, plus start-up.
+set -u
+cd "$(dirname "$0")/.."
+L=.devcarry/ab
+case "${1:-}" in
+pack)
+    set -e
+    base=${2:?usage: bench/gpu_ab.sh pack BASE [CONFIG...]}
+    shift 2
+    cfgs=("$@")
+    [ ${#cfgs[@]} -gt 0 ] || cfgs=(bench/configs/qwen3_5_35b_a3b.json bench/configs/qwen3_5_27b.json)
+    git rev-parse --verify -q "$base^{commit}" > /dev/null || { echo "pack: $base is not a commit" >&2; exit 2; }
+    rm -rf "${L:?}" && mkdir -p "$L/bin" "$L/lib"
+    bench_cc() { # $1 tree, $2 output
+        cc -std=c17 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -Wno-unused-parameter -I"$1/include" -I"$1/src" -pthread \
+            -DSN_HAVE_CUDA=1 -o "$2" "$1/bench/bench_cuda.c" "$1/build/libsanctum.a" -lm -lpthread -ljansson \
+            -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib -lcudart_static -lrt -lstdc++ -ldl
+    }
+    tests=(test_cuda_ops test_cuda_model test_cuda_moe test_cuda_gemm_i8)
+    make -j2 build/libsanctum.a "${tests[@]/#/build/tests/}" > /tmp/gpu_ab_make.log 2>&1 ||
+        { tail -20 /tmp/gpu_ab_make.log; exit 1; }
+    bench_cc . "$L/bin/bench_cuda"
+    for t in "${tests[@]}"; do cp "build/tests/$t" "$L/bin/"; done
+    wt=$(mktemp -d /tmp/gpu_ab_base.XXXXXX)
+    git worktree add -q --detach "$wt" "$base"
+    (cd "$wt" && make -j2 build/libsanctum.a > /tmp/gpu_ab_make_base.log 2>&1) ||
+        { tail -20 /tmp/gpu_ab_make_base.log; git worktree remove --force "$wt"; exit 1; }
+    bench_cc "$wt" "$L/bin/bench_cuda_base"
+    git worktree remove --force "$wt"
+    strip "$L"/bin/* || true
+    # only what the box lacks (it has jansson, PCRE2, OpenSSL 3, curl and newer system libraries)
+    for b in "$L"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
+        grep -E '/(libevent|libutf8proc|libcmocka)[^/]*\.so' | while read -r l; do cp -L "$l" "$L/lib/"; done
+    printf '%s\n' "${cfgs[@]}" > "$L/configs"
+    { echo "change: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+uncommitted')"
+      echo "base: $(git rev-parse --short "$base")"; } > "$L/commits"
+    (cd "$L" && tar cf - bin | xz --lzma2=preset=6,dict=160MiB -T2 > bin.tar.xz && rm -rf bin)
+    cat "$L/commits"
+    du -sh "$L"
+    ;;
+run)
+    rounds=${2:-3}
+    out=${OUT:-/tmp/out}
+    w=/tmp/gpu_ab
+    rm -rf "$w" && mkdir -p "$out" "$w"
+    export LD_LIBRARY_PATH="$PWD/$L/lib"
+    tar xJf "$L/bin.tar.xz" -C "$L"
+    B=$L/bin
+    cat "$L/commits" | tee "$w/commits.log"
+    s=()
+    for t in test_cuda_ops test_cuda_model test_cuda_moe test_cuda_gemm_i8; do
+        timeout 150 "$B/$t" > "$w/$t.log" 2>&1
+        s+=("$t rc=$? $(grep -E '^[0-9]+ passed' "$w/$t.log" | tail -n1)")
+    done
+    grep -h FAIL "$w"/test_cuda_*.log | head -10
+    step_ms() { grep -oE 'decode \(graph\) [0-9.]+ ms per step' "$1" | head -1 | grep -oE '[0-9.]+ ms' | cut -d' ' -f1; }
+    while read -r cfg; do
+        name=$(basename "$cfg" .json)
+        base_ms=() new_ms=()
+        for ((r = 0; r < rounds; r++)); do
+            order=(base new)
+            [ $((r % 2)) -eq 1 ] && order=(new base)
+            for who in "${order[@]}"; do
+                bin=$B/bench_cuda
+                [ "$who" = base ] && bin=$B/bench_cuda_base
+                log="$w/${name}_${who}_$r.log"
+                timeout 120 "$bin" --config "$cfg" --prefill 1024 --decode 32 --ncu-decode --no-profile > "$log" 2>&1
+                ms=$(step_ms "$log")
+                if [ "$who" = base ]; then base_ms+=("${ms:-fail}"); else new_ms+=("${ms:-fail}"); fi
+            done
+        done
+        med() { printf '%s\n' "$@" | grep -v fail | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "none"}'; }
+        s+=("$name ms per step: change ${new_ms[*]} (median $(med "${new_ms[@]}")), base ${base_ms[*]} (median $(med "${base_ms[@]}"))")
+    done < "$L/configs"
+    echo "==== summary"
+    printf '%s\n' "${s[@]}" | tee "$w/summary.log"
+    (cd "$w" && tar cJf "$out/ab.tar.xz" ./*.log)
+    rm -rf "${B:?}" # unpacked here only; the carry is bin.tar.xz
+    ;;
+*)
+    echo "usage: bench/gpu_ab.sh pack BASE [CONFIG...] (here) | run [ROUNDS] (on the GPU box)" >&2
+    exit 2
+    ;;
+esac
