@@ -14,8 +14,11 @@
 #   change, then for each config ROUNDS (default 3) rounds of
 #   `bench_cuda --config C --prefill 1024 --decode 32 --ncu-decode --no-profile`,
 #   base and change alternating (which goes first alternates too), and a
-#   summary: every round's ms per step and the medians. Logs come back as
-#   $OUT/ab.tar.xz. About 10 s a bench run on the H200, plus start-up.
+#   summary: every round's ms per step and the medians. With VARY set at
+#   pack (e.g. VARY="fuse_gdn_norm=1:0 gemv_pre=8:1"), the change's binary
+#   then runs `--vary` of each (tune keys, three interleaved rounds) on each
+#   config as well. Logs come back as $OUT/ab.tar.xz. About 10 s a bench run
+#   on the H200, plus start-up.
 set -u
 cd "$(dirname "$0")/.."
 L=.devcarry/ab
@@ -49,6 +52,8 @@ pack)
     for b in "$L"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
         grep -E '/(libevent|libutf8proc|libcmocka)[^/]*\.so' | while read -r l; do cp -L "$l" "$L/lib/"; done
     printf '%s\n' "${cfgs[@]}" > "$L/configs"
+    : > "$L/vary"
+    [ -z "${VARY:-}" ] || printf '%s\n' $VARY > "$L/vary"
     { echo "change: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+uncommitted')"
       echo "base: $(git rev-parse --short "$base")"; } > "$L/commits"
     (cd "$L" && tar cf - bin | xz --lzma2=preset=6,dict=160MiB -T2 > bin.tar.xz && rm -rf bin)
@@ -89,6 +94,17 @@ run)
         med() { printf '%s\n' "$@" | grep -v fail | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "none"}'; }
         s+=("$name ms per step: change ${new_ms[*]} (median $(med "${new_ms[@]}")), base ${base_ms[*]} (median $(med "${base_ms[@]}"))")
     done < "$L/configs"
+    if [ -s "$L/vary" ]; then
+        va=()
+        while read -r v; do va+=(--vary "$v"); done < "$L/vary"
+        while read -r cfg; do
+            name=$(basename "$cfg" .json)
+            timeout 200 "$B/bench_cuda" --config "$cfg" --prefill 1024 --decode 32 --ncu-decode --no-profile "${va[@]}" \
+                > "$w/${name}_vary.log" 2>&1
+            s+=("$name --vary (change's binary), ms per step:")
+            while read -r l; do s+=("  $l"); done < <(grep -E '^  round' "$w/${name}_vary.log" | sed -E 's/ +/ /g')
+        done < "$L/configs"
+    fi
     echo "==== summary"
     printf '%s\n' "${s[@]}" | tee "$w/summary.log"
     (cd "$w" && tar cJf "$out/ab.tar.xz" ./*.log)

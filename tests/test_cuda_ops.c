@@ -707,6 +707,65 @@ static void test_gdn(void)
     gdn_case(4, 8, 64, 96, 3, 6);     /* Dv not a multiple of 32, K = 3 */
 }
 
+/* A GDN layer and the gated RMSNorm of its output inside a step (a CUDA
+ * graph): with fuse_gdn_norm the recurrence's last block per value head
+ * forms the norm; outputs, norm, state and conv state must be the bits of
+ * the two ops run eagerly (Dv 40 and 96: rows that are not a multiple of
+ * the recurrence's 32 columns; nh > 0 keeps the per-token history as a
+ * verify pass does). */
+static void gdn_gnorm_case(int Hk, int Hv, int Dk, int Dv, int T, int nh)
+{
+    const int K = 4;
+    sn_gdn_dims d = { Hk, Hv, Dk, Dv, K, 1e-6f };
+    const size_t Cd = 2 * (size_t)Hk * Dk + (size_t)Hv * Dv, no = (size_t)T * Hv * Dv;
+    const size_t cf = (size_t)(K - 1) * Cd, sf = (size_t)Hv * Dk * Dv, hf = sn_gdn_hist_floats(&d) * (nh ? nh : 1);
+    float *qkv = hrand((size_t)T * Cd, 2.f), *a = hrand((size_t)T * Hv, 2.f), *b = hrand((size_t)T * Hv, 2.f);
+    float *cw = hrand(Cd * K, 0.7f), *Al = hrand((size_t)Hv, 1.f), *dtb = hrand((size_t)Hv, 1.f);
+    float *conv = hrand(cf, 1.f), *S = hrand(sf, 0.3f), *z = hrand(no, 2.f), *w = hrand((size_t)Dv, 1.f);
+    float *dqkv = dcopy(qkv, (size_t)T * Cd), *da = dcopy(a, (size_t)T * Hv), *db = dcopy(b, (size_t)T * Hv);
+    float *dcw = dcopy(cw, Cd * K), *dAl = dcopy(Al, Hv), *ddt = dcopy(dtb, Hv), *dz = dcopy(z, no), *dw = dcopy(w, Dv);
+    float *res[2][5];
+    for (int graph = 0; graph < 2; graph++) {
+        float *dconv = dcopy(conv, cf), *dS = dcopy(S, sf), *dout = dpoison(no), *dy = dpoison(no);
+        float *dh = nh ? dpoison(hf) : NULL;
+        sn_gdn_view v = { dconv, dS, dh, nh };
+        if (graph) CHECK_OK(G->ops->begin_step(G));
+        CHECK_OK(G->ops->gdn(G, &d, dqkv, da, db, dcw, dAl, ddt, &v, T, dout));
+        CHECK_OK(G->ops->gated_rmsnorm(G, dout, dz, dw, T * Hv, Dv, 1e-6f, dy));
+        if (graph) CHECK_OK(G->ops->end_step(G));
+        res[graph][0] = tohost(dout, no);
+        res[graph][1] = tohost(dy, no);
+        res[graph][2] = tohost(dS, sf);
+        res[graph][3] = tohost(dconv, cf);
+        res[graph][4] = nh ? tohost(dh, hf) : NULL;
+        dfree(dconv); dfree(dS); dfree(dout); dfree(dy);
+        if (dh) dfree(dh);
+    }
+    const size_t n[5] = { no, no, sf, cf, nh ? hf : 0 };
+    static const char *what[5] = { "out", "norm", "state", "conv state", "history" };
+    for (int i = 0; i < 5; i++) {
+        CHECKF(!n[i] || !memcmp(res[0][i], res[1][i], sizeof(float) * n[i]),
+               "gdn + gated norm Hk=%d Hv=%d Dk=%d Dv=%d T=%d nh=%d: the graph's %s differs from eager", Hk, Hv, Dk,
+               Dv, T, nh, what[i]);
+        free(res[0][i]); free(res[1][i]);
+    }
+    free(qkv); free(a); free(b); free(cw); free(Al); free(dtb); free(conv); free(S); free(z); free(w);
+    dfree(dqkv); dfree(da); dfree(db); dfree(dcw); dfree(dAl); dfree(ddt); dfree(dz); dfree(dw);
+}
+
+static void test_gdn_gnorm_graph(void)
+{
+    for (int f = 1; f >= 0; f--) {
+        CHECK_OK(sn_cuda_tune(G, "fuse_gdn_norm", f));
+        gdn_gnorm_case(16, 32, 128, 128, 1, 0); /* the 35B-A3B layer, decode */
+        gdn_gnorm_case(16, 32, 128, 128, 3, 2); /* a verify pass with its history */
+        gdn_gnorm_case(2, 4, 128, 128, 8, 0);
+        gdn_gnorm_case(1, 3, 48, 40, 2, 0);
+        gdn_gnorm_case(4, 8, 64, 96, 5, 4);
+    }
+    CHECK_OK(sn_cuda_tune(G, "fuse_gdn_norm", 0));
+}
+
 /* ---- MoE (host reference from CPU matmuls) ---- */
 
 static int moe_i8 = 1; /* the backend's gemm_i8 is on (the default) */
@@ -1011,6 +1070,7 @@ int main(void)
     RUN(test_attention_prefill_vs_decode);
     RUN(test_attention_decode_batch_invariant);
     RUN(test_gdn);
+    RUN(test_gdn_gnorm_graph);
     RUN(test_moe);
     RUN(test_argmax);
     RUN(test_graph_replay);
