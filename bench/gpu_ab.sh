@@ -14,7 +14,9 @@
 #   change, then for each config ROUNDS (default 3) rounds of
 #   `bench_cuda --config C --prefill 1024 --decode 32 --ncu-decode --no-profile`,
 #   base and change alternating (which goes first alternates too), and a
-#   summary: every round's ms per step and the medians. With VARY set at
+#   summary: every round's ms per step and the medians. ROWS at pack (e.g.
+#   ROWS="1 6") times those rows a step (`--rows`: prompt-lookup verify
+#   passes) too; default 1. With VARY set at
 #   pack (e.g. VARY="fuse_gdn_norm=1:0 gemv_pre=8:1"), the change's binary
 #   then runs `--vary` of each (tune keys, three interleaved rounds) on each
 #   config as well. Logs come back as $OUT/ab.tar.xz. About 10 s a bench run
@@ -52,6 +54,7 @@ pack)
     for b in "$L"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
         grep -E '/(libevent|libutf8proc|libcmocka)[^/]*\.so' | while read -r l; do cp -L "$l" "$L/lib/"; done
     printf '%s\n' "${cfgs[@]}" > "$L/configs"
+    echo "${ROWS:-1}" > "$L/rows"
     : > "$L/vary"
     [ -z "${VARY:-}" ] || printf '%s\n' $VARY > "$L/vary"
     { echo "change: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+uncommitted')"
@@ -76,8 +79,12 @@ run)
     done
     grep -h FAIL "$w"/test_cuda_*.log | head -10
     step_ms() { grep -oE 'decode \(graph\) [0-9.]+ ms per step' "$1" | head -1 | grep -oE '[0-9.]+ ms' | cut -d' ' -f1; }
+    read -r -a rows_list < "$L/rows"
     while read -r cfg; do
+      for nr in "${rows_list[@]}"; do
         name=$(basename "$cfg" .json)
+        rarg=()
+        if [ "$nr" -gt 1 ]; then name="${name}_rows$nr"; rarg=(--rows "$nr"); fi
         base_ms=() new_ms=()
         for ((r = 0; r < rounds; r++)); do
             order=(base new)
@@ -86,13 +93,15 @@ run)
                 bin=$B/bench_cuda
                 [ "$who" = base ] && bin=$B/bench_cuda_base
                 log="$w/${name}_${who}_$r.log"
-                timeout 120 "$bin" --config "$cfg" --prefill 1024 --decode 32 --ncu-decode --no-profile > "$log" 2>&1
+                timeout 120 "$bin" --config "$cfg" --prefill 1024 --decode 32 --ncu-decode --no-profile "${rarg[@]}" \
+                    > "$log" 2>&1
                 ms=$(step_ms "$log")
                 if [ "$who" = base ]; then base_ms+=("${ms:-fail}"); else new_ms+=("${ms:-fail}"); fi
             done
         done
         med() { printf '%s\n' "$@" | grep -v fail | sort -n | awk '{a[NR]=$1} END {if (NR) print a[int((NR+1)/2)]; else print "none"}'; }
         s+=("$name ms per step: change ${new_ms[*]} (median $(med "${new_ms[@]}")), base ${base_ms[*]} (median $(med "${base_ms[@]}"))")
+      done
     done < "$L/configs"
     if [ -s "$L/vary" ]; then
         va=()

@@ -763,7 +763,10 @@ size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps, bool dp)
 {
     int vpc = 128 / w->bits;
     int64_t nch = w->words / 4, stride4 = ((nch + 31) / 32) * (vpc / 4) * 32;
-    size_t ring = rpw <= 2 ? gv_ring<2>::per_warp : gv_ring<4>::per_warp;
+    /* a warp's ring as k_gemv<RPW> lays it out: one row a warp uses half of
+     * two rows' ring (allocating two rows' kept e.g. the 35B-A3B's out
+     * projection at 8 rows to blocks of 8 warps, 245 KB for 16) */
+    size_t ring = rpw == 1 ? gv_ring<1>::per_warp : rpw == 2 ? gv_ring<2>::per_warp : gv_ring<4>::per_warp;
     size_t stage = dp ? gd_stage_bytes(tt, (int)((nch + 31) / 32), nch) : xstage_bytes(tt, nch, stride4);
     return stage + (size_t)nwarps * ring;
 }
