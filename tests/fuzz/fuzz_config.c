@@ -3,9 +3,9 @@
  * (absent when there is no NUL), so both files get mutated.
  *
  * Build and run (from the repository root; see tests/fuzz/README.md):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c17 -D_GNU_SOURCE -Iinclude \
- *     tests/fuzz/fuzz_config.c src/io/config.c src/tensor/dtype.c src/tensor/quant.c src/core/status.c \
- *     -ljansson -lm -o build/fuzz_config
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c17 -D_GNU_SOURCE -Iinclude -Isrc \
+ *     tests/fuzz/fuzz_config.c src/io/config.c src/io/manifest.c src/tensor/dtype.c src/tensor/quant.c \
+ *     src/core/status.c -ljansson -lcrypto -lpthread -lm -o build/fuzz_config
  *   mkdir -p build/fuzz-corpus/cfg && cp bench/configs/*.json build/fuzz-corpus/cfg/ &&
  *   build/fuzz_config -max_total_time=60 build/fuzz-corpus/cfg */
 #include <stdint.h>

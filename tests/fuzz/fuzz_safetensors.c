@@ -2,9 +2,9 @@
  * the same path as a file on disk, minus the mmap).
  *
  * Build and run (from the repository root; see tests/fuzz/README.md):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c17 -D_GNU_SOURCE -Iinclude \
- *     tests/fuzz/fuzz_safetensors.c src/io/safetensors.c src/tensor/dtype.c src/core/status.c \
- *     -ljansson -o build/fuzz_safetensors
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c17 -D_GNU_SOURCE -Iinclude -Isrc \
+ *     tests/fuzz/fuzz_safetensors.c src/io/safetensors.c src/io/manifest.c src/tensor/dtype.c \
+ *     src/core/status.c -ljansson -lcrypto -lpthread -o build/fuzz_safetensors
  *   mkdir -p build/fuzz-corpus/st && build/fuzz_safetensors -max_total_time=60 build/fuzz-corpus/st
  *
  * Every accepted file is walked: each tensor's first and last byte is read
