@@ -1537,10 +1537,10 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
                        "SANCTUM_CUDA_GEMM=%s: want i8 (default: integer tensor cores on 3 digits of x), i8fast "
                        "(2 digits), split (fp16 split GEMM) or fast (single-pass fp16)",
                        gmm);
-    if (gmv && strcmp(gmv, "i8") && strcmp(gmv, "fast") && strcmp(gmv, "fp32"))
+    if (gmv && strcmp(gmv, "fp32"))
         return SN_FAIL(SN_E_INVALID,
-                       "SANCTUM_CUDA_GEMV=%s: want i8 (default: x as 3 digits a group), fast (2 digits in the SIMT "
-                       "GEMV) or fp32 (no repacked copies, the fp32 GEMV)",
+                       "SANCTUM_CUDA_GEMV=%s: want fp32 (no repacked copies: decode on the fp32 GEMV), or leave it "
+                       "unset",
                        gmv);
     cuda_be *cb = (cuda_be *)calloc(1, sizeof *cb);
     if (!cb)
@@ -1558,8 +1558,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_sk_bps = 2;
     cb->di.gemv_i8_min = -1; /* by shape */
     cb->di.gemv_dp = 1;
-    /* SANCTUM_CUDA_GEMV=fast: the SIMT dp4a GEMV on 2 digit planes of x (opt-in; gd_split) */
-    cb->di.gemv_digits = gmv && !strcmp(gmv, "fast") ? 2 : 3;
     cb->di.gemv_pre = 1; /* 35B-A3B 2.50-2.54 against 2.58-2.60 ms per step with 8 (results.log 07:05Z) */
     cb->di.attn_splits = 64;
     cb->di.attn_warps = 0; /* by shape */

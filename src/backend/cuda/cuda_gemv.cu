@@ -358,26 +358,9 @@ __device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, con
  * word 2j of a chunk's 8 the digits of values 8j, 8j+2, 8j+4, 8j+6 (the
  * low nibbles of weight word j), word 2j+1 those of 8j+1, ... (the high
  * ones); then per (token, chunk) (2^-e2, 2^-e2 * sum X). */
-__host__ __device__ __forceinline__ size_t gd_stage_bytes(int TT, int nit, int64_t nch, int ND)
+__host__ __device__ __forceinline__ size_t gd_stage_bytes(int TT, int nit, int64_t nch)
 {
-    return ((size_t)TT * nit * ND * 1024 + (size_t)TT * nch * 8 + 15) / 16 * 16;
-}
-
-/* ND digit planes of x for the dp4a form: 3 (the default, |X| <= 2^22 a
- * group: fp32-class, like the tensor-core paths) or 2 (gemv_digits=2,
- * opt-in: |X| <= 2^14, i.e. x to 15 bits of its group's largest value,
- * finer than fp16's 11; two thirds of the dp4a and x reads per weight).
- * X = 256*d0 + d1 at two digits. */
-template <int ND>
-__device__ __forceinline__ int gd_split(float v, int e2, int (&d)[3])
-{
-    if constexpr (ND == 3)
-        return xd_split(v, e2, d[0], d[1], d[2]);
-    const int X = __float2int_rn(v * xd_pow2(e2));
-    d[1] = ((X + 128) & 255) - 128;
-    d[0] = (X - d[1]) >> 8;
-    d[2] = 0;
-    return X;
+    return ((size_t)TT * nit * 3072 + (size_t)TT * nch * 8 + 15) / 16 * 16;
 }
 
 /* 8 consecutive floats: two 16-byte loads when p is 16-aligned */
@@ -408,13 +391,13 @@ __device__ __forceinline__ void gd_pick(const float (&a)[GD_PRE][8], int ps, flo
                 out[k] = a[q][k];
 }
 
-template <int TT, int ND, typename H>
+template <int TT, typename H>
 __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g,
                            H &&after_loads)
 {
     __shared__ float inv[TT];
     uint32_t *xw = (uint32_t *)stage;
-    float2 *xe = (float2 *)(stage + (size_t)TT * nit * ND * 1024);
+    float2 *xe = (float2 *)(stage + (size_t)TT * nit * 3072);
     const int nch = (int)(cols / 32), n8 = (int)(cols / 8), nt = T < TT ? T : TT;
     const int lpg = group / 8; /* threads per quant group: 4, 8 or 16, aligned in the warp */
     const bool aligned = ((uintptr_t)x & 15) == 0;
@@ -481,29 +464,25 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
             mx = fmaxf(mx, fabsf(v[k]));
         for (int o = lpg / 2; o > 0; o >>= 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        /* two digits: 8 bits fewer, so |X| <= 2^14 */
-        const int e2 = xd_exp(mx) - (ND == 3 ? 0 : 8);
-        uint32_t pw[ND][2];
-#pragma unroll
-        for (int pl = 0; pl < ND; pl++)
-            pw[pl][0] = pw[pl][1] = 0u;
+        const int e2 = xd_exp(mx);
+        uint32_t pw[3][2] = { { 0u, 0u }, { 0u, 0u }, { 0u, 0u } };
         int S = 0;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            int d[3];
-            S += gd_split<ND>(v[k], e2, d);
+            int d0, d1, d2;
+            S += xd_split(v[k], e2, d0, d1, d2);
             const int h = k & 1, sh = 8 * (k >> 1);
-#pragma unroll
-            for (int pl = 0; pl < ND; pl++)
-                pw[pl][h] |= (uint32_t)(d[pl] & 255) << sh;
+            pw[0][h] |= (uint32_t)(d0 & 255) << sh;
+            pw[1][h] |= (uint32_t)(d1 & 255) << sh;
+            pw[2][h] |= (uint32_t)(d2 & 255) << sh;
         }
         S += __shfl_xor_sync(0xffffffffu, S, 1); /* the chunk's four threads; integers: exact */
         S += __shfl_xor_sync(0xffffffffu, S, 2);
         if (in) {
             const int c = u >> 2, j = u & 3, it = c >> 5, l = c & 31;
 #pragma unroll
-            for (int pl = 0; pl < ND; pl++) {
-                const int unit = ((t * nit + it) * ND + pl) * 2 + (j >> 1);
+            for (int pl = 0; pl < 3; pl++) {
+                const int unit = ((t * nit + it) * 3 + pl) * 2 + (j >> 1);
                 uint32_t *d = xw + ((size_t)unit * 32 + l) * 4 + (j & 1) * 2;
                 d[0] = pw[pl][0];
                 d[1] = pw[pl][1];
@@ -518,13 +497,13 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
 }
 
 /* One chunk of RPW rows against TT tokens on the digits (see above). */
-template <int TT, int RPW, int ND>
+template <int TT, int RPW>
 __device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, const char *stage, int nit, int nch, int c,
                                          float acc[RPW][TT], int T)
 {
     const int it = c >> 5, l = c & 31;
     const uint4 *xw = (const uint4 *)stage;
-    const float2 *xe = (const float2 *)(stage + (size_t)TT * nit * ND * 1024);
+    const float2 *xe = (const float2 *)(stage + (size_t)TT * nit * 3072);
     int lo[RPW][4], hi[RPW][4];
 #pragma unroll
     for (int r = 0; r < RPW; r++)
@@ -538,19 +517,19 @@ __device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, con
     for (int t = 0; t < TT; t++) {
         if (TT > 1 && t >= T)
             break;
-        const uint4 *xp = xw + (size_t)(t * nit + it) * (2 * ND) * 32 + l;
-        uint4 a[ND][2];
+        const uint4 *xp = xw + (size_t)(t * nit + it) * 6 * 32 + l;
+        uint4 a[3][2];
 #pragma unroll
-        for (int pl = 0; pl < ND; pl++) {
+        for (int pl = 0; pl < 3; pl++) {
             a[pl][0] = xp[(2 * pl) * 32];
             a[pl][1] = xp[(2 * pl + 1) * 32];
         }
         const float2 e = xe[(size_t)t * nch + c];
 #pragma unroll
         for (int r = 0; r < RPW; r++) {
-            int D[ND];
+            int D[3];
 #pragma unroll
-            for (int pl = 0; pl < ND; pl++) {
+            for (int pl = 0; pl < 3; pl++) {
                 int d = __dp4a(lo[r][0], (int)a[pl][0].x, 0);
                 d = __dp4a(hi[r][0], (int)a[pl][0].y, d);
                 d = __dp4a(lo[r][1], (int)a[pl][0].z, d);
@@ -561,13 +540,8 @@ __device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, con
                 d = __dp4a(hi[r][3], (int)a[pl][1].w, d);
                 D[pl] = d;
             }
-            /* 256*D1 + D2 and D0 are exact in fp32; one rounding for the sum
-             * (two digits: 256*D0 + D1 is exact, |.| < 2^23) */
-            float qx;
-            if constexpr (ND == 3)
-                qx = __fmul_rn(fmaf(65536.f, (float)D[0], (float)(D[1] * 256 + D[2])), e.x);
-            else
-                qx = __fmul_rn((float)(D[0] * 256 + D[ND - 1]), e.x);
+            /* 256*D1 + D2 and D0 are exact in fp32; one rounding for the sum */
+            const float qx = __fmul_rn(fmaf(65536.f, (float)D[0], (float)(D[1] * 256 + D[2])), e.x);
             acc[r][t] = __fadd_rn(acc[r][t], fmaf(sbv[r].x, qx, __fmul_rn(sbv[r].y, e.y)));
         }
     }
@@ -579,7 +553,7 @@ __device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, con
  * ring slots that wrap instead of 64-bit remainders, per-lane row pointers
  * set once per row group, and the chunk's quant group by a multiply-high
  * instead of a 64-bit division. */
-template <int BITS, int TT, int RPW, int DP>
+template <int BITS, int TT, int RPW, bool DP>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
@@ -597,7 +571,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
      * c * VPC * group < 2^32 (gv_run checks cols * group); the host forms
      * it (a division here was ~15 instructions on every warp's path) */
     const uint32_t gmag = g.gmag;
-    char *rbase = (char *)xs + (DP ? gd_stage_bytes(TT, nit, nch, DP) : xstage_bytes(TT, nch, stride4));
+    char *rbase = (char *)xs + (DP ? gd_stage_bytes(TT, nit, nch) : xstage_bytes(TT, nch, stride4));
     uint4 *ring = (uint4 *)rbase + (size_t)warp * S * RPW * 32 + lane;
     uint2 *sring = (uint2 *)(rbase + (size_t)nwarps * S * RPW * 32 * sizeof(uint4)) + (size_t)warp * S * RPW * 32 + lane;
     const int64_t G = g.g0[g.n];
@@ -676,7 +650,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
         }
     };
     if constexpr (DP)
-        gd_stage_x<TT, DP>((char *)xs, x, T, cols, nit, group, g, rest);
+        gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g, rest);
     else
         gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g, rest);
     const float *xsums = (const float *)(xs + (size_t)TT * stride4);
@@ -710,7 +684,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                 sbv[r] = sb_pair(ssrc[r * 32], sf);
             }
             if constexpr (DP)
-                gd_chunk<TT, RPW, DP>(wv, sbv, (const char *)xs, nit, nch, c, acc, T);
+                gd_chunk<TT, RPW>(wv, sbv, (const char *)xs, nit, nch, c, acc, T);
             else
                 gv_chunk<BITS, TT, RPW>(wv, sbv, xs, stride4, xsums, nch, c, acc, T);
         }
@@ -785,7 +759,7 @@ int occupancy(K kern, int threads, size_t smem)
 
 /* Dynamic shared memory of a k_gemv block: staged x for tt tokens and
  * nwarps rings. */
-size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps, int dp)
+size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps, bool dp)
 {
     int vpc = 128 / w->bits;
     int64_t nch = w->words / 4, stride4 = ((nch + 31) / 32) * (vpc / 4) * 32;
@@ -793,7 +767,7 @@ size_t gv_smem(const cu_weight *w, int tt, int rpw, int nwarps, int dp)
      * two rows' ring (allocating two rows' kept e.g. the 35B-A3B's out
      * projection at 8 rows to blocks of 8 warps, 245 KB for 16) */
     size_t ring = rpw == 1 ? gv_ring<1>::per_warp : rpw == 2 ? gv_ring<2>::per_warp : gv_ring<4>::per_warp;
-    size_t stage = dp ? gd_stage_bytes(tt, (int)((nch + 31) / 32), nch, dp) : xstage_bytes(tt, nch, stride4);
+    size_t stage = dp ? gd_stage_bytes(tt, (int)((nch + 31) / 32), nch) : xstage_bytes(tt, nch, stride4);
     return stage + (size_t)nwarps * ring;
 }
 
@@ -815,7 +789,7 @@ sn_status gv_max_smem(K kern, const cu_devinfo *di)
     return SN_OK;
 }
 
-template <int BITS, int TT, int RPW, int DP>
+template <int BITS, int TT, int RPW, bool DP>
 sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                     int T)
 {
@@ -848,7 +822,7 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
     return SN_OK;
 }
 
-template <int BITS, int RPW, int DP>
+template <int BITS, int RPW, bool DP>
 sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                   int T, int tt)
 {
@@ -885,9 +859,7 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
     /* the dp4a form for Q4 in MLX's groups (its staging needs whole groups
      * of 4, 8 or 16 threads): chosen by format only, so a matrix takes the
      * same kernel alone or grouped */
-    const int dp = di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128)
-                       ? (di->gemv_digits == 2 ? 2 : 3)
-                       : 0;
+    const bool dp = di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128);
     g.npre = di->gemv_pre;
     if (w0->group <= 0)
         return SN_FAIL(SN_E_INVALID, "matmul: quant group of %d", w0->group);
@@ -914,22 +886,18 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
             p.xn = g.xn + (size_t)t0 * w0->cols;
         const float *xp = x + (size_t)t0 * w0->cols;
         sn_status st;
-        if (dp == 3)
-            st = rpw == 4   ? gv_pass<4, 4, 3>(di, s, p, w0, xp, nt, tt)
-                 : rpw == 1 ? gv_pass<4, 1, 3>(di, s, p, w0, xp, nt, tt)
-                            : gv_pass<4, 2, 3>(di, s, p, w0, xp, nt, tt);
-        else if (dp == 2)
-            st = rpw == 4   ? gv_pass<4, 4, 2>(di, s, p, w0, xp, nt, tt)
-                 : rpw == 1 ? gv_pass<4, 1, 2>(di, s, p, w0, xp, nt, tt)
-                            : gv_pass<4, 2, 2>(di, s, p, w0, xp, nt, tt);
+        if (dp)
+            st = rpw == 4   ? gv_pass<4, 4, true>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<4, 1, true>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<4, 2, true>(di, s, p, w0, xp, nt, tt);
         else if (w0->fmt == CW_Q4)
-            st = rpw == 4   ? gv_pass<4, 4, 0>(di, s, p, w0, xp, nt, tt)
-                 : rpw == 1 ? gv_pass<4, 1, 0>(di, s, p, w0, xp, nt, tt)
-                            : gv_pass<4, 2, 0>(di, s, p, w0, xp, nt, tt);
+            st = rpw == 4   ? gv_pass<4, 4, false>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<4, 1, false>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<4, 2, false>(di, s, p, w0, xp, nt, tt);
         else
-            st = rpw == 4   ? gv_pass<8, 4, 0>(di, s, p, w0, xp, nt, tt)
-                 : rpw == 1 ? gv_pass<8, 1, 0>(di, s, p, w0, xp, nt, tt)
-                            : gv_pass<8, 2, 0>(di, s, p, w0, xp, nt, tt);
+            st = rpw == 4   ? gv_pass<8, 4, false>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<8, 1, false>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<8, 2, false>(di, s, p, w0, xp, nt, tt);
         SN_TRY(st);
         t0 += nt;
     }
@@ -943,18 +911,15 @@ sn_status cu_gemv_init(const cu_devinfo *di)
     SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP>, di));                                                                  \
     SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP>, di));                                                                  \
     SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP>, di));
-    GEMV_INIT(4, 1, 0)
-    GEMV_INIT(4, 2, 0)
-    GEMV_INIT(4, 4, 0)
-    GEMV_INIT(4, 1, 3)
-    GEMV_INIT(4, 2, 3)
-    GEMV_INIT(4, 4, 3)
-    GEMV_INIT(4, 1, 2)
-    GEMV_INIT(4, 2, 2)
-    GEMV_INIT(4, 4, 2)
-    GEMV_INIT(8, 1, 0)
-    GEMV_INIT(8, 2, 0)
-    GEMV_INIT(8, 4, 0)
+    GEMV_INIT(4, 1, false)
+    GEMV_INIT(4, 2, false)
+    GEMV_INIT(4, 4, false)
+    GEMV_INIT(4, 1, true)
+    GEMV_INIT(4, 2, true)
+    GEMV_INIT(4, 4, true)
+    GEMV_INIT(8, 1, false)
+    GEMV_INIT(8, 2, false)
+    GEMV_INIT(8, 4, false)
 #undef GEMV_INIT
     return SN_OK;
 }

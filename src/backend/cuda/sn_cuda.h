@@ -54,11 +54,7 @@ sn_status sn_cuda_read_sweep(sn_backend *be, size_t bytes, size_t span, int reps
  * [gemm_i8] "gemm_i8" = prefill GEMMs (T >= 9) of repacked Q4 weights on the
  * integer tensor cores with x as 3 byte digits (3, default: fp32-class), 2
  * digits (2: 16-bit x) or not at all (0: the fp16 GEMMs above); env at
- * creation SANCTUM_CUDA_GEMM=i8 | i8fast | split | fast (the last two: 0);
- * "gemv_digits" = x's digit planes in the SIMT dp4a decode GEMV: 3
- * (default, fp32-class) or 2 (x to 15 bits of its quant group's largest
- * value; env at creation SANCTUM_CUDA_GEMV=fast). Other keys: the table in
- * cuda_measure.cu. */
+ * creation SANCTUM_CUDA_GEMM=i8 | i8fast | split | fast (the last two: 0). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
 /* The optional table entries argmax, moe, begin_step and end_step of
