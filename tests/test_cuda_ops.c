@@ -148,13 +148,23 @@ static void test_matmul_q4_gemv_i8(void)
 
 static void test_matmul_q8(void)
 {
+    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 1)); /* the register-x GEMV where it applies (opt-in) */
     int Ts[] = { 1, 2, 5, 8, 33 };
     for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
         mm_case(SN_DT_Q8, 41, 64, 64, SN_DT_BF16, Ts[i], 0, 1);
         mm_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, Ts[i], 0, 0);
         mm_case(SN_DT_Q8, 17, 96, 32, SN_DT_F16, Ts[i], 4, 0);
         mm_case(SN_DT_Q8, 65, 256, 128, SN_DT_F32, Ts[i], 0, 0);
+        /* the register-x GEMV's widths: the router's 257 x 2048, fewer rows than a block's warps, f32 pairs */
+        mm_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, Ts[i], 3, 1);
+        mm_case(SN_DT_Q8, 5, 1024, 32, SN_DT_F16, Ts[i], 0, 0);
+        mm_case(SN_DT_Q8, 300, 1536, 128, SN_DT_F32, Ts[i], 0, 1);
+        mm_case(SN_DT_Q8, 9000, 2048, 64, SN_DT_BF16, Ts[i] < 8 ? Ts[i] : 1, 0, 0);
     }
+    /* and the same widths on k_gemv (the default) */
+    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 0));
+    mm_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, 1, 3, 1);
+    mm_case(SN_DT_Q8, 300, 1536, 128, SN_DT_F32, 5, 0, 1);
 }
 
 /* The decode GEMV handles up to 8 tokens in one pass over the weights: a
@@ -189,6 +199,11 @@ static void test_gemv_batch_invariant(void)
     gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q4, 130, 96, 32, SN_DT_F16, 0);
     gemv_invariance_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 1));
+    gemv_invariance_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, 1);
+    gemv_invariance_case(SN_DT_Q8, 5, 1024, 32, SN_DT_F16, 0);
+    gemv_invariance_case(SN_DT_Q8, 9000, 1536, 128, SN_DT_F32, 1);
+    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 0));
     gemv_invariance_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, 1);
@@ -924,6 +939,8 @@ static void mini_step(mini *m, int32_t tok, int pos)
     CHECK_OK(b->ops->argmax(b, m->h, R, m->H, m->outs));
 }
 
+static sn_dtype g_mlp_dt = SN_DT_Q4; /* gate/up's format in graph_case_g */
+
 /* H = 256 and 5120: the fused norm replays k_rmsnorm's sum with 128 and
  * 512 threads (fewer and more virtual warps than the GEMV block has).
  * R rows per step: the grouped, folded launches of a verify pass give the
@@ -936,8 +953,8 @@ static void graph_case_g(int H, int R, int qkn, int gnorm)
     tw_make(&m.wk, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wv, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wo, SN_DT_Q4, m.H, m.Hq * m.D, 64, SN_DT_BF16, 0, 0);
-    tw_make(&m.wg, SN_DT_Q4, m.I, m.H, 64, SN_DT_BF16, 0, 0);
-    tw_make(&m.wu, SN_DT_Q4, m.I, m.H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wg, g_mlp_dt, m.I, m.H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wu, g_mlp_dt, m.I, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wd, SN_DT_Q4, m.H, m.I, 64, SN_DT_BF16, 0, 0);
     float *nw = hrand((size_t)m.H, 1.f), inv[32];
     for (int i = 0; i < 32; i++) inv[i] = powf(10000.f, -2.f * i / 32);
@@ -1004,6 +1021,14 @@ static void graph_case(int H, int R, int qkn) { graph_case_g(H, R, qkn, 0); }
 
 static void test_graph_replay(void)
 {
+    /* Q8 gate/up of 2048 columns: the register-x GEMV, norm folded, both in one launch */
+    g_mlp_dt = SN_DT_Q8;
+    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 1));
+    graph_case(2048, 1, 0);
+    graph_case(2048, 4, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 0));
+    graph_case(2048, 1, 0);
+    g_mlp_dt = SN_DT_Q4;
     /* the integer GEMV at every size (its digits pass folds the norm and the swiglu) */
     CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
     graph_case(256, 1, 0);

@@ -834,6 +834,204 @@ sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const
     }
 }
 
+/* ---- small Q8 matrices (the MoE router): x in each warp's registers ---- */
+/*
+ * The 35B-A3B's router (256 x 2048 Q8, with the shared expert's gate row:
+ * 0.55 MB) took 6.7 us a layer in k_gemv against a 1.7 us floor for its
+ * bytes (ncu, s12r2): its blocks stage the normalised x in shared memory
+ * behind barriers before the first dot product. Here a warp owns up to two
+ * rows at a time, loads their weights into registers before pdl_wait (they
+ * are constant), then reads x from L2 itself, forms the fused norm's
+ * 1/rms exactly as k_rmsnorm with 256 threads does (k_rmsnorm's count for
+ * 513..2048 columns: thread vw*32 + lane adds x[vw*32 + lane + 256k] in k
+ * order, then the xor trees), and takes the dot products with no barrier.
+ * Lane l holds columns 16(l + 32k) .. +15 of slice k (K slices of 512).
+ * Per (row, token): per slice, qx = sum q_j x_j and sx = sum x_j in j
+ * order, acc += s*qx + b*sx in slice order, then the lanes' xor tree: the
+ * same whatever T, the grid or the grouping. Chosen by format and width
+ * alone (cu_gv_run), so a matrix takes it alone or grouped. */
+constexpr int RX_NT = 256;
+
+template <int K>
+__device__ __forceinline__ void rx_load_row(const gemv_seg &g, int64_t r, int64_t groups, int gsh, bool f32s, int sf,
+                                            int lane, uint4 (&wv)[K], float2 (&sv)[K])
+{
+    int i = 0;
+    while (i + 1 < g.n && r >= g.g0[i + 1])
+        i++;
+    const int64_t rr = r - g.g0[i];
+    const uint4 *W = (const uint4 *)(g.W[i] + rr * (128 * K));
+    const char *sb = (const char *)g.sb[i] + (size_t)rr * groups * (f32s ? 8 : 4);
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        wv[k] = __ldg(W + lane + 32 * k);
+        const int gi = (16 * (lane + 32 * k)) >> gsh;
+        uint2 e;
+        if (f32s)
+            e = __ldg((const uint2 *)sb + gi);
+        else
+            e = make_uint2(__ldg((const uint32_t *)sb + gi), 0u);
+        sv[k] = sb_pair(e, sf);
+    }
+}
+
+/* acc + s*sum(q_j v_j) + b*sum(v_j) over one lane's 16 values of a slice */
+__device__ __forceinline__ float rx_dot(uint4 w, float2 sb, const float (&v)[16], float acc)
+{
+    const uint32_t wd[4] = { w.x, w.y, w.z, w.w };
+    float qx = 0.f, sx = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            const float qv = (float)((wd[q] >> (8 * b)) & 255u);
+            qx = fmaf(qv, v[4 * q + b], qx);
+            sx += v[4 * q + b];
+        }
+    return __fadd_rn(acc, fmaf(sb.x, qx, __fmul_rn(sb.y, sx)));
+}
+
+template <int K>
+__device__ __forceinline__ float rx_inv(const float *__restrict__ xt, float eps, int lane)
+{
+    constexpr int M = 16 * K; /* values per lane: x[lane + 32m] */
+    float part[RX_NT / 32];
+#pragma unroll
+    for (int vw = 0; vw < RX_NT / 32; vw++)
+        part[vw] = 0.f;
+    float v[M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        v[m] = xt[lane + 32 * m];
+    /* m = vw + 8k: virtual warp vw's k-th value */
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        part[m % (RX_NT / 32)] += v[m] * v[m];
+    float mine = 0.f;
+#pragma unroll
+    for (int vw = 0; vw < RX_NT / 32; vw++) {
+        float ss = part[vw];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == vw)
+            mine = ss;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        mine += __shfl_xor_sync(0xffffffffu, mine, o);
+    return 1.f / sqrtf(mine / (float)(512 * K) + eps);
+}
+
+template <int K>
+__global__ void __launch_bounds__(256) k_gemv_rx(gemv_seg g, int sf, int64_t groups, int gsh,
+                                                 const float *__restrict__ x, int T, int al)
+{
+    pdl_launch();
+    constexpr int C = 512 * K;
+    const int lane = threadIdx.x & 31;
+    const int64_t NW = (int64_t)gridDim.x * (blockDim.x >> 5);
+    const int64_t wid = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int64_t G = g.g0[g.n], rb = wid * G / NW, re = (wid + 1) * G / NW; /* NW <= G: every warp has a row */
+    const bool f32s = sf == CS_F32;
+    uint4 wa[K], wb[K];
+    float2 sa[K], sbb[K];
+    rx_load_row<K>(g, rb, groups, gsh, f32s, sf, lane, wa, sa);
+    if (rb + 1 < re)
+        rx_load_row<K>(g, rb + 1, groups, gsh, f32s, sf, lane, wb, sbb);
+    pdl_wait();
+    for (int64_t r0 = rb; r0 < re; r0 += 2) {
+        if (r0 != rb) {
+            rx_load_row<K>(g, r0, groups, gsh, f32s, sf, lane, wa, sa);
+            if (r0 + 1 < re)
+                rx_load_row<K>(g, r0 + 1, groups, gsh, f32s, sf, lane, wb, sbb);
+        }
+        const bool two = r0 + 1 < re;
+        const bool wxn = g.xn && wid == 0 && r0 == rb;
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + (size_t)t * C;
+            const float iv = g.nw ? rx_inv<K>(xt, g.eps, lane) : 1.f;
+            float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+            for (int k = 0; k < K; k++) {
+                const int c0 = 16 * (lane + 32 * k);
+                float v[16];
+                if (al) {
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        const float4 f = __ldg((const float4 *)(xt + c0) + q);
+                        v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 16; j++)
+                        v[j] = xt[c0 + j];
+                }
+                if (g.nw) {
+#pragma unroll
+                    for (int j = 0; j < 16; j++)
+                        v[j] = v[j] * iv * __ldg(g.nw + c0 + j); /* k_rmsnorm: y = x * inv * w */
+                    if (wxn)
+#pragma unroll
+                        for (int j = 0; j < 16; j++)
+                            g.xn[(size_t)t * C + c0 + j] = v[j];
+                }
+                a0 = rx_dot(wa[k], sa[k], v, a0);
+                if (two)
+                    a1 = rx_dot(wb[k], sbb[k], v, a1);
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                a0 += __shfl_xor_sync(0xffffffffu, a0, o);
+                a1 += __shfl_xor_sync(0xffffffffu, a1, o);
+            }
+            if (lane < (two ? 2 : 1)) {
+                const int64_t r = r0 + lane;
+                int i = 0;
+                while (i + 1 < g.n && r >= g.g0[i + 1])
+                    i++;
+                const int64_t row = r - g.g0[i], rows = g.rows[i];
+                float v = lane ? a1 : a0;
+                if (g.bias[i])
+                    v += g.bias[i][row];
+                g.y[i][(size_t)t * rows + row] = v;
+                if (g.add_to[i])
+                    g.add_to[i][(size_t)t * rows + row] += v;
+            }
+        }
+    }
+}
+
+template <int K>
+sn_status rx_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
+                    int T)
+{
+    const int64_t G = g.g0[g.n];
+    /* blocks of 8 warps (fewer when the rows are fewer), at most what is
+     * resident at once, and never more warps than rows */
+    const int warps = G >= 8 ? 8 : (int)G;
+    int per = occupancy(k_gemv_rx<K>, warps * 32, 0);
+    if (per < 1)
+        per = 1;
+    int64_t grid = G / warps;
+    if (grid > (int64_t)di->n_sm * per)
+        grid = (int64_t)di->n_sm * per;
+    const int gsh = w0->group == 32 ? 5 : w0->group == 64 ? 6 : 7;
+    const bool al = ((uintptr_t)x & 15) == 0;
+    (void)cu_launch_w(k_gemv_rx<K>, dim3((unsigned)grid), dim3((unsigned)(warps * 32)), 0, s, g, w0->sfmt,
+                      (int64_t)w0->groups, gsh, x, T, (int)al);
+    CU_CHECK_LAUNCH("matmul gemv (registers)");
+    return SN_OK;
+}
+
+/* The register-x form takes Q8 of 1024, 1536 or 2048 columns in groups of
+ * 32, 64 or 128 (k_rmsnorm's 256 threads for a folded norm). */
+bool rx_ok(const cu_devinfo *di, const cu_weight *w0)
+{
+    return di->gemv_rx && w0->fmt == CW_Q8 && (w0->cols == 1024 || w0->cols == 1536 || w0->cols == 2048) &&
+           (w0->group == 32 || w0->group == 64 || w0->group == 128);
+}
+
 } // namespace
 
 /* T <= GV_TMAX tokens (more in passes) through the segments of g, whose
@@ -843,6 +1041,16 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
     int64_t tot = 0;
     for (int i = 0; i < g.n; i++)
         tot += g.rows[i];
+    if (rx_ok(di, w0)) {
+        if (g.nw && g.norm_threads != RX_NT) /* cu_rmsnorm_threads of these widths */
+            return SN_FAIL(SN_E_BACKEND, "matmul gemv: a folded norm of %d threads", g.norm_threads);
+        g.g0[0] = 0;
+        for (int i = 0; i < g.n; i++)
+            g.g0[i + 1] = g.g0[i] + g.rows[i];
+        return w0->cols == 1024 ? rx_launch<2>(di, s, g, w0, x, T)
+               : w0->cols == 1536 ? rx_launch<3>(di, s, g, w0, x, T)
+                                  : rx_launch<4>(di, s, g, w0, x, T);
+    }
     if ((uint64_t)w0->cols * (uint64_t)w0->group >= (1ull << 32)) /* k_gemv's quant-group multiply-high */
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns in groups of %d exceed the GEMV's index range",
                        (long long)w0->cols, w0->group);
