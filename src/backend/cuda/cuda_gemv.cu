@@ -91,12 +91,19 @@ struct gv_cur {
     const char *sb;
 };
 
+/* the segment whose row groups hold group grp */
+__device__ __forceinline__ int gv_seg_of(const gemv_seg &g, int64_t grp)
+{
+    int i = 0;
+    while (i + 1 < g.n && grp >= g.g0[i + 1])
+        i++;
+    return i;
+}
+
 __device__ __forceinline__ void gv_locate(const gemv_seg &g, int rpw, int64_t words, int64_t groups, size_t sbsz,
                                           gv_cur &c)
 {
-    int i = 0;
-    while (i + 1 < g.n && c.grp >= g.g0[i + 1])
-        i++;
+    const int i = gv_seg_of(g, c.grp);
     c.seg = i;
     c.r0 = (c.grp - g.g0[i]) * rpw;
     c.nrows = (int)min((int64_t)rpw, g.rows[i] - c.r0);
@@ -849,16 +856,16 @@ sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const
  * Per (row, token): per slice, qx = sum q_j x_j and sx = sum x_j in j
  * order, acc += s*qx + b*sx in slice order, then the lanes' xor tree: the
  * same whatever T, the grid or the grouping. Chosen by format and width
- * alone (cu_gv_run), so a matrix takes it alone or grouped. */
+ * alone (cu_gv_run), so a matrix takes it alone or grouped. A warp with
+ * more than two rows reads x and forms 1/rms again for each pair (from L1):
+ * the router's warps have one row each. */
 constexpr int RX_NT = 256;
 
 template <int K>
 __device__ __forceinline__ void rx_load_row(const gemv_seg &g, int64_t r, int64_t groups, int gsh, bool f32s, int sf,
                                             int lane, uint4 (&wv)[K], float2 (&sv)[K])
 {
-    int i = 0;
-    while (i + 1 < g.n && r >= g.g0[i + 1])
-        i++;
+    const int i = gv_seg_of(g, r); /* one row a group here */
     const int64_t rr = r - g.g0[i];
     const uint4 *W = (const uint4 *)(g.W[i] + rr * (128 * K));
     const char *sb = (const char *)g.sb[i] + (size_t)rr * groups * (f32s ? 8 : 4);
@@ -987,9 +994,7 @@ __global__ void __launch_bounds__(256) k_gemv_rx(gemv_seg g, int sf, int64_t gro
             }
             if (lane < (two ? 2 : 1)) {
                 const int64_t r = r0 + lane;
-                int i = 0;
-                while (i + 1 < g.n && r >= g.g0[i + 1])
-                    i++;
+                const int i = gv_seg_of(g, r);
                 const int64_t row = r - g.g0[i], rows = g.rows[i];
                 float v = lane ? a1 : a0;
                 if (g.bias[i])
