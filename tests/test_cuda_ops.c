@@ -148,23 +148,18 @@ static void test_matmul_q4_gemv_i8(void)
 
 static void test_matmul_q8(void)
 {
-    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 1)); /* the register-x GEMV where it applies (opt-in) */
     int Ts[] = { 1, 2, 5, 8, 33 };
     for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
         mm_case(SN_DT_Q8, 41, 64, 64, SN_DT_BF16, Ts[i], 0, 1);
         mm_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, Ts[i], 0, 0);
         mm_case(SN_DT_Q8, 17, 96, 32, SN_DT_F16, Ts[i], 4, 0);
         mm_case(SN_DT_Q8, 65, 256, 128, SN_DT_F32, Ts[i], 0, 0);
-        /* the register-x GEMV's widths: the router's 257 x 2048, fewer rows than a block's warps, f32 pairs */
+        /* the MoE router's widths: 257 x 2048, fewer rows than a block's warps, f32 pairs */
         mm_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, Ts[i], 3, 1);
         mm_case(SN_DT_Q8, 5, 1024, 32, SN_DT_F16, Ts[i], 0, 0);
         mm_case(SN_DT_Q8, 300, 1536, 128, SN_DT_F32, Ts[i], 0, 1);
         if (Ts[i] <= 8) mm_case(SN_DT_Q8, 9000, 2048, 64, SN_DT_BF16, Ts[i], 0, 0);
     }
-    /* and the same widths on k_gemv (the default) */
-    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 0));
-    mm_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, 1, 3, 1);
-    mm_case(SN_DT_Q8, 300, 1536, 128, SN_DT_F32, 5, 0, 1);
 }
 
 /* The decode GEMV handles up to 8 tokens in one pass over the weights: a
@@ -199,11 +194,8 @@ static void test_gemv_batch_invariant(void)
     gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q4, 130, 96, 32, SN_DT_F16, 0);
     gemv_invariance_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 0);
-    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 1));
     gemv_invariance_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q8, 5, 1024, 32, SN_DT_F16, 0);
-    gemv_invariance_case(SN_DT_Q8, 9000, 1536, 128, SN_DT_F32, 1);
-    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 0));
     gemv_invariance_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, 1);
@@ -1021,12 +1013,8 @@ static void graph_case(int H, int R, int qkn) { graph_case_g(H, R, qkn, 0); }
 
 static void test_graph_replay(void)
 {
-    /* Q8 gate/up of 2048 columns: the register-x GEMV, norm folded, both in one launch */
+    /* Q8 gate/up of 2048 columns (the 35B-A3B router's format and width), norm folded */
     g_mlp_dt = SN_DT_Q8;
-    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 1));
-    graph_case(2048, 1, 0);
-    graph_case(2048, 4, 0);
-    CHECK_OK(sn_cuda_tune(G, "gemv_rx", 0));
     graph_case(2048, 1, 0);
     g_mlp_dt = SN_DT_Q4;
     /* the integer GEMV at every size (its digits pass folds the norm and the swiglu) */

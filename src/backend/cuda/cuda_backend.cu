@@ -1558,7 +1558,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_sk_bps = 2;
     cb->di.gemv_i8_min = -1; /* by shape */
     cb->di.gemv_dp = 1;
-    cb->di.gemv_rx = 0; /* off until measured: compiled only (2026-12-02, session 12) */
     cb->di.gemv_pre = 1; /* 35B-A3B 2.50-2.54 against 2.58-2.60 ms per step with 8 (results.log 07:05Z) */
     cb->di.attn_splits = 64;
     cb->di.attn_warps = 0; /* by shape */
