@@ -148,6 +148,21 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     }
     CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
     CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
+    /* the activations' loads issued after the weights' (moe_pre, default 3): the same bits */
+    for (int v = 0; v <= 2; v++) {
+        CHECK_OK(sn_cuda_tune(G, "moe_pre", v));
+        float *pe = gpu_moe(x, hx, hl, T, norm);
+        CHECKF(memcmp(a, pe, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: moe_pre=%d differs", x->E,
+               x->k, T, v);
+        free(pe);
+    }
+    CHECK_OK(sn_cuda_tune(G, "moe_pre", 3));
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 1));
+    float *r1 = gpu_moe(x, hx, hl, T, norm);
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 2));
+    CHECKF(memcmp(a, r1, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: one down row a warp differs",
+           x->E, x->k, T);
+    free(r1);
     /* the old kernels agree within the same bound */
     CHECK_OK(sn_cuda_tune(G, "moe_dec", 0));
     float *o = gpu_moe(x, hx, hl, T, norm);
@@ -231,6 +246,20 @@ static void sh_case(const experts *x, const shared_ex *s, int T)
         CHECKF(pr && memcmp(a, pr, sizeof(float) * T * H) == 0,
                "moe_shared T=%d: warp 0 routing alone differs from the parallel routing", T);
         free(pr);
+        for (int v = 0; v <= 2; v++) {
+            float *pe = NULL;
+            CHECK_OK(sn_cuda_tune(G, "moe_pre", v));
+            CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &pe));
+            CHECKF(pe && memcmp(a, pe, sizeof(float) * T * H) == 0, "moe_shared T=%d: moe_pre=%d differs", T, v);
+            free(pe);
+        }
+        CHECK_OK(sn_cuda_tune(G, "moe_pre", 3));
+        float *r1 = NULL;
+        CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 1));
+        CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &r1));
+        CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 2));
+        CHECKF(r1 && memcmp(a, r1, sizeof(float) * T * H) == 0, "moe_shared T=%d: one down row a warp differs", T);
+        free(r1);
         for (int t = 0; t < T && T > 1; t++) {
             float *one = NULL;
             CHECK_OK(gpu_moe_shared(x, s, hx + (size_t)t * H, hl + (size_t)t * x->E, hsg + t, 1, &one));

@@ -102,6 +102,8 @@ const tune_key tune_keys[] = {
       "0 three kernels, 1 one kernel, 2 conv with its state update, then the recurrence" },
     { "moe_gu_warps", TUNE_GLOBAL(cu_moe_gu_warps), false, true, 2, { 4, 8 }, 0, 0, "4 or 8" },
     { "moe_route", TUNE_GLOBAL(cu_moe_route), true, true, 0, {}, 0, 0, "" },
+    { "moe_dn_rpw", TUNE_GLOBAL(cu_moe_dn_rpw), false, true, 2, { 1, 2 }, 0, 0, "1 or 2" },
+    { "moe_pre", TUNE_GLOBAL(cu_moe_pre), false, true, 0, {}, 0, 3, "0 to 3 (bits: 1 down, 2 gate/up)" },
     { "moe_gemm", TUNE_DI(moe_gemm), true, false, 0, {}, 0, 0, "" },
     { "gemv_i8", TUNE_DI(gemv_i8), true, true, 0, {}, 0, 0, "" },
     { "gemv_rpw1_rows", TUNE_DI(gemv_rpw1_rows), false, true, 0, {}, 0, INT_MAX, ">= 0; 0 = never" },

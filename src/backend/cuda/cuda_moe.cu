@@ -47,18 +47,26 @@ int cu_moe_dec_mode = 1; /* see cuda_moe.h */
 /* see cuda_moe.h; 1: the 35B-A3B decode step 2.542-2.557 ms against 2.609-2.612 with warp 0
  * routing alone, three interleaved rounds on the H200 (results.log 2026-12-02T02:34Z) */
 int cu_moe_route = 1;
+/* see cuda_moe.h; 3: the 35B-A3B decode step 2.381-2.384 ms against 2.429-2.436 with 0, six-row
+ * verify 6.839-6.857 against 7.029-7.062 (one binary, three interleaved rounds, H200, s13r3) */
+int cu_moe_pre = 3;
+/* see cuda_moe.h; 2: with 1 the 35B-A3B one-row step 2.412-2.418 ms against 2.429-2.436 but the six-row
+ * verify 7.296-7.303 against 7.029-7.062 (s13r3) */
+int cu_moe_dn_rpw = 2;
 int cu_moe_gu_warps = 4; /* 35B-A3B decode 298.7-303.4 -> 323.3-327.4 tok/s (H200, about 18:13Z) */
 
 namespace {
 
 constexpr int MD_WARPS = 8;
 constexpr int MD_THREADS = MD_WARPS * 32;
-constexpr int MD_RPW = 2;        /* output rows per warp, both kernels */
+constexpr int MD_RPW = 2;        /* output rows per warp: gate/up; down by default (cu_moe_dn_rpw) */
 constexpr int MD_MAX_K = 64;
 constexpr int MD_MAX_E = 1024;   /* routing keeps ceil(E/32) keys per lane in registers */
 constexpr size_t MD_SMEM_MAX = 47 * 1024; /* dynamic: with the static part under 48 KB, no opt-in */
 constexpr int MD_GU_U = 2;       /* chunk steps loaded ahead per lane: gate/up (4 rows) */
 constexpr int MD_DN_U = 4;       /* down (2 rows) */
+constexpr int MD_GU_XR = 4;      /* float4s of x a thread holds across the routing (md_pre): H <= 2048 at 4 warps */
+constexpr int MD_DN_XR = 5;      /* of h: (k + 1) * I <= 5120 at 8 warps (35B-A3B: 9 * 512) */
 
 __host__ __device__ __forceinline__ int64_t md_stride4(int64_t nch, int bits)
 {
@@ -104,6 +112,52 @@ md_cdiv md_cdiv_of(int d)
 }
 
 __device__ __forceinline__ int md_div(int c, md_cdiv q) { return q.sh >= 0 ? c >> q.sh : c / q.d; }
+
+/* The staging in two halves, so that its loads leave before the weights'
+ * (ncu, 35B-A3B: the staging's stores waited on loads queued behind the
+ * weights', a fifth of both kernels' samples): md_pre_load issues this
+ * thread's float4s q = threadIdx.x + i * blockDim.x of x into registers
+ * right after pdl_wait; md_pre_store writes them where md_stage would,
+ * after the weights' first loads are issued, and forms the chunk sums (the
+ * same values, the same order: the same bits). NR float4s a thread at
+ * most: a longer or unaligned x takes md_stage (md_pre_fits). */
+template <int NR>
+struct md_pre {
+    float4 v[NR];
+};
+
+template <int NR>
+__device__ __forceinline__ bool md_pre_fits(const float *x, int64_t n)
+{
+    return ((uintptr_t)x & 15) == 0 && n / 4 <= (int64_t)NR * blockDim.x;
+}
+
+template <int NR>
+__device__ __forceinline__ void md_pre_load(md_pre<NR> &p, const float *__restrict__ x, int64_t n)
+{
+    const int n4 = (int)(n / 4);
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        const int q = threadIdx.x + i * blockDim.x;
+        p.v[i] = q < n4 ? __ldg((const float4 *)x + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+template <int BITS, int NR>
+__device__ void md_pre_store(float4 *xs, const md_pre<NR> &p, int64_t n)
+{
+    constexpr int NF4 = (128 / BITS) / 4;
+    const int n4 = (int)(n / 4);
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        const int q = threadIdx.x + i * blockDim.x;
+        if (q < n4)
+            xs[xperm<BITS>(q / NF4, q % NF4)] = p.v[i];
+    }
+    __syncthreads();
+    const int64_t nch = n * BITS / 128;
+    chunk_sums<BITS>(xs, 1, nch, md_stride4(nch, BITS));
+}
 
 /* chunk values of token x as floats: VPC of them */
 template <int BITS>
@@ -381,6 +435,7 @@ struct md_gu_args {
     const float *sg;       /* [T] */
     int ks;                /* slots per token: k, or k + 1 with the shared expert */
     int par;               /* the parallel routing (cu_moe_route 1 and (warps - 1) * k <= MD_CAND) */
+    int pre;               /* cu_moe_pre */
 };
 
 /* NW warps per block: 8, or 4 with at most 102 registers (five blocks per
@@ -401,6 +456,11 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
     const int nrows = r0 < a.rows ? (int)min((int64_t)MD_RPW, a.rows - r0) : 0;
     const size_t sbsz = a.sf == CS_F32 ? 8 : 4;
     pdl_wait();
+    const float *xt = a.x + (size_t)t * a.cols;
+    const bool pre = (a.pre & 2) && md_pre_fits<MD_GU_XR>(xt, a.cols); /* cu_moe_pre */
+    md_pre<MD_GU_XR> xp;
+    if (pre)
+        md_pre_load(xp, xt, a.cols); /* in flight during the routing */
 
     /* the routing, once per block, handed to every warp through shared
      * memory (every warp doing it was 40 % of the kernel's instructions,
@@ -491,7 +551,10 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
         }
     };
     load(0); /* in flight while x is staged */
-    md_stage<BITS>(xs, a.x + (size_t)t * a.cols, a.cols);
+    if (pre)
+        md_pre_store<BITS>(xs, xp, a.cols);
+    else
+        md_stage<BITS>(xs, xt, a.cols);
     if (!nrows)
         return;
     const float *xsums = (const float *)(xs + md_stride4(nch, BITS));
@@ -547,9 +610,10 @@ struct md_dn_args {
     const float *sh;    /* epilogue (all NULL: none): y = v + sigmoid(sg[t]) * sh[t, r] */
     const float *sg;
     float *add_to;      /* add_to[t, r] += y */
+    int pre;            /* cu_moe_pre */
 };
 
-template <int BITS>
+template <int BITS, int RPW>
 __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
 {
     pdl_launch();
@@ -564,10 +628,16 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
     const int nce = a.nce.d;      /* chunks per expert row */
     const int F = a.k * nce;      /* chunks of the concatenated row */
     const int nit = (F + 31) / 32;
-    const int64_t r0 = ((int64_t)blockIdx.x * MD_WARPS + warp) * MD_RPW;
-    const int nrows = r0 < a.rows ? (int)min((int64_t)MD_RPW, a.rows - r0) : 0;
+    const int64_t r0 = ((int64_t)blockIdx.x * MD_WARPS + warp) * RPW;
+    const int nrows = r0 < a.rows ? (int)min((int64_t)RPW, a.rows - r0) : 0;
     const size_t sbsz = a.sf == CS_F32 ? 8 : 4;
     pdl_wait();
+    const float *ht = a.h + (size_t)t * a.k * a.cols;
+    const int64_t hn = (int64_t)a.k * a.cols;
+    const bool pre = (a.pre & 1) && md_pre_fits<MD_DN_XR>(ht, hn); /* cu_moe_pre */
+    md_pre<MD_DN_XR> hp;
+    if (pre)
+        md_pre_load(hp, ht, hn); /* beside the slots' expert ids */
     for (int i = threadIdx.x; i < a.k; i += blockDim.x) {
         const int e = a.idx[(size_t)t * a.k + i];
         wsl[i] = e >= 0 ? a.Wd + (size_t)e * a.rows * a.words : a.Wsd;
@@ -575,8 +645,8 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
     }
     __syncthreads();
 
-    uint4 wv[U][MD_RPW];
-    uint2 sv[U][MD_RPW];
+    uint4 wv[U][RPW];
+    uint2 sv[U][RPW];
     auto load = [&](int it0) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -586,7 +656,7 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
             const uint32_t *wm = wsl[jj];
             const char *sm = ssl[jj];
 #pragma unroll
-            for (int r = 0; r < MD_RPW; r++) {
+            for (int r = 0; r < RPW; r++) {
                 if (f < F && r < nrows) {
                     wv[u][r] = __ldcs((const uint4 *)(wm + (r0 + r) * a.words) + c);
                     sv[u][r] = md_ld_sb(sm + (size_t)(r0 + r) * a.groups * sbsz, a.sf, md_div(c, a.cpg));
@@ -598,13 +668,16 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
         }
     };
     load(0); /* in flight while h is staged */
-    md_stage<BITS>(xs, a.h + (size_t)t * a.k * a.cols, (int64_t)a.k * a.cols);
+    if (pre)
+        md_pre_store<BITS>(xs, hp, hn);
+    else
+        md_stage<BITS>(xs, ht, hn);
     if (!nrows)
         return;
     const float *xsums = (const float *)(xs + md_stride4(F, BITS));
-    float acc[MD_RPW];
+    float acc[RPW];
 #pragma unroll
-    for (int r = 0; r < MD_RPW; r++)
+    for (int r = 0; r < RPW; r++)
         acc[r] = 0.f;
     for (int it0 = 0; it0 < nit; it0 += U) {
 #pragma unroll
@@ -615,7 +688,7 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
                 md_xload<BITS>(xs, f, xv);
                 const float xsum = xsums[f];
 #pragma unroll
-                for (int r = 0; r < MD_RPW; r++)
+                for (int r = 0; r < RPW; r++)
                     acc[r] += md_chunk<BITS>(wv[u][r], sb_pair(sv[u][r], a.sf), xv, xsum);
             }
         }
@@ -623,14 +696,14 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
             load(it0 + U);
     }
 #pragma unroll
-    for (int r = 0; r < MD_RPW; r++)
+    for (int r = 0; r < RPW; r++)
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
             acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
     if (lane < nrows) {
         float v = 0.f;
 #pragma unroll
-        for (int r = 0; r < MD_RPW; r++)
+        for (int r = 0; r < RPW; r++)
             if (r == lane)
                 v = acc[r];
         const size_t i = (size_t)t * a.rows + r0 + lane;
@@ -760,6 +833,7 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     const int npl = md_npl((int)E);
     const int W = cu_moe_gu_warps == 4 ? 4 : 8;
     g.par = cu_moe_route && (W - 1) * top_k <= MD_CAND;
+    g.pre = cu_moe_pre;
     dim3 g1((unsigned)((I + W * MD_RPW - 1) / (W * MD_RPW)), (unsigned)ks, (unsigned)T);
     const size_t smem1 = md_stage_bytes(H, gate->bits);
     sn_status gs;
@@ -787,18 +861,22 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     }
     d.idx = idx;
     d.h = h;
+    d.pre = cu_moe_pre;
     d.out = out;
     if (epi) {
         d.sh = epi->sh;
         d.sg = epi->sg;
         d.add_to = epi->add_to;
     }
-    dim3 g2((unsigned)((H + MD_WARPS * MD_RPW - 1) / (MD_WARPS * MD_RPW)), (unsigned)T);
+    const int rpw = cu_moe_dn_rpw == 1 ? 1 : 2;
+    dim3 g2((unsigned)((H + MD_WARPS * rpw - 1) / (MD_WARPS * rpw)), (unsigned)T);
     const size_t smem2 = md_stage_bytes((int64_t)ks * I, down->bits);
     if (down->bits == 4)
-        (void)cu_launch(k_md_down<4>, g2, MD_THREADS, smem2, s, d);
+        (void)(rpw == 1 ? cu_launch(k_md_down<4, 1>, g2, MD_THREADS, smem2, s, d)
+                        : cu_launch(k_md_down<4, 2>, g2, MD_THREADS, smem2, s, d));
     else
-        (void)cu_launch(k_md_down<8>, g2, MD_THREADS, smem2, s, d);
+        (void)(rpw == 1 ? cu_launch(k_md_down<8, 1>, g2, MD_THREADS, smem2, s, d)
+                        : cu_launch(k_md_down<8, 2>, g2, MD_THREADS, smem2, s, d));
     CU_CHECK_LAUNCH("moe decode down");
     return SN_OK;
 }

@@ -38,6 +38,15 @@ extern int cu_moe_gu_warps;
  * alone); 0 by warp 0 alone (tune "moe_route"); the same experts, weights
  * and bits either way */
 extern int cu_moe_route;
+/* when the decode kernels' activations are loaded (tune "moe_pre", bits):
+ * 1 the down kernel's h beside the expert ids, before its weights; 2 the
+ * gate/up kernel's x before the routing; a clear bit: after the weights'
+ * first loads, where they queued behind them. Default 3. The same bits
+ * either way. */
+extern int cu_moe_pre;
+/* output rows per warp of the down kernel: 2 (default) or 1 (twice the
+ * blocks, each staging all of h; tune "moe_dn_rpw"); the same bits */
+extern int cu_moe_dn_rpw;
 bool cu_moe_dec_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, int T, int top_k);
 bool cu_moe_dec_sh_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, const cu_moe_sh *sh, int T,
                       int top_k);
