@@ -17,7 +17,7 @@
 #   summary: every round's ms per step and the medians. ROWS at pack (e.g.
 #   ROWS="1 6") times those rows a step (`--rows`: prompt-lookup verify
 #   passes) too; default 1. With VARY set at
-#   pack (e.g. VARY="fuse_gdn_norm=1:0 gemv_pre=8:1"), the change's binary
+#   pack (e.g. VARY="moe_pre=0:3 gemv_pre=8:1"), the change's binary
 #   then runs `--vary` of each (tune keys, three interleaved rounds) on each
 #   config as well. Logs come back as $OUT/ab.tar.xz. About 10 s a bench run
 #   on the H200, plus start-up.

@@ -715,11 +715,10 @@ static void test_gdn(void)
 }
 
 /* A GDN layer and the gated RMSNorm of its output inside a step (a CUDA
- * graph): with fuse_gdn_norm the recurrence's last block per value head
- * forms the norm; outputs, norm, state and conv state must be the bits of
- * the two ops run eagerly (Dv 40 and 96: rows that are not a multiple of
- * the recurrence's 32 columns; nh > 0 keeps the per-token history as a
- * verify pass does). */
+ * graph, as decode and verify run them): outputs, norm, state, conv state
+ * and history must be the bits of the two ops run eagerly (Dv 40 and 96:
+ * rows that are not a multiple of the recurrence's 32 columns; nh > 0
+ * keeps the per-token history as a verify pass does). */
 static void gdn_gnorm_case(int Hk, int Hv, int Dk, int Dv, int T, int nh)
 {
     const int K = 4;
@@ -762,15 +761,11 @@ static void gdn_gnorm_case(int Hk, int Hv, int Dk, int Dv, int T, int nh)
 
 static void test_gdn_gnorm_graph(void)
 {
-    for (int f = 1; f >= 0; f--) {
-        CHECK_OK(sn_cuda_tune(G, "fuse_gdn_norm", f));
-        gdn_gnorm_case(16, 32, 128, 128, 1, 0); /* the 35B-A3B layer, decode */
-        gdn_gnorm_case(16, 32, 128, 128, 3, 2); /* a verify pass with its history */
-        gdn_gnorm_case(2, 4, 128, 128, 8, 0);
-        gdn_gnorm_case(1, 3, 48, 40, 2, 0);
-        gdn_gnorm_case(4, 8, 64, 96, 5, 4);
-    }
-    CHECK_OK(sn_cuda_tune(G, "fuse_gdn_norm", 0));
+    gdn_gnorm_case(16, 32, 128, 128, 1, 0); /* the 35B-A3B layer, decode */
+    gdn_gnorm_case(16, 32, 128, 128, 3, 2); /* a verify pass with its history */
+    gdn_gnorm_case(2, 4, 128, 128, 8, 0);
+    gdn_gnorm_case(1, 3, 48, 40, 2, 0);
+    gdn_gnorm_case(4, 8, 64, 96, 5, 4);
 }
 
 /* ---- MoE (host reference from CPU matmuls) ---- */

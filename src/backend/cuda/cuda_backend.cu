@@ -546,39 +546,6 @@ int try_fuse_attn_gate(cuda_be *cb, int k, sn_status *st)
     return 2;
 }
 
-/* Inside a capture: a GDN layer followed by the gated RMSNorm of its
- * output (the x of its out projection) runs as one: the recurrence's last
- * block per value head forms the norm (cu_gdn_gnorm, the same arithmetic
- * as k_gated_rmsnorm_w), unless the out projection takes the integer GEMV,
- * whose digits pass folds that norm already (try_fuse, fuse_gate).
- * Returns the records consumed (0: no fusion here). */
-int try_fuse_gdn_norm(cuda_be *cb, int k, sn_status *st)
-{
-    const rec &r = cb->recs[k];
-    if (!cb->fuse || !cb->fuse_gdn_norm || r.kind != R_GDN || k + 1 >= cb->n_recs)
-        return 0;
-    const rec &g = cb->recs[k + 1];
-    const int64_t T = r.i[5], Hv = r.i[1], Dv = r.i[3];
-    const char *out = (const char *)r.p[8], *y = (const char *)g.p[3], *z = (const char *)g.p[1];
-    const int64_t nb = 4 * T * Hv * Dv;
-    if (g.kind != R_GRMSNORM || g.p[0] != r.p[8] || g.i[0] != T * Hv || g.i[1] != Dv ||
-        (y < out + nb && out < y + nb) || (y < z + nb && z < y + nb))
-        return 0;
-    if (cb->fuse_gate && k + 2 < cb->n_recs) {
-        const rec &m = cb->recs[k + 2];
-        if (m.kind == R_MATMUL && m.p[1] == g.p[3] && m.i[1] == T && T <= CU_GROUP_T_MAX &&
-            cu_matmul_int_path(&cb->di, cw_of(m.p[0]), m.i[0], (const float *)m.p[1], (int)T))
-            return 0;
-    }
-    sn_gdn_dims d = { (int)r.i[0], (int)r.i[1], (int)r.i[2], (int)r.i[3], (int)r.i[4], r.f[0] };
-    const cu_gdn_gnorm gn = { (const float *)g.p[1], (const float *)g.p[2], g.f[0], (float *)g.p[3],
-                              cb->d_gdn_cnt + CU_GDN_CNT };
-    *st = cu_gdn(cb->st, &d, (const float *)r.p[0], (const float *)r.p[1], (const float *)r.p[2],
-                 (const float *)r.p[3], (const float *)r.p[4], (const float *)r.p[5], (float *)r.p[6], (float *)r.p[7],
-                 (float *)r.p[9], (int)r.i[6], (int)T, (float *)r.p[8], cb->scratch, cb->d_gdn_cnt, &gn);
-    return 2;
-}
-
 /* A fingerprint of a captured graph's topology for cudaGraphExecUpdate:
  * each node's type and kernel, each edge's kind (a programmatic edge or
  * not) between which kernels, in the graph's order. Two captures of one
@@ -647,8 +614,6 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
             used = try_fuse_attn_prep(cb, k, &st);
         if (!used && st == SN_OK)
             used = try_fuse_attn_gate(cb, k, &st);
-        if (!used && st == SN_OK)
-            used = try_fuse_gdn_norm(cb, k, &st);
         if (used) {
             k += used;
             continue;
@@ -1550,7 +1515,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->dev = gpu;
     cb->fuse = true;
     cb->fuse_gate = 1;
-    cb->fuse_gdn_norm = 0; /* slower: 35B-A3B 2.417-2.447 against 2.379-2.387 ms per step (results.log 10:50Z) */
     cb->di.moe_gemm = 1;
     cb->di.gemv_i8 = 1;
     cb->di.gemv_mb = 0; /* by shape */
@@ -1581,8 +1545,8 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     if ((e = cudaStreamCreateWithFlags(&cb->st, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_zero, sizeof(int))) != cudaSuccess ||
         (e = cudaMemset(cb->d_zero, 0, sizeof(int))) != cudaSuccess ||
-        (e = cudaMalloc(&cb->d_gdn_cnt, sizeof(int) * 2 * CU_GDN_CNT)) != cudaSuccess ||
-        (e = cudaMemset(cb->d_gdn_cnt, 0, sizeof(int) * 2 * CU_GDN_CNT)) != cudaSuccess ||
+        (e = cudaMalloc(&cb->d_gdn_cnt, sizeof(int) * CU_GDN_CNT)) != cudaSuccess ||
+        (e = cudaMemset(cb->d_gdn_cnt, 0, sizeof(int) * CU_GDN_CNT)) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_outs, sizeof(int32_t) * STEP_MAX_OUTS)) != cudaSuccess ||
         (e = cudaMallocHost(&cb->h_outs, sizeof(int32_t) * STEP_MAX_OUTS)) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_sp, sizeof(step_params))) != cudaSuccess ||

@@ -65,8 +65,7 @@ struct cuda_be {
     void *scratch;
     size_t scratch_cap;
     int *d_zero;            /* constant 0: the delta outside graphs */
-    int *d_gdn_cnt;         /* 2 x CU_GDN_CNT zeroed counters: the one-kernel GDN step's, then the
-                             * fused gated norm's (try_fuse_gdn_norm) */
+    int *d_gdn_cnt;         /* CU_GDN_CNT zeroed counters of the one-kernel GDN step */
     int32_t *d_ids;         /* eager embed ids */
     size_t ids_cap;
     int32_t *d_outs;        /* argmax results [STEP_MAX_OUTS] */
@@ -91,8 +90,6 @@ struct cuda_be {
     int fuse;               /* group decode GEMVs and fold residual adds inside graphs */
     int fuse_gate;          /* and the gates: a GDN layer's gated norm into its out projection, the
                              * attention's output gate into its combine (tune "fuse_gate") */
-    int fuse_gdn_norm;      /* a GDN layer's gated norm into its recurrence where the out projection
-                             * does not fold it (tune "fuse_gdn_norm") */
 
     /* The x the integer prefill GEMM last staged into scratch (its digit
      * planes). Consecutive eager matmuls of one x (q/k/v, qkv/z/b/a,

@@ -359,21 +359,9 @@ size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T);
  * one kernel (measured slower). Same bits every way. */
 #define CU_GDN_CNT 1024
 extern int cu_gdn_step_mode;
-/* A gated RMSNorm of the GDN's output rows (T * Hv rows of Dv) that
- * cu_gdn runs as part of it: y = w * (out * inv) * silu(z), bitwise as
- * cu_gated_rmsnorm(out, z, w, T * Hv, Dv, eps, y). cnt: CU_GDN_CNT zeroed
- * ints of the caller's (per-value-head arrival counters; each launch
- * leaves them zero). */
-struct cu_gdn_gnorm {
-    const float *z, *w;
-    float eps;
-    float *y;
-    int *cnt;
-};
 sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
                  const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
-                 float *hist, int n_hist, int T, float *out, void *scratch, int *cnt,
-                 const cu_gdn_gnorm *gn = nullptr);
+                 float *hist, int n_hist, int T, float *out, void *scratch, int *cnt);
 /* out[r] = index of the largest x[r, :] (the first one on ties). */
 size_t cu_argmax_scratch_bytes(int rows);
 sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_out, void *scratch);

@@ -878,7 +878,7 @@ template <int RPT>
 __global__ void __launch_bounds__(128)
 k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const float *__restrict__ decay,
           float *__restrict__ S, int Hk, int Hv, int Dk, int Dv, int T, float *__restrict__ out,
-          float *__restrict__ hist, size_t hstride, int nh, cu_gdn_gnorm gn)
+          float *__restrict__ hist, size_t hstride, int nh)
 {
     pdl_enter();
     const int hv = blockIdx.x, hk = hv / (Hv / Hk);
@@ -936,34 +936,6 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
         }
     }
     gdn_s_store<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col);
-    if (gn.y) {
-        /* the gated RMSNorm of head hv's rows (fuse_gdn_norm): the head's
-         * gridDim.y blocks each wrote 32 of its Dv columns; the last to
-         * arrive forms the norm of every token's row exactly as
-         * k_gated_rmsnorm_w does (one warp a row, the same float4 order),
-         * so the step has no launch of its own for it */
-        __shared__ int last;
-        __threadfence(); /* this block's outputs, before its arrival */
-        __syncthreads();
-        if (threadIdx.x == 0)
-            last = atomicAdd(gn.cnt + hv, 1) == (int)gridDim.y - 1;
-        __syncthreads();
-        if (!last)
-            return;
-        __threadfence();
-        if (threadIdx.x == 0)
-            gn.cnt[hv] = 0; /* for the next launch */
-        for (int t = warp; t < T; t += 4) {
-            const size_t off = ((size_t)t * Hv + hv) * Dv;
-            float ss = 0.f;
-            for (int i = 4 * lane; i < Dv; i += 128) /* the other blocks' rows through L2 */
-                ss = cu_gnorm_ss4(ss, __ldcg((const float4 *)(out + off + i)));
-            const float inv = cu_gnorm_inv(ss, Dv, gn.eps);
-            for (int i = 4 * lane; i < Dv; i += 128)
-                *(float4 *)(gn.y + off + i) = cu_gnorm_apply4(gn.w + i, __ldcg((const float4 *)(out + off + i)),
-                                                              *(const float4 *)(gn.z + off + i), inv);
-        }
-    }
 }
 
 /* The decode step of a GatedDeltaNet layer in one kernel (T <= GDN_STEP_T
@@ -1430,7 +1402,7 @@ static void gdn_by_rpt(int Dk, F &&f)
 
 sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
                  const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
-                 float *hist, int n_hist, int T, float *out, void *scratch, int *cnt, const cu_gdn_gnorm *gn)
+                 float *hist, int n_hist, int T, float *out, void *scratch, int *cnt)
 {
     if (T <= 0)
         return SN_OK;
@@ -1452,7 +1424,7 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
                             K, l2eps, a, b, A_log, dt_bias, S, T, out, hist, hstride, hconv, nh, cnt);
         });
         CU_CHECK_LAUNCH("gdn step");
-        return gn ? cu_gated_rmsnorm(s, out, gn->z, gn->w, T * Hv, Dv, gn->eps, gn->y) : SN_OK;
+        return SN_OK;
     }
     unsigned th = 128; /* k_gdn_conv covers up to 4*128 channels per head */
     const bool two = cu_gdn_step_mode == 2 && T <= GDN_STEP_T;
@@ -1472,24 +1444,13 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
         CU_CHECK_LAUNCH("gdn conv state");
     }
     /* [prefill] chunked delta rule for long T (cuda_prefill.cu); its scratch follows decay */
-    if (!nh && cu_pf_gdn_use(d, T)) {
-        SN_TRY(cu_pf_gdn(s, d, c, beta, decay, S, T, out, decay + (size_t)T * Hv));
-        return gn ? cu_gated_rmsnorm(s, out, gn->z, gn->w, T * Hv, Dv, gn->eps, gn->y) : SN_OK;
-    }
-    /* the gated norm in the recurrence's tail only where cu_gated_rmsnorm
-     * would take k_gated_rmsnorm_w (the same arithmetic); else after it */
-    const bool tail = gn && gn->cnt && Hv <= CU_GDN_CNT && Dv % 4 == 0 && Dv <= 4096 &&
-                      (((uintptr_t)out | (uintptr_t)gn->z | (uintptr_t)gn->y) & 15) == 0;
-    cu_gdn_gnorm g0 = {};
-    if (tail)
-        g0 = *gn;
+    if (!nh && cu_pf_gdn_use(d, T))
+        return cu_pf_gdn(s, d, c, beta, decay, S, T, out, decay + (size_t)T * Hv);
     gdn_by_rpt(Dk, [&](auto R) {
         (void)cu_launch(k_gdn_rec<decltype(R)::value>, rgrid, 128, 0, s, c, beta, decay, S, Hk, Hv, Dk, Dv, T, out, hS,
-                        hstride, nh, g0);
+                        hstride, nh);
     });
     CU_CHECK_LAUNCH("gdn recurrence");
-    if (gn && !tail)
-        return cu_gated_rmsnorm(s, out, gn->z, gn->w, T * Hv, Dv, gn->eps, gn->y);
     return SN_OK;
 }
 
