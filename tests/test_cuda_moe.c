@@ -146,6 +146,16 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
                "parallel routing", x->E, x->k, T, norm, lkind, nw);
         free(pr);
     }
+    /* the parts merged by rank (moe_route 2) */
+    CHECK_OK(sn_cuda_tune(G, "moe_route", 2));
+    for (int nw = 4; nw <= 8; nw += 4) {
+        CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", nw));
+        float *pr = gpu_moe(x, hx, hl, T, norm);
+        CHECKF(memcmp(a, pr, sizeof(float) * T * H) == 0,
+               "moe decode E=%d k=%d T=%d norm=%d logits=%d: the merge by rank (%d warps) differs from the rounds",
+               x->E, x->k, T, norm, lkind, nw);
+        free(pr);
+    }
     CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
     CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
     /* the activations' loads issued after the weights' (moe_pre, default 3): the same bits */
@@ -239,13 +249,16 @@ static void sh_case(const experts *x, const shared_ex *s, int T)
         CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
         CHECKF(w4 && memcmp(a, w4, sizeof(float) * T * H) == 0, "moe_shared T=%d: 8-warp gate/up blocks differ", T);
         free(w4);
-        float *pr = NULL;
-        CHECK_OK(sn_cuda_tune(G, "moe_route", 0));
-        CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &pr));
-        CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
-        CHECKF(pr && memcmp(a, pr, sizeof(float) * T * H) == 0,
-               "moe_shared T=%d: warp 0 routing alone differs from the parallel routing", T);
-        free(pr);
+        /* warp 0's routing alone (0) and the parts merged by rank (2) against the default (1) */
+        for (int v = 0; v <= 2; v += 2) {
+            float *pr = NULL;
+            CHECK_OK(sn_cuda_tune(G, "moe_route", v));
+            CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &pr));
+            CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
+            CHECKF(pr && memcmp(a, pr, sizeof(float) * T * H) == 0,
+                   "moe_shared T=%d: moe_route=%d differs from the parallel routing", T, v);
+            free(pr);
+        }
         for (int v = 0; v <= 2; v++) {
             float *pe = NULL;
             CHECK_OK(sn_cuda_tune(G, "moe_pre", v));
