@@ -442,7 +442,7 @@ static void test_batch_equals_single(void)
         CHECK_OK(sn_seq_new(g_mlx, g_ref.len[i] + 2, &s[i]));
         lg[i] = malloc(sizeof(float) * (size_t)g_ref.len[i] * g_V);
         alone[i] = run_all(g_mlx, g_ref.prompt[i], g_ref.len[i]);
-        items[i] = (sn_batch_item){ s[i], g_ref.prompt[i], g_ref.len[i], lg[i], true, NULL };
+        items[i] = (sn_batch_item){ .seq = s[i], .tokens = g_ref.prompt[i], .n = g_ref.len[i], .logits = lg[i], .all_logits = true };
     }
     CHECK_OK(sn_forward_batch(g_mlx, items, n));
     for (int i = 0; i < n; i++)
@@ -454,7 +454,7 @@ static void test_batch_equals_single(void)
     for (int i = 0; i < n; i++) {
         next[i] = argmax(lg[i] + (size_t)(g_ref.len[i] - 1) * g_V, g_V);
         dl[i] = malloc(sizeof(float) * g_V);
-        items[i] = (sn_batch_item){ s[i], &next[i], 1, dl[i], false, NULL };
+        items[i] = (sn_batch_item){ .seq = s[i], .tokens = &next[i], .n = 1, .logits = dl[i] };
     }
     CHECK_OK(sn_forward_batch(g_mlx, items, n));
     for (int i = 0; i < n; i++) {

@@ -444,6 +444,65 @@ static void test_unbound_dim_does_not_size_workspace(void)
     sn_model_free(m);
 }
 
+/* The greedy ids of a forward (next_id, all_ids) with banned ids: every
+ * row's id is what masking the banned ids to -inf in its logits and taking
+ * the first maximum gives, whether the backend's argmax hit a banned id
+ * (the host fallback) or not. */
+static int masked_argmax(const float *x, int64_t n, const int32_t *ban, int nb)
+{
+    int best = -1;
+    float bv = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        for (int k = 0; k < nb; k++)
+            if (ban[k] == i) v = -INFINITY;
+        if (isnan(v)) continue;
+        if (best < 0 || v > bv) { bv = v; best = (int)i; }
+    }
+    return best;
+}
+
+static void test_greedy_ids_banned(void)
+{
+    const char *src = "tests/fixtures/qwen3_5/mlx";
+    if (access(src, R_OK) != 0) SKIP("qwen3_5 fixture not present");
+    sn_model *m = NULL;
+    sn_load_opts o = { .n_threads = 1 };
+    CHECK_OK(sn_model_load(src, &o, &m));
+    if (!m) return;
+    const int V = sn_model_get_info(m)->vocab_size, n = 5;
+    int32_t toks[5] = { 3, 17, 5, 9, 2 }, ids[5], one = -1;
+    float *lg = malloc(sizeof(float) * (size_t)n * V);
+    sn_seq *a = NULL, *b = NULL, *c = NULL;
+    CHECK_OK(sn_seq_new(m, 32, &a));
+    CHECK_OK(sn_seq_new(m, 32, &b));
+    CHECK_OK(sn_seq_new(m, 32, &c));
+    CHECK_OK(sn_forward(m, a, toks, n, lg, true));
+    /* ban the winners of rows 1 and 3 (and an id out of range, ignored) */
+    int32_t ban[3] = { (int32_t)masked_argmax(lg + (size_t)V, V, NULL, 0),
+                       (int32_t)masked_argmax(lg + (size_t)3 * V, V, NULL, 0), V + 7 };
+    sn_batch_item it = { .seq = b, .tokens = toks, .n = n, .next_id = ids, .all_ids = true, .banned = ban, .n_banned = 3 };
+    CHECK_OK(sn_forward_batch(m, &it, 1));
+    for (int r = 0; r < n; r++) {
+        int want = masked_argmax(lg + (size_t)r * V, V, ban, 3);
+        CHECKF(ids[r] == want, "row %d: greedy id %d, masked argmax %d", r, ids[r], want);
+    }
+    CHECK(ids[1] != ban[0] && ids[3] != ban[1]);
+    /* the last row alone (all_ids off) */
+    sn_batch_item last = { .seq = c, .tokens = toks, .n = n, .next_id = &one, .banned = ban + 1, .n_banned = 1 };
+    CHECK_OK(sn_forward_batch(m, &last, 1));
+    CHECK(one == masked_argmax(lg + (size_t)4 * V, V, ban + 1, 1));
+    /* a count without a list is refused */
+    sn_seq_reset(c);
+    sn_batch_item bad = { .seq = c, .tokens = toks, .n = 1, .next_id = &one, .n_banned = 2 };
+    CHECK(sn_forward_batch(m, &bad, 1) == SN_E_INVALID);
+    sn_seq_free(a);
+    sn_seq_free(b);
+    sn_seq_free(c);
+    free(lg);
+    sn_model_free(m);
+}
+
 /* Regression: sanctum-run sized the context as prompt + --max-tokens with no
  * cap, so --max-tokens 16777216 made a KV cache for 16M positions and
  * generated far past max_position_embeddings (256 here). Now the default
@@ -652,6 +711,7 @@ int main(int argc, char **argv)
     RUN(test_memory_limit);
     RUN(test_missing_dir);
     RUN(test_unbound_dim_does_not_size_workspace);
+    RUN(test_greedy_ids_banned);
     RUN(test_cli_ctx_capped_at_model);
     RUN(test_cli_tokenizer_bigger_than_model);
     RUN(test_cuda_head_dim_refused_at_load);

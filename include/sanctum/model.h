@@ -83,6 +83,15 @@ typedef struct {
      * backend when it has the op, so a greedy decode step moves only the id
      * to the host (and runs as one CUDA graph); logits may then be NULL. */
     int32_t *next_id;
+    /* With next_id: the argmax of every row into next_id[0..n) (a verify
+     * pass's greedy tokens), not only the last row's. */
+    bool all_ids;
+    /* Optional: ids no argmax of this item returns, as if their logits were
+     * -inf (embedding rows the tokenizer cannot decode). A row whose argmax
+     * is one of them has its logits fetched and the argmax taken again on
+     * the host with them masked: the id that masking first gives. */
+    const int32_t *banned;
+    int n_banned;
 } sn_batch_item;
 
 /* Runs several sequences (each at its own position, each seq at most once)

@@ -21,7 +21,10 @@ typedef struct {
     int row0;         /* first row of this item in the step */
     float *logits;    /* host destination: all rows ([n, V]) or only the last row ([V]) */
     bool all;
-    int32_t *next_id; /* host destination of the last row's argmax */
+    int32_t *next_id; /* host destination of the last row's argmax, or of every row's (all_ids) */
+    bool all_ids;
+    const int32_t *banned; /* sn_batch_item.banned */
+    int n_banned;
 } step_item;
 
 typedef struct {
@@ -125,6 +128,8 @@ typedef struct {
     int row;
     float *dst;
     int32_t *id;
+    const int32_t *banned; /* ids the argmax must not return (step_item.banned) */
+    int n_banned;
 } head_row;
 
 static sn_status run_layers(sn_model *m, const step *st)
@@ -179,6 +184,13 @@ static sn_status host_argmax(const float *x, int64_t n, int32_t *out)
     return SN_OK;
 }
 
+static bool is_banned(const head_row *hr, int32_t id)
+{
+    for (int i = 0; i < hr->n_banned; i++)
+        if (hr->banned[i] == id) return true;
+    return false;
+}
+
 static sn_status head_finish(sn_model *m, const head_row *rows, int nr, const int32_t *ids, bool have_ids)
 {
     sn_workspace *ws = &m->ws;
@@ -194,16 +206,24 @@ static sn_status head_finish(sn_model *m, const head_row *rows, int nr, const in
             copied = r + n;
         }
         if (!rows[r].id) continue;
-        if (have_ids) {
+        if (have_ids && !is_banned(&rows[r], ids[r])) {
+            /* not banned: the first maximum stays first once they are masked */
             *rows[r].id = ids[r];
-        } else {
-            const float *h = rows[r].dst;
-            if (!h) {
-                SN_TRY(OPS->to_host(BE, ws->h_lg, lg, vb));
-                h = ws->h_lg;
-            }
-            SN_TRY(host_argmax(h, m->V, rows[r].id));
+            continue;
         }
+        const float *h = rows[r].dst;
+        if (rows[r].n_banned) {
+            /* the masked copy, so the caller's logits stay as computed */
+            if (h) memcpy(ws->h_lg, h, vb);
+            else SN_TRY(OPS->to_host(BE, ws->h_lg, lg, vb));
+            for (int i = 0; i < rows[r].n_banned; i++)
+                if (rows[r].banned[i] >= 0 && rows[r].banned[i] < m->V) ws->h_lg[rows[r].banned[i]] = -INFINITY;
+            h = ws->h_lg;
+        } else if (!h) {
+            SN_TRY(OPS->to_host(BE, ws->h_lg, lg, vb));
+            h = ws->h_lg;
+        }
+        SN_TRY(host_argmax(h, m->V, rows[r].id));
     }
     return SN_OK;
 }
@@ -249,12 +269,13 @@ static sn_status run_step(sn_model *m, const step *st)
     int nr = 0;
     for (int i = 0; i < st->n_items; i++) {
         const step_item *it = &st->it[i];
-        int first = it->logits && it->all ? 0 : it->n - 1;
+        int first = (it->logits && it->all) || (it->next_id && it->all_ids) ? 0 : it->n - 1;
         if (!it->logits && !it->next_id) continue;
         for (int r = first; r < it->n; r++) {
             bool last = r == it->n - 1;
-            rows[nr++] = (head_row){ it->row0 + r, !it->logits ? NULL : it->all ? it->logits + (int64_t)r * m->V : it->logits,
-                                     last ? it->next_id : NULL };
+            float *dst = !it->logits ? NULL : it->all ? it->logits + (int64_t)r * m->V : last ? it->logits : NULL;
+            int32_t *id = !it->next_id ? NULL : it->all_ids ? it->next_id + r : last ? it->next_id : NULL;
+            rows[nr++] = (head_row){ it->row0 + r, dst, id, it->banned, it->n_banned };
         }
     }
     int32_t ids[SN_LOGIT_ROWS];
@@ -316,6 +337,8 @@ static sn_status forward_batch(sn_model *m, const sn_batch_item *items, int n_it
         const sn_batch_item *b = &items[i];
         if (!b->seq || b->seq->m != m) return SN_FAIL(SN_E_INVALID, "forward: item %d has no sequence of this model", i);
         if (b->n < 1 || !b->tokens) return SN_FAIL(SN_E_INVALID, "forward: item %d has no tokens", i);
+        if (b->n_banned < 0 || (b->n_banned && !b->banned))
+            return SN_FAIL(SN_E_INVALID, "forward: item %d has %d banned ids but no list of them", i, b->n_banned);
         if (b->n > b->seq->max_ctx - b->seq->pos)
             return SN_FAIL(SN_E_RANGE, "forward: context full: position %d + %d tokens exceeds %d",
                            b->seq->pos, b->n, b->seq->max_ctx);
@@ -343,7 +366,10 @@ static sn_status forward_batch(sn_model *m, const sn_batch_item *items, int n_it
             it->row0 = st.T;
             it->all = b->all_logits;
             it->logits = NULL;
-            it->next_id = done[i] + take == b->n ? b->next_id : NULL;
+            it->all_ids = b->all_ids;
+            it->next_id = !b->next_id ? NULL : b->all_ids ? b->next_id + done[i] : done[i] + take == b->n ? b->next_id : NULL;
+            it->banned = b->banned;
+            it->n_banned = b->n_banned;
             if (b->logits && b->all_logits) it->logits = b->logits + (int64_t)done[i] * m->V;
             else if (b->logits && done[i] + take == b->n) it->logits = b->logits;
             st.T += take;

@@ -58,24 +58,49 @@ typedef struct {
     int n_hist, cap_hist;
     int32_t *unusable;     /* model ids the tokenizer cannot decode (padding rows, holes) */
     int n_unusable;
+    bool greedy;           /* the sampler is a plain argmax: forwards return ids, not logits */
 } gen;
 
 enum { EMIT_MORE = 0, EMIT_END = 1, EMIT_CANCELLED = 2 };
 
-/* Samples the next token from logits and runs it through the sampler
- * window, detokenizer, stop strings, limits and flush cadence. Returns
- * EMIT_MORE when generation goes on (*id to be fed next), EMIT_END or
- * EMIT_CANCELLED when it ended (res->finish set), or an error. */
+/* One forward of n tokens; when want, the logits of its last row (every
+ * row: all) reach the host, or, for a greedy sampler, only those rows'
+ * argmax ids with the undecodable ids banned (what masking them and
+ * sampling gives): one id per row crosses from the backend, and a CUDA
+ * decode step moves no logits at all. */
+static sn_status gen_forward(gen *g, sn_seq *seq, const int32_t *t, int n, bool want, bool all, float *logits,
+                             int32_t *ids)
+{
+    sn_batch_item b = { .seq = seq, .tokens = t, .n = n };
+    if (want && g->greedy) {
+        b.next_id = ids;
+        b.all_ids = all;
+        b.banned = g->unusable;
+        b.n_banned = g->n_unusable;
+    } else if (want) {
+        b.logits = logits;
+        b.all_logits = all;
+    }
+    return sn_forward_batch(g->m, &b, 1);
+}
+
+/* Samples the next token from logits (or, with logits NULL, takes *id:
+ * the greedy id the forward computed, with the same masking) and runs it
+ * through the sampler window, detokenizer, stop strings, limits and flush
+ * cadence. Returns EMIT_MORE when generation goes on (*id to be fed next),
+ * EMIT_END or EMIT_CANCELLED when it ended (res->finish set), or an error. */
 static sn_status emit(gen *g, float *logits, int32_t *id, int *what)
 {
     sn_gen_result *res = g->res;
     const sn_gen_params *p = g->p;
     *what = EMIT_END;
-    /* The embedding is often padded past the tokenizer (a 1702-token
-     * tokenizer on 1728 rows): such an id cannot be decoded, so it must
-     * never be drawn, whatever the weights or logit_bias say. */
-    for (int i = 0; i < g->n_unusable; i++) logits[g->unusable[i]] = -INFINITY;
-    SN_TRY(sn_sampler_sample(g->smp, logits, id));
+    if (logits) {
+        /* The embedding is often padded past the tokenizer (a 1702-token
+         * tokenizer on 1728 rows): such an id cannot be decoded, so it must
+         * never be drawn, whatever the weights or logit_bias say. */
+        for (int i = 0; i < g->n_unusable; i++) logits[g->unusable[i]] = -INFINITY;
+        SN_TRY(sn_sampler_sample(g->smp, logits, id));
+    }
     if (p->on_token) p->on_token(p->ud, *id);
     res->completion_tokens++;
     g->since_flush++;
@@ -136,6 +161,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     sn_pcache_req *pcr = NULL;
     sn_rewind *rw = NULL;
     int *sched = NULL, n_sched = 0;
+    int32_t gids[2 * SN_PLD_MAX_LOOKUP + 2] = { 0 }; /* a greedy forward's ids, one per fed row (as feed[]) */
     /* Rows per forward whose results are those of one-row forwards: on a
      * backend that is not batch invariant the prefill follows the canonical
      * schedule (prompt_cache.h) and PLD verifies at most this many rows. */
@@ -154,6 +180,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     memcpy(g.hist, prompt, (size_t)n_prompt * sizeof *prompt);
     g.n_hist = n_prompt;
     if ((st = sn_sampler_new(&p->sample, vocab, &g.smp)) != SN_OK) goto out;
+    g.greedy = sn_sampler_is_greedy(g.smp);
     for (int32_t id = 0; id < vocab; id++) {
         size_t plen;
         if (is_eos(info, id) || sn_tok_piece(tok, id, &plen)) continue;
@@ -185,7 +212,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
         }
         end = sn_pcache_next_stop(pcr, i, end);
         bool last = end == n_prompt;
-        if ((st = sn_forward(m, seq, prompt + i, end - i, last ? logits : NULL, false)) != SN_OK) goto out;
+        if ((st = gen_forward(&g, seq, prompt + i, end - i, last, false, logits, gids)) != SN_OK) goto out;
         if ((st = sn_pcache_capture(pcr, seq)) != SN_OK) goto out;
         res->prompt_tokens += end - i;
         i = end;
@@ -199,9 +226,9 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     if (!p->pld_ctl) sn_pld_ctl_init(&own, po.adaptive);
     if (p->pld && (st = sn_rewind_of(seq, &rw)) != SN_OK) goto out;
     if (rw && (st = sn_rewind_reserve(rw, seq, 1 + po.max_lookup)) != SN_OK) goto out;
-    int32_t id, draft[SN_PLD_MAX_LOOKUP];
+    int32_t id = gids[0], draft[SN_PLD_MAX_LOOKUP];
     int what;
-    if ((st = emit(&g, logits, &id, &what)) != SN_OK) goto out;
+    if ((st = emit(&g, g.greedy ? NULL : logits, &id, &what)) != SN_OK) goto out;
     while (what == EMIT_MORE) {
         /* Tokens emitted but not yet in the state: the newest one (a
          * rollback keeps the accepted drafts in the state). */
@@ -221,19 +248,23 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
          * tokens, so a rejection costs no recompute */
         if (nd && (st = sn_rewind_track(rw, seq, nf + nd)) != SN_OK) goto out;
         double tf = now_s();
-        if ((st = sn_forward(m, seq, feed, nf + nd, logits, nd > 0)) != SN_OK) goto out;
+        if ((st = gen_forward(&g, seq, feed, nf + nd, true, nd > 0, logits, gids)) != SN_OK) goto out;
         res->forward_calls++;
         tf = now_s() - tf;
         /* row nf-1 predicts the token after the fed ones; row nf-1+i the
          * one after draft i-1: keep going while the sample is the draft */
         int acc = 0;
-        if ((st = emit(&g, nd ? logits + (size_t)(nf - 1) * vocab : logits, &id, &what)) != SN_OK) goto out;
+        id = gids[nd ? nf - 1 : 0];
+        if ((st = emit(&g, g.greedy ? NULL : nd ? logits + (size_t)(nf - 1) * vocab : logits, &id, &what)) != SN_OK)
+            goto out;
         /* an EOS is never part of the stream (nor of the state to keep),
          * even when the draft guessed it */
         while (acc < nd && id == draft[acc] && !is_eos(info, id)) {
             acc++;
             if (what != EMIT_MORE) break;
-            if ((st = emit(&g, logits + (size_t)(nf - 1 + acc) * vocab, &id, &what)) != SN_OK) goto out;
+            id = gids[nf - 1 + acc];
+            if ((st = emit(&g, g.greedy ? NULL : logits + (size_t)(nf - 1 + acc) * vocab, &id, &what)) != SN_OK)
+                goto out;
         }
         if (nd) {
             res->pld_drafted += nd;
