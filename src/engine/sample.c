@@ -282,32 +282,43 @@ sn_status sn_sampler_sample(sn_sampler *s, float *logits, int32_t *out_id)
         sum += e;
     }
     float inv = (float)(1.0 / sum);
-    for (int i = 0; i < n; i++) s->probs[i] *= inv;
 
     /* Candidates. With top-p, a token whose probability is below (1-p)/n is
      * always cut (all such tokens together weigh less than 1-p, so they sit
      * in the discarded ascending tail); skipping them before the sort keeps
      * the selection small without changing the result. */
+    /* A token's probability is e * inv; it is formed where it is looked at
+     * (the same multiply, so the same bits as normalising every entry
+     * first), and only the candidates' are stored: without top-p probs
+     * keeps e, which a temperature of 1 reuses below. */
     float p = s->p.top_p;
     int nc = 0;
     if (p < 1.0f) {
         float floor_p = (1.0f - p) / (float)n;
-        for (int i = 0; i < n; i++)
-            if (s->probs[i] >= floor_p && s->probs[i] > 0.0f) s->cand[nc++] = i;
+        for (int i = 0; i < n; i++) {
+            float q = s->probs[i] * inv;
+            if (q >= floor_p && q > 0.0f) {
+                s->probs[i] = q;
+                s->cand[nc++] = i;
+            }
+        }
         if (nc > 0) nc = top_p_select(s->cand, nc, s->probs, p);
     } else {
         for (int i = 0; i < n; i++)
-            if (s->probs[i] > 0.0f) s->cand[nc++] = i;
+            if (s->probs[i] * inv > 0.0f) s->cand[nc++] = i;
     }
     if (nc == 0) { *out_id = top; return SN_OK; }
 
     /* Temperature: categorical(logprobs / T) over the survivors. Weights are
-     * exp((l - mx) / T), so the max survivor weighs 1 and nothing overflows. */
+     * exp((l - mx) / T), so the max survivor weighs 1 and nothing overflows.
+     * At T = 1 without top-p that is e itself ((l - mx) * 1 is l - mx): no
+     * second exp over the vocabulary. */
     float invT = 1.0f / s->p.temperature;
+    const bool reuse = invT == 1.0f && p >= 1.0f;
     double total = 0.0;
     for (int k = 0; k < nc; k++) {
         int i = s->cand[k];
-        float w = expf((logits[i] - mx) * invT);
+        float w = reuse ? s->probs[i] : expf((logits[i] - mx) * invT);
         s->probs[i] = w;   /* probs is scratch now: reuse it for the weights */
         total += w;
     }
