@@ -257,6 +257,38 @@ static int top_p_select(int32_t *cand, int nc, const float *pr, float p)
     return keep;
 }
 
+/* The float exponent of a probability in (0, 1]: a bucket of one octave. */
+static inline int octave(float q)
+{
+    uint32_t u;
+    memcpy(&u, &q, sizeof u);
+    return (int)((u >> 23) & 255u);
+}
+
+/* Drops the candidates top-p cuts for certain, before the heap: those in an
+ * octave below which the octaves above hold p (plus a margin far above the
+ * rounding of summing the same values in another order). They rank after
+ * every kept token (a lower octave is a lower probability), and the
+ * selection stops before them, so top_p_select keeps the same tokens in the
+ * same order; its heap then holds a handful instead of thousands. */
+static int top_p_prune(int32_t *cand, int nc, const float *pr, float p)
+{
+    double mass[256] = { 0 };
+    for (int k = 0; k < nc; k++) mass[octave(pr[cand[k]])] += pr[cand[k]];
+    const double need = (double)p + 1e-6;
+    double above = 0.0;
+    int cut = -1; /* octaves <= cut go */
+    for (int b = 255; b >= 0; b--) {
+        if (above >= need) { cut = b; break; }
+        above += mass[b];
+    }
+    if (cut < 0) return nc;
+    int m = 0;
+    for (int k = 0; k < nc; k++)
+        if (octave(pr[cand[k]]) > cut) cand[m++] = cand[k];
+    return m;
+}
+
 sn_status sn_sampler_sample(sn_sampler *s, float *logits, int32_t *out_id)
 {
     for (int i = 0; i < s->n_bias; i++) logits[s->bias[i].id] += s->bias[i].bias;
@@ -302,7 +334,7 @@ sn_status sn_sampler_sample(sn_sampler *s, float *logits, int32_t *out_id)
                 s->cand[nc++] = i;
             }
         }
-        if (nc > 0) nc = top_p_select(s->cand, nc, s->probs, p);
+        if (nc > 0) nc = top_p_select(s->cand, top_p_prune(s->cand, nc, s->probs, p), s->probs, p);
     } else {
         for (int i = 0; i < n; i++)
             if (s->probs[i] * inv > 0.0f) s->cand[nc++] = i;
