@@ -196,6 +196,7 @@ static void test_gemv_batch_invariant(void)
     gemv_invariance_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q8, 5, 1024, 32, SN_DT_F16, 0);
+    gemv_invariance_case(SN_DT_Q8, 9000, 1536, 128, SN_DT_F32, 1);
     gemv_invariance_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, 1);
@@ -1011,6 +1012,7 @@ static void test_graph_replay(void)
     /* Q8 gate/up of 2048 columns (the 35B-A3B router's format and width), norm folded */
     g_mlp_dt = SN_DT_Q8;
     graph_case(2048, 1, 0);
+    graph_case(2048, 4, 0);
     g_mlp_dt = SN_DT_Q4;
     /* the integer GEMV at every size (its digits pass folds the norm and the swiglu) */
     CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));

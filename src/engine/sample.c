@@ -318,11 +318,10 @@ sn_status sn_sampler_sample(sn_sampler *s, float *logits, int32_t *out_id)
     /* Candidates. With top-p, a token whose probability is below (1-p)/n is
      * always cut (all such tokens together weigh less than 1-p, so they sit
      * in the discarded ascending tail); skipping them before the sort keeps
-     * the selection small without changing the result. */
-    /* A token's probability is e * inv; it is formed where it is looked at
-     * (the same multiply, so the same bits as normalising every entry
-     * first), and only the candidates' are stored: without top-p probs
-     * keeps e, which a temperature of 1 reuses below. */
+     * the selection small without changing the result. A probability is
+     * e * inv, formed where it is looked at (the same multiply, so the same
+     * bits as normalising every entry first); only the candidates' are
+     * stored, so without top-p probs keeps e, which T = 1 reuses below. */
     float p = s->p.top_p;
     int nc = 0;
     if (p < 1.0f) {

@@ -36,9 +36,9 @@
  * Both kernels load their activations (x, h) into registers before their
  * weights (cu_moe_pre, md_pre): loads issued after the weights' waited
  * behind them. Weight chunks (16 bytes per lane) and the staged
- * activations follow the decode GEMV of cuda_matmul.cu: x in shared memory in lane-major order with
- * per-chunk sums, Q4 nibbles to floats by a byte-permute (0.5 + q/256), Q8
- * by half2 (1 + q/256). */
+ * activations follow the decode GEMV of cuda_matmul.cu: x in shared memory
+ * in lane-major order with per-chunk sums, Q4 nibbles to floats by a
+ * byte-permute (0.5 + q/256), Q8 by half2 (1 + q/256). */
 #include <string.h>
 
 #include "backend/cuda/cuda_internal.h"
