@@ -134,19 +134,17 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     CHECKF(memcmp(a, w4, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: 8-warp gate/up blocks differ",
            x->E, x->k, T);
     free(w4);
-    /* the routing by warp 0 alone (0) and the parts merged by rank (2)
-     * against the parallel one (the default 1: warps 1.. find parts' top k,
-     * warp 0 merges by rounds), in blocks of 4 and of 8 warps: the same bits */
-    for (int v = 0; v <= 2; v += 2) {
-        CHECK_OK(sn_cuda_tune(G, "moe_route", v));
-        for (int nw = 4; nw <= 8; nw += 4) {
-            CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", nw));
-            float *pr = gpu_moe(x, hx, hl, T, norm);
-            CHECKF(memcmp(a, pr, sizeof(float) * T * H) == 0,
-                   "moe decode E=%d k=%d T=%d norm=%d logits=%d: moe_route=%d (%d warps) differs from the parallel "
-                   "routing", x->E, x->k, T, norm, lkind, v, nw);
-            free(pr);
-        }
+    /* the routing by warp 0 alone (moe_route 0) against the parallel one
+     * (the default 1: warps 1.. find parts' top k, warp 0 merges), in
+     * blocks of 4 and of 8 warps: the same bits */
+    CHECK_OK(sn_cuda_tune(G, "moe_route", 0));
+    for (int nw = 4; nw <= 8; nw += 4) {
+        CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", nw));
+        float *pr = gpu_moe(x, hx, hl, T, norm);
+        CHECKF(memcmp(a, pr, sizeof(float) * T * H) == 0,
+               "moe decode E=%d k=%d T=%d norm=%d logits=%d: warp 0 routing alone (%d warps) differs from the "
+               "parallel routing", x->E, x->k, T, norm, lkind, nw);
+        free(pr);
     }
     CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
     CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
@@ -241,16 +239,13 @@ static void sh_case(const experts *x, const shared_ex *s, int T)
         CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
         CHECKF(w4 && memcmp(a, w4, sizeof(float) * T * H) == 0, "moe_shared T=%d: 8-warp gate/up blocks differ", T);
         free(w4);
-        /* warp 0's routing alone (0) and the parts merged by rank (2) against the default (1) */
-        for (int v = 0; v <= 2; v += 2) {
-            float *pr = NULL;
-            CHECK_OK(sn_cuda_tune(G, "moe_route", v));
-            CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &pr));
-            CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
-            CHECKF(pr && memcmp(a, pr, sizeof(float) * T * H) == 0,
-                   "moe_shared T=%d: moe_route=%d differs from the parallel routing", T, v);
-            free(pr);
-        }
+        float *pr = NULL;
+        CHECK_OK(sn_cuda_tune(G, "moe_route", 0));
+        CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &pr));
+        CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
+        CHECKF(pr && memcmp(a, pr, sizeof(float) * T * H) == 0,
+               "moe_shared T=%d: warp 0 routing alone differs from the parallel routing", T);
+        free(pr);
         for (int v = 0; v <= 2; v++) {
             float *pe = NULL;
             CHECK_OK(sn_cuda_tune(G, "moe_pre", v));

@@ -416,46 +416,6 @@ __device__ __forceinline__ void md_route_merge(const md_cand &c, int n, int k, i
     *w_out = norm ? psel / tot : psel;
 }
 
-/* warp 0, cu_moe_route 2: md_route_merge's result without its k rounds of
- * warp reductions. Each candidate's rank in the order of the rounds (larger
- * key first, then the lower index; the parts hold each expert at most once)
- * is the count of candidates before it, independent per lane; rank r < k
- * puts its expert and md_route's weight expf(v - mx) / sum into slot r,
- * and the renormalising total is summed over the slots in rank order, as
- * the rounds add it: the same experts, weights and bits. */
-struct md_sel {
-    int idx[MD_MAX_K];
-    float p[MD_MAX_K];
-};
-
-__device__ __forceinline__ void md_route_rank(const md_cand &c, int n, int k, int norm, int jsel, float mx, float sum,
-                                              md_sel &sl, int *e_out, float *w_out)
-{
-    const int lane = threadIdx.x & 31;
-    for (int s = lane; s < n; s += 32) {
-        const uint32_t ks = c.key[s];
-        if (ks == 0u) /* past the end of a part */
-            continue;
-        const int is = c.idx[s];
-        int r = 0;
-#pragma unroll 8
-        for (int q = 0; q < n; q++) {
-            const uint32_t kq = c.key[q];
-            r += kq > ks || (kq == ks && c.idx[q] < is);
-        }
-        if (r < k) {
-            sl.idx[r] = is;
-            sl.p[r] = expf(c.val[s] - mx) / sum;
-        }
-    }
-    __syncwarp();
-    float tot = 0.f;
-    for (int j = 0; j < k; j++)
-        tot += sl.p[j];
-    *e_out = sl.idx[jsel];
-    *w_out = norm ? sl.p[jsel] / tot : sl.p[jsel];
-}
-
 struct md_gu_args {
     const uint32_t *Wg, *Wu; /* [E, I, words] */
     const void *Sg, *Su;     /* [E, I, groups] pairs */
@@ -476,7 +436,7 @@ struct md_gu_args {
     const char *Wsd, *Ssd; /* its down matrix, for the prefetch */
     const float *sg;       /* [T] */
     int ks;                /* slots per token: k, or k + 1 with the shared expert */
-    int par;               /* the parallel routing: cu_moe_route (1, 2) where (warps - 1) * k <= MD_CAND, else 0 */
+    int par;               /* the parallel routing (cu_moe_route 1 and (warps - 1) * k <= MD_CAND) */
     int pre;               /* cu_moe_pre */
 };
 
@@ -523,11 +483,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
         if (warp == 0) {
             int e0;
             float w0;
-            __shared__ md_sel rs;
-            if (a.par == 2)
-                md_route_rank(cand, (NW - 1) * a.k, a.k, a.norm, j, mx, sum, rs, &e0, &w0);
-            else
-                md_route_merge(cand, (NW - 1) * a.k, a.k, a.norm, j, mx, sum, &e0, &w0);
+            md_route_merge(cand, (NW - 1) * a.k, a.k, a.norm, j, mx, sum, &e0, &w0);
             if (lane == 0) {
                 e_s = e0;
                 w_s = w0;
@@ -878,7 +834,7 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     }
     const int npl = md_npl((int)E);
     const int W = cu_moe_gu_warps == 4 ? 4 : 8;
-    g.par = (W - 1) * top_k <= MD_CAND ? cu_moe_route : 0;
+    g.par = cu_moe_route && (W - 1) * top_k <= MD_CAND;
     g.pre = cu_moe_pre;
     dim3 g1((unsigned)((I + W * MD_RPW - 1) / (W * MD_RPW)), (unsigned)ks, (unsigned)T);
     const size_t smem1 = md_stage_bytes(H, gate->bits);

@@ -34,10 +34,9 @@ extern int cu_moe_dec_mode;
 extern int cu_moe_gu_warps;
 /* the routing inside the gate/up kernel: 1 (default) the other warps find
  * the top k of parts of the experts while warp 0 forms the softmax's max
- * and sum, then warp 0 merges by k rounds (for (warps - 1) * k <= 64, else
- * warp 0 alone); 2 the same parts, merged by each candidate's rank; 0 by
- * warp 0 alone (tune "moe_route"); the same experts, weights and bits
- * every way */
+ * and sum, then warp 0 merges (for (warps - 1) * k <= 64, else warp 0
+ * alone); 0 by warp 0 alone (tune "moe_route"); the same experts, weights
+ * and bits either way */
 extern int cu_moe_route;
 /* when the decode kernels' activations are loaded (tune "moe_pre", bits):
  * 1 the down kernel's h beside the expert ids, before its weights; 2 the
