@@ -23,7 +23,8 @@
  * Usage: bench_pld --model DIR [--tokenizer PATH] --task copy|random [--n 8]
  *        [--words 8] [--prompt-len 256 (random task)] [--max-tokens 64] [--reps 3] [--threads N]
  *        [--backend cpu|cuda] [--log bench/results.log] [--cost-curve R: only print the forward cost of
- *        1..R rows] */
+ *        1..R rows] [--temperature T --top-p P --rep-penalty R: sampled at seed 1 instead of greedy; the
+ *        modes' streams must still be identical] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +110,7 @@ out:
 }
 
 static sn_pld_ctl g_ctl[3];   /* per mode, kept across prompts as the server keeps one */
+static float g_temp = 0.0f, g_top_p = 1.0f, g_rep = 0.0f; /* --temperature, --top-p, --rep-penalty */
 
 static sn_status run(sn_model *m, const sn_tokenizer *tok, const int32_t *p, int n, int max_tokens, int mode,
                      stream *out, tally *t)
@@ -118,6 +120,11 @@ static sn_status run(sn_model *m, const sn_tokenizer *tok, const int32_t *p, int
     sn_gen_params gp;
     memset(&gp, 0, sizeof gp);
     sn_sample_params_default(&gp.sample);
+    gp.sample.temperature = g_temp;
+    gp.sample.top_p = g_top_p;
+    gp.sample.repetition_penalty = g_rep;
+    gp.sample.has_seed = true;
+    gp.sample.seed = 1;
     gp.max_tokens = max_tokens;
     gp.flush_tokens = 8;
     gp.on_token = on_tok;
@@ -161,6 +168,9 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--threads")) threads = atoi(v);
         else if (!strcmp(k, "--log")) log_path = v;
         else if (!strcmp(k, "--cost-curve")) cost_curve = atoi(v);
+        else if (!strcmp(k, "--temperature")) g_temp = (float)atof(v);
+        else if (!strcmp(k, "--top-p")) g_top_p = (float)atof(v);
+        else if (!strcmp(k, "--rep-penalty")) g_rep = (float)atof(v);
         else if (!strcmp(k, "--backend")) backend = !strcmp(v, "cuda") ? SN_BACKEND_CUDA : SN_BACKEND_CPU;
         else { fprintf(stderr, "bench_pld: unknown option %s\n", k); return 2; }
     }
@@ -269,16 +279,21 @@ int main(int argc, char **argv)
         qsort(cpu_rate[md], (size_t)reps, sizeof(double), bench_cmp_double);
         cr[md] = cpu_rate[md][reps / 2];
     }
-    char line[1024];
+    char line[1024], samp[160] = "";
+    if (g_temp > 0.0f || g_rep != 0.0f) {
+        const char *where = getenv("SANCTUM_SAMPLE_DEVICE");
+        snprintf(samp, sizeof samp, " sampled (T %g, top_p %g, repetition penalty %g, seed 1, draws %s)", g_temp,
+                 g_top_p, g_rep, where && !strcmp(where, "0") ? "on the host" : "where the backend draws");
+    }
     double acc1 = last[1].drafted ? (double)last[1].accepted / last[1].drafted : 0;
     double acc2 = last[2].drafted ? (double)last[2].accepted / last[2].drafted : 0;
     snprintf(line, sizeof line,
-             "bench_pld %s (%s, %d layers, %s, %d threads) task=%s%s: decode %.1f tok/s without PLD, %.1f with "
+             "bench_pld %s (%s, %d layers, %s, %d threads) task=%s%s%s: decode %.1f tok/s without PLD, %.1f with "
              "(%.2fx; adaptive: %ld drafted, %.0f%% accepted), %.1f with full drafts (%.2fx; %.0f%% accepted, "
              "forwards %ld vs %ld: %.2fx bound at a flat verify cost, %.2fx at this machine's 6-row/1-row cost %.2f); per CPU-second: %.2f, %.2f (%.2fx), %.2f (%.2fx) "
              "decode tok/cpu-s; %ld tokens identical in all modes",
              info->name, info->model_type, info->n_layers, backend == SN_BACKEND_CUDA ? "cuda" : "cpu", threads, task,
-             copy ? (words > 8 ? " (long copy)" : "") : "", best[0], best[1], med1, last[1].drafted,
+             copy ? (words > 8 ? " (long copy)" : "") : "", samp, best[0], best[1], med1, last[1].drafted,
              acc1 * 100, best[2], med2, acc2 * 100, last[2].forwards, last[0].forwards,
              last[2].forwards ? (double)last[0].forwards / last[2].forwards : 0,
              last[2].forwards && c1 > 0 ? (double)last[0].forwards / last[2].forwards / (c6 / c1) : 0, c1 > 0 ? c6 / c1 : 0, cr[0], cr[1], cr[1] / cr[0], cr[2],

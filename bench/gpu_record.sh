@@ -12,10 +12,11 @@
 #   the verify-pass cost curve (bench_pld --cost-curve 8), every CUDA test
 #   (test_cuda_ops and test_cuda_model also with SANCTUM_CUDA_PDL=1, the
 #   model also with 0),
-#   test_cuda_ops under compute-sanitizer memcheck, the read sweep
+#   test_cuda_ops and test_cuda_sample under compute-sanitizer memcheck, the read sweep
 #   (bench_cuda --read-sweep), bench_cuda on the 35B-A3B
 #   and 27B configs at 4096 tokens (and their 6-row verify steps, --rows 6),
-#   then bench_cuda_gpu.sh pcache quick;
+#   then bench_cuda_gpu.sh pcache quick, and sampled bench_pld on its 1B
+#   model with the draws on the GPU and on the host (SANCTUM_SAMPLE_DEVICE);
 #   a summary is printed and the logs come back as $OUT/logs.tar.xz
 #   (about 200 s of wall time on the H200; without the --rows 6 steps it took 135 s).
 set -u
@@ -51,7 +52,7 @@ run)
         s+=("$n rc=$? $(grep -E '^[0-9]+ passed' "$w/$n.log" | tail -n1) $(($(date +%s) - t0))s")
     }
     step curve 60 "$B/bench_pld" --backend cuda --model models/default --task copy --n 1 --cost-curve 8
-    for t in ops model moe prefill gemm_i8; do step "$t" 150 "$B/test_cuda_$t"; done
+    for t in ops model moe prefill gemm_i8 sample; do step "$t" 150 "$B/test_cuda_$t"; done
     # programmatic dependent launch for every kernel (1) and none (0): the
     # default (2) gives it only to the weight-prefetching kernels
     step ops_pdl 150 env SANCTUM_CUDA_PDL=1 "$B/test_cuda_ops"
@@ -59,6 +60,7 @@ run)
     step model_nopdl 150 env SANCTUM_CUDA_PDL=0 "$B/test_cuda_model"
     SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
     step memcheck_ops 300 env SANCTUM_CUDA_CUBLAS=0 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_ops"
+    step memcheck_sample 120 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_sample"
     # the plain read kernel's time per launch at the decode GEMVs' sizes (their floor)
     step sweep 60 "$B/bench_cuda" --config bench/configs/qwen3_5_35b_a3b.json --read-sweep
     for cfg in qwen3_5_35b_a3b qwen3_5_27b; do
@@ -67,11 +69,19 @@ run)
         step "rows6_$cfg" 100 "$B/bench_cuda" --config "bench/configs/$cfg.json" --prefill 4096 --decode 16 --ncu-decode --no-profile --rows 6
     done
     PACK_DIR=$L SN_GPU_BUDGET_S=150 OUT=$w bash bench/bench_cuda_gpu.sh pcache quick > "$w/pcache_run.log" 2>&1
+    # sampled decode on the 1B the pcache step made (vocab 151669): draws on the GPU, then on the host
+    for where in 1 0; do
+        step "pld_sampled_dev$where" 120 env SANCTUM_SAMPLE_DEVICE=$where "$B/bench_pld" --backend cuda \
+            --model /tmp/sn_pcache_gpu/1b --tokenizer /tmp/sn_pcache_gpu/tokenizer.json --task random --n 2 \
+            --max-tokens 64 --reps 3 --temperature 0.8 --top-p 0.95 --rep-penalty 1.1 --log "$w/results.log"
+    done
     echo "==== summary"
     printf '%s\n' "${s[@]}" | tee "$w/summary.log"
     grep -h "cost by rows" "$w/curve.log"
-    grep -h "ERROR SUMMARY" "$w/memcheck_ops.log" | tail -1
-    grep -h "FAIL" "$w"/ops.log "$w"/ops_pdl.log "$w"/model.log "$w"/model_pdl.log "$w"/model_nopdl.log "$w"/moe.log "$w"/prefill.log "$w"/gemm_i8.log | head
+    grep -h "ERROR SUMMARY" "$w/memcheck_ops.log" "$w/memcheck_sample.log" | tail -2
+    grep -h "^bench_pld" "$w"/pld_sampled_dev*.log | cut -c1-260
+    grep -h "boundary\|one draw" "$w/sample.log"
+    grep -h "FAIL" "$w"/ops.log "$w"/ops_pdl.log "$w"/model.log "$w"/model_pdl.log "$w"/model_nopdl.log "$w"/moe.log "$w"/prefill.log "$w"/gemm_i8.log "$w"/sample.log | head
     grep -h "decode (graph\|prefill 4096 tokens (default\|GPU memory" "$w"/bench_*.log
     grep -h "ms per step of 6 rows" "$w"/rows6_*.log
     grep -h "read .* MB:" "$w/sweep.log"

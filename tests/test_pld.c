@@ -2,8 +2,13 @@
  * and generations byte-identical with PLD on or off on every architecture
  * (greedy, seeded sampling, penalties, stop strings, max_tokens and context
  * limits, with the prompt cache), while drafts really are made, accepted and
- * rejected (so both rollback paths run). Models: pcache_fixtures.h. */
+ * rejected (so both rollback paths run); the same with the draws made by a
+ * backend's sample op (sample_ref.h's, installed on the CPU backends), whose
+ * ids at temperature 0 with penalties are the host sampler's. Models:
+ * pcache_fixtures.h. */
+#include "models/model_impl.h"
 #include "pcache_fixtures.h"
+#include "sample_ref.h"
 #include "sanctum/pld.h"
 
 #define FOR_MODELS for (int mi = 0; mi < pf_n; mi++)
@@ -293,6 +298,72 @@ static void test_with_cache(void)
     }
 }
 
+
+/* The generation loop's device-draw path (sn_backend_ops.sample: the
+ * backend draws from its own logits, PLD verify rows carry their drafts in
+ * the window) on the CPU backends with sample_ref.h's op installed: PLD on
+ * or off gives the same tokens (sampled, with penalties and logit bias),
+ * the same seed the same tokens, and at temperature 0 with penalties the
+ * host sampler's exact tokens (the edits are its arithmetic). Fails if the
+ * rows' windows, their u or the forward's plumbing of draws drift. */
+static int g_dev_draws;
+static sn_status counting_sample(sn_backend *be, float *x, int rows, int n, const sn_sample_row *rr, int32_t *out)
+{
+    g_dev_draws += rows;
+    return ref_sample_op(be, x, rows, n, rr, out);
+}
+
+static void test_device_draws(void)
+{
+    static const sn_logit_bias bias[2] = { { 33, 1.5f }, { 40, -2.0f } };
+    FOR_MODELS {
+        sn_backend *be = PM->m->be;
+        const sn_backend_ops *orig = be->ops;
+        sn_backend_ops with = *orig;
+        with.sample = counting_sample;
+        int V = PM->vocab < 500 ? PM->vocab : 500;
+        int32_t P[300];
+        int n = copy_prompt(P, 21 + (uint64_t)mi, V);
+        for (int variant = 0; variant < 3; variant++) {
+            sn_gen_params off, on;
+            pld_params(&off, 40, false, false);
+            pld_params(&on, 40, true, false);
+            sn_sample_params *sp[2] = { &off.sample, &on.sample };
+            for (int k = 0; k < 2; k++) {
+                sp[k]->temperature = variant == 0 ? 0.0f : 0.8f;
+                sp[k]->top_p = variant == 2 ? 0.9f : 1.0f;
+                sp[k]->has_seed = true;
+                sp[k]->seed = 5 + (uint64_t)mi;
+                sp[k]->repetition_penalty = 1.3f;
+                sp[k]->presence_penalty = 0.2f;
+                sp[k]->frequency_penalty = 0.1f;
+                sp[k]->repetition_window = 16;
+                sp[k]->bias = bias;
+                sp[k]->n_bias = 2;
+            }
+            pf_out host = { 0 }, a = { 0 }, b = { 0 }, c = { 0 };
+            if (variant == 0) pf_gen(PM->m, 1024, P, n, &off, &host); /* the host sampler */
+            be->ops = &with;
+            g_dev_draws = 0;
+            pf_gen(PM->m, 1024, P, n, &off, &a);
+            int draws_off = g_dev_draws;
+            pf_gen(PM->m, 1024, P, n, &on, &b);
+            pf_gen(PM->m, 1024, P, n, &on, &c);
+            be->ops = orig;
+            CHECKF(a.st == SN_OK && b.st == SN_OK && draws_off == a.res.completion_tokens,
+                   "%s: variant %d: %d device draws for %d tokens", PM->name, variant, draws_off, a.res.completion_tokens);
+            CHECKF(pf_same(&b, &c), "%s: variant %d: same seed, different tokens", PM->name, variant);
+            CHECKF(pf_same(&a, &b), "%s: variant %d: PLD changed the device-drawn output", PM->name, variant);
+            if (variant == 0) CHECKF(pf_same(&host, &a), "%s: temperature 0 with penalties: device draws differ from the host sampler", PM->name);
+            if (variant == 0) CHECKF(b.res.pld_drafted > 0, "%s: nothing drafted", PM->name);
+            pf_out_free(&host);
+            pf_out_free(&a);
+            pf_out_free(&b);
+            pf_out_free(&c);
+        }
+    }
+}
+
 int main(void)
 {
     RUN(test_draft);
@@ -308,6 +379,7 @@ int main(void)
     RUN(test_identical_greedy);
     RUN(test_accept_and_reject_paths);
     RUN(test_identical_sampling);
+    RUN(test_device_draws);
     RUN(test_limits);
     RUN(test_with_cache);
     pf_teardown();

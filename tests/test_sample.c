@@ -1,6 +1,9 @@
 /* Sampler: argmax fast path, penalties (sign-aware, windowed), top-p on the
- * untempered distribution, temperature, and seeded reproducibility. */
+ * untempered distribution, temperature, and seeded reproducibility; the
+ * rows of a draw on the backend (sn_sampler_device_rows): their edits give
+ * the host sampler's logits bit for bit, their u its RNG stream. */
 #include "harness.h"
+#include "sample_ref.h"
 #include "sanctum/sample.h"
 
 #include <stdlib.h>
@@ -298,6 +301,91 @@ static void test_params_check(void)
     sn_sampler_free(NULL);
 }
 
+
+/* sn_sampler_device_rows against the host sampler: row k's edits applied
+ * to a row (sample_ref.h, the op's arithmetic) give the bits that
+ * sn_sampler_sample's bias and penalties give a sampler that accepted the
+ * same window plus extra[0..k); a repeated bias id splits into phases; the
+ * rows' u are the RNG's next uniforms, and sn_sampler_took_draw advances it
+ * by one. Fails if a penalty's operands, the window or the phases drift. */
+static void test_device_rows_match_host(void)
+{
+    enum { V = 40, NR = 4 };
+    static const sn_logit_bias bias[3] = { { 5, 2.0f }, { 9, -1.5f }, { 5, 0.75f } };
+    const int32_t hist[6] = { 5, 7, 7, 9, 12, 5 }, extra[NR - 1] = { 7, 30, 31 };
+    sn_sample_params p;
+    sn_sample_params_default(&p);
+    p.repetition_penalty = 1.3f;
+    p.presence_penalty = 0.4f;
+    p.frequency_penalty = 0.25f;
+    p.repetition_window = 6;
+    p.bias = bias;
+    p.n_bias = 3;
+    p.has_seed = true;
+    p.seed = 3;
+    sn_sampler *d = NULL;
+    CHECK_OK(sn_sampler_new(&p, V, &d));
+    if (!d) return;
+    for (int i = 0; i < 6; i++) sn_sampler_accept(d, hist[i]);
+    const int ec = sn_sampler_edit_cap(d), pc = sn_sampler_phase_cap(d);
+    sn_logit_edit *ed = malloc(sizeof *ed * (size_t)(NR * ec));
+    int32_t *pe = malloc(sizeof *pe * (size_t)(NR * pc));
+    sn_sample_row rows[NR];
+    CHECK_OK(sn_sampler_device_rows(d, extra, NR, 10, NULL, 0, ed, pe, rows));
+    float L[V];
+    uint64_t x = 12345;
+    for (int i = 0; i < V; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        L[i] = ((float)(x >> 40) / (float)(1 << 24) - 0.5f) * 8.0f;
+    }
+    for (int k = 0; k < NR; k++) {
+        CHECK(rows[k].row == 10 + k && rows[k].temperature == 0.0f && rows[k].u == 0.0);
+        /* two bias phases (5 twice), then the penalties */
+        CHECKF(rows[k].n_phases == 3, "row %d: %d phases", k, rows[k].n_phases);
+        for (int ph = 0; ph < rows[k].n_phases; ph++) {
+            int a = ph ? rows[k].phase_end[ph - 1] : 0;
+            for (int i = a; i < rows[k].phase_end[ph]; i++)
+                for (int j = a; j < i; j++) CHECK(rows[k].edits[i].id != rows[k].edits[j].id);
+        }
+        sn_sampler *h = NULL;
+        CHECK_OK(sn_sampler_new(&p, V, &h));
+        if (!h) break;
+        for (int i = 0; i < 6; i++) sn_sampler_accept(h, hist[i]);
+        for (int i = 0; i < k; i++) sn_sampler_accept(h, extra[i]);
+        float hl[V], dl[V];
+        memcpy(hl, L, sizeof L);
+        memcpy(dl, L, sizeof L);
+        int32_t id;
+        CHECK_OK(sn_sampler_sample(h, hl, &id)); /* temperature 0: edits the row, then the argmax */
+        ref_apply_edits(dl, V, &rows[k]);
+        CHECKF(memcmp(hl, dl, sizeof hl) == 0, "row %d: device edits differ from the host sampler's", k);
+        sn_sampler_free(h);
+    }
+    sn_sampler_free(d);
+    /* u: the next uniforms, not consumed until a draw is used */
+    p.temperature = 0.7f;
+    p.top_p = 0.9f;
+    CHECK_OK(sn_sampler_new(&p, V, &d));
+    if (d) {
+        sn_rng r;
+        sn_rng_seed(&r, 3);
+        double u[6];
+        for (int i = 0; i < 6; i++) u[i] = sn_rng_uniform(&r);
+        CHECK_OK(sn_sampler_device_rows(d, extra, NR, 0, NULL, 0, ed, pe, rows));
+        for (int k = 0; k < NR; k++) CHECKF(rows[k].u == u[k], "row %d: u %g, want %g", k, rows[k].u, u[k]);
+        CHECK(rows[0].temperature == 0.7f && rows[0].top_p == 0.9f);
+        sn_sampler_took_draw(d);
+        sn_sampler_took_draw(d);
+        CHECK_OK(sn_sampler_device_rows(d, NULL, 1, 0, NULL, 0, ed, pe, rows));
+        CHECK(rows[0].u == u[2]);
+        CHECK(sn_sampler_device_rows(d, NULL, 2, 0, NULL, 0, ed, pe, rows) == SN_E_INVALID);
+        CHECK(sn_sampler_device_rows(d, extra, 65, 0, NULL, 0, ed, pe, rows) == SN_E_INVALID);
+        sn_sampler_free(d);
+    }
+    free(ed);
+    free(pe);
+}
+
 int main(void)
 {
     RUN(test_rng_reproducible);
@@ -311,5 +399,6 @@ int main(void)
     RUN(test_seed_same_sequence);
     RUN(test_logit_bias);
     RUN(test_params_check);
+    RUN(test_device_rows_match_host);
     return TEST_END();
 }

@@ -69,6 +69,33 @@ typedef struct {
     const float *gate_logit;
 } sn_moe_shared;
 
+/* One logit edit of a draw on the backend (the sampler's processors, with
+ * their roundings, sample.c): SN_EDIT_ADD x += a (a logit bias);
+ * SN_EDIT_PENALTY x = rp ? (x < 0 ? x * a : x / a) : x (rp: a != 0),
+ * then x -= b, then x -= c (presence, frequency times count). Each IEEE op
+ * rounds once, so a backend gives the host sampler's bits. */
+enum { SN_EDIT_ADD = 0, SN_EDIT_PENALTY = 1 };
+typedef struct {
+    int32_t id;
+    int32_t kind;
+    float a, b, c;
+} sn_logit_edit;
+
+/* One row of a draw on the backend (sn_backend_ops.sample). */
+typedef struct {
+    int row;                     /* the row of x it reads (and edits) */
+    float temperature;           /* 0: the argmax after the edits */
+    float top_p;                 /* (0, 1] */
+    double u;                    /* [0, 1): the sampler's uniform for this draw */
+    /* edits in phases: the ids within a phase are distinct, phases apply
+     * in order; phase k is edits[phase_end[k-1] .. phase_end[k]) */
+    const sn_logit_edit *edits;
+    const int32_t *phase_end;
+    int n_phases;
+    const int32_t *banned;       /* set to -inf after the edits */
+    int n_banned;
+} sn_sample_row;
+
 typedef struct sn_backend_ops {
     const char *name;
     void (*destroy)(sn_backend *);
@@ -119,6 +146,18 @@ typedef struct sn_backend_ops {
      * wins) for r < rows, written to HOST memory: only token ids cross to the
      * host. Inside a step (below) out is valid once end_step returns. */
     sn_status (*argmax)(sn_backend *, const float *x, int rows, int n, int32_t *out);
+    /* out[k] = a draw from row rr[k].row of x[., n) (device; edited in
+     * place) for k < rows, to HOST memory, as sn_sampler_sample draws
+     * (sample.h): the edits and bans; at temperature 0 the argmax (first
+     * maximum, NaN never wins); else p = softmax(x), top-p on p (rank by p,
+     * ties by the lower id; a token stays while the mass ranked before it is
+     * below top_p; tokens under (1 - top_p) / n never stay), then
+     * categorical(exp((x - max) / T)) over the kept tokens at u. The
+     * survivors' order of the draw and the sums' rounding are the
+     * backend's, so the id is the host's up to rounding at a boundary;
+     * deterministic for the same inputs. Outside a step only. An all-NaN
+     * row is SN_E_RANGE. */
+    sn_status (*sample)(sn_backend *, float *x, int rows, int n, const sn_sample_row *rr, int32_t *out);
     /* The routed experts of one MoE layer for T tokens, routing on the
      * backend: p = softmax(logits[t, 0..E)) in fp32; the top_k largest
      * (ties: lower index); w_j = p_j, divided by their sum when norm_topk;

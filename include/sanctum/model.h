@@ -92,6 +92,13 @@ typedef struct {
      * the host with them masked: the id that masking first gives. */
     const int32_t *banned;
     int n_banned;
+    /* Optional, with next_id, on a backend that draws (sn_model_can_sample):
+     * next_id[k] <- the backend's draw for sample[k] (sn_backend_ops.sample)
+     * from row sample[k].row of this item (0..n-1), k < n_sample; the
+     * rows' edits and bans go with them (sn_sampler_device_rows), and no
+     * logits reach the host. Not with all_ids. */
+    const sn_sample_row *sample;
+    int n_sample;
 } sn_batch_item;
 
 /* Runs several sequences (each at its own position, each seq at most once)
@@ -105,6 +112,8 @@ sn_status sn_forward_batch(sn_model *m, const sn_batch_item *items, int n_items)
 /* sn_forward for greedy decoding: runs n tokens and writes only the argmax
  * of the last token's logits to *next_id (see sn_batch_item.next_id). */
 sn_status sn_forward_greedy(sn_model *m, sn_seq *s, const int32_t *tokens, int n, int32_t *next_id);
+/* True when the backend draws tokens itself (sn_batch_item.sample). */
+bool sn_model_can_sample(const sn_model *m);
 /* Rows one internal step takes (prefill chunk size). */
 int sn_model_step_tokens(const sn_model *m);
 

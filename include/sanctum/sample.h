@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "sanctum/backend.h"
 #include "sanctum/status.h"
 
 /* xoshiro256** state: small, fast, and good enough for a categorical draw. */
@@ -61,5 +62,24 @@ void sn_sampler_accept(sn_sampler *s, int32_t id);
 sn_status sn_sampler_sample(sn_sampler *s, float *logits, int32_t *out_id);
 /* True when sampling is plain argmax (temperature 0, no penalties). */
 bool sn_sampler_is_greedy(const sn_sampler *s);
+
+/* Draws on the backend (sn_backend_ops.sample) with this sampler's
+ * processors. Room each row needs: sn_sampler_edit_cap edits and
+ * sn_sampler_phase_cap phase ends. */
+int sn_sampler_edit_cap(const sn_sampler *s);
+int sn_sampler_phase_cap(const sn_sampler *s);
+/* Fills rows[k] (k < n_rows; rows[k].row = row0 + k) for the next n_rows
+ * draws as if extra[0..k) had been accepted before draw k (a verify pass:
+ * row k follows draft k-1): the temperature and top_p, the logit bias and
+ * the penalties of that window as edits (edits + k * edit_cap, phase_end +
+ * k * phase_cap), the banned ids, and u = the (k+1)-th next uniform of the
+ * RNG, which is not advanced: sn_sampler_took_draw advances it once per
+ * draw used, so the stream is the host sampler's one draw per token.
+ * (Where the host draws no u, a +inf logit or no survivor, the device
+ * still counts one.) SN_E_INVALID for n_rows outside [1, 64]. */
+sn_status sn_sampler_device_rows(sn_sampler *s, const int32_t *extra, int n_rows, int row0, const int32_t *banned,
+                                 int n_banned, sn_logit_edit *edits, int32_t *phase_end, sn_sample_row *rows);
+/* One device draw of sn_sampler_device_rows was used (its token emitted). */
+void sn_sampler_took_draw(sn_sampler *s);
 
 #endif

@@ -25,6 +25,9 @@ typedef struct {
     bool all_ids;
     const int32_t *banned; /* sn_batch_item.banned */
     int n_banned;
+    const sn_sample_row *sample; /* sn_batch_item.sample: draws for rows of the item... */
+    int n_sample;
+    int row_off;                 /* ...of which this step holds rows row_off .. row_off + n - 1 */
 } step_item;
 
 typedef struct {
@@ -130,6 +133,7 @@ typedef struct {
     int32_t *id;
     const int32_t *banned; /* ids the argmax must not return (step_item.banned) */
     int n_banned;
+    const sn_sample_row *smp; /* a draw on the backend instead of the argmax */
 } head_row;
 
 static sn_status run_layers(sn_model *m, const step *st)
@@ -164,7 +168,7 @@ static sn_status head_compute(sn_model *m, const head_row *rows, int nr, int32_t
     bool want_ids = false;
     for (int r = 0; r < nr; r++) {
         SN_TRY(OPS->copy(BE, ws->lg_x + (int64_t)r * H, ws->x + (int64_t)rows[r].row * H, (size_t)H * sizeof(float)));
-        want_ids = want_ids || rows[r].id;
+        want_ids = want_ids || (rows[r].id && !rows[r].smp);
     }
     SN_TRY(OPS->rmsnorm(BE, ws->lg_x, m->final_norm, nr, (int)H, m->eps, ws->xn));
     SN_TRY(OPS->matmul(BE, &m->lm_head, 0, ws->xn, nr, ws->lg));
@@ -205,7 +209,7 @@ static sn_status head_finish(sn_model *m, const head_row *rows, int nr, const in
             SN_TRY(OPS->to_host(BE, rows[r].dst, lg, (size_t)n * vb));
             copied = r + n;
         }
-        if (!rows[r].id) continue;
+        if (!rows[r].id || rows[r].smp) continue;
         if (have_ids && !is_banned(&rows[r], ids[r])) {
             /* not banned: the first maximum stays first once they are masked */
             *rows[r].id = ids[r];
@@ -225,6 +229,25 @@ static sn_status head_finish(sn_model *m, const head_row *rows, int nr, const in
         }
         SN_TRY(host_argmax(h, m->V, rows[r].id));
     }
+    return SN_OK;
+}
+
+/* The rows drawn on the backend: after the step, from the logits it left
+ * in ws->lg (row r of the head is row r there). */
+static sn_status head_sample(sn_model *m, const head_row *rows, int nr)
+{
+    sn_sample_row rr[SN_LOGIT_ROWS];
+    int32_t out[SN_LOGIT_ROWS];
+    int k = 0;
+    for (int r = 0; r < nr; r++) {
+        if (!rows[r].smp) continue;
+        rr[k] = *rows[r].smp;
+        rr[k++].row = r;
+    }
+    if (!k) return SN_OK;
+    SN_TRY(OPS->sample(BE, m->ws.lg, k, (int)m->V, rr, out));
+    for (int r = 0, j = 0; r < nr; r++)
+        if (rows[r].smp) *rows[r].id = out[j++];
     return SN_OK;
 }
 
@@ -269,13 +292,20 @@ static sn_status run_step(sn_model *m, const step *st)
     int nr = 0;
     for (int i = 0; i < st->n_items; i++) {
         const step_item *it = &st->it[i];
+        if (it->sample) {
+            for (int k = 0; k < it->n_sample; k++) {
+                int r = it->sample[k].row - it->row_off;
+                if (r >= 0 && r < it->n) rows[nr++] = (head_row){ it->row0 + r, NULL, it->next_id + k, NULL, 0, &it->sample[k] };
+            }
+            continue;
+        }
         int first = (it->logits && it->all) || (it->next_id && it->all_ids) ? 0 : it->n - 1;
         if (!it->logits && !it->next_id) continue;
         for (int r = first; r < it->n; r++) {
             bool last = r == it->n - 1;
             float *dst = !it->logits ? NULL : it->all ? it->logits + (int64_t)r * m->V : last ? it->logits : NULL;
             int32_t *id = !it->next_id ? NULL : it->all_ids ? it->next_id + r : last ? it->next_id : NULL;
-            rows[nr++] = (head_row){ it->row0 + r, dst, id, it->banned, it->n_banned };
+            rows[nr++] = (head_row){ it->row0 + r, dst, id, it->banned, it->n_banned, NULL };
         }
     }
     int32_t ids[SN_LOGIT_ROWS];
@@ -303,11 +333,16 @@ static sn_status run_step(sn_model *m, const step *st)
         if (st->it[i].seq->hist_armed) hist_disarm(st->it[i].seq, st->it[i].seq->pos, s == SN_OK ? st->it[i].n - 1 : 0);
     if (s != SN_OK) return s;
     for (int i = 0; i < st->n_items; i++) st->it[i].seq->pos += st->it[i].n;
-    if (one_head) return nr ? head_finish(m, rows, nr, ids, have_ids) : SN_OK;
+    if (one_head) {
+        if (!nr) return SN_OK;
+        SN_TRY(head_finish(m, rows, nr, ids, have_ids));
+        return head_sample(m, rows, nr);
+    }
     for (int at = 0; at < nr; at += SN_LOGIT_ROWS) {
         int k = nr - at < SN_LOGIT_ROWS ? nr - at : SN_LOGIT_ROWS;
         SN_TRY(head_compute(m, rows + at, k, ids, &have_ids));
         SN_TRY(head_finish(m, rows + at, k, ids, have_ids));
+        SN_TRY(head_sample(m, rows + at, k));
     }
     return SN_OK;
 }
@@ -315,6 +350,8 @@ static sn_status run_step(sn_model *m, const step *st)
 /* ---- public entry points ------------------------------------------------ */
 
 int sn_model_step_tokens(const sn_model *m) { (void)m; return SN_STEP_TOKENS; }
+
+bool sn_model_can_sample(const sn_model *m) { return m && m->be->ops->sample; }
 
 static sn_status forward_batch(sn_model *m, const sn_batch_item *items, int n_items);
 
@@ -339,6 +376,15 @@ static sn_status forward_batch(sn_model *m, const sn_batch_item *items, int n_it
         if (b->n < 1 || !b->tokens) return SN_FAIL(SN_E_INVALID, "forward: item %d has no tokens", i);
         if (b->n_banned < 0 || (b->n_banned && !b->banned))
             return SN_FAIL(SN_E_INVALID, "forward: item %d has %d banned ids but no list of them", i, b->n_banned);
+        if (b->sample || b->n_sample) {
+            if (!OPS->sample) return SN_FAIL(SN_E_UNSUPPORTED, "forward: backend %s does not draw tokens", OPS->name);
+            if (!b->sample || !b->next_id || b->all_ids || b->n_sample < 1 || b->n_sample > b->n)
+                return SN_FAIL(SN_E_INVALID, "forward: item %d asks for %d draws of its %d rows (with next_id, "
+                               "without all_ids)", i, b->n_sample, b->n);
+            for (int k = 0; k < b->n_sample; k++)
+                if (b->sample[k].row < 0 || b->sample[k].row >= b->n)
+                    return SN_FAIL(SN_E_RANGE, "forward: item %d draw %d reads row %d of %d", i, k, b->sample[k].row, b->n);
+        }
         if (b->n > b->seq->max_ctx - b->seq->pos)
             return SN_FAIL(SN_E_RANGE, "forward: context full: position %d + %d tokens exceeds %d",
                            b->seq->pos, b->n, b->seq->max_ctx);
@@ -370,6 +416,10 @@ static sn_status forward_batch(sn_model *m, const sn_batch_item *items, int n_it
             it->next_id = !b->next_id ? NULL : b->all_ids ? b->next_id + done[i] : done[i] + take == b->n ? b->next_id : NULL;
             it->banned = b->banned;
             it->n_banned = b->n_banned;
+            it->sample = b->sample;
+            it->n_sample = b->n_sample;
+            it->row_off = done[i];
+            if (b->sample) it->next_id = b->next_id;
             if (b->logits && b->all_logits) it->logits = b->logits + (int64_t)done[i] * m->V;
             else if (b->logits && done[i] + take == b->n) it->logits = b->logits;
             st.T += take;

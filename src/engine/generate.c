@@ -59,20 +59,36 @@ typedef struct {
     int32_t *unusable;     /* model ids the tokenizer cannot decode (padding rows, holes) */
     int n_unusable;
     bool greedy;           /* the sampler is a plain argmax: forwards return ids, not logits */
+    bool dev;              /* or the backend draws (sn_model_can_sample): forwards return drawn ids */
+    sn_sample_row *srows;  /* the device draws' rows, edits and phase ends (dev) */
+    sn_logit_edit *edits;
+    int32_t *phase_end;
 } gen;
 
 enum { EMIT_MORE = 0, EMIT_END = 1, EMIT_CANCELLED = 2 };
 
-/* One forward of n tokens; when want, the logits of its last row (every
- * row: all) reach the host, or, for a greedy sampler, only those rows'
- * argmax ids with the undecodable ids banned (what masking them and
- * sampling gives): one id per row crosses from the backend, and a CUDA
- * decode step moves no logits at all. */
-static sn_status gen_forward(gen *g, sn_seq *seq, const int32_t *t, int n, bool want, bool all, float *logits,
+/* One forward of n tokens whose last nd are drafts; when want, the logits
+ * of its last row (with drafts, of every row) reach the host, or, for a
+ * greedy sampler, only those rows' argmax ids with the undecodable ids
+ * banned (what masking them and sampling gives), or, where the backend
+ * draws (g->dev), the draws of the rows that predict: one id per row
+ * crosses from the backend, and a CUDA decode step moves no logits. */
+static sn_status gen_forward(gen *g, sn_seq *seq, const int32_t *t, int n, bool want, int nd, float *logits,
                              int32_t *ids)
 {
     sn_batch_item b = { .seq = seq, .tokens = t, .n = n };
-    if (want && g->greedy) {
+    const bool all = nd > 0;
+    if (want && g->dev) {
+        /* a verify pass's needed rows are its last: the one after the fed
+         * tokens, then one after each draft, whose window holds the drafts
+         * before it; ids[row] gets row's draw, as all_ids puts them */
+        int first = n - 1 - nd;
+        SN_TRY(sn_sampler_device_rows(g->smp, t + first + 1, n - first, first, g->unusable, g->n_unusable, g->edits,
+                                      g->phase_end, g->srows));
+        b.next_id = all ? ids + first : ids;
+        b.sample = g->srows;
+        b.n_sample = n - first;
+    } else if (want && g->greedy) {
         b.next_id = ids;
         b.all_ids = all;
         b.banned = g->unusable;
@@ -85,7 +101,8 @@ static sn_status gen_forward(gen *g, sn_seq *seq, const int32_t *t, int n, bool 
 }
 
 /* Samples the next token from logits (or, with logits NULL, takes *id:
- * the greedy id the forward computed, with the same masking) and runs it
+ * the greedy id the forward computed, with the same masking, or its draw
+ * on the backend, whose u the sampler then counts as used) and runs it
  * through the sampler window, detokenizer, stop strings, limits and flush
  * cadence. Returns EMIT_MORE when generation goes on (*id to be fed next),
  * EMIT_END or EMIT_CANCELLED when it ended (res->finish set), or an error. */
@@ -100,6 +117,8 @@ static sn_status emit(gen *g, float *logits, int32_t *id, int *what)
          * never be drawn, whatever the weights or logit_bias say. */
         for (int i = 0; i < g->n_unusable; i++) logits[g->unusable[i]] = -INFINITY;
         SN_TRY(sn_sampler_sample(g->smp, logits, id));
+    } else if (g->dev) {
+        sn_sampler_took_draw(g->smp);
     }
     if (p->on_token) p->on_token(p->ud, *id);
     res->completion_tokens++;
@@ -181,6 +200,24 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     g.n_hist = n_prompt;
     if ((st = sn_sampler_new(&p->sample, vocab, &g.smp)) != SN_OK) goto out;
     g.greedy = sn_sampler_is_greedy(g.smp);
+    /* SANCTUM_SAMPLE_DEVICE=0 keeps the draws on the host (the same
+     * distribution; the host's rounding and survivor order) */
+    const char *sd = getenv("SANCTUM_SAMPLE_DEVICE");
+    if (sd && strcmp(sd, "0") && strcmp(sd, "1")) {
+        st = SN_FAIL(SN_E_INVALID, "SANCTUM_SAMPLE_DEVICE=%s: want 1 (default: draw on the backend where it can) or 0", sd);
+        goto out;
+    }
+    g.dev = !g.greedy && sn_model_can_sample(m) && !(sd && !strcmp(sd, "0"));
+    if (g.dev) {
+        size_t ec = (size_t)sn_sampler_edit_cap(g.smp), pc = (size_t)sn_sampler_phase_cap(g.smp);
+        g.srows = malloc((size_t)rows * sizeof *g.srows);
+        g.edits = malloc((size_t)rows * ec * sizeof *g.edits);
+        g.phase_end = malloc((size_t)rows * pc * sizeof *g.phase_end);
+        if (!g.srows || !g.edits || !g.phase_end) { st = SN_FAIL(SN_E_NOMEM, "generate: out of memory for draws"); goto out; }
+    }
+    /* mlx-lm's penalty history starts with the last prompt token (before
+     * the prefill: a draw on the backend happens inside its last forward) */
+    sn_sampler_accept(g.smp, prompt[n_prompt - 1]);
     for (int32_t id = 0; id < vocab; id++) {
         size_t plen;
         if (is_eos(info, id) || sn_tok_piece(tok, id, &plen)) continue;
@@ -212,15 +249,13 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
         }
         end = sn_pcache_next_stop(pcr, i, end);
         bool last = end == n_prompt;
-        if ((st = gen_forward(&g, seq, prompt + i, end - i, last, false, logits, gids)) != SN_OK) goto out;
+        if ((st = gen_forward(&g, seq, prompt + i, end - i, last, 0, logits, gids)) != SN_OK) goto out;
         if ((st = sn_pcache_capture(pcr, seq)) != SN_OK) goto out;
         res->prompt_tokens += end - i;
         i = end;
         if (!last && p->cancelled && p->cancelled(p->ud)) { res->finish = SN_FINISH_CANCELLED; goto done; }
     }
     res->prefill_s = now_s() - g.t0;
-    /* mlx-lm's penalty history starts with the last prompt token. */
-    sn_sampler_accept(g.smp, prompt[n_prompt - 1]);
 
     sn_pld_ctl own, *ctl = p->pld_ctl ? p->pld_ctl : &own;
     if (!p->pld_ctl) sn_pld_ctl_init(&own, po.adaptive);
@@ -228,7 +263,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     if (rw && (st = sn_rewind_reserve(rw, seq, 1 + po.max_lookup)) != SN_OK) goto out;
     int32_t id = gids[0], draft[SN_PLD_MAX_LOOKUP];
     int what;
-    if ((st = emit(&g, g.greedy ? NULL : logits, &id, &what)) != SN_OK) goto out;
+    if ((st = emit(&g, g.greedy || g.dev ? NULL : logits, &id, &what)) != SN_OK) goto out;
     while (what == EMIT_MORE) {
         /* Tokens emitted but not yet in the state: the newest one (a
          * rollback keeps the accepted drafts in the state). */
@@ -248,14 +283,15 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
          * tokens, so a rejection costs no recompute */
         if (nd && (st = sn_rewind_track(rw, seq, nf + nd)) != SN_OK) goto out;
         double tf = now_s();
-        if ((st = gen_forward(&g, seq, feed, nf + nd, true, nd > 0, logits, gids)) != SN_OK) goto out;
+        if ((st = gen_forward(&g, seq, feed, nf + nd, true, nd, logits, gids)) != SN_OK) goto out;
         res->forward_calls++;
         tf = now_s() - tf;
         /* row nf-1 predicts the token after the fed ones; row nf-1+i the
          * one after draft i-1: keep going while the sample is the draft */
         int acc = 0;
         id = gids[nd ? nf - 1 : 0];
-        if ((st = emit(&g, g.greedy ? NULL : nd ? logits + (size_t)(nf - 1) * vocab : logits, &id, &what)) != SN_OK)
+        if ((st = emit(&g, g.greedy || g.dev ? NULL : nd ? logits + (size_t)(nf - 1) * vocab : logits, &id, &what)) !=
+            SN_OK)
             goto out;
         /* an EOS is never part of the stream (nor of the state to keep),
          * even when the draft guessed it */
@@ -263,7 +299,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
             acc++;
             if (what != EMIT_MORE) break;
             id = gids[nf - 1 + acc];
-            if ((st = emit(&g, g.greedy ? NULL : logits + (size_t)(nf - 1 + acc) * vocab, &id, &what)) != SN_OK)
+            if ((st = emit(&g, g.greedy || g.dev ? NULL : logits + (size_t)(nf - 1 + acc) * vocab, &id, &what)) != SN_OK)
                 goto out;
         }
         if (nd) {
@@ -300,6 +336,9 @@ out:
     free(sched);
     free(g.hist);
     free(g.unusable);
+    free(g.srows);
+    free(g.edits);
+    free(g.phase_end);
     free(g.dtext);
     free(g.otext);
     sn_sampler_free(g.smp);

@@ -21,6 +21,7 @@ struct sn_sampler {
     int32_t *counts;    /* [vocab] scratch, all zero between calls */
     float *probs;       /* [vocab] untempered probabilities */
     int32_t *cand;      /* [vocab] candidate ids for top-p */
+    int32_t *vwin;      /* [window + 64] a draw's window for the device rows */
     bool penalties;
     sn_logit_bias bias[SN_SAMPLE_MAX_BIAS];
     int n_bias;
@@ -138,7 +139,8 @@ sn_status sn_sampler_new(const sn_sample_params *p, int vocab, sn_sampler **out)
     s->counts = calloc((size_t)vocab, sizeof *s->counts);
     s->probs = malloc((size_t)vocab * sizeof *s->probs);
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
-    if (!s->counts || !s->probs || !s->cand) {
+    s->vwin = malloc((size_t)(p->repetition_window + 64) * sizeof *s->vwin);
+    if (!s->counts || !s->probs || !s->cand || !s->vwin) {
         st = SN_FAIL(SN_E_NOMEM, "sampler: out of memory for vocab %d", vocab);
         goto out;
     }
@@ -157,6 +159,7 @@ void sn_sampler_free(sn_sampler *s)
     free(s->counts);
     free(s->probs);
     free(s->cand);
+    free(s->vwin);
     free(s);
 }
 
@@ -362,4 +365,74 @@ sn_status sn_sampler_sample(sn_sampler *s, float *logits, int32_t *out_id)
     }
     *out_id = pick;
     return SN_OK;
+}
+
+/* ---- draws on the backend ---- */
+
+int sn_sampler_edit_cap(const sn_sampler *s) { return s->n_bias + s->p.repetition_window; }
+int sn_sampler_phase_cap(const sn_sampler *s) { return s->n_bias + 1; }
+
+/* The edits of one draw: the logit bias in phases (the k-th entry of an id
+ * in phase k, so a repeated id adds in list order), then one penalty per
+ * distinct id of the window w[0..wn) with apply_penalties' operands.
+ * Returns the phases used. */
+static int device_edits(sn_sampler *s, const int32_t *w, int wn, sn_logit_edit *ed, int32_t *pe)
+{
+    int ne = 0, nph = 0, maxph = -1;
+    for (int i = 0; i < s->n_bias; i++) {
+        int ph = s->counts[s->bias[i].id]++;
+        if (ph > maxph) maxph = ph;
+    }
+    for (int i = 0; i < s->n_bias; i++) s->counts[s->bias[i].id] = 0;
+    for (int ph = 0; ph <= maxph; ph++) {
+        for (int i = 0; i < s->n_bias; i++) {
+            int32_t id = s->bias[i].id;
+            if (s->counts[id]++ == ph) ed[ne++] = (sn_logit_edit){ id, SN_EDIT_ADD, s->bias[i].bias, 0.0f, 0.0f };
+        }
+        for (int i = 0; i < s->n_bias; i++) s->counts[s->bias[i].id] = 0;
+        pe[nph++] = ne;
+    }
+    if (!s->penalties) return nph;
+    for (int i = 0; i < wn; i++)
+        if (w[i] >= 0 && w[i] < s->vocab) s->counts[w[i]]++;
+    float rp = s->p.repetition_penalty;
+    bool use_rp = rp != 0.0f && rp != 1.0f;
+    int first = ne;
+    for (int i = 0; i < wn; i++) {
+        int32_t id = w[i];
+        if (id < 0 || id >= s->vocab || s->counts[id] == 0) continue;
+        ed[ne++] = (sn_logit_edit){ id, SN_EDIT_PENALTY, use_rp ? rp : 0.0f, s->p.presence_penalty,
+                                    s->p.frequency_penalty * (float)s->counts[id] };
+        s->counts[id] = 0;
+    }
+    if (ne > first) pe[nph++] = ne;
+    return nph;
+}
+
+sn_status sn_sampler_device_rows(sn_sampler *s, const int32_t *extra, int n_rows, int row0, const int32_t *banned,
+                                 int n_banned, sn_logit_edit *edits, int32_t *phase_end, sn_sample_row *rows)
+{
+    if (n_rows < 1 || n_rows > 64) return SN_FAIL(SN_E_INVALID, "sampler: %d device rows (1..64)", n_rows);
+    if (n_rows > 1 && !extra) return SN_FAIL(SN_E_INVALID, "sampler: %d device rows without their tokens", n_rows);
+    const int W = s->p.repetition_window, ecap = sn_sampler_edit_cap(s), pcap = sn_sampler_phase_cap(s);
+    /* the window oldest first, then the extra tokens */
+    for (int i = 0; i < s->win_n; i++) s->vwin[i] = s->window[(s->win_head + i) % W];
+    for (int k = 0; k < n_rows - 1; k++) s->vwin[s->win_n + k] = extra[k];
+    sn_rng r = s->rng;
+    for (int k = 0; k < n_rows; k++) {
+        int end = s->win_n + k, wn = end < W ? end : W;
+        sn_sample_row *o = &rows[k];
+        sn_logit_edit *ed = edits + (size_t)k * (size_t)ecap;
+        int32_t *pe = phase_end + (size_t)k * (size_t)pcap;
+        *o = (sn_sample_row){ .row = row0 + k, .temperature = s->p.temperature, .top_p = s->p.top_p,
+                              .edits = ed, .phase_end = pe, .banned = banned, .n_banned = n_banned };
+        o->n_phases = device_edits(s, s->vwin + end - wn, wn, ed, pe);
+        o->u = s->p.temperature > 0.0f ? sn_rng_uniform(&r) : 0.0;
+    }
+    return SN_OK;
+}
+
+void sn_sampler_took_draw(sn_sampler *s)
+{
+    if (s->p.temperature > 0.0f) (void)sn_rng_uniform(&s->rng);
 }

@@ -727,6 +727,9 @@ void cuda_destroy(sn_backend *b)
     cudaFree(cb->d_sp);
     cudaFreeHost(cb->h_outs);
     cudaFreeHost(cb->h_sp);
+    cudaFree(cb->smp_d);
+    cudaFreeHost(cb->smp_h);
+    cudaFree(cb->smp_e);
     if (cb->st)
         cudaStreamDestroy(cb->st);
     free(cb->recs);
@@ -1458,6 +1461,7 @@ const sn_backend_ops g_cuda_ops = {
     .gated_rmsnorm = cuda_gated_rmsnorm,
     .mul_sigmoid = cuda_mul_sigmoid,
     .argmax = sn_cuda_argmax,
+    .sample = sn_cuda_sample,
     .moe = tbl_moe,
     .moe_shared = tbl_moe_shared,
     .add_gated = cuda_add_gated,

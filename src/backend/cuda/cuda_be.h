@@ -71,6 +71,12 @@ struct cuda_be {
     int32_t *d_outs;        /* argmax results [STEP_MAX_OUTS] */
     int32_t *h_outs;        /* pinned mirror */
     step_params *d_sp, *h_sp;
+    /* draws (cuda_sample.cu): parameters (device and pinned mirror) and
+     * the softmax numerators, grown on demand */
+    void *smp_d, *smp_h;
+    size_t smp_cap;
+    void *smp_e;
+    size_t smp_e_cap;
 
     /* step recording */
     bool in_step, broken;

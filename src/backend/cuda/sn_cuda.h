@@ -57,9 +57,10 @@ sn_status sn_cuda_read_sweep(sn_backend *be, size_t bytes, size_t span, int reps
  * creation SANCTUM_CUDA_GEMM=i8 | i8fast | split | fast (the last two: 0). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
-/* The optional table entries argmax, moe, begin_step and end_step of
+/* The optional table entries argmax, sample, moe, begin_step and end_step of
  * backend.h are these functions (callers normally use the table). */
 sn_status sn_cuda_argmax(sn_backend *be, const float *x, int rows, int n, int32_t *out_host);
+sn_status sn_cuda_sample(sn_backend *be, float *x, int rows, int n, const sn_sample_row *rr, int32_t *out_host);
 sn_status sn_cuda_moe(sn_backend *be, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
                       const float *logits, int top_k, int norm_topk, const float *x, int T, float *out);
 sn_status sn_cuda_begin_step(sn_backend *be);
