@@ -3,10 +3,14 @@
  * stand-in op on the CPU backend, what lets the CPU suite run the
  * generation loop's device-draw path (test_model_load.c). Edits and bans,
  * argmax (first maximum, NaN never wins), e = expf(x - max), top-p by a
- * full sort (p descending, ids ascending; a token stays while the mass
- * ranked before it is below top_p; p < (1 - top_p) / n never stays), then
- * the survivors in id order weighted expf((x - max) / T) (e itself at
- * T = 1 without top-p) and the first whose running total passes u * total. */
+ * full sort (p descending, then the draw order below; a token stays while
+ * the mass ranked before it is below top_p; p < (1 - top_p) / n never
+ * stays), then the survivors in the CUDA kernel's draw order weighted
+ * expf((x - max) / T) (e itself at T = 1 without top-p) and the first whose
+ * running total passes u * total (past the end: the last survivor). The
+ * draw order (cuda_sample.cu): 32 warps of 32 threads, warp w owns ids
+ * [w C, (w + 1) C) with C = ceil(n / 32) rounded up to 32, its lane l
+ * every 32nd id from w C + l; thread by thread, ids ascending. */
 #ifndef SANCTUM_TEST_SAMPLE_REF_H
 #define SANCTUM_TEST_SAMPLE_REF_H
 
@@ -24,12 +28,25 @@ typedef struct {
 } ref_draw;
 
 static const float *g_ref_q; /* the sort's keys */
+static const int32_t *g_ref_pos; /* each id's place in the draw order */
 
 static inline int ref_rank_cmp(const void *a, const void *b)
 {
     int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
     if (g_ref_q[i] != g_ref_q[j]) return g_ref_q[i] > g_ref_q[j] ? -1 : 1;
-    return i < j ? -1 : i > j;
+    return g_ref_pos[i] < g_ref_pos[j] ? -1 : g_ref_pos[i] > g_ref_pos[j];
+}
+
+/* ord[k] = the k-th id of the draw order, pos its inverse */
+static inline void ref_draw_order(int n, int32_t *ord, int32_t *pos)
+{
+    const int C = ((n + 31) / 32 + 31) & ~31;
+    int k = 0;
+    for (int t = 0; t < 1024; t++) {
+        int w = t >> 5, l = t & 31, c0 = (w * C < n ? w * C : n) + l, c1 = (w + 1) * C < n ? (w + 1) * C : n;
+        for (int i = c0; i < c1; i += 32) ord[k++] = i;
+    }
+    for (k = 0; k < n; k++) pos[ord[k]] = k;
 }
 
 static inline void ref_apply_edits(float *x, int n, const sn_sample_row *r)
@@ -68,9 +85,11 @@ static inline sn_status ref_draw_row(float *x, int n, const sn_sample_row *r, re
     const float mx = x[top];
     if (r->temperature == 0.0f || isinf(mx)) return SN_OK;
     float *e = malloc(sizeof(float) * (size_t)n), *q = malloc(sizeof(float) * (size_t)n);
-    int32_t *cand = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *cand = malloc(sizeof(int32_t) * (size_t)n), *ord = malloc(sizeof(int32_t) * (size_t)n),
+            *pos = malloc(sizeof(int32_t) * (size_t)n);
     unsigned char *keep = calloc((size_t)n, 1);
-    if (!e || !q || !cand || !keep) abort();
+    if (!e || !q || !cand || !keep || !ord || !pos) abort();
+    ref_draw_order(n, ord, pos);
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         e[i] = isnan(x[i]) ? 0.0f : expf(x[i] - mx);
@@ -85,6 +104,7 @@ static inline sn_status ref_draw_row(float *x, int n, const sn_sample_row *r, re
     }
     if (p < 1.0f) {
         g_ref_q = q;
+        g_ref_pos = pos;
         qsort(cand, (size_t)nc, sizeof *cand, ref_rank_cmp);
         double above = 0.0;
         for (int k = 0; k < nc && above < p; k++) {
@@ -99,17 +119,18 @@ static inline sn_status ref_draw_row(float *x, int n, const sn_sample_row *r, re
     const int reuse = invT == 1.0f && p >= 1.0f;
     double total = 0.0;
     int last = -1;
-    for (int i = 0; i < n; i++)
-        if (keep[i]) {
-            total += reuse ? e[i] : expf((x[i] - mx) * invT);
-            last = i;
+    for (int k = 0; k < n; k++)
+        if (keep[ord[k]]) {
+            total += reuse ? e[ord[k]] : expf((x[ord[k]] - mx) * invT);
+            last = ord[k];
         }
     d->total = total;
     if (total > 0.0) {
         const double target = r->u * total;
         double acc = 0.0;
         int pick = -1;
-        for (int i = 0; i < n; i++) {
+        for (int k = 0; k < n; k++) {
+            const int i = ord[k];
             if (!keep[i]) continue;
             const double w = reuse ? e[i] : expf((x[i] - mx) * invT);
             if (d->cum_lo) d->cum_lo[i] = acc / total;
@@ -122,6 +143,8 @@ static inline sn_status ref_draw_row(float *x, int n, const sn_sample_row *r, re
     free(e);
     free(q);
     free(cand);
+    free(ord);
+    free(pos);
     free(keep);
     return SN_OK;
 }

@@ -90,7 +90,7 @@ static void test_against_reference(void)
     static const int vocab[3] = { 5003, 151669, 248320 };
     static const float set[][2] = { { 0.0f, 1.0f }, { 0.7f, 0.9f }, { 1.0f, 1.0f }, { 1.5f, 0.5f },
                                     { 0.8f, 0.999f }, { 1.0f, 0.95f }, { 0.3f, 1.0f }, { 2.0f, 0.97f } };
-    static const sn_logit_bias bias[3] = { { 42, 3.0f }, { 7919, -2.5f }, { 42, 0.5f } };
+    static const sn_logit_bias bias[3] = { { 42, 3.0f }, { 4919, -2.5f }, { 42, 0.5f } }; /* ids < every V */
     enum { NR = 6 };
     for (int vi = 0; vi < 3; vi++) {
         const int V = vocab[vi];

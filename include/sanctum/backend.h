@@ -149,14 +149,14 @@ typedef struct sn_backend_ops {
     /* out[k] = a draw from row rr[k].row of x[., n) (device; edited in
      * place) for k < rows, to HOST memory, as sn_sampler_sample draws
      * (sample.h): the edits and bans; at temperature 0 the argmax (first
-     * maximum, NaN never wins); else p = softmax(x), top-p on p (rank by p,
-     * ties by the lower id; a token stays while the mass ranked before it is
-     * below top_p; tokens under (1 - top_p) / n never stay), then
-     * categorical(exp((x - max) / T)) over the kept tokens at u. The
-     * survivors' order of the draw and the sums' rounding are the
-     * backend's, so the id is the host's up to rounding at a boundary;
-     * deterministic for the same inputs. Outside a step only. An all-NaN
-     * row is SN_E_RANGE. */
+     * maximum, NaN never wins); else p = softmax(x), top-p on p (rank by p;
+     * a token stays while the mass ranked before it is below top_p; tokens
+     * under (1 - top_p) / n never stay), then categorical(exp((x - max) / T))
+     * over the kept tokens at u. The order the draw walks the survivors in
+     * (and that ranks equal p at the top-p cut) and the sums' rounding are
+     * the backend's: the same distribution as the host sampler's, another
+     * token for the same u; deterministic for the same inputs. Outside a
+     * step only. An all-NaN row is SN_E_RANGE. */
     sn_status (*sample)(sn_backend *, float *x, int rows, int n, const sn_sample_row *rr, int32_t *out);
     /* The routed experts of one MoE layer for T tokens, routing on the
      * backend: p = softmax(logits[t, 0..E)) in fp32; the top_k largest

@@ -11,11 +11,12 @@
  *    p = e / sum (positive floats order as their bits), 8 bits a pass,
  *    with the mass per bin in 2^-60 fixed point (integer atomics add in
  *    any order to the same value);
- *  - the draw walks the survivors in id order: each thread owns a
- *    contiguous run of ids, an exclusive scan of the runs' weights finds
- *    the run holding u * total, and that thread walks it.
- * The host sampler walks top-p survivors in rank order; the same u picks
- * another token here, from the same distribution. */
+ *  - the draw walks the survivors in a fixed order (each thread owns
+ *    every 32nd id of its warp's range; thread, then id): an exclusive
+ *    scan of the threads' weights finds the thread holding u * total, and
+ *    that thread walks its ids.
+ * The host sampler walks its survivors in id or rank order; the same u
+ * picks another token here, from the same distribution. */
 #include <math.h>
 #include <string.h>
 
@@ -224,6 +225,11 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
                 r.c[k] = 0u;
             }
             __syncthreads();
+            /* a thread's entries mostly share a bin (the leading bits of
+             * p): each run of one bin goes to shared memory as one add */
+            int cd = -1;
+            unsigned long long cm = 0ull;
+            unsigned cc = 0u;
             for (int i = tid; i < n; i += nt) {
                 const float q = e[i] * inv;
                 if (!(q >= floor_p && q > 0.0f))
@@ -232,8 +238,21 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
                 if ((key & mask) != prefix)
                     continue;
                 const int d = (int)((key >> shift) & 255u);
-                atomicAdd(&r.m[d], fx_of(q));
-                atomicAdd(&r.c[d], 1u);
+                if (d != cd) {
+                    if (cd >= 0) {
+                        atomicAdd(&r.m[cd], cm);
+                        atomicAdd(&r.c[cd], cc);
+                    }
+                    cd = d;
+                    cm = 0ull;
+                    cc = 0u;
+                }
+                cm += fx_of(q);
+                cc++;
+            }
+            if (cd >= 0) {
+                atomicAdd(&r.m[cd], cm);
+                atomicAdd(&r.c[cd], cc);
             }
             __syncthreads();
             if (tid == 0) {
@@ -268,9 +287,12 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
         }
     }
 
-    /* the draw over the survivors in id order: each thread a run of ids */
-    const int run = (n + nt - 1) / nt;
-    const int i0 = min(n, tid * run), i1 = min(n, i0 + run);
+    /* the draw over the survivors in a fixed order: warp w holds ids
+     * [w * C, (w + 1) * C), its lane l every 32nd from w * C + l (coalesced
+     * loads); the order is (thread, then id), the tie rank of top-p too */
+    const int lane = tid & 31, nw = nt >> 5;
+    const int C = ((n + nw - 1) / nw + 31) & ~31;
+    const int c0 = min(n, (tid >> 5) * C) + lane, c1 = min(n, ((tid >> 5) + 1) * C);
     auto cand_key = [&](int i, unsigned *key) -> bool {
         const float q = e[i] * inv;
         if (!(q >= floor_p && q > 0.0f))
@@ -281,7 +303,7 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
     int tie0 = 0;
     if (p < 1.0f) {
         int ties = 0, tot;
-        for (int i = i0; i < i1; i++) {
+        for (int i = c0; i < c1; i += 32) {
             unsigned key;
             if (cand_key(i, &key) && key == kkey)
                 ties++;
@@ -304,7 +326,7 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
     };
     double wsum = 0.0;
     int last = -1, tie = tie0;
-    for (int i = i0; i < i1; i++) {
+    for (int i = c0; i < c1; i += 32) {
         const float w = weight(i, &tie);
         if (w > 0.0f) {
             wsum += w;
@@ -313,7 +335,6 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
     }
     double total;
     const double pre = block_exscan(wsum, r.d, &total);
-    const int last_all = -block_min_int(-last, r); /* the last survivor: the pick when u * total rounds past */
     if (!(total > 0.0)) {
         if (tid == 0) {
             out[blockIdx.x] = top;
@@ -324,26 +345,35 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
     const double local = R.u * total - pre;
     const bool mine = local >= 0.0 && local < wsum;
     const int who = block_min_int(mine ? tid : 0x7fffffff, r);
-    if (who == 0x7fffffff) {
-        if (tid == 0) {
-            out[blockIdx.x] = last_all >= 0 ? last_all : top;
+    if (who == 0x7fffffff) { /* u * total rounded past the end: the last survivor in the order */
+        const int lt = -block_min_int(last >= 0 ? -tid : 1, r);
+        if (tid == (lt >= 0 ? lt : 0)) {
+            out[blockIdx.x] = lt >= 0 ? last : top;
             bad[blockIdx.x] = 0;
         }
         return;
     }
     if (tid == who) {
+        /* the walk: eight entries' loads at a time, then their sums in order */
         double acc = 0.0;
-        int pick = last >= 0 ? last : top;
+        int pick = last; /* the sums repeat the pass above's, so one is found */
+        bool found = false;
         tie = tie0;
-        for (int i = i0; i < i1; i++) {
-            const float w = weight(i, &tie);
-            if (w > 0.0f) {
-                acc += w;
-                if (local < acc) {
-                    pick = i;
-                    break;
+        for (int i = c0; i < c1 && !found; i += 8 * 32) {
+            float w[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                w[u] = i + 32 * u < c1 ? weight(i + 32 * u, &tie) : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (w[u] > 0.0f) {
+                    acc += w[u];
+                    if (local < acc) {
+                        pick = i + 32 * u;
+                        found = true;
+                        break;
+                    }
                 }
-            }
         }
         out[blockIdx.x] = pick;
         bad[blockIdx.x] = 0;
