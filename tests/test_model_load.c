@@ -593,6 +593,53 @@ static void test_cli_padded_vocab_id(void)
     CHECK(system(cmd) == 0);
 }
 
+/* sanctum-run's --top-p and --repetition-penalty reach the sampler: a
+ * top-p that keeps only the most likely token gives the greedy ids even at
+ * temperature 50, the penalty changes a greedy run that repeats itself, a
+ * seeded sampled run repeats itself, and an out-of-range
+ * value is one error line naming the field. */
+static int run_ids(const char *extra, int32_t *ids, int cap)
+{
+    char cmd[1400], outf[600];
+    snprintf(outf, sizeof outf, "%s/topp.ids", g_root);
+    snprintf(cmd, sizeof cmd, "%s --model models/default --prompt 'Count to five.' --max-tokens 24 --print-ids %s >%s 2>/dev/null",
+             g_run, extra, outf); /* a later --prompt in extra wins */
+    if (system(cmd) != 0) return -1;
+    FILE *f = fopen(outf, "r");
+    int n = 0, id;
+    while (f && n < cap && fscanf(f, "%d", &id) == 1) ids[n++] = id;
+    if (f) fclose(f);
+    return n;
+}
+
+static void test_cli_top_p_and_penalty(void)
+{
+    if (access(g_run, X_OK) != 0 || access("models/default/config.json", R_OK) != 0)
+        SKIP("sanctum-run or models/default missing");
+    int32_t g[32], t[32], a[32], b[32];
+    int ng = run_ids("--temperature 0", g, 32), nt = run_ids("--temperature 50 --top-p 0.000001 --seed 7", t, 32);
+    CHECKF(ng > 1 && nt == ng && memcmp(g, t, sizeof(int32_t) * ng) == 0,
+           "top-p 1e-6 at T 50 (%d ids) is not the greedy run (%d ids)", nt, ng);
+    /* greedy with the penalty: "the the the..." goes on repeating without it */
+    int32_t r[32];
+    int nr = run_ids("--raw --prompt 'the the the the the' --temperature 0", r, 32);
+    int np = run_ids("--raw --prompt 'the the the the the' --temperature 0 --repetition-penalty 100", t, 32);
+    CHECKF(nr > 3 && np > 0 && (np != nr || memcmp(r, t, sizeof(int32_t) * nr) != 0),
+           "--repetition-penalty 100 changed no greedy id (%d and %d ids)", nr, np);
+    const char *s = "--temperature 1.2 --top-p 0.8 --repetition-penalty 1.5 --seed 11";
+    int na = run_ids(s, a, 32), nb = run_ids(s, b, 32);
+    CHECKF(na > 0 && na == nb && memcmp(a, b, sizeof(int32_t) * na) == 0, "the seeded sampled run differs from itself");
+    char cmd[1400], errf[600], line[512];
+    snprintf(errf, sizeof errf, "%s/topp.err", g_root);
+    snprintf(cmd, sizeof cmd, "%s --model models/default --prompt hi --temperature 1 --top-p 1.5 >/dev/null 2>%s", g_run, errf);
+    CHECK(system(cmd) != 0);
+    FILE *f = fopen(errf, "r");
+    bool named = false;
+    while (f && fgets(line, sizeof line, f)) named |= strstr(line, "top_p") && strstr(line, "1.5");
+    if (f) fclose(f);
+    CHECKF(named, "no error line names top_p 1.5");
+}
+
 /* SANCTUM_CPU_Q4=q8 (8-bit activations for the Q4 matmuls, an opt-in
  * approximation; its per-matmul error bound is tested in test_backend_cpu)
  * on the shipped trained model: on every prompt of tests/parity-smoke.json,
@@ -716,6 +763,7 @@ int main(int argc, char **argv)
     RUN(test_cli_tokenizer_bigger_than_model);
     RUN(test_cuda_head_dim_refused_at_load);
     RUN(test_cli_padded_vocab_id);
+    RUN(test_cli_top_p_and_penalty);
     RUN(test_default_model_q8);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_root);

@@ -8,6 +8,7 @@
  * prefill and decode speeds go to stderr. Errors are one line on stderr and
  * a non-zero exit. */
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ typedef struct {
     const char *model, *prompt, *ids, *tokenizer;
     bool raw, print_ids, encode, has_seed;
     int max_tokens, threads, gpu, quantize, ctx;
-    float temperature;
+    float temperature, top_p, rep_penalty;
     unsigned long long seed;
     sn_backend_kind backend;
 } args;
@@ -42,6 +43,8 @@ static void usage(FILE *f)
             "  --print-ids        print the generated ids (space-separated) instead of text\n"
             "  --max-tokens N     tokens to generate (default 128)\n"
             "  --temperature T    0 = greedy (default 0)\n"
+            "  --top-p P          nucleus sampling, in (0, 1] (default 1: off)\n"
+            "  --repetition-penalty R  over the last 20 tokens (default 0: off)\n"
             "  --seed S           sampling seed\n"
             "  --threads N        CPU threads (default: one per core)\n"
             "  --backend cpu|cuda compute backend (default cpu)\n"
@@ -65,7 +68,7 @@ static int parse_int(const char *s, const char *what, long lo, long hi, int *out
 
 static int parse_args(int argc, char **argv, args *a)
 {
-    *a = (args){ .model = "models/default", .max_tokens = 128, .backend = SN_BACKEND_CPU };
+    *a = (args){ .model = "models/default", .max_tokens = 128, .top_p = 1.0f, .backend = SN_BACKEND_CPU };
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -96,6 +99,15 @@ static int parse_args(int argc, char **argv, args *a)
                 fprintf(stderr, "sanctum-run: --temperature: bad value '%s'\n", v);
                 return -1;
             }
+        } else if (!strcmp(k, "--top-p") || !strcmp(k, "--repetition-penalty")) {
+            NEEDV();
+            char *end;
+            float f = strtof(v, &end);
+            if (end == v || *end || !isfinite(f)) {
+                fprintf(stderr, "sanctum-run: %s: bad value '%s'\n", k, v);
+                return -1;
+            }
+            *(k[2] == 't' ? &a->top_p : &a->rep_penalty) = f; /* ranges: sn_sample_params_check */
         } else if (!strcmp(k, "--seed")) {
             NEEDV();
             char *end;
@@ -201,6 +213,25 @@ static void load_progress(void *ud, double frac)
     fflush(stderr);
 }
 
+/* A sampled forward where the backend draws (CUDA): the sampler's row for
+ * the last position goes with the tokens and only the drawn id returns,
+ * as in sn_generate; otherwise the last row's logits. */
+typedef struct {
+    bool on;
+    sn_sample_row row;
+    sn_logit_edit *edits;
+    int32_t *phase_end;
+} dev_draw;
+
+static sn_status sampled_forward(sn_model *m, sn_seq *seq, sn_sampler *smp, dev_draw *dd, const int32_t *t, int n,
+                                 float *logits, int32_t *next)
+{
+    if (!dd->on) return sn_forward(m, seq, t, n, logits, false);
+    SN_TRY(sn_sampler_device_rows(smp, NULL, 1, n - 1, NULL, 0, dd->edits, dd->phase_end, &dd->row));
+    sn_batch_item b = { .seq = seq, .tokens = t, .n = n, .next_id = next, .sample = &dd->row, .n_sample = 1 };
+    return sn_forward_batch(m, &b, 1);
+}
+
 static bool is_eos(const sn_model_info *in, int32_t id)
 {
     for (int i = 0; i < in->n_eos; i++)
@@ -222,6 +253,7 @@ int main(int argc, char **argv)
     sn_sampler *smp = NULL;
     sn_ids prompt = { 0 }, gen = { 0 };
     float *logits = NULL;
+    dev_draw dd = { 0 };
     char *text = NULL, *dtext = NULL;
     size_t dlen = 0, dcap = 0;
 
@@ -286,6 +318,8 @@ int main(int argc, char **argv)
     sn_sample_params sp;
     sn_sample_params_default(&sp);
     sp.temperature = a.temperature;
+    sp.top_p = a.top_p;
+    sp.repetition_penalty = a.rep_penalty;
     sp.has_seed = a.has_seed;
     sp.seed = a.seed;
     if ((s = sn_sampler_new(&sp, info->vocab_size, &smp)) != SN_OK) { rc = fail("sampler", s); goto out; }
@@ -295,13 +329,29 @@ int main(int argc, char **argv)
     /* Greedy runs ask only for the next id: on CUDA the argmax stays on the
      * device and a decode step replays as one graph. */
     bool greedy = sn_sampler_is_greedy(smp);
+    /* Sampled runs draw on the backend where it can (SANCTUM_SAMPLE_DEVICE=0:
+     * on the host), so no logits cross per token either. */
+    const char *sd = getenv("SANCTUM_SAMPLE_DEVICE");
+    if (sd && strcmp(sd, "0") && strcmp(sd, "1")) {
+        fprintf(stderr, "sanctum-run: SANCTUM_SAMPLE_DEVICE=%s: want 1 (default: draw on the backend where it can) or 0\n", sd);
+        rc = 2;
+        goto out;
+    }
+    dd.on = !greedy && sn_model_can_sample(m) && !(sd && !strcmp(sd, "0"));
+    if (dd.on) {
+        dd.edits = malloc((size_t)sn_sampler_edit_cap(smp) * sizeof *dd.edits);
+        dd.phase_end = malloc((size_t)sn_sampler_phase_cap(smp) * sizeof *dd.phase_end);
+        if (!dd.edits || !dd.phase_end) { fprintf(stderr, "sanctum-run: out of memory\n"); goto out; }
+    }
+    /* the penalty window starts with the last prompt token, before the
+     * prefill (a draw on the backend happens inside it), as sn_generate */
+    sn_sampler_accept(smp, prompt.ids[prompt.n - 1]);
     int32_t next = -1;
     double tp = now_s();
     if (greedy) s = sn_forward_greedy(m, seq, prompt.ids, (int)prompt.n, &next);
-    else s = sn_forward(m, seq, prompt.ids, (int)prompt.n, logits, false);
+    else s = sampled_forward(m, seq, smp, &dd, prompt.ids, (int)prompt.n, logits, &next);
     if (s != SN_OK) { rc = fail("prefill", s); goto out; }
     double prefill_s = now_s() - tp;
-    sn_sampler_accept(smp, prompt.ids[prompt.n - 1]);
 
     sn_detok dt;
     sn_detok_init(&dt);
@@ -309,7 +359,8 @@ int main(int argc, char **argv)
     int n_dec = 0;
     for (int i = 0; i < a.max_tokens; i++) {
         int32_t id = next;
-        if (!greedy && (s = sn_sampler_sample(smp, logits, &id)) != SN_OK) { rc = fail("sampling", s); goto out; }
+        if (dd.on) sn_sampler_took_draw(smp);
+        else if (!greedy && (s = sn_sampler_sample(smp, logits, &id)) != SN_OK) { rc = fail("sampling", s); goto out; }
         sn_sampler_accept(smp, id);
         if (sn_ids_push(&gen, id) != SN_OK) { fprintf(stderr, "sanctum-run: out of memory\n"); goto out; }
         bool eos = is_eos(info, id);
@@ -327,7 +378,7 @@ int main(int argc, char **argv)
         }
         if (eos || i + 1 == a.max_tokens || sn_seq_pos(seq) >= sn_seq_max_ctx(seq)) break;
         if (greedy) s = sn_forward_greedy(m, seq, &id, 1, &next);
-        else s = sn_forward(m, seq, &id, 1, logits, false);
+        else s = sampled_forward(m, seq, smp, &dd, &id, 1, logits, &next);
         if (s != SN_OK) { rc = fail("decode", s); goto out; }
         n_dec++;
     }
@@ -349,6 +400,8 @@ out:
     free(dtext);
     free(text);
     free(logits);
+    free(dd.edits);
+    free(dd.phase_end);
     sn_ids_free(&gen);
     sn_ids_free(&prompt);
     sn_sampler_free(smp);

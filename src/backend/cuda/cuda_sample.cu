@@ -40,7 +40,7 @@ struct smp_red {
     double d[32];
     float f[32];
     int i[32];
-    unsigned long long m[256];
+    unsigned mlo[256], mhi[256]; /* a bin's mass, 64 bits as two words (native 32-bit atomics) */
     unsigned c[256];
     int sel;
     int kdig;
@@ -58,6 +58,39 @@ __device__ __forceinline__ void amax_merge(float &best, int &bi, float v, int i)
 __device__ __forceinline__ unsigned long long fx_of(float q)
 {
     return (unsigned long long)((double)q * SMP_FX);
+}
+
+/* m added to the 64-bit word (hi, lo) with 32-bit atomics: shared memory
+ * adds 64-bit integers by a compare-and-swap loop, which spins when the
+ * 1024 threads' entries share bins (1.44 ms a top-p draw at 248320 ids in s14r3); a carry
+ * out of lo is seen once by the add that wrapped it, so the word is the
+ * exact sum in any order */
+__device__ __forceinline__ void add64(unsigned *lo, unsigned *hi, unsigned long long m)
+{
+    const unsigned l = (unsigned)m, h = (unsigned)(m >> 32);
+    const unsigned old = atomicAdd(lo, l);
+    const unsigned c = old + l < old ? 1u : 0u;
+    if (h + c)
+        atomicAdd(hi, h + c);
+}
+
+/* Strided passes keep SMP_U loads in flight per thread: a row's 248320
+ * ids are 242 a thread, and one load at a time waits out the L2 latency
+ * each time (a T 0 draw, one such pass, took 29.7 us in s14r3). load(i) then use(i, v), in i order. */
+constexpr int SMP_U = 8;
+template <typename V, typename L, typename F> __device__ __forceinline__ void strided(int i0, int i1, int step, L load, F use)
+{
+    for (int i = i0; i < i1; i += SMP_U * step) {
+        V v[SMP_U];
+#pragma unroll
+        for (int u = 0; u < SMP_U; u++)
+            if (i + u * step < i1)
+                v[u] = load(i + u * step);
+#pragma unroll
+        for (int u = 0; u < SMP_U; u++)
+            if (i + u * step < i1)
+                use(i + u * step, v[u]);
+    }
 }
 
 /* block-wide sum of one double per thread, the same tree every call */
@@ -162,8 +195,7 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
     /* the argmax: first maximum, NaN never wins */
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = tid; i < n; i += nt)
-        amax_merge(best, bi, x[i], i);
+    strided<float>(tid, n, nt, [&](int i) { return x[i]; }, [&](int i, float v) { amax_merge(best, bi, v, i); });
     for (int o = 16; o > 0; o >>= 1) {
         float ob = __shfl_xor_sync(0xffffffffu, best, o);
         int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -198,12 +230,11 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
 
     /* the softmax's numerators and their total */
     double sum = 0.0;
-    for (int i = tid; i < n; i += nt) {
-        const float l = x[i];
+    strided<float>(tid, n, nt, [&](int i) { return x[i]; }, [&](int i, float l) {
         const float v = isnan(l) ? 0.0f : expf(l - mx);
         e[i] = v;
         sum += v;
-    }
+    });
     sum = block_sum(sum, r);
     __syncthreads(); /* e[] complete before any thread reads another's entries */
     const float inv = (float)(1.0 / sum);
@@ -221,7 +252,7 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
         unsigned cnt_k = 0u;
         for (int shift = 24; shift >= 0; shift -= 8) {
             for (int k = tid; k < 256; k += nt) {
-                r.m[k] = 0ull;
+                r.mlo[k] = r.mhi[k] = 0u;
                 r.c[k] = 0u;
             }
             __syncthreads();
@@ -230,17 +261,17 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
             int cd = -1;
             unsigned long long cm = 0ull;
             unsigned cc = 0u;
-            for (int i = tid; i < n; i += nt) {
-                const float q = e[i] * inv;
+            strided<float>(tid, n, nt, [&](int i) { return e[i]; }, [&](int, float ev) {
+                const float q = ev * inv;
                 if (!(q >= floor_p && q > 0.0f))
-                    continue;
+                    return;
                 const unsigned key = __float_as_uint(q);
                 if ((key & mask) != prefix)
-                    continue;
+                    return;
                 const int d = (int)((key >> shift) & 255u);
                 if (d != cd) {
                     if (cd >= 0) {
-                        atomicAdd(&r.m[cd], cm);
+                        add64(&r.mlo[cd], &r.mhi[cd], cm);
                         atomicAdd(&r.c[cd], cc);
                     }
                     cd = d;
@@ -249,9 +280,9 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
                 }
                 cm += fx_of(q);
                 cc++;
-            }
+            });
             if (cd >= 0) {
-                atomicAdd(&r.m[cd], cm);
+                add64(&r.mlo[cd], &r.mhi[cd], cm);
                 atomicAdd(&r.c[cd], cc);
             }
             __syncthreads();
@@ -259,9 +290,10 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
                 int d = 255;
                 unsigned long long ab = above;
                 for (; d >= 0; d--) {
-                    if (ab + r.m[d] >= P)
+                    const unsigned long long md = (unsigned long long)r.mhi[d] << 32 | r.mlo[d];
+                    if (ab + md >= P)
                         break;
-                    ab += r.m[d];
+                    ab += md;
                 }
                 r.kdig = d;
                 r.above = ab;
@@ -293,8 +325,8 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
     const int lane = tid & 31, nw = nt >> 5;
     const int C = ((n + nw - 1) / nw + 31) & ~31;
     const int c0 = min(n, (tid >> 5) * C) + lane, c1 = min(n, ((tid >> 5) + 1) * C);
-    auto cand_key = [&](int i, unsigned *key) -> bool {
-        const float q = e[i] * inv;
+    auto cand_key = [&](float ev, unsigned *key) -> bool {
+        const float q = ev * inv;
         if (!(q >= floor_p && q > 0.0f))
             return false;
         *key = __float_as_uint(q);
@@ -303,18 +335,20 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
     int tie0 = 0;
     if (p < 1.0f) {
         int ties = 0, tot;
-        for (int i = c0; i < c1; i += 32) {
+        strided<float>(c0, c1, 32, [&](int i) { return e[i]; }, [&](int, float ev) {
             unsigned key;
-            if (cand_key(i, &key) && key == kkey)
+            if (cand_key(ev, &key) && key == kkey)
                 ties++;
-        }
+        });
         tie0 = block_exscan(ties, r.i, &tot);
     }
     const float invT = 1.0f / R.temperature;
     const bool reuse = invT == 1.0f && p >= 1.0f;
-    auto weight = [&](int i, int *tie) -> float { /* 0 for a token that does not stay */
+    /* (e[i], x[i]); x only where the weight is not e's */
+    auto load_ex = [&](int i) -> float2 { return make_float2(e[i], reuse ? 0.0f : x[i]); };
+    auto weight = [&](float2 ex, int *tie) -> float { /* 0 for a token that does not stay */
         unsigned key;
-        if (!cand_key(i, &key))
+        if (!cand_key(ex.x, &key))
             return 0.0f;
         if (p < 1.0f) {
             if (key < kkey)
@@ -322,17 +356,17 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
             if (key == kkey && (*tie)++ >= kties)
                 return 0.0f;
         }
-        return reuse ? e[i] : expf((x[i] - mx) * invT);
+        return reuse ? ex.x : expf((ex.y - mx) * invT);
     };
     double wsum = 0.0;
     int last = -1, tie = tie0;
-    for (int i = c0; i < c1; i += 32) {
-        const float w = weight(i, &tie);
+    strided<float2>(c0, c1, 32, load_ex, [&](int i, float2 ex) {
+        const float w = weight(ex, &tie);
         if (w > 0.0f) {
             wsum += w;
             last = i;
         }
-    }
+    });
     double total;
     const double pre = block_exscan(wsum, r.d, &total);
     if (!(total > 0.0)) {
@@ -360,10 +394,15 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
         bool found = false;
         tie = tie0;
         for (int i = c0; i < c1 && !found; i += 8 * 32) {
+            float2 ex[8];
             float w[8];
 #pragma unroll
             for (int u = 0; u < 8; u++)
-                w[u] = i + 32 * u < c1 ? weight(i + 32 * u, &tie) : 0.0f;
+                if (i + 32 * u < c1)
+                    ex[u] = load_ex(i + 32 * u);
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                w[u] = i + 32 * u < c1 ? weight(ex[u], &tie) : 0.0f;
 #pragma unroll
             for (int u = 0; u < 8; u++)
                 if (w[u] > 0.0f) {
