@@ -5,11 +5,12 @@
  * sits on every sampled token's critical path, beside the GPU step
  * (35B-A3B: ~2.4 ms).
  *
- *   bench_sample [--vocab N] [--reps R] [--log PATH]
+ *   bench_sample [--vocab N] [--reps R] [--flat S] [--log PATH]
  *
  * Logits: 3 * a standard normal per id (Box-Muller on the sampler's own
  * PRNG), plus 12 on 20 ids, so a few tokens carry most of the mass as in a
- * trained model's step. Each call gets a fresh copy of the same row (the
+ * trained model's step; --flat S: S * a standard normal and no peaks (a
+ * random-weight model's row: top-p keeps most of the vocabulary). Each call gets a fresh copy of the same row (the
  * sampler modifies it in place); the copy is not timed. Prints the median
  * microseconds per call of each setting. */
 #include <math.h>
@@ -29,17 +30,19 @@ int main(int argc, char **argv)
 {
     int vocab = 248320, reps = 200;
     const char *log = NULL;
+    double flat = 0.0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--vocab") && i + 1 < argc) vocab = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--log") && i + 1 < argc) log = argv[++i];
+        else if (!strcmp(argv[i], "--flat") && i + 1 < argc) flat = atof(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--vocab N] [--reps R] [--log PATH]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--vocab N] [--reps R] [--flat S] [--log PATH]\n", argv[0]);
             return 2;
         }
     }
-    if (vocab < 64 || reps < 1) {
-        fprintf(stderr, "bench_sample: --vocab must be >= 64 and --reps >= 1\n");
+    if (vocab < 64 || reps < 1 || !(flat >= 0.0)) {
+        fprintf(stderr, "bench_sample: --vocab must be >= 64, --reps >= 1 and --flat >= 0\n");
         return 2;
     }
     float *row = malloc(sizeof(float) * (size_t)vocab), *work = malloc(sizeof(float) * (size_t)vocab);
@@ -52,9 +55,10 @@ int main(int argc, char **argv)
     sn_rng_seed(&g, 7);
     for (int i = 0; i < vocab; i++) {
         double u1 = sn_rng_uniform(&g), u2 = sn_rng_uniform(&g);
-        row[i] = (float)(3.0 * sqrt(-2.0 * log1p(-u1)) * cos(6.283185307179586 * u2));
+        row[i] = (float)((flat > 0.0 ? flat : 3.0) * sqrt(-2.0 * log1p(-u1)) * cos(6.283185307179586 * u2));
     }
-    for (int k = 0; k < 20; k++) row[sn_rng_next(&g) % (uint64_t)vocab] += 12.f;
+    if (flat == 0.0)
+        for (int k = 0; k < 20; k++) row[sn_rng_next(&g) % (uint64_t)vocab] += 12.f;
 
     const setting set[] = {
         { "greedy", 0.f, 1.f, 1.f },
@@ -63,8 +67,10 @@ int main(int argc, char **argv)
         { "t0.7_p0.9_rp1.1", 0.7f, 0.9f, 1.1f },
     };
     char line[1024];
-    int len = snprintf(line, sizeof line, "bench_sample vocab %d, median us per sn_sampler_sample over %d calls:", vocab,
-                       reps);
+    char shape[64] = "";
+    if (flat > 0.0) snprintf(shape, sizeof shape, " (flat logits, %g * normal)", flat);
+    int len = snprintf(line, sizeof line, "bench_sample vocab %d%s, median us per sn_sampler_sample over %d calls:", vocab,
+                       shape, reps);
     for (size_t c = 0; c < sizeof set / sizeof *set; c++) {
         sn_sample_params p;
         sn_sample_params_default(&p);

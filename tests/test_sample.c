@@ -223,6 +223,68 @@ static void test_top_p_matches_sorted_reference(void)
     free(l); free(tmp); free(pr); free(idx); free(seen);
 }
 
+/* The host sampler's draw, replayed step by step in the test (sorted
+ * candidates, rank-order sums, the same RNG stream): a flat distribution
+ * over 151669 ids (the radix rank: ~90 % of the ids survive top-p 0.9) and
+ * a peaked one over 5003 (the pruned heap) give exactly these ids. */
+static int32_t replay_draw(const float *l, int V, float temp, float topp, sn_rng *r, float *pr, int32_t *cand)
+{
+    int top = 0;
+    for (int i = 1; i < V; i++) if (l[i] > l[top]) top = i;
+    const float mx = l[top];
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) { pr[i] = expf(l[i] - mx); sum += pr[i]; }
+    const float inv = (float)(1.0 / sum), floor_p = (1.0f - topp) / (float)V;
+    int nc = 0;
+    for (int i = 0; i < V; i++) {
+        float q = pr[i] * inv;
+        pr[i] = q;
+        if (q >= floor_p && q > 0.0f) cand[nc++] = i;
+    }
+    g_ref_probs = pr;
+    qsort(cand, (size_t)nc, sizeof *cand, ref_cmp);
+    int keep = 0;
+    double above = 0.0;
+    while (keep < nc && above < topp) above += pr[cand[keep++]];
+    const float invT = 1.0f / temp;
+    double total = 0.0;
+    for (int k = 0; k < keep; k++) total += expf((l[cand[k]] - mx) * invT);
+    double u = sn_rng_uniform(r) * total, acc = 0.0;
+    for (int k = 0; k < keep; k++) {
+        acc += expf((l[cand[k]] - mx) * invT);
+        if (u < acc) return cand[k];
+    }
+    return cand[keep - 1];
+}
+
+static void test_top_p_exact_draws(void)
+{
+    static const struct { int V; float spread, temp, topp; } cs[] = {
+        { 151669, 0.05f, 0.7f, 0.9f }, { 151669, 0.2f, 1.0f, 0.95f }, { 5003, 6.0f, 0.8f, 0.9f },
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
+        const int V = cs[c].V;
+        float *l = malloc(sizeof(float) * V), *tmp = malloc(sizeof(float) * V), *pr = malloc(sizeof(float) * V);
+        int32_t *cand = malloc(sizeof(int32_t) * V);
+        sn_rng g, r;
+        sn_rng_seed(&g, 40 + c);
+        for (int i = 0; i < V; i++) l[i] = (float)((sn_rng_uniform(&g) - 0.5) * cs[c].spread);
+        for (int i = 0; i < 50; i++) l[(i * 7919) % V] = l[(i * 104729) % V]; /* exact ties */
+        sn_sampler *s = mk(cs[c].temp, cs[c].topp, 0, 0, 0, 0, true, 77, V);
+        sn_rng_seed(&r, 77);
+        int same = 0, draws = c < 2 ? 12 : 200;
+        for (int d = 0; d < draws; d++) {
+            memcpy(tmp, l, sizeof(float) * V);
+            int32_t id;
+            CHECK_OK(sn_sampler_sample(s, tmp, &id));
+            same += id == replay_draw(l, V, cs[c].temp, cs[c].topp, &r, pr, cand);
+        }
+        CHECKF(same == draws, "V %d T %g top_p %g: %d of %d draws are the replay's", V, cs[c].temp, cs[c].topp, same, draws);
+        sn_sampler_free(s);
+        free(l); free(tmp); free(pr); free(cand);
+    }
+}
+
 static void test_seed_same_sequence(void)
 {
     enum { V = 1000, N = 200 };
@@ -396,6 +458,7 @@ int main(void)
     RUN(test_temperature_distribution);
     RUN(test_top_p_before_temperature);
     RUN(test_top_p_matches_sorted_reference);
+    RUN(test_top_p_exact_draws);
     RUN(test_seed_same_sequence);
     RUN(test_logit_bias);
     RUN(test_params_check);
