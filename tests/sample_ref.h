@@ -37,14 +37,23 @@ static inline int ref_rank_cmp(const void *a, const void *b)
     return g_ref_pos[i] < g_ref_pos[j] ? -1 : g_ref_pos[i] > g_ref_pos[j];
 }
 
-/* ord[k] = the k-th id of the draw order, pos its inverse */
+/* ord[k] = the k-th id of the draw order, pos its inverse: the CUDA
+ * kernel's (cuda_sample.cu): 8 blocks of 1024 threads, block b holding
+ * [b * S, (b + 1) * S) (S = n / 8 rounded up to 32), within it warp w the
+ * range [w * C, (w + 1) * C) (C = len / 32 rounded up to 32), lane l every
+ * 32nd id of it; block, then thread, then id */
 static inline void ref_draw_order(int n, int32_t *ord, int32_t *pos)
 {
-    const int C = ((n + 31) / 32 + 31) & ~31;
+    const int S = ((n + 7) / 8 + 31) & ~31;
     int k = 0;
-    for (int t = 0; t < 1024; t++) {
-        int w = t >> 5, l = t & 31, c0 = (w * C < n ? w * C : n) + l, c1 = (w + 1) * C < n ? (w + 1) * C : n;
-        for (int i = c0; i < c1; i += 32) ord[k++] = i;
+    for (int b = 0; b < 8; b++) {
+        const int s0 = b * S < n ? b * S : n, s1 = s0 + S < n ? s0 + S : n, len = s1 - s0;
+        const int C = ((len + 31) / 32 + 31) & ~31;
+        for (int t = 0; t < 1024; t++) {
+            int w = t >> 5, l = t & 31, c0 = s0 + (w * C < len ? w * C : len) + l,
+                c1 = s0 + ((w + 1) * C < len ? (w + 1) * C : len);
+            for (int i = c0; i < c1; i += 32) ord[k++] = i;
+        }
     }
     for (k = 0; k < n; k++) pos[ord[k]] = k;
 }

@@ -1,30 +1,41 @@
 /* Token draws on the GPU (sn_backend_ops.sample): the sampler's edits,
  * softmax, top-p and the categorical draw over the vocabulary in one
- * kernel, one block per row, so a sampled decode step moves one id to the
- * host instead of the vocabulary's logits (and the host's 1-2 ms pass
- * over them, bench_sample).
+ * kernel, one cluster of SMP_CL blocks per row (each block a slice of the
+ * ids, partial results merged in block order through distributed shared
+ * memory), so a sampled decode step moves one id to the host instead of
+ * the vocabulary's logits (and the host's 1-2 ms pass over them,
+ * bench_sample).
  *
  * Every sum has a fixed order or is an integer, so a draw is deterministic:
  *  - the softmax total and the survivors' weights are double sums in a
- *    fixed shape (per thread, then a shuffle tree);
+ *    fixed shape (per thread, a shuffle tree, then the blocks in order);
  *  - top-p finds the last kept token by a radix select over the bits of
  *    p = e / sum (positive floats order as their bits), 8 bits a pass,
  *    with the mass per bin in 2^-60 fixed point (integer atomics add in
  *    any order to the same value);
- *  - the draw walks the survivors in a fixed order (each thread owns
- *    every 32nd id of its warp's range; thread, then id): an exclusive
- *    scan of the threads' weights finds the thread holding u * total, and
- *    that thread walks its ids.
- * The host sampler walks its survivors in id or rank order; the same u
- * picks another token here, from the same distribution. */
+ *  - the draw walks the survivors in a fixed order (block by block; in a
+ *    block each thread owns every 32nd id of its warp's range; block,
+ *    thread, then id): an exclusive scan of the threads' weights finds the
+ *    thread holding u * total, and that thread walks its ids.
+ * The host sampler walks its survivors in rank order; the same u picks
+ * another token here, from the same distribution. */
 #include <math.h>
 #include <string.h>
 
+#include <cooperative_groups.h>
+
 #include "backend/cuda/cuda_be.h"
+
+namespace cg = cooperative_groups;
 
 namespace {
 
 constexpr int SMP_THREADS = 1024;
+/* Blocks per row, one thread block cluster: a row's passes run on SMP_CL
+ * SMs (one SM alone read 248320 ids at ~30 per thread per L2 round trip:
+ * a top-p draw took 385.8 us in s15r1), and the blocks merge their partial
+ * results through distributed shared memory in rank order. */
+constexpr int SMP_CL = 8;
 constexpr double SMP_FX = 0x1p60; /* fixed point of the top-p masses */
 
 struct smp_row {
@@ -40,12 +51,25 @@ struct smp_red {
     double d[32];
     float f[32];
     int i[32];
-    unsigned mlo[256], mhi[256]; /* a bin's mass, 64 bits as two words (native 32-bit atomics) */
+    unsigned mlo[256], mhi[256]; /* this block's bin masses, 64 bits as two words (native 32-bit atomics) */
     unsigned c[256];
-    int sel;
+    unsigned long long mm[256]; /* the cluster's merged bins */
+    unsigned cc[256];
     int kdig;
     unsigned long long above;
+    /* what this block publishes to the cluster */
+    double pd;
+    float pf;
+    int pi, pj;
 };
+
+/* Block b's share of a row of n ids: [s0, s1), 32-aligned starts */
+__device__ __forceinline__ void cl_range(int n, int b, int &s0, int &s1)
+{
+    const int S = ((n + SMP_CL - 1) / SMP_CL + 31) & ~31;
+    s0 = min(n, b * S);
+    s1 = min(n, s0 + S);
+}
 
 __device__ __forceinline__ void amax_merge(float &best, int &bi, float v, int i)
 {
@@ -62,9 +86,9 @@ __device__ __forceinline__ unsigned long long fx_of(float q)
 
 /* m added to the 64-bit word (hi, lo) with 32-bit atomics: shared memory
  * adds 64-bit integers by a compare-and-swap loop, which spins when the
- * 1024 threads' entries share bins (1.44 ms a top-p draw at 248320 ids in s14r3); a carry
- * out of lo is seen once by the add that wrapped it, so the word is the
- * exact sum in any order */
+ * 1024 threads' entries share bins (1.44 ms a top-p draw at 248320 ids in
+ * s14r3); a carry out of lo is seen once by the add that wrapped it, so
+ * the word is the exact sum in any order */
 __device__ __forceinline__ void add64(unsigned *lo, unsigned *hi, unsigned long long m)
 {
     const unsigned l = (unsigned)m, h = (unsigned)(m >> 32);
@@ -74,9 +98,9 @@ __device__ __forceinline__ void add64(unsigned *lo, unsigned *hi, unsigned long 
         atomicAdd(hi, h + c);
 }
 
-/* Strided passes keep SMP_U loads in flight per thread: a row's 248320
- * ids are 242 a thread, and one load at a time waits out the L2 latency
- * each time (a T 0 draw, one such pass, took 29.7 us in s14r3). load(i) then use(i, v), in i order. */
+/* Strided passes keep SMP_U loads in flight per thread (one load at a
+ * time waits out the L2 latency each time). load(i) then use(i, v), in i
+ * order. */
 constexpr int SMP_U = 8;
 template <typename V, typename L, typename F> __device__ __forceinline__ void strided(int i0, int i1, int step, L load, F use)
 {
@@ -152,25 +176,39 @@ __device__ int block_min_int(int v, smp_red &r)
     return t;
 }
 
-/* out[k]: the draw of row k; bad[k]: 1 when every logit is NaN */
-__global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, int n, const smp_row *__restrict__ rows,
-                                                        const sn_logit_edit *__restrict__ edits,
-                                                        const int32_t *__restrict__ phase_end,
-                                                        const int32_t *__restrict__ banned, float *__restrict__ E,
-                                                        int32_t *__restrict__ out, int32_t *__restrict__ bad)
+/* The cluster's blocks in rank order: every block reads the same values in
+ * the same order, so what it derives from them is the same everywhere.
+ * publish then cl_sync, read, cl_sync (nobody overwrites or exits while
+ * another block still reads its shared memory). */
+__device__ __forceinline__ void cl_sync() { cg::this_cluster().sync(); }
+__device__ __forceinline__ smp_red *cl_peer(smp_red &r, int b)
+{
+    return cg::this_cluster().map_shared_rank(&r, (unsigned)b);
+}
+
+/* out[k]: the draw of row k; bad[k]: 1 when every logit is NaN. One
+ * cluster of SMP_CL blocks per row; block b holds ids cl_range(b). */
+__global__ void __cluster_dims__(SMP_CL, 1, 1) __launch_bounds__(SMP_THREADS)
+    k_sample(float *__restrict__ X, int n, const smp_row *__restrict__ rows, const sn_logit_edit *__restrict__ edits,
+             const int32_t *__restrict__ phase_end, const int32_t *__restrict__ banned, float *__restrict__ E,
+             int32_t *__restrict__ out, int32_t *__restrict__ bad)
 {
     __shared__ smp_red r;
-    const smp_row R = rows[blockIdx.x];
+    const int rk = (int)blockIdx.x / SMP_CL, cb = (int)cg::this_cluster().block_rank();
+    const smp_row R = rows[rk];
     float *x = X + (size_t)R.row * n;
-    float *e = E + (size_t)blockIdx.x * n;
+    float *e = E + (size_t)rk * n;
     const int tid = threadIdx.x, nt = blockDim.x;
+    int s0, s1;
+    cl_range(n, cb, s0, s1);
 
-    /* the edits, phase by phase (ids distinct within one), then the bans */
+    /* the edits of this block's ids, phase by phase (ids distinct within
+     * one), then the bans */
     for (int ph = 0; ph < R.n_ph; ph++) {
         const int a = R.e_off + (ph ? phase_end[R.ph_off + ph - 1] : 0), b = R.e_off + phase_end[R.ph_off + ph];
         for (int k = a + tid; k < b; k += nt) {
             const sn_logit_edit ed = edits[k];
-            if (ed.id < 0 || ed.id >= n)
+            if (ed.id < s0 || ed.id >= s1)
                 continue;
             float l = x[ed.id];
             if (ed.kind == SN_EDIT_ADD) {
@@ -187,7 +225,7 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
     }
     for (int k = tid; k < R.n_b; k += nt) {
         const int id = banned[R.b_off + k];
-        if (id >= 0 && id < n)
+        if (id >= s0 && id < s1)
             x[id] = -INFINITY;
     }
     __syncthreads();
@@ -195,7 +233,7 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
     /* the argmax: first maximum, NaN never wins */
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    strided<float>(tid, n, nt, [&](int i) { return x[i]; }, [&](int i, float v) { amax_merge(best, bi, v, i); });
+    strided<float>(s0 + tid, s1, nt, [&](int i) { return x[i]; }, [&](int i, float v) { amax_merge(best, bi, v, i); });
     for (int o = 16; o > 0; o >>= 1) {
         float ob = __shfl_xor_sync(0xffffffffu, best, o);
         int oi = __shfl_xor_sync(0xffffffffu, bi, o);
@@ -206,44 +244,62 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
         r.i[tid >> 5] = bi;
     }
     __syncthreads();
-    best = r.f[0];
-    bi = r.i[0];
-    for (int k = 1; k < nt / 32; k++)
-        amax_merge(best, bi, r.f[k], r.i[k]);
-    __syncthreads();
+    if (tid == 0) {
+        best = r.f[0];
+        bi = r.i[0];
+        for (int k = 1; k < nt / 32; k++)
+            amax_merge(best, bi, r.f[k], r.i[k]);
+        r.pf = best;
+        r.pi = bi;
+    }
+    cl_sync();
+    best = -INFINITY;
+    bi = 0x7fffffff;
+    for (int b = 0; b < SMP_CL; b++) {
+        const smp_red *q = cl_peer(r, b);
+        amax_merge(best, bi, q->pf, q->pi);
+    }
+    cl_sync();
+    const bool lead = cb == 0 && tid == 0;
     if (bi == 0x7fffffff) {
-        if (tid == 0) {
-            out[blockIdx.x] = 0;
-            bad[blockIdx.x] = 1;
+        if (lead) {
+            out[rk] = 0;
+            bad[rk] = 1;
         }
         return;
     }
     const int top = bi;
     const float mx = best;
     if (R.temperature == 0.0f || isinf(mx)) { /* greedy, or +inf decides the draw */
-        if (tid == 0) {
-            out[blockIdx.x] = top;
-            bad[blockIdx.x] = 0;
+        if (lead) {
+            out[rk] = top;
+            bad[rk] = 0;
         }
         return;
     }
 
-    /* the softmax's numerators and their total */
+    /* the softmax's numerators and their total (blocks in rank order) */
     double sum = 0.0;
-    strided<float>(tid, n, nt, [&](int i) { return x[i]; }, [&](int i, float l) {
+    strided<float>(s0 + tid, s1, nt, [&](int i) { return x[i]; }, [&](int i, float l) {
         const float v = isnan(l) ? 0.0f : expf(l - mx);
         e[i] = v;
         sum += v;
     });
-    sum = block_sum(sum, r);
-    __syncthreads(); /* e[] complete before any thread reads another's entries */
+    sum = block_sum(sum, r); /* its barriers also order e[] before any thread reads another's entries */
+    if (tid == 0)
+        r.pd = sum;
+    cl_sync();
+    sum = 0.0;
+    for (int b = 0; b < SMP_CL; b++)
+        sum += cl_peer(r, b)->pd;
+    cl_sync();
     const float inv = (float)(1.0 / sum);
     const float p = R.top_p;
     const float floor_p = p < 1.0f ? (1.0f - p) / (float)n : 0.0f;
 
     /* top-p: the key (bits of q) and the count of ties at that key that stay */
     unsigned kkey = 0u; /* candidates with key > kkey stay... */
-    int kties = 0;      /* ...and the first kties with key == kkey, in id order */
+    int kties = 0;      /* ...and the first kties with key == kkey, in the draw order */
     if (p < 1.0f) {
         const unsigned long long P = (unsigned long long)((double)p * SMP_FX);
         unsigned prefix = 0u, mask = 0u;
@@ -261,7 +317,7 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
             int cd = -1;
             unsigned long long cm = 0ull;
             unsigned cc = 0u;
-            strided<float>(tid, n, nt, [&](int i) { return e[i]; }, [&](int, float ev) {
+            strided<float>(s0 + tid, s1, nt, [&](int i) { return e[i]; }, [&](int, float ev) {
                 const float q = ev * inv;
                 if (!(q >= floor_p && q > 0.0f))
                     return;
@@ -285,30 +341,40 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
                 add64(&r.mlo[cd], &r.mhi[cd], cm);
                 atomicAdd(&r.c[cd], cc);
             }
+            cl_sync(); /* every block's bins complete */
+            for (int k = tid; k < 256; k += nt) {
+                unsigned long long m = 0ull;
+                unsigned c = 0u;
+                for (int b = 0; b < SMP_CL; b++) {
+                    const smp_red *q = cl_peer(r, b);
+                    m += (unsigned long long)q->mhi[k] << 32 | q->mlo[k];
+                    c += q->c[k];
+                }
+                r.mm[k] = m;
+                r.cc[k] = c;
+            }
             __syncthreads();
             if (tid == 0) {
                 int d = 255;
                 unsigned long long ab = above;
                 for (; d >= 0; d--) {
-                    const unsigned long long md = (unsigned long long)r.mhi[d] << 32 | r.mlo[d];
-                    if (ab + md >= P)
+                    if (ab + r.mm[d] >= P)
                         break;
-                    ab += md;
+                    ab += r.mm[d];
                 }
                 r.kdig = d;
                 r.above = ab;
             }
-            __syncthreads();
+            cl_sync(); /* the bins read everywhere before the next pass clears them */
             const int d = r.kdig;
             if (d < 0) { /* the candidates hold less than p: all stay */
                 found = false;
                 break;
             }
             above = r.above;
-            cnt_k = r.c[d];
+            cnt_k = r.cc[d];
             prefix |= (unsigned)d << shift;
             mask |= 255u << shift;
-            __syncthreads();
         }
         if (found) {
             kkey = prefix;
@@ -319,12 +385,13 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
         }
     }
 
-    /* the draw over the survivors in a fixed order: warp w holds ids
-     * [w * C, (w + 1) * C), its lane l every 32nd from w * C + l (coalesced
-     * loads); the order is (thread, then id), the tie rank of top-p too */
-    const int lane = tid & 31, nw = nt >> 5;
-    const int C = ((n + nw - 1) / nw + 31) & ~31;
-    const int c0 = min(n, (tid >> 5) * C) + lane, c1 = min(n, ((tid >> 5) + 1) * C);
+    /* the draw over the survivors in a fixed order: block by block; in a
+     * block warp w holds ids [s0 + w * C, s0 + (w + 1) * C), its lane l
+     * every 32nd from there (coalesced loads); the order is (block,
+     * thread, then id), the tie rank of top-p too */
+    const int lane = tid & 31, nw = nt >> 5, len = s1 - s0;
+    const int C = ((len + nw - 1) / nw + 31) & ~31;
+    const int c0 = s0 + min(len, (tid >> 5) * C) + lane, c1 = s0 + min(len, ((tid >> 5) + 1) * C);
     auto cand_key = [&](float ev, unsigned *key) -> bool {
         const float q = ev * inv;
         if (!(q >= floor_p && q > 0.0f))
@@ -341,6 +408,12 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
                 ties++;
         });
         tie0 = block_exscan(ties, r.i, &tot);
+        if (tid == 0)
+            r.pj = tot;
+        cl_sync();
+        for (int b = 0; b < cb; b++)
+            tie0 += cl_peer(r, b)->pj;
+        cl_sync();
     }
     const float invT = 1.0f / R.temperature;
     const bool reuse = invT == 1.0f && p >= 1.0f;
@@ -367,27 +440,58 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
             last = i;
         }
     });
-    double total;
-    const double pre = block_exscan(wsum, r.d, &total);
+    double btot;
+    double pre = block_exscan(wsum, r.d, &btot);
+    if (tid == 0)
+        r.pd = btot;
+    cl_sync();
+    double total = 0.0;
+    for (int b = 0; b < SMP_CL; b++) {
+        const double t = cl_peer(r, b)->pd;
+        if (b < cb)
+            pre += t; /* (the same sum of the earlier blocks, in order, as total's first terms) */
+        total += t;
+    }
+    cl_sync();
     if (!(total > 0.0)) {
-        if (tid == 0) {
-            out[blockIdx.x] = top;
-            bad[blockIdx.x] = 0;
+        if (lead) {
+            out[rk] = top;
+            bad[rk] = 0;
         }
         return;
     }
     const double local = R.u * total - pre;
     const bool mine = local >= 0.0 && local < wsum;
     const int who = block_min_int(mine ? tid : 0x7fffffff, r);
-    if (who == 0x7fffffff) { /* u * total rounded past the end: the last survivor in the order */
-        const int lt = -block_min_int(last >= 0 ? -tid : 1, r);
-        if (tid == (lt >= 0 ? lt : 0)) {
-            out[blockIdx.x] = lt >= 0 ? last : top;
-            bad[blockIdx.x] = 0;
+    /* and the block's last survivor, for u * total rounded past the end */
+    const int lt = -block_min_int(last >= 0 ? -tid : 1, r);
+    if (tid == 0) {
+        r.pi = who;
+        r.pj = lt;
+    }
+    cl_sync();
+    int wb = -1, lb = -1; /* the first block that holds u * total; the last with a survivor */
+    for (int b = 0; b < SMP_CL; b++) {
+        const smp_red *q = cl_peer(r, b);
+        if (wb < 0 && q->pi != 0x7fffffff)
+            wb = b;
+        if (q->pj >= 0)
+            lb = b;
+    }
+    cl_sync();
+    if (wb < 0) {
+        if (lb < 0) {
+            if (lead) {
+                out[rk] = top;
+                bad[rk] = 0;
+            }
+        } else if (cb == lb && tid == lt) {
+            out[rk] = last;
+            bad[rk] = 0;
         }
         return;
     }
-    if (tid == who) {
+    if (cb == wb && tid == who) {
         /* the walk: eight entries' loads at a time, then their sums in order */
         double acc = 0.0;
         int pick = last; /* the sums repeat the pass above's, so one is found */
@@ -414,8 +518,8 @@ __global__ void __launch_bounds__(SMP_THREADS) k_sample(float *__restrict__ X, i
                     }
                 }
         }
-        out[blockIdx.x] = pick;
-        bad[blockIdx.x] = 0;
+        out[rk] = pick;
+        bad[rk] = 0;
     }
 }
 
@@ -525,7 +629,7 @@ extern "C" sn_status sn_cuda_sample(sn_backend *b, float *x, int rows, int n, co
     char *d = (char *)cb->smp_d;
     CU_TRY(cudaMemcpyAsync(d, h, o_out, cudaMemcpyHostToDevice, cb->st), "sample parameters");
     int32_t *d_out = (int32_t *)(d + o_out);
-    k_sample<<<rows, SMP_THREADS, 0, cb->st>>>(x, n, (const smp_row *)(d + o_rows), (const sn_logit_edit *)(d + o_e),
+    k_sample<<<rows * SMP_CL, SMP_THREADS, 0, cb->st>>>(x, n, (const smp_row *)(d + o_rows), (const sn_logit_edit *)(d + o_e),
                                                (const int32_t *)(d + o_ph), (const int32_t *)(d + o_b),
                                                (float *)cb->smp_e, d_out, d_out + rows);
     CU_CHECK_LAUNCH("sample");
