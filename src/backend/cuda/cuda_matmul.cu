@@ -833,78 +833,6 @@ __global__ void k_moe_fill(const int32_t *__restrict__ idx, int N, const int *__
     }
 }
 
-/* k_moe_count, k_moe_scan and k_moe_fill in one launch (grid E, 1024
- * threads; cu_moe_group 1): every block makes the whole histogram of the
- * pairs' experts (shared integer atomics), so it knows its expert's row and
- * tile offsets without waiting on the others, then writes its pairs; each
- * thread owns a contiguous run of pairs, so a block scan of the threads'
- * counts keeps them in pair order. The same cnt, seg_off, tile_off, perm
- * and pos as the three kernels (k_moe_fill walked the pairs 256 at a time,
- * two barriers each: 128 dependent rounds at 4096 tokens x 8 experts). */
-__global__ void __launch_bounds__(1024) k_moe_group(const int32_t *__restrict__ idx, int N, int E, int tile_rows,
-                                                    int *__restrict__ cnt, int *__restrict__ seg_off,
-                                                    int *__restrict__ tile_off, int32_t *__restrict__ perm,
-                                                    int32_t *__restrict__ pos)
-{
-    pdl_enter();
-    extern __shared__ int hist[]; /* [E] */
-    __shared__ int wsum[32], rows_before, tiles_before;
-    const int e = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
-    for (int k = tid; k < E; k += nt)
-        hist[k] = 0;
-    if (tid == 0)
-        rows_before = tiles_before = 0;
-    __syncthreads();
-    const int per = (N + nt - 1) / nt, p0 = min(N, tid * per), p1 = min(N, p0 + per);
-    int mine = 0;
-    for (int p = p0; p < p1; p++) {
-        const int v = idx[p];
-        if (v >= 0 && v < E)
-            atomicAdd(&hist[v], 1);
-        mine += v == e;
-    }
-    __syncthreads();
-    int rb = 0, tb = 0;
-    for (int k = tid; k < e; k += nt) {
-        rb += hist[k];
-        tb += (hist[k] + tile_rows - 1) / tile_rows;
-    }
-    if (rb)
-        atomicAdd(&rows_before, rb); /* integer sums: order does not matter */
-    if (tb)
-        atomicAdd(&tiles_before, tb);
-    /* the threads' exclusive prefix of mine, in thread (= pair) order */
-    int inc = mine;
-    for (int o = 1; o < 32; o <<= 1) {
-        const int t = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= o)
-            inc += t;
-    }
-    if (lane == 31)
-        wsum[warp] = inc;
-    __syncthreads();
-    int before = inc - mine;
-    for (int w = 0; w < warp; w++)
-        before += wsum[w];
-    const int base = rows_before;
-    if (tid == 0) {
-        const int c = hist[e], t = (c + tile_rows - 1) / tile_rows;
-        cnt[e] = c;
-        seg_off[e] = base;
-        tile_off[e] = tiles_before;
-        if (e == E - 1) {
-            seg_off[E] = base + c;
-            tile_off[E] = tiles_before + t;
-        }
-    }
-    int row = base + before;
-    for (int p = p0; p < p1 && mine; p++)
-        if (idx[p] == e) {
-            perm[row] = p;
-            pos[p] = row++;
-        }
-}
-
 __global__ void k_silu_mul(float *__restrict__ g, const float *__restrict__ u, size_t n)
 {
     pdl_enter();
@@ -1171,19 +1099,13 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
     int64_t N = (int64_t)T * k, I = gate->rows, H = gate->cols, KpH = round_up(H, BK), KpI = round_up(I, BK);
     (void)cu_launch(k_moe_route, (unsigned)((T + 3) / 4), 128, 0, s, logits, T, E, k, norm_topk, idx, wts);
     CU_CHECK_LAUNCH("moe route");
+    (void)cu_launch(k_moe_count, (unsigned)E, 256, 0, s, idx, (int)N, cnt);
+    CU_CHECK_LAUNCH("moe count");
     const int tile_rows = L.int8 ? cu_gemm_i8_moe_block_tokens(di->gemm_i8) : BM;
-    if (cu_moe_group) {
-        (void)cu_launch(k_moe_group, (unsigned)E, 1024, sizeof(int) * (size_t)E, s, idx, (int)N, E, tile_rows, cnt, seg,
-                        tile, perm, pos);
-        CU_CHECK_LAUNCH("moe group");
-    } else {
-        (void)cu_launch(k_moe_count, (unsigned)E, 256, 0, s, idx, (int)N, cnt);
-        CU_CHECK_LAUNCH("moe count");
-        (void)cu_launch(k_moe_scan, 1, 32, 0, s, cnt, E, tile_rows, seg, tile);
-        CU_CHECK_LAUNCH("moe scan");
-        (void)cu_launch(k_moe_fill, (unsigned)E, 256, 0, s, idx, (int)N, seg, perm, pos);
-        CU_CHECK_LAUNCH("moe fill");
-    }
+    (void)cu_launch(k_moe_scan, 1, 32, 0, s, cnt, E, tile_rows, seg, tile);
+    CU_CHECK_LAUNCH("moe scan");
+    (void)cu_launch(k_moe_fill, (unsigned)E, 256, 0, s, idx, (int)N, seg, perm, pos);
+    CU_CHECK_LAUNCH("moe fill");
     if (L.int8) { /* [gemm_i8] x gathered into digit planes, gate and up from one staging */
         void *i8 = b + L.i8;
         SN_TRY(cu_gemm_i8_moe_stage(di, s, gate, x, perm, k, (const float *)NULL, N, i8));

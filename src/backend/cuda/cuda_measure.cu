@@ -105,7 +105,6 @@ const tune_key tune_keys[] = {
     { "moe_dn_rpw", TUNE_GLOBAL(cu_moe_dn_rpw), false, true, 2, { 1, 2 }, 0, 0, "1 or 2" },
     { "moe_pre", TUNE_GLOBAL(cu_moe_pre), false, true, 0, {}, 0, 3, "0 to 3 (bits: 1 down, 2 gate/up)" },
     { "moe_gemm", TUNE_DI(moe_gemm), true, false, 0, {}, 0, 0, "" },
-    { "moe_group", TUNE_GLOBAL(cu_moe_group), true, false, 0, {}, 0, 0, "" },
     { "gemv_i8", TUNE_DI(gemv_i8), true, true, 0, {}, 0, 0, "" },
     { "gemv_rpw1_rows", TUNE_DI(gemv_rpw1_rows), false, true, 0, {}, 0, INT_MAX, ">= 0; 0 = never" },
     { "attn_warps", TUNE_DI(attn_warps), false, true, 3, { 0, 4, 8 }, 0, 0, "0 = by shape, 4 or 8" },

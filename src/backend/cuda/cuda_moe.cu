@@ -49,7 +49,6 @@ int cu_moe_dec_mode = 1; /* see cuda_moe.h */
 /* see cuda_moe.h; 1: the 35B-A3B decode step 2.542-2.557 ms against 2.609-2.612 with warp 0
  * routing alone, three interleaved rounds on the H200 (results.log 2026-12-02T02:34Z) */
 int cu_moe_route = 1;
-int cu_moe_group = 1; /* see cuda_moe.h */
 /* see cuda_moe.h; 3: the 35B-A3B decode step 2.381-2.384 ms against 2.429-2.436 with 0, six-row
  * verify 6.839-6.857 against 7.029-7.062 (one binary, three interleaved rounds, H200, s13r3) */
 int cu_moe_pre = 3;

@@ -38,7 +38,6 @@ extern int cu_moe_gu_warps;
  * alone); 0 by warp 0 alone (tune "moe_route"); the same experts, weights
  * and bits either way */
 extern int cu_moe_route;
-extern int cu_moe_group; /* prefill: route grouping in one launch (k_moe_group) or three */
 /* when the decode kernels' activations are loaded (tune "moe_pre", bits):
  * 1 the down kernel's h beside the expert ids, before its weights; 2 the
  * gate/up kernel's x before the routing; a clear bit: after the weights'
