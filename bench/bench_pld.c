@@ -281,9 +281,10 @@ int main(int argc, char **argv)
     }
     char line[1024], samp[160] = "";
     if (g_temp > 0.0f || g_rep != 0.0f) {
-        const char *where = getenv("SANCTUM_SAMPLE_DEVICE");
+        bool dev_ok = true; /* (an invalid value already failed the runs) */
+        (void)sn_sample_device_allowed(&dev_ok);
         snprintf(samp, sizeof samp, " sampled (T %g, top_p %g, repetition penalty %g, seed 1, draws %s)", g_temp,
-                 g_top_p, g_rep, where && !strcmp(where, "0") ? "on the host" : "where the backend draws");
+                 g_top_p, g_rep, dev_ok ? "where the backend draws" : "on the host");
     }
     double acc1 = last[1].drafted ? (double)last[1].accepted / last[1].drafted : 0;
     double acc2 = last[2].drafted ? (double)last[2].accepted / last[2].drafted : 0;

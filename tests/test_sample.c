@@ -285,6 +285,22 @@ static void test_top_p_exact_draws(void)
     }
 }
 
+/* SANCTUM_SAMPLE_DEVICE: unset or 1 lets the backend draw, 0 keeps the
+ * host sampler, anything else is refused naming the value */
+static void test_sample_device_env(void)
+{
+    bool ok = false;
+    unsetenv("SANCTUM_SAMPLE_DEVICE");
+    CHECK(sn_sample_device_allowed(&ok) == SN_OK && ok);
+    setenv("SANCTUM_SAMPLE_DEVICE", "0", 1);
+    CHECK(sn_sample_device_allowed(&ok) == SN_OK && !ok);
+    setenv("SANCTUM_SAMPLE_DEVICE", "1", 1);
+    CHECK(sn_sample_device_allowed(&ok) == SN_OK && ok);
+    setenv("SANCTUM_SAMPLE_DEVICE", "gpu", 1);
+    CHECK(sn_sample_device_allowed(&ok) == SN_E_INVALID && strstr(sn_errmsg(), "SANCTUM_SAMPLE_DEVICE=gpu"));
+    unsetenv("SANCTUM_SAMPLE_DEVICE");
+}
+
 static void test_seed_same_sequence(void)
 {
     enum { V = 1000, N = 200 };
@@ -459,6 +475,7 @@ int main(void)
     RUN(test_top_p_before_temperature);
     RUN(test_top_p_matches_sorted_reference);
     RUN(test_top_p_exact_draws);
+    RUN(test_sample_device_env);
     RUN(test_seed_same_sequence);
     RUN(test_logit_bias);
     RUN(test_params_check);

@@ -107,7 +107,7 @@ static int parse_args(int argc, char **argv, args *a)
                 fprintf(stderr, "sanctum-run: %s: bad value '%s'\n", k, v);
                 return -1;
             }
-            *(k[2] == 't' ? &a->top_p : &a->rep_penalty) = f; /* ranges: sn_sample_params_check */
+            *(!strcmp(k, "--top-p") ? &a->top_p : &a->rep_penalty) = f; /* ranges: sn_sample_params_check */
         } else if (!strcmp(k, "--seed")) {
             NEEDV();
             char *end;
@@ -331,13 +331,13 @@ int main(int argc, char **argv)
     bool greedy = sn_sampler_is_greedy(smp);
     /* Sampled runs draw on the backend where it can (SANCTUM_SAMPLE_DEVICE=0:
      * on the host), so no logits cross per token either. */
-    const char *sd = getenv("SANCTUM_SAMPLE_DEVICE");
-    if (sd && strcmp(sd, "0") && strcmp(sd, "1")) {
-        fprintf(stderr, "sanctum-run: SANCTUM_SAMPLE_DEVICE=%s: want 1 (default: draw on the backend where it can) or 0\n", sd);
+    bool dev_ok;
+    if (sn_sample_device_allowed(&dev_ok) != SN_OK) {
+        fprintf(stderr, "sanctum-run: %s\n", sn_errmsg());
         rc = 2;
         goto out;
     }
-    dd.on = !greedy && sn_model_can_sample(m) && !(sd && !strcmp(sd, "0"));
+    dd.on = !greedy && sn_model_can_sample(m) && dev_ok;
     if (dd.on) {
         dd.edits = malloc((size_t)sn_sampler_edit_cap(smp) * sizeof *dd.edits);
         dd.phase_end = malloc((size_t)sn_sampler_phase_cap(smp) * sizeof *dd.phase_end);

@@ -81,5 +81,10 @@ sn_status sn_sampler_device_rows(sn_sampler *s, const int32_t *extra, int n_rows
                                  int n_banned, sn_logit_edit *edits, int32_t *phase_end, sn_sample_row *rows);
 /* One device draw of sn_sampler_device_rows was used (its token emitted). */
 void sn_sampler_took_draw(sn_sampler *s);
+/* Whether a sampled generation may draw on the backend where it can
+ * (sn_model_can_sample): SANCTUM_SAMPLE_DEVICE unset or 1 yes, 0 no (the
+ * host sampler: the same distribution, the host's rounding and survivor
+ * order); another value is SN_E_INVALID naming it. */
+sn_status sn_sample_device_allowed(bool *allowed);
 
 #endif

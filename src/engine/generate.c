@@ -200,14 +200,9 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     g.n_hist = n_prompt;
     if ((st = sn_sampler_new(&p->sample, vocab, &g.smp)) != SN_OK) goto out;
     g.greedy = sn_sampler_is_greedy(g.smp);
-    /* SANCTUM_SAMPLE_DEVICE=0 keeps the draws on the host (the same
-     * distribution; the host's rounding and survivor order) */
-    const char *sd = getenv("SANCTUM_SAMPLE_DEVICE");
-    if (sd && strcmp(sd, "0") && strcmp(sd, "1")) {
-        st = SN_FAIL(SN_E_INVALID, "SANCTUM_SAMPLE_DEVICE=%s: want 1 (default: draw on the backend where it can) or 0", sd);
-        goto out;
-    }
-    g.dev = !g.greedy && sn_model_can_sample(m) && !(sd && !strcmp(sd, "0"));
+    bool dev_ok;
+    if ((st = sn_sample_device_allowed(&dev_ok)) != SN_OK) goto out;
+    g.dev = !g.greedy && sn_model_can_sample(m) && dev_ok;
     if (g.dev) {
         size_t ec = (size_t)sn_sampler_edit_cap(g.smp), pc = (size_t)sn_sampler_phase_cap(g.smp);
         g.srows = malloc((size_t)rows * sizeof *g.srows);

@@ -481,6 +481,15 @@ sn_status sn_sampler_device_rows(sn_sampler *s, const int32_t *extra, int n_rows
     return SN_OK;
 }
 
+sn_status sn_sample_device_allowed(bool *allowed)
+{
+    const char *sd = getenv("SANCTUM_SAMPLE_DEVICE");
+    *allowed = !(sd && !strcmp(sd, "0"));
+    if (sd && strcmp(sd, "0") && strcmp(sd, "1"))
+        return SN_FAIL(SN_E_INVALID, "SANCTUM_SAMPLE_DEVICE=%s: want 1 (default: draw on the backend where it can) or 0", sd);
+    return SN_OK;
+}
+
 void sn_sampler_took_draw(sn_sampler *s)
 {
     if (s->p.temperature > 0.0f) (void)sn_rng_uniform(&s->rng);
