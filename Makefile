@@ -30,9 +30,7 @@ ifeq ($(SN_CUDA),1)
 CU_SRC  = $(wildcard src/backend/cuda/*.cu)
 CU_OBJ  = $(patsubst %.cu,$(BUILD)/obj/%.o,$(CU_SRC))
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-# sm_90a: the H200's code with Hopper's wgmma (cuda_gemm_i8.cu); compute_90 PTX for
-# other GPUs, where those kernels are left out and never chosen
-NVCCFLAGS ?= -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 -lineinfo -Iinclude -Isrc -Xcompiler -fPIC,-Wall
+NVCCFLAGS ?= -O3 -std=c++17 -arch=sm_90 -lineinfo -Iinclude -Isrc -Xcompiler -fPIC,-Wall
 CFLAGS  += -DSN_HAVE_CUDA=1
 LDLIBS  += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -lrt -lstdc++
 endif

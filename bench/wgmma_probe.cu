@@ -1,6 +1,8 @@
-/* Do the wgmma operand layouts cuda_gemm_i8.cu's k_gemm_wg assumes hold on
- * this GPU? One warpgroup multiplies a 64 x 32 u8 A (from registers) by an
- * N x 32 B (s8 for N = 64, u8 for N = 128, from shared memory, K-major, no
+/* Do the wgmma operand layouts k_gemm_wg assumed hold on the H200? (k_gemm_wg,
+ * the prefill GEMM on wgmma, commit e433e44: bitwise right, slower than
+ * k_gemm_i8's mma.sync, taken out; docs/PERFORMANCE.md run 26.) They do
+ * (bench/results.log s16r1, s16r2). One warpgroup multiplies a 64 x 32
+ * u8 A (from registers) by an N x 32 B (s8 for N = 64, u8 for N = 128, from shared memory, K-major, no
  * swizzle) and the host checks every int32 of D against its own product:
  *
  * - A in registers as mma.m16n8k32's A per warp: warp w holds rows 16w..16w+15;

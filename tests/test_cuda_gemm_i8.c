@@ -523,8 +523,6 @@ static sn_weight host_view(const hq4 *w)
 }
 
 /* y = W x on the GPU with gemm_i8 = D (output poisoned with NaN first) */
-static int wg_mode; /* the GEMM's form under test: sn_cuda_tune gemm_wg (0 mma.sync, 1 wgmma) */
-
 static float *gpu_mm(const sn_weight *wg, const float *dx, int T, int D)
 {
     size_t n = (size_t)T * wg->rows;
@@ -532,7 +530,6 @@ static float *gpu_mm(const sn_weight *wg, const float *dx, int T, int D)
     for (size_t i = 0; i < n; i++) h[i] = NAN;
     float *dy = dcopy(h, n);
     CHECK_OK(sn_cuda_tune(G, "gemm_i8", D));
-    CHECK_OK(sn_cuda_tune(G, "gemm_wg", wg_mode));
     CHECK_OK(G->ops->matmul(G, wg, 0, dx, T, dy));
     if (G->ops->to_host(G, h, dy, sizeof(float) * n) != SN_OK)
         for (size_t i = 0; i < n; i++) h[i] = NAN;
@@ -651,7 +648,6 @@ static void test_gpu_staging_reuse(void)
     float *dx = dcopy(x, (size_t)T * K), *dz = dcopy(z, (size_t)T * K), *dx2 = dpoison((size_t)T * K);
     float *dya = dpoison((size_t)T * 259), *dyb = dpoison((size_t)T * 130), *dyg = dpoison((size_t)T * 77);
     CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
-    CHECK_OK(sn_cuda_tune(G, "gemm_wg", wg_mode));
     /* references: each staged fresh (a tune or a from_host between calls forgets the staging) */
     float *rb = gpu_mm(&b.wg, dx, T, 3), *rg = gpu_mm(&g32.wg, dx, T, 3), *rb9 = gpu_mm(&b.wg, dx, 9, 3);
     /* b right after a on the same x: staged once */
@@ -710,26 +706,20 @@ static void time_gemm(void)
         CHECK_OK(G->ops->buf_alloc(G, sizeof(float) * (size_t)T * w.rows, &p));
         dy = p;
         fprintf(stderr, "  time %5lld x %5lld, T=%d:", (long long)w.rows, (long long)w.cols, T);
-        /* digits, and the wgmma form (skipped where the build has none) */
-        static const int modes[7][2] = { { 3, 0 }, { 3, 1 }, { 3, 2 }, { 2, 0 }, { 2, 1 }, { 2, 2 }, { 0, 0 } };
-        static const char *names[7] = { "i8", "i8wg", "i8wg2", "i8fast", "i8fastwg", "i8fastwg2", "split" };
-        for (int mi = 0; mi < 7; mi++) {
-            CHECK_OK(sn_cuda_tune(G, "gemm_i8", modes[mi][0]));
-            if (sn_cuda_tune(G, "gemm_wg", modes[mi][1]) != SN_OK) {
-                sn_clear_error();
-                continue;
-            }
+        static const int modes[3] = { 3, 2, 0 };
+        for (int mi = 0; mi < 3; mi++) {
+            CHECK_OK(sn_cuda_tune(G, "gemm_i8", modes[mi]));
             CHECK_OK(G->ops->matmul(G, &wg, 0, dx, T, dy)); /* warm-up (scratch growth) */
             CHECK_OK(G->ops->sync(G));
             double t0 = now_s();
             for (int r = 0; r < reps; r++) CHECK_OK(G->ops->matmul(G, &wg, 0, dx, T, dy));
             CHECK_OK(G->ops->sync(G));
             double dt = (now_s() - t0) / reps;
-            fprintf(stderr, "  %s %.3f ms %.0f TFLOP/s", names[mi], dt * 1e3, 2.0 * w.rows * w.cols * T / dt / 1e12);
+            fprintf(stderr, "  %s %.3f ms %.0f TFLOP/s", modes[mi] == 3 ? "i8" : modes[mi] == 2 ? "i8fast" : "split",
+                    dt * 1e3, 2.0 * w.rows * w.cols * T / dt / 1e12);
         }
         fprintf(stderr, "\n");
         CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
-        CHECK_OK(sn_cuda_tune(G, "gemm_wg", 0));
         G->ops->buf_free(G, dx);
         G->ops->buf_free(G, dy);
         free(x);
@@ -757,20 +747,6 @@ int main(void)
         RUN(test_gpu_vs_emulation);
         RUN(test_gpu_vs_cpu);
         RUN(test_gpu_staging_reuse);
-        /* the wgmma forms (blocks of 64 and 32 tokens): the same checks, so the same bits as the emulation */
-        if (sn_cuda_tune(G, "gemm_wg", 1) == SN_OK) {
-            for (wg_mode = 1; wg_mode <= 2; wg_mode++) {
-                fprintf(stderr, "  the wgmma form gemm_wg=%d:\n", wg_mode);
-                RUN(test_gpu_vs_emulation);
-                RUN(test_gpu_vs_cpu);
-                RUN(test_gpu_staging_reuse);
-            }
-            wg_mode = 0;
-            CHECK_OK(sn_cuda_tune(G, "gemm_wg", 0));
-        } else {
-            fprintf(stderr, "SKIP test_cuda_gemm_i8 wgmma form: %s\n", sn_errmsg());
-            sn_clear_error();
-        }
     }
     RUN(time_gemm);
     if (G->ops->sync(G) != SN_OK) {

@@ -1537,7 +1537,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
         /* [gemm_i8] SANCTUM_CUDA_GEMM=i8 (default: 3 digits) | i8fast (2 digits) | split | fast: the
          * integer tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every weight */
         cb->di.gemm_i8 = !g || !strcmp(g, "i8") ? 3 : !strcmp(g, "i8fast") ? 2 : 0;
-        cb->di.gemm_wg = 0; /* the wgmma form: measured before it becomes the default */
         /* SANCTUM_CUDA_PDL=0|1|2 (checked above): which kernels may start before the previous
          * one ends; by default (2) those that prefetch weights (cuda_internal.h) */
         const char *p = getenv("SANCTUM_CUDA_PDL");

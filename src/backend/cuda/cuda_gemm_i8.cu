@@ -515,356 +515,13 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         }
 }
 
-/* ---- the wgmma form (sm_90a): the same arithmetic off the issue slots ----
- *
- * k_gemm_i8 issues 48 mma.sync per warp and quant group and waits on
- * their chains at 2 warps per scheduler (ncu: tensor pipe 33 % busy, 1.8
- * instructions per cycle per SM). Here two warpgroups of 64 rows each share
- * a block's x planes (64 tokens): per 32-column k-tile each warpgroup issues
- * one asynchronous wgmma for the signed digit plane (N = 64) and one for the
- * unsigned ones (N = 64 (D - 1), planes stacked along N), the weights as the
- * A operand straight from registers (mma.m16n8k32's A fragment per warp, so
- * the repacked tiles load as they are) and the planes as B from shared
- * memory (K-major, no swizzle: core matrices of 8 rows x 16 bytes, 128 B
- * apart along K and 512 B along N). A group's partials are flushed with
- * k_gemm_i8's instructions in k_gemm_i8's order (the magic-number floats,
- * then s and b), so every output has the bits of k_gemm_i8 (the test checks
- * both against the C emulation). The accumulators start a group at the
- * magic constant by register moves, not by the MMA's C operand. */
-constexpr int WG_THREADS = 256; /* two warpgroups */
-constexpr int WG_BMT = 8;       /* 16-row tiles per block: warp w takes tile w */
-constexpr int WG_STAGES = 4;
-
-/* BT: tokens per block (64, or 32 so that two blocks fit an SM) */
-template <int D, int BT>
-struct wgcfg {
-    static constexpr int NS = BT;            /* N of the signed plane's wgmma */
-    static constexpr int NU = BT * (D - 1);  /* N of the unsigned planes' wgmma (planes stacked along N) */
-    static constexpr int A_BYTES = WG_BMT * 512;
-    static constexpr int B_BYTES = D * BT * 64;
-    static constexpr int S_BYTES = 2 * WG_BMT * 16 * 4; /* room for two groups per 64 columns */
-    static constexpr int C_BYTES = 2 * BT * 16;
-    static constexpr int STAGE = A_BYTES + B_BYTES + S_BYTES + C_BYTES;
-    static constexpr int SMEM = WG_STAGES * STAGE;
-};
-static_assert(wgcfg<3, 64>::STAGE % 128 == 0 && wgcfg<2, 64>::STAGE % 128 == 0 && wgcfg<3, 32>::STAGE % 128 == 0 &&
-                  wgcfg<2, 32>::STAGE % 128 == 0,
-              "stages stay aligned");
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WG_R8(i)                                                                                                     \
-    "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), "+r"(d[i + 6]),     \
-        "+r"(d[i + 7])
-#define WG_D16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
-#define WG_D32 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define WG_PRE "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned."
-/* D[64 x N] += A[64 x 32] (u8, registers) x B[N x 32] (s8 when SGN, else u8; descriptor) */
-template <int N, bool SGN>
-__device__ __forceinline__ void wg_mma(int (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc)
-{
-    static_assert((N == 32 || N == 64 || N == 128) && (N < 128 || !SGN), "the shapes the GEMM uses");
-    if constexpr (N == 32 && SGN)
-        asm volatile(WG_PRE "m64n32k32.s32.u8.s8 " WG_D16 ", {%16,%17,%18,%19}, %20, p;\n}\n"
-                     : WG_R8(0), WG_R8(8)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-    else if constexpr (N == 32)
-        asm volatile(WG_PRE "m64n32k32.s32.u8.u8 " WG_D16 ", {%16,%17,%18,%19}, %20, p;\n}\n"
-                     : WG_R8(0), WG_R8(8)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-    else if constexpr (N == 64 && SGN)
-        asm volatile(WG_PRE "m64n64k32.s32.u8.s8 " WG_D32 ", {%32,%33,%34,%35}, %36, p;\n}\n"
-                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-    else if constexpr (N == 64)
-        asm volatile(WG_PRE "m64n64k32.s32.u8.u8 " WG_D32 ", {%32,%33,%34,%35}, %36, p;\n}\n"
-                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-    else
-        asm volatile(WG_PRE "m64n128k32.s32.u8.u8 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                     "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-                     "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-                     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
-                     "{%64,%65,%66,%67}, %68, p;\n}\n"
-                     : WG_R8(0), WG_R8(8), WG_R8(16), WG_R8(24), WG_R8(32), WG_R8(40), WG_R8(48), WG_R8(56)
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
-}
-#undef WG_PRE
-#undef WG_D16
-#undef WG_D32
-#undef WG_R8
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-/* the accumulators as operands: the compiler must not move reads or writes
- * of them across the wait */
-template <int N>
-__device__ __forceinline__ void wg_pin(int (&d)[N])
-{
-#pragma unroll
-    for (int i = 0; i < N; i++)
-        asm volatile("" : "+r"(d[i])::"memory");
-}
-#endif
-
-/* 1 when this build carries the wgmma kernels (sm_90a code), read once at
- * init: a build for plain sm_90 or a JIT from compute_90 PTX has none */
-__global__ void k_wg_built(int *out)
-{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    *out = 1;
-#else
-    *out = 0;
-#endif
-}
-
-template <int D, int GS, bool F16, int BT>
-__global__ void __launch_bounds__(WG_THREADS, BT == 32 ? 2 : 1)
-k_gemm_wg(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const float *__restrict__ bias,
-          int64_t rows, int64_t MT, int64_t cols, int64_t groups, const int8_t *__restrict__ planes,
-          const float4 *__restrict__ gc, int T, float *__restrict__ y)
-{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using C = wgcfg<D, BT>;
-    constexpr bool HI16 = GS <= 2;       /* rows g+8 as 16 q (as in k_gemm_i8) */
-    constexpr int SUB = GS == 1 ? 2 : 1; /* quant groups per 64-column block */
-    constexpr int NS = C::NS, NU = C::NU, TJ = BT / 8; /* TJ: 8-token tiles */
-    pdl_launch();
-    extern __shared__ __align__(128) unsigned char wg_smem[];
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wg_smem);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int KB = (int)(cols / 64);
-    /* grouped raster as in k_gemm_i8 */
-    const int64_t nrb = (MT + WG_BMT - 1) / WG_BMT, ntb = (T + BT - 1) / BT, bid = blockIdx.x;
-    const int64_t grp0 = bid / (nrb * I8_GT), loc = bid - grp0 * nrb * I8_GT;
-    const int64_t gsz = ntb - grp0 * I8_GT < I8_GT ? ntb - grp0 * I8_GT : I8_GT;
-    const int64_t tb = grp0 * I8_GT + loc % gsz, rb = loc / gsz;
-    const int64_t mt0 = rb * WG_BMT;
-    const int t0 = (int)(tb * BT);
-
-    /* copy sources: A chunk tid (tile tid / 32, lane tid % 32); D x BT plane
-     * rows of 4 chunks (row n = d * BT + token); scale pairs of the block's
-     * 8 tiles (4 chunks each) per group; column constants per group */
-    constexpr int NB = (D * BT * 4 + WG_THREADS - 1) / WG_THREADS;
-    const int64_t mtA = mt0 + (tid >> 5);
-    const bool okA = mtA < MT;
-    const uint4 *srcA = qr + (okA ? mtA * KB * 32 + (tid & 31) : 0);
-    const int8_t *srcB[NB];
-    bool okB[NB], hasB[NB];
-    uint32_t dstB[NB];
-#pragma unroll
-    for (int r = 0; r < NB; r++) {
-        const int i = tid + r * WG_THREADS, n = i >> 2, c = i & 3, d = n / BT, t = t0 + n % BT;
-        hasB[r] = i < D * BT * 4;
-        okB[r] = hasB[r] && t < T;
-        srcB[r] = planes + (okB[r] ? ((size_t)d * T + t) * cols + c * 16 : 0);
-        dstB[r] = C::A_BYTES + ((n >> 3) * 4 + c) * 128 + (n & 7) * 16;
-    }
-    const bool hasS = tid < SUB * WG_BMT * 4;
-    const int subS = tid / (WG_BMT * 4), mS = (tid / 4) % WG_BMT;
-    const bool okS = hasS && mt0 + mS < MT;
-    const uint32_t *srcS = sr + (okS ? (mt0 + mS) * groups * 16 + 4 * (tid & 3) : 0);
-    const bool hasC = tid < SUB * BT;
-    const int subC = tid / BT;
-    const bool okC = hasC && t0 + tid % BT < T;
-    const float4 *srcC = gc + (okC ? t0 + tid % BT : 0);
-
-    auto load_w = [&](int kb, int slot) {
-        const uint32_t st = sbase + slot * C::STAGE;
-        cp16(st + tid * 16, srcA + (okA ? kb * 32 : 0), okA);
-        if ((GS < 4 || (kb & 1)) && hasS) {
-            const int64_t g = (kb * 2 + subS) / GS;
-            cp16(st + C::A_BYTES + C::B_BYTES + (subS * WG_BMT + mS) * 64 + (tid & 3) * 16, srcS + (okS ? g * 16 : 0),
-                 okS);
-        }
-    };
-    auto load_x = [&](int kb, int slot) {
-        const uint32_t st = sbase + slot * C::STAGE;
-#pragma unroll
-        for (int r = 0; r < NB; r++)
-            if (hasB[r])
-                cp16(st + dstB[r], srcB[r] + (okB[r] ? kb * 64 : 0), okB[r]);
-        if ((GS < 4 || (kb & 1)) && hasC) {
-            const int64_t g = (kb * 2 + subC) / GS;
-            cp16(st + C::A_BYTES + C::B_BYTES + C::S_BYTES + tid * 16, srcC + (okC ? g * T : 0), okC);
-        }
-    };
-
-#pragma unroll
-    for (int s = 0; s < WG_STAGES - 1; s++) {
-        if (s < KB)
-            load_w(s, s);
-        cp_commit();
-    }
-    pdl_wait();
-#pragma unroll
-    for (int s = 0; s < WG_STAGES - 1; s++) {
-        if (s < KB)
-            load_x(s, s);
-        cp_commit();
-    }
-
-    /* descriptors of the two B operands at k-tile 0 of slot 0: start
-     * address, LBO 128 (K), SBO 512 (N), no swizzle; advanced by adding the
-     * byte offset / 16 to the start field */
-    const uint64_t dbase = (uint64_t)(((sbase + C::A_BYTES) & 0x3FFFFu) >> 4) | ((uint64_t)(128 >> 4) << 16) |
-                           ((uint64_t)(512 >> 4) << 32);
-    const uint64_t dbase_u = dbase + (uint64_t)((BT / 8) * 512 >> 4); /* plane rows BT.. (d1, d2) */
-
-    int p0[NS / 2], pu[NU / 2]; /* the signed plane's and the unsigned planes' partials */
-    float acc[NS / 2];
-#pragma unroll
-    for (int i = 0; i < NS / 2; i++)
-        acc[i] = 0.f;
-
-    /* end of a quant group: k_gemm_i8's flush, on this thread's 2 rows x 2 TJ tokens */
-    auto flush = [&](const unsigned char *st, int sub) {
-        const uint32_t *Ss = (const uint32_t *)(st + C::A_BYTES + C::B_BYTES) + (sub * WG_BMT + warp) * 16;
-        const float4 *Cs = (const float4 *)(st + C::A_BYTES + C::B_BYTES + C::S_BYTES) + sub * BT + 2 * tq;
-        float s[2], b[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const uint32_t pr = Ss[gq + 8 * h];
-            if (!F16) {
-                s[h] = __uint_as_float(pr << 16);
-                b[h] = __uint_as_float(pr & 0xffff0000u);
-            } else {
-                const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&pr));
-                s[h] = f.x;
-                b[h] = f.y;
-            }
-            if (HI16 && h)
-                s[h] = __fmul_rn(s[h], 0.0625f);
-        }
-#pragma unroll
-        for (int j = 0; j < TJ; j++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const float4 v = Cs[8 * j + c];
-                const float es = v.x, kk = v.y, xb = v.z;
-                const float c0 = __fmul_rn(es, D == 3 ? 65536.f : 256.f), c1 = __fmul_rn(es, 256.f);
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int i = 4 * j + 2 * h + c;
-                    float u = __fmaf_rn(__int_as_float(p0[i]), c0, kk);
-                    if (D == 3) {
-                        u = __fmaf_rn(__int_as_float(pu[i]), c1, u);
-                        u = __fmaf_rn(__int_as_float(pu[NS / 2 + i]), es, u);
-                    } else {
-                        u = __fmaf_rn(__int_as_float(pu[i]), es, u);
-                    }
-                    acc[i] = __fmaf_rn(s[h], u, acc[i]);
-                    acc[i] = __fmaf_rn(b[h], xb, acc[i]);
-                }
-            }
-    };
-
-    for (int kb = 0; kb < KB; kb++) {
-        cp_wait<WG_STAGES - 2>();
-        /* cp.async wrote through the generic proxy, wgmma reads through the async one */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads(); /* stage kb landed; every wgmma that read the slot refilled below has completed */
-        {
-            const int kn = kb + WG_STAGES - 1;
-            if (kn < KB) {
-                load_w(kn, kn % WG_STAGES);
-                load_x(kn, kn % WG_STAGES);
-            }
-            cp_commit();
-        }
-        const int slot = kb % WG_STAGES;
-        const unsigned char *st = wg_smem + slot * C::STAGE;
-        const uint4 W = ((const uint4 *)st)[warp * 32 + lane];
-        const uint32_t wv[4] = { W.x, W.y, W.z, W.w };
-        const uint64_t soff = (uint64_t)(slot * C::STAGE) >> 4;
-        /* both k-tiles' A registers first: they stay live while the wgmmas run */
-        uint32_t a[2][4];
-#pragma unroll
-        for (int kt = 0; kt < 2; kt++) {
-            a[kt][0] = wv[2 * kt] & 0x0F0F0F0Fu;
-            a[kt][1] = HI16 ? (wv[2 * kt] & 0xF0F0F0F0u) : ((wv[2 * kt] >> 4) & 0x0F0F0F0Fu);
-            a[kt][2] = wv[2 * kt + 1] & 0x0F0F0F0Fu;
-            a[kt][3] = HI16 ? (wv[2 * kt + 1] & 0xF0F0F0F0u) : ((wv[2 * kt + 1] >> 4) & 0x0F0F0F0Fu);
-        }
-#pragma unroll
-        for (int kt = 0; kt < 2; kt++) {
-            const bool first = GS == 1 || (kt == 0 && (GS == 2 || !(kb & 1)));
-            if (first) {
-#pragma unroll
-                for (int i = 0; i < NS / 2; i++)
-                    p0[i] = (int)I8_MAGIC;
-#pragma unroll
-                for (int i = 0; i < NU / 2; i++)
-                    pu[i] = (int)I8_MAGIC;
-            }
-            if (kt == 0 || first)
-                wg_fence();
-            const uint64_t ko = soff + (uint64_t)(kt * 256 >> 4);
-            wg_mma<NS, true>(p0, a[kt], dbase + ko);
-            wg_mma<NU, false>(pu, a[kt], dbase_u + ko);
-            wg_commit();
-            const bool last = GS == 1 || (kt == 1 && (GS == 2 || (kb & 1)));
-            if (last || kt == 1) /* kt 1: the slot must be free for the next block's refill */
-                wg_wait0();
-            if (last)
-                flush(st, GS == 1 ? kt : 0);
-        }
-    }
-
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int64_t r = (mt0 + warp) * 16 + gq + 8 * h;
-        if (r >= rows)
-            continue;
-        const float bv = bias ? __ldg(bias + r) : 0.f;
-#pragma unroll
-        for (int j = 0; j < TJ; j++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int t = t0 + 8 * j + 2 * tq + c;
-                if (t < T) {
-                    const float v = acc[4 * j + 2 * h + c];
-                    y[(size_t)t * rows + r] = bias ? __fadd_rn(v, bv) : v;
-                }
-            }
-    }
-#else
-    (void)qr; (void)sr; (void)bias; (void)rows; (void)MT; (void)cols; (void)groups; (void)planes; (void)gc;
-    (void)T; (void)y;
-    __trap(); /* never launched: the host asks k_wg_built first */
-#endif
-}
-
 size_t planes_bytes(const cu_weight *w, int T, int D)
 {
     return ((size_t)D * T * w->cols + 255) / 256 * 256;
 }
 
-bool wg_built; /* k_wg_built said so at init */
-
-/* form 1: k_gemm_wg of 64 tokens per block (one block per SM); 2: of 32 (two per SM) */
 template <int D, int GS>
-sn_status wg_launch(cudaStream_t s, const cu_weight *w, const int8_t *planes, const float4 *gc, int T, float *y,
-                    int form)
-{
-    const int bt = form == 2 ? 32 : 64;
-    const int64_t nblk = (w->mt + WG_BMT - 1) / WG_BMT * ((T + bt - 1) / bt);
-    if (nblk > INT32_MAX)
-        return SN_FAIL(SN_E_UNSUPPORTED, "matmul gemm wg: %lld blocks", (long long)nblk);
-    const bool f16 = w->sfmt != CS_BF16;
-    auto kern = form == 2 ? (f16 ? k_gemm_wg<D, GS, true, 32> : k_gemm_wg<D, GS, false, 32>)
-                          : (f16 ? k_gemm_wg<D, GS, true, 64> : k_gemm_wg<D, GS, false, 64>);
-    const size_t smem = form == 2 ? (size_t)wgcfg<D, 32>::SMEM : (size_t)wgcfg<D, 64>::SMEM;
-    (void)cu_launch_w(kern, dim3((unsigned)nblk), dim3(WG_THREADS), smem, s, (const uint4 *)w->qr,
-                      (const uint32_t *)w->sr, (const float *)w->bias, (int64_t)w->rows, (int64_t)w->mt,
-                      (int64_t)w->cols, (int64_t)w->groups, planes, gc, T, y);
-    CU_CHECK_LAUNCH("matmul gemm wg");
-    return SN_OK;
-}
-
-template <int D, int GS>
-sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, float *y, void *scratch, bool staged,
-                    int wg)
+sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, float *y, void *scratch, bool staged)
 {
     int8_t *planes = (int8_t *)scratch;
     float4 *gc = (float4 *)((char *)scratch + planes_bytes(w, T, D));
@@ -873,8 +530,6 @@ sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, f
                         gc, (const int32_t *)NULL, 1, (const float *)NULL);
         CU_CHECK_LAUNCH("matmul gemm i8 stage");
     }
-    if (wg)
-        return wg_launch<D, GS>(s, w, planes, gc, T, y, wg);
     const int64_t nblk = (w->mt + I8_BMT - 1) / I8_BMT * ((T + i8cfg<D>::BT - 1) / i8cfg<D>::BT);
     if (nblk > INT32_MAX)
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul gemm i8: %lld blocks", (long long)nblk);
@@ -990,46 +645,8 @@ sn_status cu_gemm_i8_init(const cu_devinfo *di)
     SN_TRY(i8_smem(k_gemm_i8<2, 4, false, true>, i8cfg<2>::SMEM, di));
     SN_TRY(i8_smem(k_gemm_i8<2, 4, true, false>, i8cfg<2>::SMEM, di));
     SN_TRY(i8_smem(k_gemm_i8<2, 4, true, true>, i8cfg<2>::SMEM, di));
-    /* the wgmma form: only where this build has its code (sm_90a) and the device runs it */
-    int *flag = NULL, built = 0;
-    CU_TRY(cudaMalloc(&flag, sizeof(int)), "gemm wg init");
-    k_wg_built<<<1, 1>>>(flag);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess)
-        e = cudaMemcpy(&built, flag, sizeof(int), cudaMemcpyDeviceToHost);
-    cudaFree(flag);
-    CU_TRY(e, "gemm wg init");
-    wg_built = built == 1;
-    if (wg_built) {
-        SN_TRY(i8_smem(k_gemm_wg<3, 1, false, 64>, wgcfg<3, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<3, 1, false, 32>, wgcfg<3, 32>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<3, 1, true, 64>, wgcfg<3, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<3, 1, true, 32>, wgcfg<3, 32>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<3, 2, false, 64>, wgcfg<3, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<3, 2, false, 32>, wgcfg<3, 32>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<3, 2, true, 64>, wgcfg<3, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<3, 2, true, 32>, wgcfg<3, 32>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<3, 4, false, 64>, wgcfg<3, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<3, 4, false, 32>, wgcfg<3, 32>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<3, 4, true, 64>, wgcfg<3, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<3, 4, true, 32>, wgcfg<3, 32>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 1, false, 64>, wgcfg<2, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 1, false, 32>, wgcfg<2, 32>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 1, true, 64>, wgcfg<2, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 1, true, 32>, wgcfg<2, 32>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 2, false, 64>, wgcfg<2, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 2, false, 32>, wgcfg<2, 32>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 2, true, 64>, wgcfg<2, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 2, true, 32>, wgcfg<2, 32>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 4, false, 64>, wgcfg<2, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 4, false, 32>, wgcfg<2, 32>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 4, true, 64>, wgcfg<2, 64>::SMEM, di));
-        SN_TRY(i8_smem(k_gemm_wg<2, 4, true, 32>, wgcfg<2, 32>::SMEM, di));
-    }
     return SN_OK;
 }
-
-bool cu_gemm_wg_available(void) { return wg_built; }
 
 size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits)
 {
@@ -1042,14 +659,14 @@ size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits)
 sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x, int T, float *y,
                      void *scratch, int digits, bool staged)
 {
+    (void)di;
     if (T <= 0)
         return SN_OK;
     if (!cu_repacked_plain(w) || w->cols % 64 || (w->group != 32 && w->group != 64 && w->group != 128) ||
         w->sfmt == CS_F32)
         return SN_FAIL(SN_E_INVALID, "matmul gemm i8: weight is not a repacked Q4 matrix");
     return i8_dispatch(digits, w->group, [&](auto D, auto GS) {
-        return i8_launch<decltype(D)::value, decltype(GS)::value>(s, w, x, T, y, scratch, staged,
-                                                                  wg_built ? di->gemm_wg : 0);
+        return i8_launch<decltype(D)::value, decltype(GS)::value>(s, w, x, T, y, scratch, staged);
     });
 }
 

@@ -174,7 +174,6 @@ typedef struct {
     float *gk_part;       /* stream-K partial tiles and per-tile counters (cu_matmul_buffers) */
     int *gk_cnt;
     int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4 on the integer tensor cores: 3 digits (default), 2 (fast), 0 off */
-    int gemm_wg;          /* [gemm_i8] that GEMM on wgmma (1: 64 tokens a block, 2: 32) where the build has it (cu_gemm_wg_available), else mma.sync (0) */
 } cu_devinfo;
 
 /* ---- optional cuBLAS (cuda_blas.cu), loaded with dlopen ---- */
@@ -198,7 +197,6 @@ sn_status cu_repack_q4(cudaStream_t s, cu_weight *w, size_t *bytes);
  * exact int32 MMAs, per-group fp32 scaling. Deterministic, and a token's
  * row does not depend on T. scratch: cu_gemm_i8_scratch_bytes(w, T, digits). */
 sn_status cu_gemm_i8_init(const cu_devinfo *di); /* from cu_matmul_init: shared memory limits */
-bool cu_gemm_wg_available(void); /* after cu_gemm_i8_init: the wgmma kernels are in this build (sm_90a) */
 size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits);
 /* staged: scratch already holds this x's planes (the previous call's, same
  * x, T, columns and group), so the staging pass is skipped */

@@ -95,7 +95,6 @@ struct tune_key {
 const tune_key tune_keys[] = {
     { "gemv_rpw", TUNE_DI(gemv_rpw), false, true, 4, { 0, 1, 2, 4 }, 0, 0, "0, 1, 2 or 4" },
     { "gemm_i8", TUNE_DI(gemm_i8), false, false, 3, { 0, 2, 3 }, 0, 0, "0 off, 2 or 3 digits" },
-    { "gemm_wg", TUNE_DI(gemm_wg), false, false, 3, { 0, 1, 2 }, 0, 0, "0 mma.sync, 1 wgmma of 64 tokens a block, 2 of 32" },
     { "gemm_fast", TUNE_DI(gemm_fast), true, false, 0, {}, 0, 0, "" },
     { "moe_dec", TUNE_GLOBAL(cu_moe_dec_mode), false, true, 0, {}, 0, 2, "0 off, 1 on, 2 on with the L2 prefetch" },
     { "fuse_attn_prep", TUNE_GLOBAL(cu_fuse_attn_prep), true, true, 0, {}, 0, 0, "" },
@@ -138,8 +137,6 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
         const bool ok = k.flag || (k.nset ? in_set : value >= k.lo && value <= k.hi);
         if (!ok)
             return SN_FAIL(SN_E_INVALID, "cuda tune %s=%d (%s)", key, value, k.allowed);
-        if (!strcmp(key, "gemm_wg") && value && !cu_gemm_wg_available())
-            return SN_FAIL(SN_E_UNSUPPORTED, "cuda tune gemm_wg=1: this build has no sm_90a (wgmma) code");
         SN_TRY(host_barrier(cb));
         *k.field(cb) = k.flag ? value != 0 : value;
         if (k.graphs)

@@ -54,10 +54,7 @@ sn_status sn_cuda_read_sweep(sn_backend *be, size_t bytes, size_t span, int reps
  * [gemm_i8] "gemm_i8" = prefill GEMMs (T >= 9) of repacked Q4 weights on the
  * integer tensor cores with x as 3 byte digits (3, default: fp32-class), 2
  * digits (2: 16-bit x) or not at all (0: the fp16 GEMMs above); env at
- * creation SANCTUM_CUDA_GEMM=i8 | i8fast | split | fast (the last two: 0);
- * "gemm_wg" = that integer GEMM on wgmma (1: blocks of 64 tokens, 2: of 32,
- * two blocks per SM) or mma.sync (0), the same bits;
- * SN_E_UNSUPPORTED for 1 when the build has no sm_90a code. */
+ * creation SANCTUM_CUDA_GEMM=i8 | i8fast | split | fast (the last two: 0). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
 /* The optional table entries argmax, sample, moe, begin_step and end_step of
