@@ -177,13 +177,21 @@ __device__ int block_min_int(int v, smp_red &r)
 }
 
 /* The cluster's blocks in rank order: every block reads the same values in
- * the same order, so what it derives from them is the same everywhere.
- * publish then cl_sync, read, cl_sync (nobody overwrites or exits while
- * another block still reads its shared memory). */
-__device__ __forceinline__ void cl_sync() { cg::this_cluster().sync(); }
+ * the same order, so what it derives from them is the same everywhere. */
 __device__ __forceinline__ smp_red *cl_peer(smp_red &r, int b)
 {
     return cg::this_cluster().map_shared_rank(&r, (unsigned)b);
+}
+/* One exchange: every block has published its part in its r; the first
+ * cluster barrier makes all parts visible, read() reads the peers' (through
+ * cl_peer), and the second keeps every part in place, and its block
+ * resident, until all blocks have read it. */
+template <typename F>
+__device__ __forceinline__ void cl_exchange(F &&read)
+{
+    cg::this_cluster().sync();
+    read();
+    cg::this_cluster().sync();
 }
 
 /* out[k]: the draw of row k; bad[k]: 1 when every logit is NaN. One
@@ -252,14 +260,14 @@ __global__ void __cluster_dims__(SMP_CL, 1, 1) __launch_bounds__(SMP_THREADS)
         r.pf = best;
         r.pi = bi;
     }
-    cl_sync();
-    best = -INFINITY;
-    bi = 0x7fffffff;
-    for (int b = 0; b < SMP_CL; b++) {
-        const smp_red *q = cl_peer(r, b);
-        amax_merge(best, bi, q->pf, q->pi);
-    }
-    cl_sync();
+    cl_exchange([&] {
+        best = -INFINITY;
+        bi = 0x7fffffff;
+        for (int b = 0; b < SMP_CL; b++) {
+            const smp_red *q = cl_peer(r, b);
+            amax_merge(best, bi, q->pf, q->pi);
+        }
+    });
     const bool lead = cb == 0 && tid == 0;
     if (bi == 0x7fffffff) {
         if (lead) {
@@ -288,11 +296,11 @@ __global__ void __cluster_dims__(SMP_CL, 1, 1) __launch_bounds__(SMP_THREADS)
     sum = block_sum(sum, r); /* its barriers also order e[] before any thread reads another's entries */
     if (tid == 0)
         r.pd = sum;
-    cl_sync();
-    sum = 0.0;
-    for (int b = 0; b < SMP_CL; b++)
-        sum += cl_peer(r, b)->pd;
-    cl_sync();
+    cl_exchange([&] {
+        sum = 0.0;
+        for (int b = 0; b < SMP_CL; b++)
+            sum += cl_peer(r, b)->pd;
+    });
     const float inv = (float)(1.0 / sum);
     const float p = R.top_p;
     const float floor_p = p < 1.0f ? (1.0f - p) / (float)n : 0.0f;
@@ -341,31 +349,33 @@ __global__ void __cluster_dims__(SMP_CL, 1, 1) __launch_bounds__(SMP_THREADS)
                 add64(&r.mlo[cd], &r.mhi[cd], cm);
                 atomicAdd(&r.c[cd], cc);
             }
-            cl_sync(); /* every block's bins complete */
-            for (int k = tid; k < 256; k += nt) {
-                unsigned long long m = 0ull;
-                unsigned c = 0u;
-                for (int b = 0; b < SMP_CL; b++) {
-                    const smp_red *q = cl_peer(r, b);
-                    m += (unsigned long long)q->mhi[k] << 32 | q->mlo[k];
-                    c += q->c[k];
+            /* every block's bins, summed in rank order; the next pass
+             * clears them only after all blocks have read them */
+            cl_exchange([&] {
+                for (int k = tid; k < 256; k += nt) {
+                    unsigned long long m = 0ull;
+                    unsigned c = 0u;
+                    for (int b = 0; b < SMP_CL; b++) {
+                        const smp_red *q = cl_peer(r, b);
+                        m += (unsigned long long)q->mhi[k] << 32 | q->mlo[k];
+                        c += q->c[k];
+                    }
+                    r.mm[k] = m;
+                    r.cc[k] = c;
                 }
-                r.mm[k] = m;
-                r.cc[k] = c;
-            }
-            __syncthreads();
-            if (tid == 0) {
-                int d = 255;
-                unsigned long long ab = above;
-                for (; d >= 0; d--) {
-                    if (ab + r.mm[d] >= P)
-                        break;
-                    ab += r.mm[d];
+                __syncthreads();
+                if (tid == 0) {
+                    int d = 255;
+                    unsigned long long ab = above;
+                    for (; d >= 0; d--) {
+                        if (ab + r.mm[d] >= P)
+                            break;
+                        ab += r.mm[d];
+                    }
+                    r.kdig = d;
+                    r.above = ab;
                 }
-                r.kdig = d;
-                r.above = ab;
-            }
-            cl_sync(); /* the bins read everywhere before the next pass clears them */
+            });
             const int d = r.kdig;
             if (d < 0) { /* the candidates hold less than p: all stay */
                 found = false;
@@ -410,10 +420,10 @@ __global__ void __cluster_dims__(SMP_CL, 1, 1) __launch_bounds__(SMP_THREADS)
         tie0 = block_exscan(ties, r.i, &tot);
         if (tid == 0)
             r.pj = tot;
-        cl_sync();
-        for (int b = 0; b < cb; b++)
-            tie0 += cl_peer(r, b)->pj;
-        cl_sync();
+        cl_exchange([&] {
+            for (int b = 0; b < cb; b++)
+                tie0 += cl_peer(r, b)->pj;
+        });
     }
     const float invT = 1.0f / R.temperature;
     const bool reuse = invT == 1.0f && p >= 1.0f;
@@ -444,15 +454,15 @@ __global__ void __cluster_dims__(SMP_CL, 1, 1) __launch_bounds__(SMP_THREADS)
     double pre = block_exscan(wsum, r.d, &btot);
     if (tid == 0)
         r.pd = btot;
-    cl_sync();
     double total = 0.0;
-    for (int b = 0; b < SMP_CL; b++) {
-        const double t = cl_peer(r, b)->pd;
-        if (b < cb)
-            pre += t; /* (the same sum of the earlier blocks, in order, as total's first terms) */
-        total += t;
-    }
-    cl_sync();
+    cl_exchange([&] {
+        for (int b = 0; b < SMP_CL; b++) {
+            const double t = cl_peer(r, b)->pd;
+            if (b < cb)
+                pre += t; /* (the same sum of the earlier blocks, in order, as total's first terms) */
+            total += t;
+        }
+    });
     if (!(total > 0.0)) {
         if (lead) {
             out[rk] = top;
@@ -469,16 +479,16 @@ __global__ void __cluster_dims__(SMP_CL, 1, 1) __launch_bounds__(SMP_THREADS)
         r.pi = who;
         r.pj = lt;
     }
-    cl_sync();
     int wb = -1, lb = -1; /* the first block that holds u * total; the last with a survivor */
-    for (int b = 0; b < SMP_CL; b++) {
-        const smp_red *q = cl_peer(r, b);
-        if (wb < 0 && q->pi != 0x7fffffff)
-            wb = b;
-        if (q->pj >= 0)
-            lb = b;
-    }
-    cl_sync();
+    cl_exchange([&] {
+        for (int b = 0; b < SMP_CL; b++) {
+            const smp_red *q = cl_peer(r, b);
+            if (wb < 0 && q->pi != 0x7fffffff)
+                wb = b;
+            if (q->pj >= 0)
+                lb = b;
+        }
+    });
     if (wb < 0) {
         if (lb < 0) {
             if (lead) {
