@@ -81,9 +81,18 @@ constexpr int GB_NC = 32;      /* state columns per block of kernel B */
 constexpr int GB_THREADS = 256;
 constexpr int GDN_MAX_DK = 256, GDN_MAX_DV = 512;
 
+/* Kernel A's shared rows: K and Q rows of prep_ldk(Dk) floats (a multiple of
+ * 4, and 4 mod 32 for Dk % 32 == 0, so the 16 different rows a warp reads
+ * as float4 at one d fall in distinct banks), L rows of GA_LS floats (16-byte
+ * aligned for the substitution's float4 reads; 80 = 16 mod 32, so the two
+ * rows a warp writes at once do not share banks). */
+constexpr int GA_LS = 80;
+__host__ __device__ __forceinline__ int prep_ldk(int Dk) { return ((Dk + 3) & ~3) + 4; }
+
 size_t gdn_prep_smem(int Dk)
 {
-    return sizeof(double) * GC + sizeof(float) * (2 * (size_t)GC * (Dk + 1) + (size_t)GC * (GC + 1) + 2 * GC);
+    return sizeof(double) * GC +
+           sizeof(float) * (2 * (size_t)GC * prep_ldk(Dk) + (size_t)GC * GA_LS + 2 * GC);
 }
 
 __host__ __device__ __forceinline__ int round32(int x) { return (x + 31) & ~31; }
@@ -105,9 +114,8 @@ k_pf_gdn_prep(const float *__restrict__ c, const float *__restrict__ beta, const
 {
     extern __shared__ double pf_shd[];
     double *Gd = pf_shd;
-    const int ldk = Dk + 1;
-    float *Ks = (float *)(Gd + GC), *Qs = Ks + GC * ldk, *Lm = Qs + GC * ldk, *bt = Lm + GC * (GC + 1),
-          *gam = bt + GC;
+    const int ldk = prep_ldk(Dk);
+    float *Ks = (float *)(Gd + GC), *Qs = Ks + GC * ldk, *Lm = Qs + GC * ldk, *bt = Lm + GC * GA_LS, *gam = bt + GC;
     const int hv = blockIdx.x, ch = blockIdx.y, nch = gridDim.y, hk = hv / (Hv / Hk);
     const int t0 = ch * GC, n = min(GC, T - t0);
     const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
@@ -154,14 +162,8 @@ k_pf_gdn_prep(const float *__restrict__ c, const float *__restrict__ beta, const
 #pragma unroll
         for (int cc = 0; cc < 4; cc++)
             kk[r][cc] = qk[r][cc] = 0.f;
-    for (int d = 0; d < Dk; d++) {
-        float ki[4], qi[4], kj[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            ki[r] = Ks[(ti + 16 * r) * ldk + d];
-            qi[r] = Qs[(ti + 16 * r) * ldk + d];
-            kj[r] = Ks[(tj + 16 * r) * ldk + d];
-        }
+    /* d ascending in every sum, four d per float4 load (the scalar tail for Dk % 4) */
+    auto kq_step = [&](const float (&ki)[4], const float (&qi)[4], const float (&kj)[4]) {
 #pragma unroll
         for (int r = 0; r < 4; r++)
 #pragma unroll
@@ -169,6 +171,37 @@ k_pf_gdn_prep(const float *__restrict__ c, const float *__restrict__ beta, const
                 kk[r][cc] = fmaf(ki[r], kj[cc], kk[r][cc]);
                 qk[r][cc] = fmaf(qi[r], kj[cc], qk[r][cc]);
             }
+    };
+    const int Dk4 = Dk & ~3;
+    for (int d = 0; d < Dk4; d += 4) {
+        float4 ki4[4], qi4[4], kj4[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            ki4[r] = *(const float4 *)&Ks[(ti + 16 * r) * ldk + d];
+            qi4[r] = *(const float4 *)&Qs[(ti + 16 * r) * ldk + d];
+            kj4[r] = *(const float4 *)&Ks[(tj + 16 * r) * ldk + d];
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float ki[4], qi[4], kj[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                ki[r] = e == 0 ? ki4[r].x : e == 1 ? ki4[r].y : e == 2 ? ki4[r].z : ki4[r].w;
+                qi[r] = e == 0 ? qi4[r].x : e == 1 ? qi4[r].y : e == 2 ? qi4[r].z : qi4[r].w;
+                kj[r] = e == 0 ? kj4[r].x : e == 1 ? kj4[r].y : e == 2 ? kj4[r].z : kj4[r].w;
+            }
+            kq_step(ki, qi, kj);
+        }
+    }
+    for (int d = Dk4; d < Dk; d++) {
+        float ki[4], qi[4], kj[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            ki[r] = Ks[(ti + 16 * r) * ldk + d];
+            qi[r] = Qs[(ti + 16 * r) * ldk + d];
+            kj[r] = Ks[(tj + 16 * r) * ldk + d];
+        }
+        kq_step(ki, qi, kj);
     }
     float *Aib = Ai + ((size_t)hv * nch + ch) * GC * GC;
 #pragma unroll
@@ -177,7 +210,7 @@ k_pf_gdn_prep(const float *__restrict__ c, const float *__restrict__ beta, const
         for (int cc = 0; cc < 4; cc++) {
             int i = ti + 16 * r, j = tj + 16 * cc;
             float e = expf((float)(Gd[i] - Gd[j]));
-            Lm[i * (GC + 1) + j] = j < i ? bt[i] * e * kk[r][cc] : 0.f;
+            Lm[i * GA_LS + j] = j < i ? bt[i] * e * kk[r][cc] : 0.f;
             Aib[i * GC + j] = j <= i ? e * qk[r][cc] : 0.f;
         }
     __syncthreads();
@@ -196,11 +229,20 @@ k_pf_gdn_prep(const float *__restrict__ c, const float *__restrict__ beta, const
             for (int i = 0; i < GC; i++)
                 x[i] = bt[i] * gam[i] * Ks[i * ldk + d];
         }
+        /* j ascending as before; L's row read four entries at a time (the same value in every lane) */
 #pragma unroll
         for (int i = 1; i < GC; i++)
 #pragma unroll
-            for (int j = 0; j < i; j++)
-                x[i] = fmaf(-Lm[i * (GC + 1) + j], x[j], x[i]);
+            for (int j4 = 0; j4 < i; j4 += 4) {
+                const float4 l = *(const float4 *)&Lm[i * GA_LS + j4];
+                x[i] = fmaf(-l.x, x[j4], x[i]);
+                if (j4 + 1 < i)
+                    x[i] = fmaf(-l.y, x[j4 + 1], x[i]);
+                if (j4 + 2 < i)
+                    x[i] = fmaf(-l.z, x[j4 + 2], x[i]);
+                if (j4 + 3 < i)
+                    x[i] = fmaf(-l.w, x[j4 + 3], x[i]);
+            }
         if (col < Dv) {
 #pragma unroll
             for (int i = 0; i < GC; i++)
