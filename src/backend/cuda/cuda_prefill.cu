@@ -690,6 +690,11 @@ k_pf_attn(const float *__restrict__ q, const float *__restrict__ kc, const float
     using cfg = fa_cfg<D, BK, NW>;
     constexpr int BQ = cfg::BQ, LDQ = cfg::LDQ, LDK = cfg::LDK, LDV = cfg::LDV, NT = NW * 32;
     constexpr float LO = 2048.f, INV_LO = 1.f / 2048.f, PS = 32768.f;
+    /* a K tile's elements and a V tile's pairs per thread (launched with NT threads), in batches */
+    constexpr int KE = BK * D / NT, VE = (BK / 2) * D / NT;
+    constexpr int KBAT = KE < 16 ? KE : 16, VBAT = VE < 8 ? VE : 8;
+    static_assert(BK * D % NT == 0 && (BK / 2) * D % NT == 0 && KE % KBAT == 0 && VE % VBAT == 0,
+                  "the tile loads split evenly over the threads");
     extern __shared__ __align__(16) unsigned char pf_sm[];
     __half *Qh = reinterpret_cast<__half *>(pf_sm), *Ql = Qh + BQ * LDQ, *Kh = Ql + BQ * LDQ, *Kl = Kh + BK * LDK,
            *Vh = Kl + BK * LDK, *Vl = Vh + D * LDV;
@@ -722,22 +727,44 @@ k_pf_attn(const float *__restrict__ q, const float *__restrict__ kc, const float
 
     for (int k0 = 0; k0 < kend; k0 += BK) {
         __syncthreads(); /* the previous tile is consumed (and Q is written) */
-        for (int e = tid; e < BK * D; e += NT) {
-            int r = e / D, d = e % D, j = k0 + r;
-            float x = (j < kend && d < Dr) ? kb[(size_t)j * stride + d] : 0.f;
-            __half hi = __float2half_rn(x);
-            Kh[r * LDK + d] = hi;
-            Kl[r * LDK + d] = __float2half_rn((x - __half2float(hi)) * LO);
+        /* K and V of the tile, fp32 from the cache: each thread's loads of a
+         * batch are issued together, then converted (one load at a time had
+         * every thread wait out ~48 L2 round trips per tile) */
+#pragma unroll 1
+        for (int u0 = 0; u0 < KE; u0 += KBAT) {
+            float xs[KBAT];
+#pragma unroll
+            for (int u = 0; u < KBAT; u++) {
+                const int e = tid + (u0 + u) * NT, r = e / D, d = e % D, j = k0 + r;
+                xs[u] = (j < kend && d < Dr) ? kb[(size_t)j * stride + d] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < KBAT; u++) {
+                const int e = tid + (u0 + u) * NT, r = e / D, d = e % D;
+                const __half hi = __float2half_rn(xs[u]);
+                Kh[r * LDK + d] = hi;
+                Kl[r * LDK + d] = __float2half_rn((xs[u] - __half2float(hi)) * LO);
+            }
         }
-        for (int e = tid; e < (BK / 2) * D; e += NT) {
-            int kp = e / D, d = e % D, j = k0 + 2 * kp;
-            bool in = d < Dr;
-            float x0 = (in && j < kend) ? vb[(size_t)j * stride + d] : 0.f;
-            float x1 = (in && j + 1 < kend) ? vb[(size_t)(j + 1) * stride + d] : 0.f;
-            __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
-            *reinterpret_cast<uint32_t *>(Vh + d * LDV + 2 * kp) = pack2(h0, h1);
-            *reinterpret_cast<uint32_t *>(Vl + d * LDV + 2 * kp) =
-                pack2(__float2half_rn(x0 - __half2float(h0)), __float2half_rn(x1 - __half2float(h1)));
+#pragma unroll 1
+        for (int u0 = 0; u0 < VE; u0 += VBAT) {
+            float xs0[VBAT], xs1[VBAT];
+#pragma unroll
+            for (int u = 0; u < VBAT; u++) {
+                const int e = tid + (u0 + u) * NT, kp = e / D, d = e % D, j = k0 + 2 * kp;
+                const bool in = d < Dr;
+                xs0[u] = (in && j < kend) ? vb[(size_t)j * stride + d] : 0.f;
+                xs1[u] = (in && j + 1 < kend) ? vb[(size_t)(j + 1) * stride + d] : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < VBAT; u++) {
+                const int e = tid + (u0 + u) * NT, kp = e / D, d = e % D;
+                const float x0 = xs0[u], x1 = xs1[u];
+                const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
+                *reinterpret_cast<uint32_t *>(Vh + d * LDV + 2 * kp) = pack2(h0, h1);
+                *reinterpret_cast<uint32_t *>(Vl + d * LDV + 2 * kp) =
+                    pack2(__float2half_rn(x0 - __half2float(h0)), __float2half_rn(x1 - __half2float(h1)));
+            }
         }
         __syncthreads();
         if (!wact || k0 >= wkend)
