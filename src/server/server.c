@@ -41,6 +41,12 @@
 
 #define SRV_MAX_HTTP 8
 #define SRV_MAX_BOUND 32
+/* libevent's evhttp listens with a backlog of 128: a burst of more new
+ * connections than that (a test opens 300 slowloris sockets, then probes
+ * /health) lets the kernel drop the next SYN while the loop catches up, and
+ * the client retries only after a second. The kernel caps this at
+ * net.core.somaxconn. */
+#define SRV_BACKLOG 4096
 #define NONSTREAM_FLUSH_TOKENS 32
 /* A stream whose client stopped reading is dropped once this much is queued
  * for it: generation is cancelled rather than buffered without bound. */
@@ -940,6 +946,9 @@ sn_status srv_http_bind(srv *s, struct evhttp *http, const char *host, int port,
         return SN_OK;
     }
     evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(b), on_accept_error);
+    if (listen(evhttp_bound_socket_get_fd(b), SRV_BACKLOG) != 0) /* already listening: this only deepens the queue */
+        fprintf(stderr, "sanctum-mlx: warning: listen backlog %d on %s:%d: %s\n", SRV_BACKLOG, host, port,
+                strerror(errno));
     s->bound[s->n_bound] = b;
     s->bound_http[s->n_bound] = http;
     s->n_bound++;
