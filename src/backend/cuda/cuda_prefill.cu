@@ -655,12 +655,23 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
 /* Flash attention on tensor cores                                           */
 /* ------------------------------------------------------------------------ */
 
-__device__ __forceinline__ uint32_t ld32(const __half *p) { return *reinterpret_cast<const uint32_t *>(p); }
-
 __device__ __forceinline__ uint32_t pack2(__half lo, __half hi)
 {
     __half2 h = __halves2half2(lo, hi);
     return *reinterpret_cast<uint32_t *>(&h);
+}
+
+__device__ __forceinline__ uint32_t ld32(const __half *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+/* four 8x8 fp16 matrices from shared memory: lane 8 i + r names row r of
+ * matrix i, and register i of lane 4 g + t gets row g, columns 2 t, 2 t + 1
+ * of matrix i (the mma fragments' layout) */
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __half *p)
+{
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
 }
 
 /* d += a (16x16, row) * b (16x8, col), fp16 in, fp32 accumulate */
@@ -777,27 +788,29 @@ k_pf_attn(const float *__restrict__ q, const float *__restrict__ kc, const float
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 shh[nt][i] = sx[nt][i] = 0.f;
+        /* fragments by ldmatrix: lane l names row l % 8 of matrix l / 8; for A
+         * (Q) the matrices are rows +0 / +8 by k +0 / +8, for B (K rows, V^T
+         * rows) n-tiles nt, nt + 1 by k +0 / +8; the same registers as the
+         * per-lane 32-bit loads they replace */
+        const int lm = lane >> 3, lr = lane & 7;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
             uint32_t ah[4], al[4];
-            const __half *qa = Qh + (warp * 16 + g) * LDQ + ks * 16 + 2 * tig;
-            const __half *qb = Ql + (warp * 16 + g) * LDQ + ks * 16 + 2 * tig;
-            ah[0] = ld32(qa);
-            ah[1] = ld32(qa + 8 * LDQ);
-            ah[2] = ld32(qa + 8);
-            ah[3] = ld32(qa + 8 * LDQ + 8);
-            al[0] = ld32(qb);
-            al[1] = ld32(qb + 8 * LDQ);
-            al[2] = ld32(qb + 8);
-            al[3] = ld32(qb + 8 * LDQ + 8);
+            const int qo = (warp * 16 + (lm & 1) * 8 + lr) * LDQ + ks * 16 + (lm >> 1) * 8;
+            ldsm_x4(ah, Qh + qo);
+            ldsm_x4(al, Ql + qo);
 #pragma unroll
-            for (int nt = 0; nt < BK / 8; nt++) {
-                const __half *ka = Kh + (nt * 8 + g) * LDK + ks * 16 + 2 * tig;
-                const __half *kl = Kl + (nt * 8 + g) * LDK + ks * 16 + 2 * tig;
-                uint32_t bh0 = ld32(ka), bh1 = ld32(ka + 8), bl0 = ld32(kl), bl1 = ld32(kl + 8);
-                mma16816(shh[nt], ah, bh0, bh1);
-                mma16816(sx[nt], ah, bl0, bl1);
-                mma16816(sx[nt], al, bh0, bh1);
+            for (int nt = 0; nt < BK / 8; nt += 2) {
+                uint32_t bh[4], bl[4]; /* {b0, b1} of n-tile nt, then of nt + 1 */
+                const int ko = ((nt + (lm >> 1)) * 8 + lr) * LDK + ks * 16 + (lm & 1) * 8;
+                ldsm_x4(bh, Kh + ko);
+                ldsm_x4(bl, Kl + ko);
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    mma16816(shh[nt + u], ah, bh[2 * u], bh[2 * u + 1]);
+                    mma16816(sx[nt + u], ah, bl[2 * u], bl[2 * u + 1]);
+                    mma16816(sx[nt + u], al, bh[2 * u], bh[2 * u + 1]);
+                }
             }
         }
         /* mask, row max (the 4 lanes of a quad share a row) */
