@@ -174,13 +174,6 @@ __device__ __forceinline__ void cp_wait()
 {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], uint32_t addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
 __device__ __forceinline__ void imma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -455,7 +448,7 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
 #pragma unroll
         for (int p = 0; p < NT / 2; p++) {
             uint32_t b[4];
-            ldsm4(b, stb + boff[p] + kt * 32);
+            cu_ldsm_x4(b, stb + boff[p] + kt * 32);
 #pragma unroll
             for (int m = 0; m < MTW; m++)
 #pragma unroll

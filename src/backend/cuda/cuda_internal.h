@@ -74,6 +74,17 @@ __device__ __forceinline__ void pdl_enter()
     pdl_launch();
 }
 
+/* Four 8x8 b16 matrices from shared memory (saddr a shared-window address):
+ * lane 8 i + r names row r of matrix i, and register i of lane 4 g + t gets
+ * row g, columns 2 t and 2 t + 1 of matrix i, the mma.sync fragment layout. */
+__device__ __forceinline__ void cu_ldsm_x4(uint32_t (&r)[4], uint32_t saddr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(saddr)
+                 : "memory");
+}
+
 extern int cu_pdl;
 /* Set after a memcpy/memset is queued: the next cu_launch then goes
  * without the attribute (a programmatic edge is a kernel-to-kernel thing). */

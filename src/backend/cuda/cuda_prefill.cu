@@ -663,15 +663,10 @@ __device__ __forceinline__ uint32_t pack2(__half lo, __half hi)
 
 __device__ __forceinline__ uint32_t ld32(const __half *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
-/* four 8x8 fp16 matrices from shared memory: lane 8 i + r names row r of
- * matrix i, and register i of lane 4 g + t gets row g, columns 2 t, 2 t + 1
- * of matrix i (the mma fragments' layout) */
+/* cu_ldsm_x4 from a shared pointer */
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __half *p)
 {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
+    cu_ldsm_x4(r, (uint32_t)__cvta_generic_to_shared(p));
 }
 
 /* d += a (16x16, row) * b (16x8, col), fp16 in, fp32 accumulate */
