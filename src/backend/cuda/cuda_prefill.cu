@@ -174,21 +174,21 @@ k_pf_gdn_prep(const float *__restrict__ c, const float *__restrict__ beta, const
     };
     const int Dk4 = Dk & ~3;
     for (int d = 0; d < Dk4; d += 4) {
-        float4 ki4[4], qi4[4], kj4[4];
+        alignas(16) float ki4[4][4], qi4[4][4], kj4[4][4]; /* [r][d offset]; rows written as float4 */
 #pragma unroll
         for (int r = 0; r < 4; r++) {
-            ki4[r] = *(const float4 *)&Ks[(ti + 16 * r) * ldk + d];
-            qi4[r] = *(const float4 *)&Qs[(ti + 16 * r) * ldk + d];
-            kj4[r] = *(const float4 *)&Ks[(tj + 16 * r) * ldk + d];
+            *(float4 *)ki4[r] = *(const float4 *)&Ks[(ti + 16 * r) * ldk + d];
+            *(float4 *)qi4[r] = *(const float4 *)&Qs[(ti + 16 * r) * ldk + d];
+            *(float4 *)kj4[r] = *(const float4 *)&Ks[(tj + 16 * r) * ldk + d];
         }
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             float ki[4], qi[4], kj[4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {
-                ki[r] = e == 0 ? ki4[r].x : e == 1 ? ki4[r].y : e == 2 ? ki4[r].z : ki4[r].w;
-                qi[r] = e == 0 ? qi4[r].x : e == 1 ? qi4[r].y : e == 2 ? qi4[r].z : qi4[r].w;
-                kj[r] = e == 0 ? kj4[r].x : e == 1 ? kj4[r].y : e == 2 ? kj4[r].z : kj4[r].w;
+                ki[r] = ki4[r][e];
+                qi[r] = qi4[r][e];
+                kj[r] = kj4[r][e];
             }
             kq_step(ki, qi, kj);
         }
