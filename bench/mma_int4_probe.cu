@@ -20,14 +20,7 @@
 
 #include <cuda_runtime.h>
 
-#define CK(call)                                                                                                    \
-    do {                                                                                                            \
-        cudaError_t e_ = (call);                                                                                    \
-        if (e_ != cudaSuccess) {                                                                                    \
-            fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));                                            \
-            return 1;                                                                                               \
-        }                                                                                                           \
-    } while (0)
+#include "cuda_probe.h"
 
 constexpr int CHAINS = 8; /* independent accumulators per warp, to cover the MMA latency */
 

@@ -24,14 +24,7 @@
 
 #include <cuda_runtime.h>
 
-#define CK(call)                                                                                                    \
-    do {                                                                                                            \
-        cudaError_t e_ = (call);                                                                                    \
-        if (e_ != cudaSuccess) {                                                                                    \
-            fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));                                            \
-            return 1;                                                                                               \
-        }                                                                                                           \
-    } while (0)
+#include "cuda_probe.h"
 
 #define R8(i) "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), "+r"(d[i + 6]), "+r"(d[i + 7])
 
