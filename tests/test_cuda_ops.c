@@ -18,7 +18,9 @@
  *    a GDN layer's gated RMSNorm folded into the integer GEMV after it and
  *    the attention's output gate into its combine: fuse_gate).
  *  - the one- and two-kernel GDN decode steps (tune gdn_step=1 / 2, T <= 8): outputs,
- *    state, conv state and history bitwise equal to the three kernels.
+ *    state, conv state and history bitwise equal to the three kernels;
+ *    the prefill conv one warp per (head, 8 tokens) (tune gdn_conv=1, T > 8)
+ *    bitwise equal to the block-per-token kernel (gdn_conv=0).
  * On a machine without a GPU (or a build without CUDA) the test says SKIP
  * and reports 0 passed, 0 failed. */
 #include <math.h>
@@ -697,6 +699,18 @@ static void gdn_case(int Hk, int Hv, int Dk, int Dv, int K, int T)
         CHECK(sn_cuda_tune(G, "gdn_step", 3) == SN_E_INVALID);
         CHECK_OK(sn_cuda_tune(G, "gdn_step", 2)); /* the default again */
     }
+    if (T > 8) {
+        /* the prefill conv one warp per (head, 8 tokens) (gdn_conv 1, the
+         * default) gives k_gdn_conv's bits (0): outputs, state, conv state */
+        size_t n1 = 0, n0 = 0;
+        float *w1 = gdn_run(&d, dqkv, da, db, dcw, dAl, ddt, conv, S, T, 0, &n1);
+        CHECK_OK(sn_cuda_tune(G, "gdn_conv", 0));
+        float *w0 = gdn_run(&d, dqkv, da, db, dcw, dAl, ddt, conv, S, T, 0, &n0);
+        CHECK_OK(sn_cuda_tune(G, "gdn_conv", 1));
+        CHECKF(n1 == n0 && !memcmp(w1, w0, sizeof(float) * n1),
+               "gdn Hk=%d Hv=%d Dk=%d Dv=%d K=%d T=%d: gdn_conv 1 differs from k_gdn_conv", Hk, Hv, Dk, Dv, K, T);
+        free(w1); free(w0);
+    }
     free(qkv); free(a); free(b); free(cw); free(Al); free(dtb); free(conv); free(S); free(conv_c); free(S_c);
     free(ref); free(out); free(Sg); free(cg);
     dfree(dqkv); dfree(da); dfree(db); dfree(dcw); dfree(dAl); dfree(ddt); dfree(dconv); dfree(dS); dfree(dout);
@@ -713,6 +727,9 @@ static void test_gdn(void)
     gdn_case(16, 32, 128, 128, 4, 3); /* the 35B-A3B layer, a verify pass */
     gdn_case(2, 4, 256, 64, 4, 8);    /* the largest key head and T of the one-kernel step */
     gdn_case(4, 8, 64, 96, 3, 6);     /* Dv not a multiple of 32, K = 3 */
+    gdn_case(2, 4, 256, 64, 4, 40);   /* the prefill conv's 8 channels a lane, serial recurrence */
+    gdn_case(1, 3, 48, 40, 4, 100);   /* odd head sizes, a partial last warp of tokens, chunked */
+    gdn_case(16, 32, 128, 128, 4, 77); /* the 35B-A3B layer at a short prompt */
 }
 
 /* A GDN layer and the gated RMSNorm of its output inside a step (a CUDA

@@ -370,6 +370,9 @@ size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T);
  * one kernel (measured slower). Same bits every way. */
 #define CU_GDN_CNT 1024
 extern int cu_gdn_step_mode;
+/* tune "gdn_conv": 1 (default) the prefill conv (T > 8, 4 taps, heads of <= 256 channels) one warp per
+ * (head, 8 tokens) with each row loaded once; 0 one block per (head, token). Same bits. */
+extern int cu_gdn_conv_mode;
 sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
                  const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
                  float *hist, int n_hist, int T, float *out, void *scratch, int *cnt);

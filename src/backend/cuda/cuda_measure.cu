@@ -100,6 +100,7 @@ const tune_key tune_keys[] = {
     { "fuse_attn_prep", TUNE_GLOBAL(cu_fuse_attn_prep), true, true, 0, {}, 0, 0, "" },
     { "gdn_step", TUNE_GLOBAL(cu_gdn_step_mode), false, true, 3, { 0, 1, 2 }, 0, 0,
       "0 three kernels, 1 one kernel, 2 conv with its state update, then the recurrence" },
+    { "gdn_conv", TUNE_GLOBAL(cu_gdn_conv_mode), true, false, 0, {}, 0, 0, "" },
     { "moe_gu_warps", TUNE_GLOBAL(cu_moe_gu_warps), false, true, 2, { 4, 8 }, 0, 0, "4 or 8" },
     { "moe_route", TUNE_GLOBAL(cu_moe_route), true, true, 0, {}, 0, 0, "" },
     { "moe_dn_rpw", TUNE_GLOBAL(cu_moe_dn_rpw), false, true, 2, { 1, 2 }, 0, 0, "1 or 2" },

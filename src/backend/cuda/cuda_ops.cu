@@ -776,6 +776,113 @@ __global__ void k_gdn_conv(const float *__restrict__ qkv, const float *__restric
                   decay, red);
 }
 
+/* The prefill form of k_gdn_conv (cu_gdn_conv_mode 1, T > GDN_STEP_T, the
+ * conv of KT taps, heads of at most 32 * GW_R channels): one warp per
+ * (head vector, GW_TPW consecutive tokens), GW_WARPS warps a block along
+ * the tokens. Lane l holds channels l + 32 j of the head; the rows a
+ * warp's tokens read are loaded once (a sliding window) instead of KT
+ * times, and a block is 4 x 32 threads' work instead of one token's.
+ * Bitwise k_gdn_conv: each channel's taps in gdn_conv_ch's order, and the
+ * q/k sum of squares in block_sum's tree for 128 threads (thread 32 w + l
+ * held channels 32 w + l + 128 r, r ascending; each warp's butterfly, then
+ * (w0 + w2) + (w1 + w3)). */
+constexpr int GW_TPW = 8, GW_WARPS = 4;
+
+template <int KT, int GW_R>
+__global__ void __launch_bounds__(GW_WARPS * 32)
+k_gdn_conv_w(const float *__restrict__ qkv, const float *__restrict__ conv_w, const float *__restrict__ state,
+             int Hk, int Hv, int Dk, int Dv, int T, float l2eps, const float *__restrict__ a,
+             const float *__restrict__ b, const float *__restrict__ A_log, const float *__restrict__ dt_bias,
+             float *__restrict__ c, float *__restrict__ beta, float *__restrict__ decay)
+{
+    pdl_enter();
+    const int hidx = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t0 = (blockIdx.y * GW_WARPS + warp) * GW_TPW;
+    if (t0 >= T)
+        return;
+    const int nt = min(GW_TPW, T - t0);
+    const int C = 2 * Hk * Dk + Hv * Dv;
+    const bool is_qk = hidx < 2 * Hk;
+    int ch0, n;
+    gdn_head_channels(hidx, Hk, Dk, Dv, ch0, n);
+    const int nj = (n + 31) / 32;
+    float w[GW_R][KT];
+#pragma unroll
+    for (int j = 0; j < GW_R; j++) {
+        const int i = lane + 32 * j;
+#pragma unroll
+        for (int k = 0; k < KT; k++)
+            w[j][k] = (j < nj && i < n) ? conv_w[(size_t)(ch0 + i) * KT + k] : 0.f;
+    }
+    /* rows t0 .. t0 + nt + KT - 2 of concat(state, qkv) for the lane's channels */
+    float x[GW_R][GW_TPW + KT - 1];
+#pragma unroll
+    for (int j = 0; j < GW_R; j++) {
+        const int i = lane + 32 * j;
+#pragma unroll
+        for (int u = 0; u < GW_TPW + KT - 1; u++) {
+            const int xi = t0 + u;
+            float v = 0.f;
+            if (j < nj && i < n && u < nt + KT - 1)
+                v = xi < KT - 1 ? state[(size_t)xi * C + ch0 + i] : qkv[(size_t)(xi - (KT - 1)) * C + ch0 + i];
+            x[j][u] = v;
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < GW_TPW; u++) {
+        if (u >= nt)
+            break;
+        const int t = t0 + u;
+        float v[GW_R];
+#pragma unroll
+        for (int j = 0; j < GW_R; j++) {
+            float acc = 0.f;
+#pragma unroll
+            for (int k = 0; k < KT; k++)
+                acc += w[j][k] * x[j][u + k];
+            v[j] = silu(acc);
+        }
+        if (is_qk) {
+            /* block_sum's tree: virtual thread (warp q = j % 4, lane l) summed its r = j / 4 in order */
+            float ss[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float sq = 0.f;
+#pragma unroll
+                for (int r = 0; r < GW_R / 4; r++) {
+                    const int j = q + 4 * r;
+                    if (j < nj && lane + 32 * j < n)
+                        sq += v[j] * v[j];
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    sq += __shfl_xor_sync(0xffffffffu, sq, o);
+                ss[q] = sq;
+            }
+            const float tot = (ss[0] + ss[2]) + (ss[1] + ss[3]);
+            float inv = 1.f / sqrtf(tot + l2eps);
+            if (hidx < Hk)
+                inv *= 1.f / sqrtf((float)Dk);
+#pragma unroll
+            for (int j = 0; j < GW_R; j++)
+                v[j] *= inv;
+        }
+#pragma unroll
+        for (int j = 0; j < GW_R; j++) {
+            const int i = lane + 32 * j;
+            if (j < nj && i < n)
+                c[(size_t)t * C + ch0 + i] = v[j];
+        }
+        if (hidx == 0)
+            for (int hv = lane; hv < Hv; hv += 32) {
+                float A = -expf(A_log[hv]);
+                float g = A * softplus(a[(size_t)t * Hv + hv] + dt_bias[hv]);
+                decay[(size_t)t * Hv + hv] = expf(g);
+                beta[(size_t)t * Hv + hv] = sigmoidf_(b[(size_t)t * Hv + hv]);
+            }
+    }
+}
+
 /* The decode form (T <= GDN_STEP_T, gdn_step 2): grid (2Hk + Hv), each
  * block walks the T tokens of its head, then, its reads done, moves that
  * head's channels of the conv state (and history) as k_gdn_state does; no
@@ -1384,6 +1491,9 @@ size_t cu_gdn_scratch_bytes(const sn_gdn_dims *d, int T)
  * decode 313.5-321.2 vs 325.3-325.7 tok/s, 27B 105.9-106.8 vs 106.8-107.5). */
 int cu_gdn_step_mode = 2;
 
+/* 1 (default): the prefill conv (T > 8) by k_gdn_conv_w where it applies; 0: k_gdn_conv. Same bits. */
+int cu_gdn_conv_mode = 1;
+
 /* f(RPT) for the delta-rule kernels (k_gdn_rec, k_gdn_step): Dk / 4 rows
  * of S per thread, as the 8, 16, 32 or 64 of an instantiation */
 template <typename F>
@@ -1433,6 +1543,16 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
         (void)cu_launch(k_gdn_conv_state, (unsigned)(2 * Hk + Hv), th, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv,
                         K, l2eps, a, b, A_log, dt_bias, c, beta, decay, T, hist, hstride, nh);
         CU_CHECK_LAUNCH("gdn conv + state");
+    } else if (cu_gdn_conv_mode == 1 && K == 4 && Dk <= 256 && Dv <= 256) {
+        /* [prefill] one warp per (head, 8 tokens) */
+        const dim3 grid((unsigned)(2 * Hk + Hv), (unsigned)((T + GW_TPW * GW_WARPS - 1) / (GW_TPW * GW_WARPS)));
+        if (Dk <= 128 && Dv <= 128)
+            (void)cu_launch(k_gdn_conv_w<4, 4>, grid, GW_WARPS * 32, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv,
+                            T, l2eps, a, b, A_log, dt_bias, c, beta, decay);
+        else
+            (void)cu_launch(k_gdn_conv_w<4, 8>, grid, GW_WARPS * 32, 0, s, qkv, conv_w, conv_state, Hk, Hv, Dk, Dv,
+                            T, l2eps, a, b, A_log, dt_bias, c, beta, decay);
+        CU_CHECK_LAUNCH("gdn conv");
     } else {
         (void)cu_launch(k_gdn_conv, dim3((unsigned)(2 * Hk + Hv), (unsigned)T), th, 0, s, qkv, conv_w, conv_state, Hk,
                         Hv, Dk, Dv, K, l2eps, a, b, A_log, dt_bias, c, beta, decay);
