@@ -766,70 +766,126 @@ __global__ void k_moe_sum(const float *__restrict__ part, const float *__restric
 
 constexpr int MOE_GEMM_MIN_T = 32;
 
-/* cnt[e] = pairs routed to expert e (grid E) */
-__global__ void k_moe_count(const int32_t *__restrict__ idx, int N, int *__restrict__ cnt)
+/* Pairs grouped by expert in three small launches over tiles of MOE_TILE
+ * pairs (the old form, one block per expert reading all N pairs, was
+ * ~140 us per 35B-A3B prefill layer): per-tile counts, one block that
+ * turns them into offsets, then one warp per tile placing its pairs. The
+ * rows of an expert keep increasing pair order, so perm and pos are what
+ * a serial pass over the pairs would give. */
+constexpr int MOE_TILE = 512;
+constexpr int MOE_SCAN_THREADS = 1024;
+constexpr int MOE_MAX_E = 8192; /* the per-expert shared counters of a tile */
+
+/* tcnt[b][e] = pairs of tile b routed to expert e (grid NB, 256 threads, E ints of shared memory) */
+__global__ void k_moe_hist(const int32_t *__restrict__ idx, int N, int E, int *__restrict__ tcnt)
 {
     pdl_enter();
-    __shared__ int tot;
-    if (threadIdx.x == 0)
-        tot = 0;
+    extern __shared__ int mh_cnt[];
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        mh_cnt[e] = 0;
     __syncthreads();
-    int c = 0;
-    for (int p = threadIdx.x; p < N; p += blockDim.x)
-        c += idx[p] == (int)blockIdx.x;
-    atomicAdd(&tot, c); /* integer sum: order does not matter */
+    const int p0 = blockIdx.x * MOE_TILE, p1 = min(N, p0 + MOE_TILE);
+    for (int p = p0 + threadIdx.x; p < p1; p += blockDim.x) {
+        const int v = idx[p];
+        if (v >= 0 && v < E)
+            atomicAdd(&mh_cnt[v], 1); /* integer counts: order does not matter */
+    }
     __syncthreads();
-    if (threadIdx.x == 0)
-        cnt[blockIdx.x] = tot;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        tcnt[(size_t)blockIdx.x * E + e] = mh_cnt[e];
 }
 
-/* exclusive prefix sums of rows and of tiles of tile_rows rows (BM for the
- * fp16 GEMMs, the integer GEMM's token block) (one thread; E is small) */
-__global__ void k_moe_scan(const int *__restrict__ cnt, int E, int tile_rows, int *__restrict__ seg_off,
-                           int *__restrict__ tile_off)
+/* One block of MOE_SCAN_THREADS: toff[b][e] = pairs of expert e in tiles
+ * before b, cnt[e], and the exclusive prefix sums over experts of rows
+ * (seg_off) and of tiles of tile_rows rows (tile_off; BM for the fp16
+ * GEMMs, the integer GEMM's token block), each with the total at [E]. */
+__global__ void __launch_bounds__(MOE_SCAN_THREADS)
+k_moe_offsets(const int *__restrict__ tcnt, int NB, int E, int tile_rows, int *__restrict__ toff,
+              int *__restrict__ cnt, int *__restrict__ seg_off, int *__restrict__ tile_off)
 {
     pdl_enter();
-    if (threadIdx.x || blockIdx.x)
-        return;
-    int r = 0, t = 0;
-    for (int e = 0; e < E; e++) {
+    __shared__ int wr[32], wt[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int ept = (E + MOE_SCAN_THREADS - 1) / MOE_SCAN_THREADS;
+    const int e0 = min(E, tid * ept), e1 = min(E, e0 + ept);
+    int rows = 0, tiles = 0;
+    for (int e = e0; e < e1; e++) {
+        int run = 0;
+#pragma unroll 8
+        for (int b = 0; b < NB; b++) {
+            toff[(size_t)b * E + e] = run;
+            run += tcnt[(size_t)b * E + e];
+        }
+        cnt[e] = run;
+        rows += run;
+        tiles += (run + tile_rows - 1) / tile_rows;
+    }
+    /* exclusive scan of (rows, tiles) over the threads: warps, then their totals */
+    int ir = rows, it = tiles;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int r = __shfl_up_sync(0xffffffffu, ir, o), t = __shfl_up_sync(0xffffffffu, it, o);
+        if (lane >= o) {
+            ir += r;
+            it += t;
+        }
+    }
+    if (lane == 31) {
+        wr[warp] = ir;
+        wt[warp] = it;
+    }
+    __syncthreads();
+    int br = 0, bt = 0, tr = 0, tt = 0;
+    for (int w = 0; w < MOE_SCAN_THREADS / 32; w++) {
+        br += w < warp ? wr[w] : 0;
+        bt += w < warp ? wt[w] : 0;
+        tr += wr[w];
+        tt += wt[w];
+    }
+    int r = br + ir - rows, t = bt + it - tiles;
+    for (int e = e0; e < e1; e++) {
         seg_off[e] = r;
         tile_off[e] = t;
-        r += cnt[e];
-        t += (cnt[e] + tile_rows - 1) / tile_rows;
+        const int c = cnt[e];
+        r += c;
+        t += (c + tile_rows - 1) / tile_rows;
     }
-    seg_off[E] = r;
-    tile_off[E] = t;
+    if (tid == 0) {
+        seg_off[E] = tr;
+        tile_off[E] = tt;
+    }
 }
 
-/* Expert e's pairs in increasing pair order (grid E, 256 threads):
- * perm[row] = pair, pos[pair] = row. Deterministic: ballot + block scan. */
-__global__ void k_moe_fill(const int32_t *__restrict__ idx, int N, const int *__restrict__ seg_off,
-                           int32_t *__restrict__ perm, int32_t *__restrict__ pos)
+/* One warp per tile (E ints of shared memory): its pairs in increasing
+ * order, each expert's next row kept in shared memory; lanes with the same
+ * expert (match_any) take consecutive rows in lane order. perm[row] = pair,
+ * pos[pair] = row. */
+__global__ void k_moe_place(const int32_t *__restrict__ idx, int N, int E, const int *__restrict__ seg_off,
+                            const int *__restrict__ toff, int32_t *__restrict__ perm, int32_t *__restrict__ pos)
 {
     pdl_enter();
-    __shared__ int wsum[8];
-    const int e = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int base = seg_off[e];
-    for (int p0 = 0; p0 < N; p0 += 256) {
-        int p = p0 + threadIdx.x;
-        bool f = p < N && idx[p] == e;
-        unsigned b = __ballot_sync(0xffffffffu, f);
-        if (lane == 0)
-            wsum[warp] = __popc(b);
-        __syncthreads();
-        int before = 0, all = 0;
-        for (int w = 0; w < 8; w++) {
-            before += w < warp ? wsum[w] : 0;
-            all += wsum[w];
-        }
-        if (f) {
-            int row = base + before + __popc(b & ((1u << lane) - 1u));
+    extern __shared__ int mp_next[];
+    const int lane = threadIdx.x;
+    for (int e = lane; e < E; e += 32)
+        mp_next[e] = seg_off[e] + toff[(size_t)blockIdx.x * E + e];
+    __syncwarp();
+    const int p0 = blockIdx.x * MOE_TILE, p1 = min(N, p0 + MOE_TILE);
+    for (int q = p0; q < p1; q += 32) {
+        const int p = q + lane;
+        const int v = p < p1 ? idx[p] : -1;
+        const bool in = v >= 0 && v < E;
+        const unsigned peers = __match_any_sync(0xffffffffu, in ? v : -1);
+        int row = 0;
+        if (in)
+            row = mp_next[v] + __popc(peers & ((1u << lane) - 1u));
+        __syncwarp();
+        if (in && (__ffs(peers) - 1) == lane)
+            mp_next[v] += __popc(peers);
+        __syncwarp();
+        if (in) {
             perm[row] = p;
             pos[p] = row;
         }
-        base += all;
-        __syncthreads();
     }
 }
 
@@ -1016,7 +1072,7 @@ sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int
 
 /* Scratch of the grouped (prefill) path; the layout is walked the same way in cu_moe. */
 struct moe_layout {
-    size_t idx, wts, cnt, seg, tile, perm, pos, sig, xh, g, u, sig2, ah, yd, i8, total;
+    size_t idx, wts, cnt, seg, tile, tcnt, toff, perm, pos, sig, xh, g, u, sig2, ah, yd, i8, total;
     bool int8; /* [gemm_i8] the integer GEMMs (all three stacks repacked) */
 };
 
@@ -1034,6 +1090,9 @@ static moe_layout moe_plan(const cu_devinfo *di, const cu_weight *gate, const cu
     L.cnt = take(4 * (E + 1));
     L.seg = take(4 * (E + 1));
     L.tile = take(4 * (E + 1));
+    const int64_t NB = (N + MOE_TILE - 1) / MOE_TILE;
+    L.tcnt = take(4 * NB * E);
+    L.toff = take(4 * NB * E);
     L.perm = take(4 * N);
     L.pos = take(4 * N);
     /* the fp16 GEMMs' inputs (not needed by the integer ones) */
@@ -1097,15 +1156,19 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
     __half *xh = (__half *)(b + L.xh), *ah = (__half *)(b + L.ah);
     int E = (int)gate->n_experts, nseg = di->gemm_fast ? 1 : 3;
     int64_t N = (int64_t)T * k, I = gate->rows, H = gate->cols, KpH = round_up(H, BK), KpI = round_up(I, BK);
+    if (E > MOE_MAX_E)
+        return SN_FAIL(SN_E_UNSUPPORTED, "moe: %d experts (at most %d on the grouped path)", E, MOE_MAX_E);
     (void)cu_launch(k_moe_route, (unsigned)((T + 3) / 4), 128, 0, s, logits, T, E, k, norm_topk, idx, wts);
     CU_CHECK_LAUNCH("moe route");
-    (void)cu_launch(k_moe_count, (unsigned)E, 256, 0, s, idx, (int)N, cnt);
-    CU_CHECK_LAUNCH("moe count");
+    int *tcnt = (int *)(b + L.tcnt), *toff = (int *)(b + L.toff);
+    const unsigned NB = (unsigned)((N + MOE_TILE - 1) / MOE_TILE);
     const int tile_rows = L.int8 ? cu_gemm_i8_moe_block_tokens(di->gemm_i8) : BM;
-    (void)cu_launch(k_moe_scan, 1, 32, 0, s, cnt, E, tile_rows, seg, tile);
-    CU_CHECK_LAUNCH("moe scan");
-    (void)cu_launch(k_moe_fill, (unsigned)E, 256, 0, s, idx, (int)N, seg, perm, pos);
-    CU_CHECK_LAUNCH("moe fill");
+    (void)cu_launch(k_moe_hist, NB, 256, sizeof(int) * (size_t)E, s, idx, (int)N, E, tcnt);
+    CU_CHECK_LAUNCH("moe count");
+    (void)cu_launch(k_moe_offsets, 1, MOE_SCAN_THREADS, 0, s, tcnt, (int)NB, E, tile_rows, toff, cnt, seg, tile);
+    CU_CHECK_LAUNCH("moe offsets");
+    (void)cu_launch(k_moe_place, NB, 32, sizeof(int) * (size_t)E, s, idx, (int)N, E, seg, toff, perm, pos);
+    CU_CHECK_LAUNCH("moe place");
     if (L.int8) { /* [gemm_i8] x gathered into digit planes, gate and up from one staging */
         void *i8 = b + L.i8;
         SN_TRY(cu_gemm_i8_moe_stage(di, s, gate, x, perm, k, (const float *)NULL, N, i8));
