@@ -404,10 +404,11 @@ k_pf_gdn_state(const float *__restrict__ c, float *__restrict__ S, int Hk, int H
 constexpr int TC_LDS = GB_NC + 8; /* S, Vn */
 constexpr int TC_LDA = GC + 4;    /* Ai */
 
+/* S as fp32 and as its tf32 hi / lo split, Ai, W, Q, K, Vn as its split, the gates */
 __host__ __device__ __forceinline__ size_t gdn_state_tc_smem(int Dk)
 {
-    return sizeof(float) * ((size_t)Dk * TC_LDS + (size_t)GC * TC_LDA + 2 * (size_t)GC * (Dk + 4) +
-                            (size_t)GC * (Dk + 8) + (size_t)GC * TC_LDS + 2 * GC);
+    return sizeof(float) * (3 * (size_t)Dk * TC_LDS + (size_t)GC * TC_LDA + 2 * (size_t)GC * (Dk + 4) +
+                            (size_t)GC * (Dk + 8) + 2 * (size_t)GC * TC_LDS + 2 * GC);
 }
 
 __device__ __forceinline__ void tf32_split(float a, uint32_t &hi, uint32_t &lo)
@@ -451,6 +452,25 @@ __device__ __forceinline__ void tc_mma3(float (&d)[4], float (&e)[4], const tc_a
     mma_tf32(d, a.h, bh0, bh1);
     mma_tf32(e, a.h, bl0, bl1);
 }
+/* the same with B already split (tc_split_b: the splits of values that
+ * several warps or steps read are made once, where the value is written) */
+__device__ __forceinline__ void tc_mma3s(float (&d)[4], float (&e)[4], const tc_a &a, uint32_t bh0, uint32_t bl0,
+                                         uint32_t bh1, uint32_t bl1)
+{
+    mma_tf32(e, a.l, bh0, bh1);
+    mma_tf32(d, a.h, bh0, bh1);
+    mma_tf32(e, a.h, bl0, bl1);
+}
+/* v into shared fp32 (f, when given) and its tf32 hi / lo at index i */
+__device__ __forceinline__ void tc_put(float *f, uint32_t *hi, uint32_t *lo, int i, float v)
+{
+    if (f)
+        f[i] = v;
+    uint32_t h, l;
+    tf32_split(v, h, l);
+    hi[i] = h;
+    lo[i] = l;
+}
 
 __device__ __forceinline__ void cpa16(float *dst, const float *src, bool ok)
 {
@@ -467,8 +487,12 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
 {
     extern __shared__ __align__(16) float pf_tc[];
     const int LDQ = Dk + 4, LDK = Dk + 8;
-    float *Ss = pf_tc, *As = Ss + Dk * TC_LDS, *Wf = As + GC * TC_LDA, *Qf = Wf + GC * LDQ, *Kf = Qf + GC * LDQ,
-          *Vs = Kf + GC * LDK, *gam = Vs + GC * TC_LDS, *kdec = gam + GC;
+    /* S is read as the B operand of phase 1 by every warp and Vn by O and
+     * the S update: both are kept split (hi Sh_/Vh, lo Sl_/Vl) as written */
+    float *Ss = pf_tc, *As = Ss + Dk * TC_LDS, *Wf = As + GC * TC_LDA, *Qf = Wf + GC * LDQ, *Kf = Qf + GC * LDQ;
+    uint32_t *Vh = (uint32_t *)(Kf + GC * LDK), *Vl = Vh + GC * TC_LDS, *Shi = Vl + GC * TC_LDS,
+             *Slo = Shi + Dk * TC_LDS;
+    float *gam = (float *)(Slo + Dk * TC_LDS), *kdec = gam + GC;
     const int hv = blockIdx.x, col0 = blockIdx.y * GB_NC, hk = hv / (Hv / Hk);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
@@ -476,7 +500,7 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
     float *Sh = S + (size_t)hv * Dk * Dv;
     for (int e = tid; e < Dk * GB_NC; e += GB_THREADS) {
         const int d = e / GB_NC, cc = e % GB_NC;
-        Ss[d * TC_LDS + cc] = Sh[(size_t)d * Dv + col0 + cc];
+        tc_put(Ss, Shi, Slo, d * TC_LDS + cc, Sh[(size_t)d * Dv + col0 + cc]);
     }
     /* staging by cp.async in two groups per chunk: W and Q (needed first;
      * issued while the previous chunk finishes), then K, Ai and the gates
@@ -512,26 +536,35 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
     };
     const int mt = w & 3; /* phase 1 and O: rows 16 mt .. */
     const bool isq = w >= 4;
+    const int r0 = 16 * mt + g, r1 = r0 + 8;
+    /* phase 1's accumulators start from U (warps 0-3) or zeros (4-7), rows
+     * r0, r0 + 8; the next chunk's U is loaded during this chunk's phase 2 */
+    float2 un[4][2];
+    auto load_u = [&](int ch) {
+        const int t0 = ch * GC, n = min(GC, T - t0);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int cl = col0 + 8 * nt + 2 * t;
+            un[nt][0] = un[nt][1] = make_float2(0.f, 0.f);
+            if (!isq && r0 < n)
+                un[nt][0] = *(const float2 *)(out + ((size_t)(t0 + r0) * Hv + hv) * Dv + cl);
+            if (!isq && r1 < n)
+                un[nt][1] = *(const float2 *)(out + ((size_t)(t0 + r1) * Hv + hv) * Dv + cl);
+        }
+    };
     stage_wq(0);
+    load_u(0);
     for (int ch = 0; ch < nch; ch++) {
         const int t0 = ch * GC, n = min(GC, T - t0);
         __syncthreads(); /* the previous chunk is done with K, Ai, the gates and S */
         stage_k(ch);
-        /* phase 1 accumulators: U (warps 0-3) or zeros (4-7), rows r0, r0 + 8 */
-        const int r0 = 16 * mt + g, r1 = r0 + 8;
         float acc[4][4], cor[4][4];
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
-            const int cl = col0 + 8 * nt + 2 * t;
-            float2 u0 = make_float2(0.f, 0.f), u1 = u0;
-            if (!isq && r0 < n)
-                u0 = *(const float2 *)(out + ((size_t)(t0 + r0) * Hv + hv) * Dv + cl);
-            if (!isq && r1 < n)
-                u1 = *(const float2 *)(out + ((size_t)(t0 + r1) * Hv + hv) * Dv + cl);
-            acc[nt][0] = u0.x;
-            acc[nt][1] = u0.y;
-            acc[nt][2] = u1.x;
-            acc[nt][3] = u1.y;
+            acc[nt][0] = un[nt][0].x;
+            acc[nt][1] = un[nt][0].y;
+            acc[nt][2] = un[nt][1].x;
+            acc[nt][3] = un[nt][1].y;
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 cor[nt][i] = 0.f;
@@ -545,9 +578,10 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
                 const tc_a a = tc_split_a(sg * Af[r0 * LDQ + k0 + t], sg * Af[r1 * LDQ + k0 + t],
                                           sg * Af[r0 * LDQ + k0 + t + 4], sg * Af[r1 * LDQ + k0 + t + 4]);
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-                    tc_mma3(acc[nt], cor[nt], a, Ss[(k0 + t) * TC_LDS + 8 * nt + g],
-                            Ss[(k0 + t + 4) * TC_LDS + 8 * nt + g]);
+                for (int nt = 0; nt < 4; nt++) {
+                    const int i0 = (k0 + t) * TC_LDS + 8 * nt + g, i1 = i0 + 4 * TC_LDS;
+                    tc_mma3s(acc[nt], cor[nt], a, Shi[i0], Slo[i0], Shi[i1], Slo[i1]);
+                }
             }
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
@@ -559,17 +593,19 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
                 const int cl = 8 * nt + 2 * t;
-                Vs[r0 * TC_LDS + cl] = acc[nt][0];
-                Vs[r0 * TC_LDS + cl + 1] = acc[nt][1];
-                Vs[r1 * TC_LDS + cl] = acc[nt][2];
-                Vs[r1 * TC_LDS + cl + 1] = acc[nt][3];
+                tc_put(nullptr, Vh, Vl, r0 * TC_LDS + cl, acc[nt][0]);
+                tc_put(nullptr, Vh, Vl, r0 * TC_LDS + cl + 1, acc[nt][1]);
+                tc_put(nullptr, Vh, Vl, r1 * TC_LDS + cl, acc[nt][2]);
+                tc_put(nullptr, Vh, Vl, r1 * TC_LDS + cl + 1, acc[nt][3]);
             }
         }
         __syncthreads(); /* Vn complete; W, Q and S (as an operand) free */
-        if (ch + 1 < nch)
+        if (ch + 1 < nch) {
             stage_wq(ch + 1);
-        else
+            load_u(ch + 1); /* rows of the next chunk: this chunk's O does not write them */
+        } else {
             cpa_commit(); /* an empty group keeps the wait counts */
+        }
         cpa_wait1(); /* K, Ai and the gates of this chunk */
         __syncthreads();
         if (isq) {
@@ -589,9 +625,10 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
                 const tc_a a = tc_split_a(As[r0 * TC_LDA + j0 + t], As[r1 * TC_LDA + j0 + t],
                                           As[r0 * TC_LDA + j0 + t + 4], As[r1 * TC_LDA + j0 + t + 4]);
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-                    tc_mma3(acc[nt], cor[nt], a, Vs[(j0 + t) * TC_LDS + 8 * nt + g],
-                            Vs[(j0 + t + 4) * TC_LDS + 8 * nt + g]);
+                for (int nt = 0; nt < 4; nt++) {
+                    const int i0 = (j0 + t) * TC_LDS + 8 * nt + g, i1 = i0 + 4 * TC_LDS;
+                    tc_mma3s(acc[nt], cor[nt], a, Vh[i0], Vl[i0], Vh[i1], Vl[i1]);
+                }
             }
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
@@ -630,17 +667,18 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
                 const tc_a a = tc_split_a(e0 * Kf[(j0 + t) * LDK + d0], e0 * Kf[(j0 + t) * LDK + d1],
                                           e1 * Kf[(j0 + t + 4) * LDK + d0], e1 * Kf[(j0 + t + 4) * LDK + d1]);
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    tc_mma3(sa[h], sc[h], a, Vs[(j0 + t) * TC_LDS + 8 * (nb + h) + g],
-                            Vs[(j0 + t + 4) * TC_LDS + 8 * (nb + h) + g]);
+                for (int h = 0; h < 2; h++) {
+                    const int i0 = (j0 + t) * TC_LDS + 8 * (nb + h) + g, i1 = i0 + 4 * TC_LDS;
+                    tc_mma3s(sa[h], sc[h], a, Vh[i0], Vl[i0], Vh[i1], Vl[i1]);
+                }
             }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int cl = 8 * (nb + h) + 2 * t;
-                Ss[d0 * TC_LDS + cl] = sa[h][0] + sc[h][0];
-                Ss[d0 * TC_LDS + cl + 1] = sa[h][1] + sc[h][1];
-                Ss[d1 * TC_LDS + cl] = sa[h][2] + sc[h][2];
-                Ss[d1 * TC_LDS + cl + 1] = sa[h][3] + sc[h][3];
+                tc_put(Ss, Shi, Slo, d0 * TC_LDS + cl, sa[h][0] + sc[h][0]);
+                tc_put(Ss, Shi, Slo, d0 * TC_LDS + cl + 1, sa[h][1] + sc[h][1]);
+                tc_put(Ss, Shi, Slo, d1 * TC_LDS + cl, sa[h][2] + sc[h][2]);
+                tc_put(Ss, Shi, Slo, d1 * TC_LDS + cl + 1, sa[h][3] + sc[h][3]);
             }
         }
     }
