@@ -37,6 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/sn_cuda.h"
 
@@ -107,11 +109,13 @@ size_t gdn_state_smem(int Dk)
  * c: conv output [T, C] (q | k | v, q/k normalised); beta, decay [T, Hv].
  * Writes U into out [T, Hv, Dv], W [T, Hv, Dk], Ai [Hv, nch, 64, 64],
  * gk [Hv, nch, 128] = (exp(G_i), exp(G_63 - G_i)). */
+template <int DK> /* 128 (the models' key heads: the loops over it unroll) or 0 (Dk at run time) */
 __global__ void __launch_bounds__(GA_THREADS)
 k_pf_gdn_prep(const float *__restrict__ c, const float *__restrict__ beta, const float *__restrict__ decay, int Hk,
-              int Hv, int Dk, int Dv, int T, float *__restrict__ U, float *__restrict__ W, float *__restrict__ Ai,
+              int Hv, int dk, int Dv, int T, float *__restrict__ U, float *__restrict__ W, float *__restrict__ Ai,
               float *__restrict__ gk)
 {
+    const int Dk = DK ? DK : dk;
     extern __shared__ double pf_shd[];
     double *Gd = pf_shd;
     const int ldk = prep_ldk(Dk);
@@ -480,13 +484,18 @@ __device__ __forceinline__ void cpa16(float *dst, const float *src, bool ok)
 __device__ __forceinline__ void cpa_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cpa_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
+/* DK (32, 64, 96 or 128) at compile time: the loops over it unroll and the
+ * staging's index splits are shifts (with Dk at run time a quarter of the
+ * kernel's instructions were integer multiplies, s17r2's SASS) */
+template <int DK>
 __global__ void __launch_bounds__(GB_THREADS, 1)
-k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, int Hv, int Dk, int Dv, int T,
+k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, int Hv, int Dv, int T,
                   float *__restrict__ out, const float *__restrict__ W, const float *__restrict__ Ai,
                   const float *__restrict__ gk)
 {
+    constexpr int Dk = DK;
     extern __shared__ __align__(16) float pf_tc[];
-    const int LDQ = Dk + 4, LDK = Dk + 8;
+    constexpr int LDQ = Dk + 4, LDK = Dk + 8;
     /* S is read as the B operand of phase 1 by every warp and Vn by O and
      * the S update: both are kept split (hi Sh_/Vh, lo Sl_/Vl) as written */
     float *Ss = pf_tc, *As = Ss + Dk * TC_LDS, *Wf = As + GC * TC_LDA, *Qf = Wf + GC * LDQ, *Kf = Qf + GC * LDQ;
@@ -496,7 +505,8 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
     const int hv = blockIdx.x, col0 = blockIdx.y * GB_NC, hk = hv / (Hv / Hk);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
-    const int nch = (T + GC - 1) / GC, npc = Dk / 16 * 2, d4n = Dk / 4;
+    const int nch = (T + GC - 1) / GC;
+    constexpr int npc = Dk / 16 * 2, d4n = Dk / 4;
     float *Sh = S + (size_t)hv * Dk * Dv;
     for (int e = tid; e < Dk * GB_NC; e += GB_THREADS) {
         const int d = e / GB_NC, cc = e % GB_NC;
@@ -574,6 +584,7 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
         {
             const float *Af = isq ? Qf : Wf;
             const float sg = isq ? 1.f : -1.f; /* Vn = U - W S */
+#pragma unroll
             for (int k0 = 0; k0 < Dk; k0 += 8) {
                 const tc_a a = tc_split_a(sg * Af[r0 * LDQ + k0 + t], sg * Af[r1 * LDQ + k0 + t],
                                           sg * Af[r0 * LDQ + k0 + t + 4], sg * Af[r1 * LDQ + k0 + t + 4]);
@@ -621,6 +632,7 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
                 for (int i = 0; i < 4; i++)
                     cor[nt][i] = 0.f;
             }
+#pragma unroll
             for (int j0 = 0; j0 < GC; j0 += 8) {
                 const tc_a a = tc_split_a(As[r0 * TC_LDA + j0 + t], As[r1 * TC_LDA + j0 + t],
                                           As[r0 * TC_LDA + j0 + t + 4], As[r1 * TC_LDA + j0 + t + 4]);
@@ -662,6 +674,7 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
                 for (int i = 0; i < 4; i++)
                     sc[h][i] = 0.f;
             }
+#pragma unroll
             for (int j0 = 0; j0 < GC; j0 += 8) {
                 const float e0 = kdec[j0 + t], e1 = kdec[j0 + t + 4];
                 const tc_a a = tc_split_a(e0 * Kf[(j0 + t) * LDK + d0], e0 * Kf[(j0 + t) * LDK + d1],
@@ -964,6 +977,18 @@ sn_status fa_launch(cudaStream_t s, const float *q, const sn_kv_view *kv, int T,
     return SN_OK;
 }
 
+/* f(DK) for the state kernel's instantiations (Dk % 32 == 0, Dk <= 128) */
+template <typename F>
+void tc_by_dk(int Dk, F &&f)
+{
+    switch (Dk) {
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 96: f(std::integral_constant<int, 96>{}); break;
+    default: f(std::integral_constant<int, 128>{}); break;
+    }
+}
+
 } // namespace
 
 /* ------------------------------------------------------------------------ */
@@ -995,14 +1020,21 @@ sn_status cu_pf_init(const cu_devinfo *di)
     }
     size_t ga = gdn_prep_smem(GDN_MAX_DK), gb = gdn_state_smem(GDN_MAX_DK);
     g_gdn_ok = ga <= di->smem_optin && gb <= di->smem_optin &&
-               cudaFuncSetAttribute(k_pf_gdn_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ga) ==
+               cudaFuncSetAttribute(k_pf_gdn_prep<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ga) ==
+                   cudaSuccess &&
+               cudaFuncSetAttribute(k_pf_gdn_prep<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ga) ==
                    cudaSuccess &&
                cudaFuncSetAttribute(k_pf_gdn_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gb) ==
                    cudaSuccess;
     const size_t gt = gdn_state_tc_smem(128);
-    g_gdn_tc_ok = gt <= di->smem_optin &&
-                  cudaFuncSetAttribute(k_pf_gdn_state_tc, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gt) ==
-                      cudaSuccess;
+    g_gdn_tc_ok = gt <= di->smem_optin;
+    for (int dk = 32; dk <= 128; dk += 32)
+        tc_by_dk(dk, [&](auto D) {
+            constexpr int d = decltype(D)::value;
+            g_gdn_tc_ok = g_gdn_tc_ok && cudaFuncSetAttribute(k_pf_gdn_state_tc<d>,
+                                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              (int)gdn_state_tc_smem(d)) == cudaSuccess;
+        });
     (void)cudaGetLastError();
     return SN_OK;
 }
@@ -1028,13 +1060,19 @@ sn_status cu_pf_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *c, const 
     int nch = (T + GC - 1) / GC;
     float *W = (float *)(((uintptr_t)scratch + 255) & ~(uintptr_t)255);
     float *Ai = W + (size_t)T * Hv * Dk, *gk = Ai + (size_t)Hv * nch * GC * GC;
-    k_pf_gdn_prep<<<dim3((unsigned)Hv, (unsigned)nch), GA_THREADS, gdn_prep_smem(Dk), s>>>(c, beta, decay, Hk, Hv,
-                                                                                           Dk, Dv, T, out, W, Ai, gk);
+    const dim3 ga((unsigned)Hv, (unsigned)nch);
+    if (Dk == 128)
+        k_pf_gdn_prep<128><<<ga, GA_THREADS, gdn_prep_smem(Dk), s>>>(c, beta, decay, Hk, Hv, Dk, Dv, T, out, W, Ai, gk);
+    else
+        k_pf_gdn_prep<0><<<ga, GA_THREADS, gdn_prep_smem(Dk), s>>>(c, beta, decay, Hk, Hv, Dk, Dv, T, out, W, Ai, gk);
     CU_CHECK_LAUNCH("gdn chunked prep");
     const dim3 gb((unsigned)Hv, (unsigned)((Dv + GB_NC - 1) / GB_NC));
     if (g_gdn_tc_on && g_gdn_tc_ok && Dk % 32 == 0 && Dk <= 128 && Dv % GB_NC == 0 &&
         (((uintptr_t)c | (uintptr_t)out) & 15) == 0) /* its float4 / float2 accesses */
-        k_pf_gdn_state_tc<<<gb, GB_THREADS, gdn_state_tc_smem(Dk), s>>>(c, S, Hk, Hv, Dk, Dv, T, out, W, Ai, gk);
+        tc_by_dk(Dk, [&](auto D) {
+            constexpr int dk = decltype(D)::value;
+            k_pf_gdn_state_tc<dk><<<gb, GB_THREADS, gdn_state_tc_smem(dk), s>>>(c, S, Hk, Hv, Dv, T, out, W, Ai, gk);
+        });
     else
         k_pf_gdn_state<<<gb, GB_THREADS, gdn_state_smem(Dk), s>>>(c, S, Hk, Hv, Dk, Dv, T, out, W, Ai, gk);
     CU_CHECK_LAUNCH("gdn chunked state");
