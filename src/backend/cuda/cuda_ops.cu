@@ -781,7 +781,8 @@ __global__ void k_gdn_conv(const float *__restrict__ qkv, const float *__restric
  * (head vector, GW_TPW consecutive tokens), GW_WARPS warps a block along
  * the tokens. Lane l holds channels l + 32 j of the head; the rows a
  * warp's tokens read are loaded once (a sliding window) instead of KT
- * times, and a block is 4 x 32 threads' work instead of one token's.
+ * times, and a block covers 32 tokens of a head where k_gdn_conv's 128
+ * threads covered one.
  * Bitwise k_gdn_conv: each channel's taps in gdn_conv_ch's order, and the
  * q/k sum of squares in block_sum's tree for 128 threads (thread 32 w + l
  * held channels 32 w + l + 128 r, r ascending; each warp's butterfly, then

@@ -398,7 +398,7 @@ k_pf_gdn_state(const float *__restrict__ c, float *__restrict__ S, int Hk, int H
  * tf32 in the 3xTF32 form (x = hi + lo, both tf32; a.b = al.bh + ah.bl +
  * ah.bh, fp32 accumulate: ~22 significant bits per operand, the dropped
  * al.bl is ~2^-22 relative). Per chunk:
- *   warps 0-3: Vn rows 16w.. = U - W S (into Vs); warps 4-7: Q S (kept);
+ *   warps 0-3: Vn rows 16w.. = U - W S (into Vh/Vl, split); warps 4-7: Q S (kept);
  *   then warps 4-7: O = exp(G) (Q S) + Ai Vn, and every warp a share of
  *   S = exp(G_last) S + (exp(G_last - G) K)^T Vn (warps 0-3 take two of
  *   every three S tiles: 4-7 also form O).
