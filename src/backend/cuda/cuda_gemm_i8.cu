@@ -89,13 +89,11 @@ static_assert(i8cfg<3>::NT % 2 == 0 && i8cfg<2>::NT % 2 == 0, "n-tiles go in pai
 static_assert(i8cfg<3>::STAGE % 128 == 0 && i8cfg<2>::STAGE % 128 == 0, "stages stay aligned");
 
 /* x -> digit planes, per token. G: quant group (32, 64, 128). Plane row t
- * is x row t, or with rows_from (the MoE gather) x row rows_from[t] / k;
- * with su the value is silu(x) * su (k_silu_mul's expression, so the same
- * bits as that pass followed by this one). */
+ * is x row t; with su the value is silu(x) * su (k_silu_mul's expression,
+ * so the same bits as that pass followed by this one). */
 template <int D, int G>
 __global__ void __launch_bounds__(256) k_i8_stage(const float *__restrict__ x, int T, int64_t cols,
                                                  int8_t *__restrict__ planes, float4 *__restrict__ gc,
-                                                 const int32_t *__restrict__ rows_from, int k,
                                                  const float *__restrict__ su)
 {
     pdl_enter();
@@ -104,7 +102,7 @@ __global__ void __launch_bounds__(256) k_i8_stage(const float *__restrict__ x, i
     constexpr int XMAX = (1 << XBITS) - 1;
     constexpr float KM = (float)(12582912.0 * (D == 3 ? 65793.0 : 257.0)); /* exact: 197379 * 2^22 / 771 * 2^22 */
     const int t = blockIdx.x, lane = threadIdx.x & 31;
-    const float *xr = x + (size_t)(rows_from ? rows_from[t] / k : t) * cols;
+    const float *xr = x + (size_t)t * cols;
     const float *ur = su ? su + (size_t)t * cols : nullptr;
     const int64_t n4 = cols / 4;
     /* warp-uniform trip count (every lane takes part in the shuffles); a
@@ -210,6 +208,10 @@ __device__ __forceinline__ void imma_u8_z(int (&d)[4], const uint32_t (&a)[4], u
 struct i8_seg {
     const int *cnt, *seg_off, *blk_off;
     int E;
+    /* plane row of pair row t: perm[t] / k (gate and up read the tokens' x
+     * staged once, not once per pair), or t when perm is NULL (down) */
+    const int32_t *perm;
+    int k;
 };
 
 /* GS: 32-column k-tiles per quant group (1, 2, 4); F16: scale pairs are
@@ -292,7 +294,8 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         const int row = i >> 2, c = i & 3, d = row / BT, t = t0 + row % BT;
         hasB[r] = i < D * BT * 4;
         okB[r] = hasB[r] && t < tend;
-        srcB[r] = planes + (okB[r] ? ((size_t)d * T + t) * cols + c * 16 : 0);
+        const int pr = SEG && sg.perm && okB[r] ? sg.perm[t] / sg.k : t; /* the plane row */
+        srcB[r] = planes + (okB[r] ? ((size_t)d * T + pr) * cols + c * 16 : 0);
     }
     const bool hasS = tid < SUB * I8_BMT * 4;
     const int subS = tid / (I8_BMT * 4);
@@ -301,7 +304,8 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
     const bool hasC = tid < SUB * BT;
     const int subC = tid / BT;
     const bool okC = hasC && t0 + tid % BT < tend;
-    const float4 *srcC = gc + (okC ? t0 + tid % BT : 0);
+    const int pc = SEG && sg.perm && okC ? sg.perm[t0 + tid % BT] / sg.k : t0 + tid % BT;
+    const float4 *srcC = gc + (okC ? pc : 0);
 
     auto load_w = [&](int kb, int slot) {
         const uint32_t st = sbase + slot * C::STAGE;
@@ -520,7 +524,7 @@ sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, f
     float4 *gc = (float4 *)((char *)scratch + planes_bytes(w, T, D));
     if (!staged) {
         (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)T), dim3(256), 0, s, x, T, (int64_t)w->cols, planes,
-                        gc, (const int32_t *)NULL, 1, (const float *)NULL);
+                        gc, (const float *)NULL);
         CU_CHECK_LAUNCH("matmul gemm i8 stage");
     }
     const int64_t nblk = (w->mt + I8_BMT - 1) / I8_BMT * ((T + i8cfg<D>::BT - 1) / i8cfg<D>::BT);
@@ -551,22 +555,21 @@ moe_scr moe_scr_of(int64_t N, int64_t cols, int64_t groups, int D)
 }
 
 template <int D, int GS>
-sn_status i8_moe_stage(cudaStream_t s, const cu_weight *w, const float *x, const int32_t *rows_from, int k,
-                       const float *su, int64_t N, void *scratch)
+sn_status i8_moe_stage(cudaStream_t s, const cu_weight *w, const float *x, const float *su, int64_t N, void *scratch)
 {
     const moe_scr m = moe_scr_of(N, w->cols, w->groups, D);
     char *b = (char *)scratch;
     (void)cu_launch(k_i8_stage<D, 32 * GS>, dim3((unsigned)N), dim3(256), 0, s, x, (int)N, (int64_t)w->cols,
-                    (int8_t *)(b + m.planes), (float4 *)(b + m.gc), rows_from, k, su);
+                    (int8_t *)(b + m.planes), (float4 *)(b + m.gc), su);
     CU_CHECK_LAUNCH("moe gemm i8 stage");
     return SN_OK;
 }
 
 template <int D, int GS>
-sn_status i8_moe_gemm(cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt, const int *seg_off,
-                      const int *blk_off, float *y, const void *scratch)
+sn_status i8_moe_gemm(cudaStream_t s, const cu_weight *w, int64_t N, int64_t np, const int32_t *perm, int k,
+                      const int *cnt, const int *seg_off, const int *blk_off, float *y, const void *scratch)
 {
-    const moe_scr m = moe_scr_of(N, w->cols, w->groups, D);
+    const moe_scr m = moe_scr_of(np, w->cols, w->groups, D);
     const char *b = (const char *)scratch;
     const int64_t mte = w->rows / 16, nrb = (mte + I8_BMT - 1) / I8_BMT;
     const int64_t nblk = nrb * ((N + i8cfg<D>::BT - 1) / i8cfg<D>::BT + w->n_experts); /* a bound; the rest return */
@@ -577,10 +580,12 @@ sn_status i8_moe_gemm(cudaStream_t s, const cu_weight *w, int64_t N, const int *
     sg.seg_off = seg_off;
     sg.blk_off = blk_off;
     sg.E = (int)w->n_experts;
+    sg.perm = perm;
+    sg.k = k;
     auto kern = w->sfmt != CS_BF16 ? k_gemm_i8<D, GS, true, true> : k_gemm_i8<D, GS, false, true>;
     (void)cu_launch(kern, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)i8cfg<D>::SMEM, s, (const uint4 *)w->qr,
                     (const uint32_t *)w->sr, (const float *)NULL, (int64_t)w->rows, mte, (int64_t)w->cols,
-                    (int64_t)w->groups, (const int8_t *)(b + m.planes), (const float4 *)(b + m.gc), (int)N, y, sg);
+                    (int64_t)w->groups, (const int8_t *)(b + m.planes), (const float4 *)(b + m.gc), (int)np, y, sg);
     CU_CHECK_LAUNCH("moe gemm i8");
     return SN_OK;
 }
@@ -680,25 +685,27 @@ int cu_gemm_i8_moe_block_tokens(int digits)
 }
 
 sn_status cu_gemm_i8_moe_stage(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x,
-                               const int32_t *rows_from, int k, const float *su, int64_t N, void *scratch)
+                               const float *su, int64_t N, void *scratch)
 {
     if (!cu_gemm_i8_moe_ok(di, w))
         return SN_FAIL(SN_E_INVALID, "moe gemm i8: expert stack is not repacked Q4");
     if (N <= 0)
         return SN_OK;
     return i8_dispatch(di->gemm_i8, w->group, [&](auto D, auto GS) {
-        return i8_moe_stage<decltype(D)::value, decltype(GS)::value>(s, w, x, rows_from, k, su, N, scratch);
+        return i8_moe_stage<decltype(D)::value, decltype(GS)::value>(s, w, x, su, N, scratch);
     });
 }
 
-sn_status cu_gemm_i8_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt,
-                         const int *seg_off, const int *blk_off, float *y, const void *scratch)
+sn_status cu_gemm_i8_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t N, int64_t np,
+                         const int32_t *perm, int k, const int *cnt, const int *seg_off, const int *blk_off, float *y,
+                         const void *scratch)
 {
     if (!cu_gemm_i8_moe_ok(di, w))
         return SN_FAIL(SN_E_INVALID, "moe gemm i8: expert stack is not repacked Q4");
     if (N <= 0)
         return SN_OK;
     return i8_dispatch(di->gemm_i8, w->group, [&](auto D, auto GS) {
-        return i8_moe_gemm<decltype(D)::value, decltype(GS)::value>(s, w, N, cnt, seg_off, blk_off, y, scratch);
+        return i8_moe_gemm<decltype(D)::value, decltype(GS)::value>(s, w, N, np, perm, k, cnt, seg_off, blk_off, y,
+                                                                    scratch);
     });
 }

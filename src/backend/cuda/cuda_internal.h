@@ -214,20 +214,23 @@ size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits);
 sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x, int T, float *y,
                      void *scratch, int digits, bool staged);
 /* The expert-grouped form for the MoE prefill: an expert stack repacked as
- * one tall matrix (rows % 16 == 0), plane rows = token/expert pairs sorted
- * by expert (cnt[e] of them from seg_off[e]). Stage once per input (gate
- * and up share one; su: stage silu(x) * su, the down input from gate and
- * up), then one GEMM per stack; y[pair][rows]. blk_off: exclusive prefix
- * of ceil(cnt[e] / cu_gemm_i8_moe_block_tokens), E + 1 entries (the MoE's
- * own scan makes it). scratch: cu_gemm_i8_moe_scratch_bytes(w, N, digits)
- * per staged input. */
+ * one tall matrix (rows % 16 == 0), output rows = the N token/expert pairs
+ * sorted by expert (cnt[e] of them from seg_off[e]). Stage once per input
+ * (N rows: gate and up share the T tokens' x, staged once, each pair row t
+ * reading plane row perm[t] / k; su: stage silu(x) * su, the down input
+ * from gate and up, one plane row per pair, perm NULL), then one GEMM per
+ * stack over np staged rows; y[pair][rows]. blk_off: exclusive prefix of
+ * ceil(cnt[e] / cu_gemm_i8_moe_block_tokens), E + 1 entries (the MoE's own
+ * scan makes it). scratch: cu_gemm_i8_moe_scratch_bytes(w, rows staged,
+ * digits) per staged input. */
 bool cu_gemm_i8_moe_ok(const cu_devinfo *di, const cu_weight *w);
 size_t cu_gemm_i8_moe_scratch_bytes(const cu_weight *w, int64_t N, int digits);
 int cu_gemm_i8_moe_block_tokens(int digits); /* token rows per block: blk_off counts blocks of these */
 sn_status cu_gemm_i8_moe_stage(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x,
-                               const int32_t *rows_from, int k, const float *su, int64_t N, void *scratch);
-sn_status cu_gemm_i8_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t N, const int *cnt,
-                         const int *seg_off, const int *blk_off, float *y, const void *scratch);
+                               const float *su, int64_t N, void *scratch);
+sn_status cu_gemm_i8_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, int64_t N, int64_t np,
+                         const int32_t *perm, int k, const int *cnt, const int *seg_off, const int *blk_off, float *y,
+                         const void *scratch);
 /* [gemm_i8] end */
 
 /* Raise the dynamic shared memory limit of every kernel that needs more

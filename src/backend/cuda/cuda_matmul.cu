@@ -1169,14 +1169,14 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
     CU_CHECK_LAUNCH("moe offsets");
     (void)cu_launch(k_moe_place, NB, 32, sizeof(int) * (size_t)E, s, idx, (int)N, E, seg, toff, perm, pos);
     CU_CHECK_LAUNCH("moe place");
-    if (L.int8) { /* [gemm_i8] x gathered into digit planes, gate and up from one staging */
+    if (L.int8) { /* [gemm_i8] the tokens' x staged once; gate and up read a pair's token row through perm */
         void *i8 = b + L.i8;
-        SN_TRY(cu_gemm_i8_moe_stage(di, s, gate, x, perm, k, (const float *)NULL, N, i8));
-        SN_TRY(cu_gemm_i8_moe(di, s, gate, N, cnt, seg, tile, g, i8));
-        SN_TRY(cu_gemm_i8_moe(di, s, up, N, cnt, seg, tile, u, i8));
+        SN_TRY(cu_gemm_i8_moe_stage(di, s, gate, x, (const float *)NULL, T, i8));
+        SN_TRY(cu_gemm_i8_moe(di, s, gate, N, T, perm, k, cnt, seg, tile, g, i8));
+        SN_TRY(cu_gemm_i8_moe(di, s, up, N, T, perm, k, cnt, seg, tile, u, i8));
         /* the swiglu inside the down input's staging (one pass over g and u fewer) */
-        SN_TRY(cu_gemm_i8_moe_stage(di, s, down, g, (const int32_t *)NULL, 1, u, N, i8));
-        SN_TRY(cu_gemm_i8_moe(di, s, down, N, cnt, seg, tile, yd, i8));
+        SN_TRY(cu_gemm_i8_moe_stage(di, s, down, g, u, N, i8));
+        SN_TRY(cu_gemm_i8_moe(di, s, down, N, N, (const int32_t *)NULL, 1, cnt, seg, tile, yd, i8));
     } else {
         /* gathered rows of x (row r = token perm[r] / k), fp16 with padding rows */
         (void)cu_launch(k_x_to_f16, (unsigned)(N + BM), 256, 0, s, x, (int)N, H, KpH, nseg, xh, sig, perm, k);
