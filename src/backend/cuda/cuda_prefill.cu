@@ -444,20 +444,11 @@ __device__ __forceinline__ tc_a tc_split_a(float a0, float a1, float a2, float a
     tf32_split(a3, r.h[3], r.l[3]);
     return r;
 }
-/* 3xTF32: the hi.hi product into d, the two corrections into e (two
- * accumulators, so the three MMAs of a step are not one dependent chain;
- * d + e is formed once at the end) */
-__device__ __forceinline__ void tc_mma3(float (&d)[4], float (&e)[4], const tc_a &a, float b0, float b1)
-{
-    uint32_t bh0, bl0, bh1, bl1;
-    tf32_split(b0, bh0, bl0);
-    tf32_split(b1, bh1, bl1);
-    mma_tf32(e, a.l, bh0, bh1);
-    mma_tf32(d, a.h, bh0, bh1);
-    mma_tf32(e, a.h, bl0, bl1);
-}
-/* the same with B already split (tc_split_b: the splits of values that
- * several warps or steps read are made once, where the value is written) */
+/* 3xTF32 with B already split (tc_put: the splits of values that several
+ * warps or steps read are made once, where the value is written): the
+ * hi.hi product into d, the two corrections into e (two accumulators, so
+ * the three MMAs of a step are not one dependent chain; d + e is formed
+ * once at the end) */
 __device__ __forceinline__ void tc_mma3s(float (&d)[4], float (&e)[4], const tc_a &a, uint32_t bh0, uint32_t bl0,
                                          uint32_t bh1, uint32_t bl1)
 {
