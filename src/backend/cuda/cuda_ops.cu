@@ -698,6 +698,18 @@ __device__ __forceinline__ void gdn_shift_ch(float *state, const float *__restri
     }
 }
 
+/* Value head hv's decay exp(-exp(A_log) softplus(a + dt_bias)) and beta
+ * sigmoid(b) for token t: every GDN conv kernel's gates. */
+__device__ __forceinline__ void gdn_gates(int t, int hv, int Hv, const float *__restrict__ a,
+                                          const float *__restrict__ b, const float *__restrict__ A_log,
+                                          const float *__restrict__ dt_bias, float &dec, float &bet)
+{
+    float A = -expf(A_log[hv]);
+    float g = A * softplus(a[(size_t)t * Hv + hv] + dt_bias[hv]);
+    dec = expf(g);
+    bet = sigmoidf_(b[(size_t)t * Hv + hv]);
+}
+
 /* The channels [ch0, ch0 + n) of head vector hidx (q, k or v head). */
 __device__ __forceinline__ void gdn_head_channels(int hidx, int Hk, int Dk, int Dv, int &ch0, int &n)
 {
@@ -754,12 +766,8 @@ __device__ __forceinline__ void gdn_conv_head(int hidx, int t, const float *__re
             c[(size_t)t * C + ch0 + i] = vals[r];
     }
     if (hidx == 0)
-        for (int hv = threadIdx.x; hv < Hv; hv += blockDim.x) {
-            float A = -expf(A_log[hv]);
-            float g = A * softplus(a[(size_t)t * Hv + hv] + dt_bias[hv]);
-            decay[(size_t)t * Hv + hv] = expf(g);
-            beta[(size_t)t * Hv + hv] = sigmoidf_(b[(size_t)t * Hv + hv]);
-        }
+        for (int hv = threadIdx.x; hv < Hv; hv += blockDim.x)
+            gdn_gates(t, hv, Hv, a, b, A_log, dt_bias, decay[(size_t)t * Hv + hv], beta[(size_t)t * Hv + hv]);
 }
 
 /* Grid (2Hk + Hv, T): gdn_conv_head of block (x, t); k_gdn_state updates
@@ -875,12 +883,8 @@ k_gdn_conv_w(const float *__restrict__ qkv, const float *__restrict__ conv_w, co
                 c[(size_t)t * C + ch0 + i] = v[j];
         }
         if (hidx == 0)
-            for (int hv = lane; hv < Hv; hv += 32) {
-                float A = -expf(A_log[hv]);
-                float g = A * softplus(a[(size_t)t * Hv + hv] + dt_bias[hv]);
-                decay[(size_t)t * Hv + hv] = expf(g);
-                beta[(size_t)t * Hv + hv] = sigmoidf_(b[(size_t)t * Hv + hv]);
-            }
+            for (int hv = lane; hv < Hv; hv += 32)
+                gdn_gates(t, hv, Hv, a, b, A_log, dt_bias, decay[(size_t)t * Hv + hv], beta[(size_t)t * Hv + hv]);
     }
 }
 
@@ -1106,12 +1110,8 @@ k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, floa
         }
         if ((int)threadIdx.x < nv)
             vs[t][threadIdx.x] = conv(vc0 + threadIdx.x, t);
-        if (threadIdx.x == 0) {
-            float A = -expf(A_log[hv]);
-            float g = A * softplus(a[(size_t)t * Hv + hv] + dt_bias[hv]);
-            dec_s[t] = expf(g);
-            bet_s[t] = sigmoidf_(b[(size_t)t * Hv + hv]);
-        }
+        if (threadIdx.x == 0)
+            gdn_gates(t, hv, Hv, a, b, A_log, dt_bias, dec_s[t], bet_s[t]);
     }
     __syncthreads(); /* every read of the old conv state by this block is done */
 

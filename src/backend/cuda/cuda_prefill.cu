@@ -488,7 +488,7 @@ k_pf_gdn_state_tc(const float *__restrict__ c, float *__restrict__ S, int Hk, in
     extern __shared__ __align__(16) float pf_tc[];
     constexpr int LDQ = Dk + 4, LDK = Dk + 8;
     /* S is read as the B operand of phase 1 by every warp and Vn by O and
-     * the S update: both are kept split (hi Sh_/Vh, lo Sl_/Vl) as written */
+     * the S update: both are kept split (hi Shi / Vh, lo Slo / Vl) as written */
     float *Ss = pf_tc, *As = Ss + Dk * TC_LDS, *Wf = As + GC * TC_LDA, *Qf = Wf + GC * LDQ, *Kf = Qf + GC * LDQ;
     uint32_t *Vh = (uint32_t *)(Kf + GC * LDK), *Vl = Vh + GC * TC_LDS, *Shi = Vl + GC * TC_LDS,
              *Slo = Shi + Dk * TC_LDS;
