@@ -580,44 +580,6 @@ static void attn_batch_case(int Hq, int Hkv)
     dfree(dk); dfree(dv); dfree(dkn); dfree(dvn); dfree(dq); dfree(many); dfree(one);
 }
 
-/* The staged decode attention (attn_ring=1) against the per-warp
- * loads (attn_ring=0, default): the same keys per warp in the same order, so the
- * same bits, at T 1..3, both block forms, many keys per split (L > 64 x 2
- * nw: several passes over the stages), an odd head dim (D=80: lanes past
- * D) and splits left empty. */
-static void attn_ring_case(int T, int pos0, int Hq, int Hkv, int D, int ctx)
-{
-    size_t row = (size_t)Hkv * D, nq = (size_t)T * Hq * D;
-    float *k = hrand((size_t)ctx * row, 1.f), *v = hrand((size_t)ctx * row, 1.f), *q = hrand(nq, 1.f);
-    float *dk = dcopy(k, (size_t)ctx * row), *dv = dcopy(v, (size_t)ctx * row), *dq = dcopy(q, nq);
-    sn_kv_view gv = { dk, dv, ctx, Hkv, D };
-    float *d0 = dpoison(nq), *d1 = dpoison(nq);
-    CHECK_OK(sn_cuda_tune(G, "attn_ring", 0));
-    CHECK_OK(G->ops->attention(G, dq, &gv, T, pos0, Hq, 0.07f, d0));
-    CHECK_OK(sn_cuda_tune(G, "attn_ring", 1));
-    CHECK_OK(G->ops->attention(G, dq, &gv, T, pos0, Hq, 0.07f, d1));
-    float *a = tohost(d0, nq), *b = tohost(d1, nq);
-    CHECKF(memcmp(a, b, sizeof(float) * nq) == 0, "attention ring T=%d pos0=%d Hq=%d Hkv=%d D=%d differs: rel %.3g", T,
-           pos0, Hq, Hkv, D, rel_err(b, a, nq));
-    free(k); free(v); free(q); free(a); free(b);
-    dfree(dk); dfree(dv); dfree(dq); dfree(d0); dfree(d1);
-}
-
-static void test_attention_decode_ring(void)
-{
-    const int warps[3] = { 0, 4, 8 };
-    for (int f = 0; f < 3; f++) {
-        CHECK_OK(sn_cuda_tune(G, "attn_warps", warps[f]));
-        attn_ring_case(1, 4095, 16, 2, 256, 4096);
-        attn_ring_case(3, 6000, 24, 4, 256, 6003);
-        attn_ring_case(2, 900, 8, 1, 128, 902);
-        attn_ring_case(1, 20, 12, 3, 80, 21);
-        attn_ring_case(1, 5, 4, 2, 64, 6);
-    }
-    CHECK_OK(sn_cuda_tune(G, "attn_warps", 0));
-    CHECK_OK(sn_cuda_tune(G, "attn_ring", 0));
-}
-
 static void test_attention_decode_batch_invariant(void)
 {
     attn_batch_case(24, 4);
@@ -1134,7 +1096,6 @@ int main(void)
     RUN(test_attention);
     RUN(test_attention_prefill_vs_decode);
     RUN(test_attention_decode_batch_invariant);
-    RUN(test_attention_decode_ring);
     RUN(test_gdn);
     RUN(test_gdn_gnorm_graph);
     RUN(test_moe);

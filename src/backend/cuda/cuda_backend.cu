@@ -1529,7 +1529,6 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_pre = 1; /* 35B-A3B 2.50-2.54 against 2.58-2.60 ms per step with 8 (results.log 07:05Z) */
     cb->di.attn_splits = 64;
     cb->di.attn_warps = 0; /* by shape */
-    cb->di.attn_ring = 0; /* the staged form: same bits, slower in the graph (run 28) */
     cb->di.gemv_rpw1_rows = 0; /* off: 35B-A3B 339-349 vs 347-355 tok/s, not separable from noise (results.log 20:19Z) */
     {
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */

@@ -483,6 +483,40 @@ constexpr int GK_STAGE = GK_XOFF + GK_SU * GK_XREC;
 __host__ __device__ constexpr int gk_stage_bytes(bool xs) { return xs ? GK_STAGE : GK_XOFF; }
 __host__ __device__ constexpr size_t gk_smem_bytes(bool xs) { return (size_t)8 * GK_S * (gk_stage_bytes(xs) + 8); }
 
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+
+/* expect bytes on the barrier's current phase without arriving */
+__device__ __forceinline__ void mbar_expect_only(uint64_t *b, uint32_t bytes)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect(uint64_t *b, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *b)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(b))
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t phase)
+{
+    uint32_t ok = 0;
+    while (!ok)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok)
+                     : "r"(smem_u32(b)), "r"(phase)
+                     : "memory");
+}
+
 /* Each segment is split over its own warps exactly as it would be alone,
  * so a matrix gives the same bits grouped (inside a graph) or not: segment
  * s has units [u0, u0 + W) and warps [wb, wb + NW). */

@@ -85,45 +85,6 @@ __device__ __forceinline__ void cu_ldsm_x4(uint32_t (&r)[4], uint32_t saddr)
                  : "memory");
 }
 
-/* A shared-memory pointer as its shared-window address. */
-__device__ __forceinline__ uint32_t cu_smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-/* mbarriers and bulk asynchronous copies (sm_90): a copy of n bytes
- * global -> shared completes n bytes of its barrier's expected count. */
-__device__ __forceinline__ void mbar_init(uint64_t *b, int count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(cu_smem_addr(b)), "r"(count) : "memory");
-}
-
-/* expect bytes on the barrier's current phase without arriving */
-__device__ __forceinline__ void mbar_expect_only(uint64_t *b, uint32_t bytes)
-{
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(cu_smem_addr(b)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect(uint64_t *b, uint32_t bytes)
-{
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(cu_smem_addr(b)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void bulk_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *b)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     cu_smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(cu_smem_addr(b))
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t phase)
-{
-    uint32_t ok = 0;
-    while (!ok)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(ok)
-                     : "r"(cu_smem_addr(b)), "r"(phase)
-                     : "memory");
-}
-
 extern int cu_pdl;
 /* Set after a memcpy/memset is queued: the next cu_launch then goes
  * without the attribute (a programmatic edge is a kernel-to-kernel thing). */
@@ -210,7 +171,6 @@ typedef struct {
     int gemv_dp;          /* Q4 SIMT GEMV on x's integer digits (dp4a) instead of fp32 FMAs (default 1) */
     int attn_splits;      /* KV splits of the decode attention: 64 (default) or 128 */
     int attn_warps;       /* warps per block of the GQA decode attention: 0 = by shape (default), 4 or 8 */
-    int attn_ring;        /* GQA decode attention with K/V staged by bulk copies (1) or loaded per warp (0, default) */
     int gemv_rpw1_rows;   /* by shape, T <= 2: a GEMV launch of fewer rows takes one row per warp */
     void *blas;           /* cuBLAS context (cuda_blas.cu) or NULL when not loaded */
     int blas_min_t;       /* quantized GEMMs of at least this many tokens use cuBLAS; 0 = never */

@@ -110,7 +110,6 @@ const tune_key tune_keys[] = {
     { "gemv_rpw1_rows", TUNE_DI(gemv_rpw1_rows), false, true, 0, {}, 0, INT_MAX, ">= 0; 0 = never" },
     { "attn_warps", TUNE_DI(attn_warps), false, true, 3, { 0, 4, 8 }, 0, 0, "0 = by shape, 4 or 8" },
     { "attn_splits", TUNE_DI(attn_splits), false, true, 2, { 64, 128 }, 0, 0, "64 or 128" },
-    { "attn_ring", TUNE_DI(attn_ring), true, true, 0, {}, 0, 0, "" },
     { "gemv_dp", TUNE_DI(gemv_dp), true, true, 0, {}, 0, 0, "" },
     { "gemv_pre", TUNE_DI(gemv_pre), false, true, 0, {}, 0, 8, "0 to 8" },
     { "gemv_sk_bps", TUNE_DI(gemv_sk_bps), false, true, 0, {}, 1, 2, "1 or 2" },

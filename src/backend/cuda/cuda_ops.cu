@@ -232,7 +232,6 @@ __global__ void k_attn_prep(cu_attn_prep_args a, const int *__restrict__ d_delta
 constexpr int NSPLIT_MAX = 128;
 constexpr int DEC_WARPS = 4;
 constexpr int DEC_KB = 4; /* keys per warp step, reduced together */
-constexpr int ATTN_RING_MAX = 8; /* stages of k_attn_decode_ring at most */
 
 template <int EPL>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
@@ -472,144 +471,6 @@ k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, con
     }
     __shared__ float sm[NW][R], sl[NW][R];
     extern __shared__ float so[]; /* [NW][R][D] */
-    if (lane == 0)
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            sm[warp][i] = m[i];
-            sl[warp][i] = l[i];
-        }
-#pragma unroll
-    for (int i = 0; i < R; i++)
-#pragma unroll
-        for (int e = 0; e < EPL; e++) {
-            int d = lane + 32 * e;
-            if (d < D)
-                so[(warp * R + i) * D + d] = o[i][e];
-        }
-    __syncthreads();
-    __shared__ float wts[NW][R];
-    attn_warp_merge<NW, R>(so, sm, sl, wts, r, D, part, ((size_t)t * Hq + (size_t)g * r) * gridDim.y + split,
-                           gridDim.y);
-}
-
-/* k_attn_decode_gqa with its K/V rows staged in shared memory: the keys
- * of the block's split come in chunks of 2 NW rows (each warp's two keys of
- * one loop step) through a ring of nst stages, each a bulk asynchronous
- * copy per K and V row completing on the stage's mbarrier, so up to
- * nst * 2 NW keys of a block are in flight instead of four per warp (that
- * kernel was latency bound: 254 registers, one block per SM, DRAM 10 %,
- * ncu). A warp takes the same keys in the same order and does the same
- * arithmetic as k_attn_decode_gqa, so the results are bitwise the same.
- * D % 4 == 0 (16-byte rows); nst is chosen per device, never from T or L. */
-template <int EPL, int R, int NW>
-__global__ void __launch_bounds__(NW * 32)
-k_attn_decode_ring(const float *__restrict__ q, const float *__restrict__ kc, const float *__restrict__ vc, int Hq,
-                   int Hkv, int D, int pos0, const int *__restrict__ d_delta, float scale, float *__restrict__ part,
-                   int nst)
-{
-    pdl_enter();
-    constexpr int CK = 2 * NW; /* keys per chunk */
-    extern __shared__ __align__(16) float ring[]; /* [nst][K, V][CK][D], after the loop so [NW][R][D] */
-    __shared__ __align__(8) uint64_t bar[ATTN_RING_MAX];
-    const int tg = blockIdx.x, split = blockIdx.y;
-    const int t = tg / Hkv, g = tg % Hkv, r = Hq / Hkv;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int L = pos0 + *d_delta + t + 1;
-    const int ns = (int)gridDim.y, per = (L + ns - 1) / ns;
-    const int j0 = split * per, j1 = min(L, j0 + per);
-    const int nch = j1 > j0 ? (j1 - j0 + CK - 1) / CK : 0;
-    const size_t stride = (size_t)Hkv * D;
-    const float *kb = kc + (size_t)g * D, *vb = vc + (size_t)g * D;
-    const size_t stage = (size_t)2 * CK * D;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < nst; i++)
-            mbar_init(bar + i, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    /* warp 0: chunk c into its stage, lane i copying key row i and value row i */
-    auto issue = [&](int c) {
-        const int k0 = j0 + c * CK, n = min(CK, j1 - k0);
-        uint64_t *b = bar + c % nst;
-        float *st = ring + (size_t)(c % nst) * stage;
-        if (lane == 0)
-            mbar_expect(b, (uint32_t)(2 * n * D * sizeof(float)));
-        __syncwarp();
-        if (lane < n) {
-            bulk_g2s(st + (size_t)lane * D, kb + (size_t)(k0 + lane) * stride, (uint32_t)(D * sizeof(float)), b);
-            bulk_g2s(st + (size_t)(CK + lane) * D, vb + (size_t)(k0 + lane) * stride, (uint32_t)(D * sizeof(float)), b);
-        }
-    };
-    if (warp == 0)
-        for (int c = 0; c < nch && c < nst; c++)
-            issue(c);
-
-    float qv[R][EPL], o[R][EPL], m[R], l[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        const float *qh = q + ((size_t)t * Hq + (size_t)g * r + i) * D;
-#pragma unroll
-        for (int e = 0; e < EPL; e++) {
-            int d = lane + 32 * e;
-            qv[i][e] = (i < r && d < D) ? qh[d] * scale : 0.f;
-            o[i][e] = 0.f;
-        }
-        m[i] = -INFINITY;
-        l[i] = 0.f;
-    }
-    for (int c = 0; c < nch; c++) {
-        mbar_wait(bar + c % nst, (uint32_t)(c / nst) & 1u);
-        const int jb = j0 + c * CK + 2 * warp;
-        if (jb < j1) {
-            const bool two = jb + 1 < j1;
-            const float *kr = ring + (size_t)(c % nst) * stage + (size_t)(2 * warp) * D, *vr = kr + (size_t)CK * D;
-            float k0[EPL], k1[EPL], v0[EPL], v1[EPL];
-#pragma unroll
-            for (int e = 0; e < EPL; e++) {
-                int d = lane + 32 * e;
-                bool in = d < D;
-                k0[e] = in ? kr[d] : 0.f;
-                k1[e] = in && two ? kr[D + d] : 0.f;
-                v0[e] = in ? vr[d] : 0.f;
-                v1[e] = in && two ? vr[D + d] : 0.f;
-            }
-            float s0[R], s1[R];
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                float a = 0.f, b = 0.f;
-#pragma unroll
-                for (int e = 0; e < EPL; e++) {
-                    a = fmaf(qv[i][e], k0[e], a);
-                    b = fmaf(qv[i][e], k1[e], b);
-                }
-                s0[i] = a;
-                s1[i] = b;
-            }
-#pragma unroll
-            for (int o2 = 16; o2 > 0; o2 >>= 1)
-#pragma unroll
-                for (int i = 0; i < R; i++) {
-                    s0[i] += __shfl_xor_sync(0xffffffffu, s0[i], o2);
-                    s1[i] += __shfl_xor_sync(0xffffffffu, s1[i], o2);
-                }
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                float mx = fmaxf(m[i], two ? fmaxf(s0[i], s1[i]) : s0[i]);
-                float corr = expf(m[i] - mx);
-                float p0 = expf(s0[i] - mx), p1 = two ? expf(s1[i] - mx) : 0.f;
-                l[i] = l[i] * corr + p0 + p1;
-#pragma unroll
-                for (int e = 0; e < EPL; e++)
-                    o[i][e] = fmaf(p1, v1[e], fmaf(p0, v0[e], o[i][e] * corr));
-                m[i] = mx;
-            }
-        }
-        __syncthreads(); /* every warp is done with the stage */
-        if (warp == 0 && c + nst < nch)
-            issue(c + nst);
-    }
-    __shared__ float sm[NW][R], sl[NW][R];
-    float *so = ring;
     if (lane == 0)
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -1384,20 +1245,6 @@ sn_status cu_ops_init(const cu_devinfo *di)
     GQA8_SMEM(4, 2) GQA8_SMEM(4, 4) GQA8_SMEM(4, 6) GQA8_SMEM(4, 8)
     GQA8_SMEM(8, 2) GQA8_SMEM(8, 4) GQA8_SMEM(8, 6) GQA8_SMEM(8, 8)
 #undef GQA8_SMEM
-    /* the staged decode: up to the device's limit less its static shared
-     * memory (< 1 KB; the launcher sizes its stages 4 KB under the limit) */
-    const int vr = v - 2048;
-#define RING_SMEM(E, R)                                                                                              \
-    CU_TRY(cudaFuncSetAttribute(k_attn_decode_ring<E, R, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, vr),       \
-           "attention init");                                                                                        \
-    CU_TRY(cudaFuncSetAttribute(k_attn_decode_ring<E, R, DEC_WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,    \
-                                vr),                                                                                 \
-           "attention init");
-    RING_SMEM(1, 2) RING_SMEM(1, 4) RING_SMEM(1, 6) RING_SMEM(1, 8)
-    RING_SMEM(2, 2) RING_SMEM(2, 4) RING_SMEM(2, 6) RING_SMEM(2, 8)
-    RING_SMEM(4, 2) RING_SMEM(4, 4) RING_SMEM(4, 6) RING_SMEM(4, 8)
-    RING_SMEM(8, 2) RING_SMEM(8, 4) RING_SMEM(8, 6) RING_SMEM(8, 8)
-#undef RING_SMEM
     CU_TRY(cudaFuncSetAttribute(k_attn_prefill<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
     CU_TRY(cudaFuncSetAttribute(k_attn_prefill<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
     CU_TRY(cudaFuncSetAttribute(k_attn_prefill<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, v), "attention init");
@@ -1559,29 +1406,11 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
          * token's bits, which must not depend on the rows beside it. */
         const int nw = di->attn_warps == 8 || (di->attn_warps == 0 && Hkv * ns <= di->n_sm) ? 8 : DEC_WARPS;
         int epl = (D + 31) / 32, r = n_q_heads / Hkv;
-        /* the staged form when its rows can be bulk copies: nst stages of
-         * 2 nw keys, as many as fit beside the blocks an SM holds at once
-         * (one of 8 warps, two of 4) */
-        const size_t stage = (size_t)4 * nw * D * sizeof(float); /* K and V rows of 2 nw keys */
-        const size_t budget = (nw == 8 ? di->smem_optin : di->smem_optin / 2) - 4096;
-        int nst = (int)(budget / stage);
-        nst = nst > ATTN_RING_MAX ? ATTN_RING_MAX : nst;
-        const bool ring = di->attn_ring && D % 4 == 0 && nst >= 2 &&
-                          (((uintptr_t)kv->k | (uintptr_t)kv->v) & 15) == 0;
-        const size_t ring_smem = (size_t)nst * stage > (size_t)nw * 8 * D * sizeof(float)
-                                     ? (size_t)nst * stage
-                                     : (size_t)nw * 8 * D * sizeof(float);
         if (r >= 2 && r <= 8) {
             dim3 grid((unsigned)(T * Hkv), (unsigned)ns);
 #define GQA_LAUNCH(E, R)                                                                                             \
     do {                                                                                                             \
-        if (ring && nw == 8)                                                                                         \
-            (void)cu_launch(k_attn_decode_ring<E, R, 8>, grid, 8 * 32, ring_smem, s, q, kv->k, kv->v, n_q_heads,     \
-                            Hkv, D, pos0, d_delta, scale, part, nst);                                                \
-        else if (ring)                                                                                               \
-            (void)cu_launch(k_attn_decode_ring<E, R, DEC_WARPS>, grid, DEC_WARPS * 32, ring_smem, s, q, kv->k,       \
-                            kv->v, n_q_heads, Hkv, D, pos0, d_delta, scale, part, nst);                              \
-        else if (nw == 8)                                                                                            \
+        if (nw == 8)                                                                                                 \
             (void)cu_launch(k_attn_decode_gqa<E, R, 8>, grid, 8 * 32, (size_t)8 * R * D * sizeof(float), s, q,       \
                             kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta, scale, part);                            \
         else                                                                                                         \
