@@ -527,10 +527,36 @@ struct gk_split {
     __device__ __forceinline__ int64_t warp_of(int64_t u) const { return wb + ((u - u0 + 1) * NW - 1) / W; }
 };
 
-template <int GS, int NT, int SF>
-__global__ void __launch_bounds__(256, GK_BPS)
-k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ part, int *__restrict__ cnt)
+/* The stream-K GEMV's integer partials start at this bit pattern, the float
+ * 1.5 * 2^23: an exact int32 sum C with |C| < 2^22 leaves the bits of the
+ * float 12582912 + C, so one FADD gives float(C) exactly (the conversion
+ * pipe's I2F is a fraction of the FADD rate). |C| <= 128 * 15 * 128 here. */
+constexpr int GK_MAGIC = 0x4B400000;
+__device__ __forceinline__ float gk_int_value(int c) { return __int_as_float(c) - 12582912.f; }
+
+/* unpack_a without the high nibbles' shift: row g + 8's u8 values are 16q
+ * (0..240, still u8), so its partials are 16x, which flush takes out of the
+ * scale (a power of two: exact). |16 C| <= 128 * 240 * 128 < 2^22 still. */
+__device__ __forceinline__ void gk_unpack_a(const uint4 &w, uint32_t (&a0)[4], uint32_t (&a1)[4])
 {
+    a0[0] = w.x & 0x0F0F0F0Fu;
+    a0[1] = w.x & 0xF0F0F0F0u;
+    a0[2] = w.y & 0x0F0F0F0Fu;
+    a0[3] = w.y & 0xF0F0F0F0u;
+    a1[0] = w.z & 0x0F0F0F0Fu;
+    a1[1] = w.z & 0xF0F0F0F0u;
+    a1[2] = w.w & 0x0F0F0F0Fu;
+    a1[3] = w.w & 0xF0F0F0F0u;
+}
+
+/* TC: T at compile time (1 or 2, for NT == 1), or 0: the x records' offsets
+ * then fold into the shared-memory loads' immediates */
+template <int GS, int NT, int SF, int TC>
+__global__ void __launch_bounds__(256, GK_BPS)
+k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__ part, int *__restrict__ cnt)
+{
+    const int T = TC ? TC : T_;
+    const int rec = TC ? gi_rec_bytes(TC, GS == 1 ? 2 : 1) : rec_;
     pdl_launch();
     constexpr int NP = 8 * NT;
     /* T <= 2: the stage's x records come into shared memory with its weights */
@@ -676,11 +702,34 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             acc[j][i] = 0.f;
-            C[j][i] = 0;
+            C[j][i] = GK_MAGIC;
         }
-    /* scale the integer partials into acc (r: the x record, k: the group's slot) */
+    /* scale the integer partials into acc (r: the x record, k: the group's
+     * slot): gi_scale's arithmetic, the value from the magic start */
     auto flush = [&](uint32_t e0, uint32_t e1, const char *r, int k, bool gend) {
-        const float2 s0 = sb_pair(make_uint2(e0, 0u), SF), s1 = sb_pair(make_uint2(e1, 0u), SF);
+        const float2 s0 = sb_pair(make_uint2(e0, 0u), SF);
+        float2 s1 = sb_pair(make_uint2(e1, 0u), SF);
+        s1.x *= 0.0625f; /* row g + 8's partials are 16x (gk_unpack_a); exact */
+        if (TC == 1) {
+            /* one token: every live column is its plane, the bias rides on
+             * column 0 only (lane tq 0), and the dead columns (p >= 3) are
+             * never read, so they need no zeros */
+            const float *ep = (const float *)(r + 3 * 64) + k;
+            const float es = *ep, xb = tq == 0 && gend ? ep[SPK] : 0.f;
+            const float x0 = s0.x * es, x1 = s1.x * es;
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float &a = acc[0][2 * h + c];
+                    int &ci = C[0][2 * h + c];
+                    a = fmaf(h == 0 ? x0 : x1, gk_int_value(ci), a);
+                    if (c == 0)
+                        a = fmaf(h == 0 ? s0.y : s1.y, xb, a);
+                    ci = GK_MAGIC;
+                }
+            return;
+        }
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -690,8 +739,14 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                 const float es = live[j][c] ? (XS ? *ep : __ldg(ep)) : 0.f;
                 const float xb = d0[j][c] && gend ? (XS ? *xp : __ldg(xp)) : 0.f;
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    gi_scale(acc[j][2 * h + c], C[j][2 * h + c], h == 0 ? s0 : s1, es, xb);
+                for (int h = 0; h < 2; h++) {
+                    const float2 sr = h == 0 ? s0 : s1;
+                    float &a = acc[j][2 * h + c];
+                    int &ci = C[j][2 * h + c];
+                    a = fmaf(sr.x * es, gk_int_value(ci), a);
+                    a = fmaf(sr.y, xb, a);
+                    ci = GK_MAGIC;
+                }
             }
     };
     auto put = [&](int s, int mt, int row, int t, float v) {
@@ -783,20 +838,19 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
         const char *xr = XS ? (const char *)(ring + (size_t)k * STG + GK_XOFF)
                             : (const char *)xd.planes + (size_t)cc.kb * rec;
         const int odd = GS == 4 ? (cc.kb & 1) : 0; /* group 128: the stage may start mid-group */
-#pragma unroll
-        for (int i = 0; i < GK_SU; i++) {
-            if (i >= cc.n)
-                break;
+        auto unit = [&](int i) {
             const uint4 w = ws[i * 32];
             const char *r = xr + i * rec;
             uint4 b[NT];
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 const uint4 *bq = (const uint4 *)(r + boff[j]);
-                b[j] = bl[j] ? (XS ? *bq : __ldg(bq)) : make_uint4(0u, 0u, 0u, 0u);
+                /* one token: the dead columns' lanes read plane 0 (boff), whose
+                 * products land in columns never read */
+                b[j] = TC == 1 ? *bq : bl[j] ? (XS ? *bq : __ldg(bq)) : make_uint4(0u, 0u, 0u, 0u);
             }
             uint32_t a0[4], a1[4];
-            unpack_a(w, a0, a1);
+            gk_unpack_a(w, a0, a1);
             if (GS == 1) {
                 /* a group per k-tile */
 #pragma unroll
@@ -808,15 +862,11 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                     imma_u8s8(C[j], a1, b[j].z, b[j].w);
                 flush(ss[i * 32 + 16], ss[i * 32 + 24], r, 1, true);
             } else {
-                /* both k-tiles in one group: two integer chains, added exactly */
+                /* both k-tiles in one group: one exact integer chain */
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
-                    int D[4] = { 0, 0, 0, 0 };
                     imma_u8s8(C[j], a0, b[j].x, b[j].y);
-                    imma_u8s8(D, a1, b[j].z, b[j].w);
-#pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        C[j][q] += D[q];
+                    imma_u8s8(C[j], a1, b[j].z, b[j].w);
                 }
                 if (GS == 2) {
                     flush(ss[i * 16], ss[i * 16 + 8], r, 0, true);
@@ -827,6 +877,21 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T, int rec, float *__restrict__ p
                     if (gend || cc.u + i + 1 == cc.ub)
                         flush(ss[gi * 16], ss[gi * 16 + 8], r, 0, gend);
                 }
+            }
+        };
+        if (NT == 1 && cc.n == GK_SU) {
+            /* a full stage, straight-line: the units' loads and MMAs can
+             * run ahead of the earlier units' scaling (for one n-tile: with
+             * more, the registers would spill) */
+#pragma unroll
+            for (int i = 0; i < GK_SU; i++)
+                unit(i);
+        } else {
+#pragma unroll
+            for (int i = 0; i < GK_SU; i++) {
+                if (i >= cc.n)
+                    break;
+                unit(i);
             }
         }
         __syncwarp(); /* every lane is done with stage k: refill it */
@@ -859,17 +924,19 @@ sn_status gi_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, co
     return SN_OK;
 }
 
-template <int GS, int NT>
+template <int GS, int NT, int TC>
 sn_status gk_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, const cu_weight *w0, gi_x xd, int T,
                        unsigned grid)
 {
     const int rec = gi_rec_bytes(T, GS == 1 ? 2 : 1);
+    const size_t smem = gk_smem_bytes(NT == 1);
+    const int64_t cols = (int64_t)w0->cols;
     if (w0->sfmt == CS_BF16)
-        (void)cu_launch_w(k_gemv_sk<GS, NT, CS_BF16>, dim3(grid), dim3(256), gk_smem_bytes(NT == 1), s, g, (int64_t)w0->cols,
-                        xd, T, rec, di->gk_part, di->gk_cnt);
+        (void)cu_launch_w(k_gemv_sk<GS, NT, CS_BF16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
+                          di->gk_cnt);
     else
-        (void)cu_launch_w(k_gemv_sk<GS, NT, CS_F16>, dim3(grid), dim3(256), gk_smem_bytes(NT == 1), s, g, (int64_t)w0->cols,
-                        xd, T, rec, di->gk_part, di->gk_cnt);
+        (void)cu_launch_w(k_gemv_sk<GS, NT, CS_F16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
+                          di->gk_cnt);
     CU_CHECK_LAUNCH("matmul gemv i8 stream-K");
     return SN_OK;
 }
@@ -919,11 +986,13 @@ sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, gi_seg &g, const cu_we
                     gk ? gi_rec_bytes(T, GS == 1 ? 2 : 1) : 0);
     CU_CHECK_LAUNCH("matmul gemv digits");
     if (gk) {
-        if (T <= 2)
-            return gk_launch_nt<GS, 1>(di, s, g, w0, xd, T, gk);
+        if (T == 1)
+            return gk_launch_nt<GS, 1, 1>(di, s, g, w0, xd, T, gk);
+        if (T == 2)
+            return gk_launch_nt<GS, 1, 2>(di, s, g, w0, xd, T, gk);
         if (T <= 5)
-            return gk_launch_nt<GS, 2>(di, s, g, w0, xd, T, gk);
-        return gk_launch_nt<GS, 3>(di, s, g, w0, xd, T, gk);
+            return gk_launch_nt<GS, 2, 0>(di, s, g, w0, xd, T, gk);
+        return gk_launch_nt<GS, 3, 0>(di, s, g, w0, xd, T, gk);
     }
     if (T <= 2)
         return gi_launch_nt<GS, 1>(di, s, g, w0, xd, T, MB);
@@ -1014,9 +1083,10 @@ sn_status cu_gemv_int_init(const cu_devinfo *di)
     GI_INIT(4)
 #undef GI_INIT
 #define GK_INIT(GS, SF)                                                                                           \
-    SN_TRY(max_smem_dyn(k_gemv_sk<GS, 1, SF>, di, "gemv init"));                                                   \
-    SN_TRY(max_smem_dyn(k_gemv_sk<GS, 2, SF>, di, "gemv init"));                                                   \
-    SN_TRY(max_smem_dyn(k_gemv_sk<GS, 3, SF>, di, "gemv init"));
+    SN_TRY(max_smem_dyn(k_gemv_sk<GS, 1, SF, 1>, di, "gemv init"));                                                \
+    SN_TRY(max_smem_dyn(k_gemv_sk<GS, 1, SF, 2>, di, "gemv init"));                                                \
+    SN_TRY(max_smem_dyn(k_gemv_sk<GS, 2, SF, 0>, di, "gemv init"));                                                \
+    SN_TRY(max_smem_dyn(k_gemv_sk<GS, 3, SF, 0>, di, "gemv init"));
     GK_INIT(1, CS_BF16)
     GK_INIT(2, CS_BF16)
     GK_INIT(4, CS_BF16)
