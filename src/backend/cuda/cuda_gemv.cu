@@ -398,7 +398,33 @@ __device__ __forceinline__ void gd_pick(const float (&a)[GD_PRE][8], int ps, flo
                 out[k] = a[q][k];
 }
 
-template <int TT, typename H>
+/* The gated RMSNorm of a thread's 8 values (v, in place; w8 their norm
+ * weights, z8 their gates), bitwise as k_gated_rmsnorm_w forms it: a row of
+ * CU_GNORM_N = 128 is 16 aligned threads here, where that kernel has 32
+ * lanes of 4 values, so each thread carries the sums of two of its lanes
+ * (2k, 2k + 1) through the same butterfly: its levels 16, 8, 4, 2 pair
+ * lanes of one parity (threads k ^ 8, 4, 2, 1), level 1 the thread's own
+ * two. Every thread of the warp calls it (threads past the data with zeros). */
+__device__ __forceinline__ void gd_gnorm8(float (&v)[8], const float (&w8)[8], const float (&z8)[8], float eps)
+{
+    static_assert(CU_GNORM_N == 128, "a gated-norm row is 16 threads of 8 values");
+    float a = cu_gnorm_ss4(0.f, make_float4(v[0], v[1], v[2], v[3]));
+    float b = cu_gnorm_ss4(0.f, make_float4(v[4], v[5], v[6], v[7]));
+#pragma unroll
+    for (int m = 8; m > 0; m >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, m);
+        b += __shfl_xor_sync(0xffffffffu, b, m);
+    }
+    const float inv = 1.f / sqrtf((a + b) / (float)CU_GNORM_N + eps);
+    const float4 lo = cu_gnorm_apply4(w8, make_float4(v[0], v[1], v[2], v[3]), make_float4(z8[0], z8[1], z8[2], z8[3]),
+                                      inv);
+    const float4 hi = cu_gnorm_apply4(w8 + 4, make_float4(v[4], v[5], v[6], v[7]),
+                                      make_float4(z8[4], z8[5], z8[6], z8[7]), inv);
+    v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+    v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+}
+
+template <int TT, bool GN, typename H>
 __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g,
                            H &&after_loads)
 {
@@ -409,13 +435,16 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
     const int lpg = group / 8; /* threads per quant group: 4, 8 or 16, aligned in the warp */
     const bool aligned = ((uintptr_t)x & 15) == 0;
     const bool w_al = g.nw && ((uintptr_t)g.nw & 15) == 0;
+    /* the gated RMSNorm (g.gz): rows of CU_GNORM_N, the norm's weight of one
+     * row (cu_gv_run has checked the alignment k_gated_rmsnorm_w needs) */
+    constexpr bool gn = GN;
     const int total = nt * n8; /* a multiple of lpg and of 4: whole groups and chunks per warp */
     /* up to GD_PRE passes: their x (and norm weight) loads go out before
      * the norm's, so the prologue waits for about one L2 round trip, not
      * one per pass plus the norm's (s10r4: the whole staging was 10-12 %
      * of a decode step, ~2-6 us per launch) */
     const bool pre = total <= GD_PRE * (int)blockDim.x;
-    float pv[GD_PRE][8], pw[GD_PRE][8];
+    float pv[GD_PRE][8], pw[GD_PRE][8], pz[GD_PRE][8];
     if (pre) {
 #pragma unroll
         for (int ps = 0; ps < GD_PRE; ps++) {
@@ -423,15 +452,19 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
             const int t = p < total ? gv_div_tt<TT>(p, n8) : 0, u = p < total ? p - t * n8 : 0;
 #pragma unroll
             for (int k = 0; k < 8; k++)
-                pv[ps][k] = pw[ps][k] = 0.f;
+                pv[ps][k] = pw[ps][k] = pz[ps][k] = 0.f;
             if (p < total) {
                 ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, pv[ps]);
-                if (g.nw)
+                if (gn) {
+                    ld8(g.gz + (size_t)t * cols + 8 * (size_t)u, true, pz[ps]);
+                    ld8(g.nw + 8 * (u % (CU_GNORM_N / 8)), true, pw[ps]);
+                } else if (g.nw) {
                     ld8(g.nw + 8 * (size_t)u, w_al, pw[ps]);
+                }
             }
         }
     }
-    if (g.nw)
+    if (g.nw && !gn)
         gv_norm_inv<TT>(x, T, cols, g, inv, after_loads);
     else
         after_loads();
@@ -446,7 +479,25 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
             v[k] = 0.f;
         if (pre)
             gd_pick(pv, ps, v); /* the pass's values from the registers loaded above */
-        if (in) {
+        if (gn) {
+            float w8[8], z8[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                w8[k] = z8[k] = 0.f;
+            if (pre) {
+                gd_pick(pw, ps, w8);
+                gd_pick(pz, ps, z8);
+            } else if (in) {
+                ld8(x + (size_t)t * cols + 8 * (size_t)u, true, v);
+                ld8(g.gz + (size_t)t * cols + 8 * (size_t)u, true, z8);
+                ld8(g.nw + 8 * (u % (CU_GNORM_N / 8)), true, w8);
+            }
+            gd_gnorm8(v, w8, z8, g.eps);
+            if (in && g.xn && blockIdx.x == 0)
+#pragma unroll
+                for (int k = 0; k < 8; k++)
+                    g.xn[(size_t)t * cols + 8 * (size_t)u + k] = v[k];
+        } else if (in) {
             if (!pre)
                 ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, v);
             if (g.nw) {
@@ -560,11 +611,12 @@ __device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, con
  * ring slots that wrap instead of 64-bit remainders, per-lane row pointers
  * set once per row group, and the chunk's quant group by a multiply-high
  * instead of a 64-bit division. */
-template <int BITS, int TT, int RPW, bool DP>
+template <int BITS, int TT, int RPW, bool DP, bool GN = false>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
     static_assert(!DP || BITS == 4, "the dp4a form is for Q4");
+    static_assert(!GN || DP, "only the dp4a staging folds the gated norm");
     pdl_launch();
     extern __shared__ float4 xs[];
     constexpr int VPC = 128 / BITS, NF4 = VPC / 4, S = gv_ring<RPW>::S;
@@ -657,7 +709,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
         }
     };
     if constexpr (DP)
-        gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g, rest);
+        gd_stage_x<TT, GN>((char *)xs, x, T, cols, nit, group, g, rest);
     else
         gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g, rest);
     const float *xsums = (const float *)(xs + (size_t)TT * stride4);
@@ -796,11 +848,11 @@ sn_status gv_max_smem(K kern, const cu_devinfo *di)
     return SN_OK;
 }
 
-template <int BITS, int TT, int RPW, bool DP>
+template <int BITS, int TT, int RPW, bool DP, bool GN>
 sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                     int T)
 {
-    auto kern = k_gemv<BITS, TT, RPW, DP>;
+    auto kern = k_gemv<BITS, TT, RPW, DP, GN>;
     int best_w = 0, best_per = 0;
     const int cand[2] = { 8, 16 };
     for (int ci = 0; ci < 2; ci++) {
@@ -829,19 +881,34 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
     return SN_OK;
 }
 
-template <int BITS, int RPW, bool DP>
+template <int BITS, int RPW, bool DP, bool GN = false>
 sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                   int T, int tt)
 {
     switch (tt) {
-    case 1: return gv_launch<BITS, 1, RPW, DP>(di, s, g, w0, x, T);
-    case 2: return gv_launch<BITS, 2, RPW, DP>(di, s, g, w0, x, T);
-    case 4: return gv_launch<BITS, 4, RPW, DP>(di, s, g, w0, x, T);
-    default: return gv_launch<BITS, 8, RPW, DP>(di, s, g, w0, x, T);
+    case 1: return gv_launch<BITS, 1, RPW, DP, GN>(di, s, g, w0, x, T);
+    case 2: return gv_launch<BITS, 2, RPW, DP, GN>(di, s, g, w0, x, T);
+    case 4: return gv_launch<BITS, 4, RPW, DP, GN>(di, s, g, w0, x, T);
+    default: return gv_launch<BITS, 8, RPW, DP, GN>(di, s, g, w0, x, T);
     }
 }
 
 } // namespace
+
+/* the dp4a form for Q4 in MLX's groups (its staging needs whole groups of
+ * 4, 8 or 16 threads): chosen by format only, so a matrix takes the same
+ * kernel alone or grouped */
+static bool gv_dp(const cu_devinfo *di, const cu_weight *w0)
+{
+    return di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128);
+}
+
+bool cu_gv_folds_gnorm(const cu_devinfo *di, const cu_weight *w0, const float *x, const float *gz, const float *nw,
+                       const float *xn)
+{
+    const uintptr_t al = (uintptr_t)x | (uintptr_t)gz | (uintptr_t)nw | (uintptr_t)xn;
+    return gv_dp(di, w0) && w0->cols % CU_GNORM_N == 0 && (al & 15) == 0;
+}
 
 /* T <= GV_TMAX tokens (more in passes) through the segments of g, whose
  * rows, pointers, norm and add_to are set; g0 is filled here. */
@@ -863,10 +930,9 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
     int rpw = di->gemv_rpw ? di->gemv_rpw
               : T <= 2          ? (tot >= 8192 ? 4 : tot < di->gemv_rpw1_rows ? 1 : 2)
               : (tot + 1) / 2 < (int64_t)di->n_sm * 8 ? 1 : 2;
-    /* the dp4a form for Q4 in MLX's groups (its staging needs whole groups
-     * of 4, 8 or 16 threads): chosen by format only, so a matrix takes the
-     * same kernel alone or grouped */
-    const bool dp = di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128);
+    const bool dp = gv_dp(di, w0);
+    if (g.gz && !cu_gv_folds_gnorm(di, w0, x, g.gz, g.nw, g.xn))
+        return SN_FAIL(SN_E_INVALID, "matmul: a gated norm this GEMV cannot fold");
     g.npre = di->gemv_pre;
     if (w0->group <= 0)
         return SN_FAIL(SN_E_INVALID, "matmul: quant group of %d", w0->group);
@@ -891,9 +957,15 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
         }
         if (g.xn)
             p.xn = g.xn + (size_t)t0 * w0->cols;
+        if (g.gz)
+            p.gz = g.gz + (size_t)t0 * w0->cols;
         const float *xp = x + (size_t)t0 * w0->cols;
         sn_status st;
-        if (dp)
+        if (g.gz) /* a gated norm folded (cu_gv_folds_gnorm: dp) */
+            st = rpw == 4   ? gv_pass<4, 4, true, true>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<4, 1, true, true>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<4, 2, true, true>(di, s, p, w0, xp, nt, tt);
+        else if (dp)
             st = rpw == 4   ? gv_pass<4, 4, true>(di, s, p, w0, xp, nt, tt)
                  : rpw == 1 ? gv_pass<4, 1, true>(di, s, p, w0, xp, nt, tt)
                             : gv_pass<4, 2, true>(di, s, p, w0, xp, nt, tt);
@@ -913,20 +985,23 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
 
 sn_status cu_gemv_init(const cu_devinfo *di)
 {
-#define GEMV_INIT(B, R, DP)                                                                                       \
-    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP>, di));                                                                  \
-    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP>, di));                                                                  \
-    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP>, di));                                                                  \
-    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP>, di));
-    GEMV_INIT(4, 1, false)
-    GEMV_INIT(4, 2, false)
-    GEMV_INIT(4, 4, false)
-    GEMV_INIT(4, 1, true)
-    GEMV_INIT(4, 2, true)
-    GEMV_INIT(4, 4, true)
-    GEMV_INIT(8, 1, false)
-    GEMV_INIT(8, 2, false)
-    GEMV_INIT(8, 4, false)
+#define GEMV_INIT(B, R, DP, GN)                                                                                   \
+    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP, GN>, di));                                                              \
+    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP, GN>, di));                                                              \
+    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP, GN>, di));                                                              \
+    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, GN>, di));
+    GEMV_INIT(4, 1, false, false)
+    GEMV_INIT(4, 2, false, false)
+    GEMV_INIT(4, 4, false, false)
+    GEMV_INIT(4, 1, true, false)
+    GEMV_INIT(4, 2, true, false)
+    GEMV_INIT(4, 4, true, false)
+    GEMV_INIT(4, 1, true, true)
+    GEMV_INIT(4, 2, true, true)
+    GEMV_INIT(4, 4, true, true)
+    GEMV_INIT(8, 1, false, false)
+    GEMV_INIT(8, 2, false, false)
+    GEMV_INIT(8, 4, false, false)
 #undef GEMV_INIT
     return SN_OK;
 }

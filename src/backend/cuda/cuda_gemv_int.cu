@@ -1013,12 +1013,15 @@ sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, gi_seg &g, const cu_we
  * 12.3 vs 15.1 us) and on the lm_head (214 vs 254 us), ties or loses at
  * 5120 columns and below (a digits pass and a few us more per launch; 27B
  * gate 28 vs 26.5 us), and groups split per matrix (so that a matrix's bits
- * do not depend on its grouping) lost 27B decode 108 -> 96 tok/s. */
+ * do not depend on its grouping) lost 27B decode 108 -> 96 tok/s. The
+ * lm_head of 2048 columns (35B-A3B, 286 MB) is the SIMT GEMV's: 81.8
+ * against 117.6 us (s19r3), where the 27B's of 5120 is stream-K's (190
+ * against 197). */
 bool cu_gi_size_ok(const cu_devinfo *di, int64_t qbytes, int64_t cols)
 {
     if (di->gemv_i8_min >= 0)
         return qbytes >= di->gemv_i8_min;
-    return (cols >= 6144 && qbytes >= ((int64_t)12 << 20)) || qbytes >= ((int64_t)256 << 20);
+    return (cols >= 6144 && qbytes >= ((int64_t)12 << 20)) || (cols >= 4096 && qbytes >= ((int64_t)256 << 20));
 }
 
 bool cu_gi_ok(const cu_devinfo *di, const cu_weight *w, const float *x, int T)

@@ -1295,10 +1295,11 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
          * first as its own op, with the same arithmetic */
         const uintptr_t al = (uintptr_t)x | (uintptr_t)norm->w | (uintptr_t)norm->su | (uintptr_t)norm->xn |
                              (uintptr_t)norm->gz;
-        /* the gated norm: only the integer GEMV's digits pass stages it (rows
-         * of 128, whole 16-byte loads) */
-        bool apart = (norm->su && !i8) || (i8 && (al & 15) != 0) ||
-                     (norm->gz && (!i8 || cols % CU_GNORM_N != 0));
+        /* the gated norm: the integer GEMV's digits pass and the SIMT
+         * GEMV's dp4a staging fold it (rows of 128, whole 16-byte loads) */
+        const bool gz_ok = i8 ? cols % CU_GNORM_N == 0
+                              : norm->gz && cu_gv_folds_gnorm(di, w[0], x, norm->gz, norm->w, norm->xn);
+        bool apart = (norm->su && !i8) || (i8 && (al & 15) != 0) || (norm->gz && !gz_ok);
         if (apart && !norm->xn)
             return SN_FAIL(SN_E_INVALID, "matmul group: a folded op without an output row");
         if (apart) {
@@ -1345,6 +1346,7 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
         g.eps = norm->eps;
         g.norm_threads = norm->threads;
         g.xn = norm->xn;
+        g.gz = norm->gz;
     }
     return cu_gv_run(di, s, g, w[0], x, T);
 }
