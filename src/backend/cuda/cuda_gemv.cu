@@ -415,7 +415,7 @@ __device__ __forceinline__ void gd_gnorm8(float (&v)[8], const float (&w8)[8], c
         a += __shfl_xor_sync(0xffffffffu, a, m);
         b += __shfl_xor_sync(0xffffffffu, b, m);
     }
-    const float inv = 1.f / sqrtf((a + b) / (float)CU_GNORM_N + eps);
+    const float inv = cu_gnorm_rinv(a + b, CU_GNORM_N, eps);
     const float4 lo = cu_gnorm_apply4(w8, make_float4(v[0], v[1], v[2], v[3]), make_float4(z8[0], z8[1], z8[2], z8[3]),
                                       inv);
     const float4 hi = cu_gnorm_apply4(w8 + 4, make_float4(v[4], v[5], v[6], v[7]),
@@ -435,9 +435,6 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
     const int lpg = group / 8; /* threads per quant group: 4, 8 or 16, aligned in the warp */
     const bool aligned = ((uintptr_t)x & 15) == 0;
     const bool w_al = g.nw && ((uintptr_t)g.nw & 15) == 0;
-    /* the gated RMSNorm (g.gz): rows of CU_GNORM_N, the norm's weight of one
-     * row (cu_gv_run has checked the alignment k_gated_rmsnorm_w needs) */
-    constexpr bool gn = GN;
     const int total = nt * n8; /* a multiple of lpg and of 4: whole groups and chunks per warp */
     /* up to GD_PRE passes: their x (and norm weight) loads go out before
      * the norm's, so the prologue waits for about one L2 round trip, not
@@ -455,7 +452,7 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
                 pv[ps][k] = pw[ps][k] = pz[ps][k] = 0.f;
             if (p < total) {
                 ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, pv[ps]);
-                if (gn) {
+                if (GN) { /* the gated norm's weight is one row of CU_GNORM_N */
                     ld8(g.gz + (size_t)t * cols + 8 * (size_t)u, true, pz[ps]);
                     ld8(g.nw + 8 * (u % (CU_GNORM_N / 8)), true, pw[ps]);
                 } else if (g.nw) {
@@ -464,7 +461,7 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
             }
         }
     }
-    if (g.nw && !gn)
+    if (g.nw && !GN)
         gv_norm_inv<TT>(x, T, cols, g, inv, after_loads);
     else
         after_loads();
@@ -479,7 +476,7 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
             v[k] = 0.f;
         if (pre)
             gd_pick(pv, ps, v); /* the pass's values from the registers loaded above */
-        if (gn) {
+        if (GN) { /* rows 16-byte aligned: cu_gv_folds_gnorm */
             float w8[8], z8[8];
 #pragma unroll
             for (int k = 0; k < 8; k++)

@@ -325,12 +325,15 @@ __device__ __forceinline__ float cu_gnorm_ss4(float ss, float4 v)
     ss = fmaf(v.z, v.z, ss);
     return fmaf(v.w, v.w, ss);
 }
+/* 1/rms of a row of n from its sum of squares (the SIMT GEMV's fold, whose
+ * threads hold two lanes each, sums its own way and ends here too) */
+__device__ __forceinline__ float cu_gnorm_rinv(float ss, int n, float eps) { return 1.f / sqrtf(ss / (float)n + eps); }
 __device__ __forceinline__ float cu_gnorm_inv(float ss, int n, float eps)
 {
 #pragma unroll
     for (int m = 16; m > 0; m >>= 1)
         ss += __shfl_xor_sync(0xffffffffu, ss, m);
-    return 1.f / sqrtf(ss / (float)n + eps);
+    return cu_gnorm_rinv(ss, n, eps);
 }
 __device__ __forceinline__ float4 cu_gnorm_apply4(const float *w, float4 v, float4 z, float inv)
 {
