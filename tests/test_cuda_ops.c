@@ -128,6 +128,10 @@ static void test_matmul_q4_gemv_i8(void)
             mm_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, Ts[i], 0, 0);
             mm_case(SN_DT_Q4, 300, 2048, 128, SN_DT_BF16, Ts[i], 0, 0);
             mm_case(SN_DT_Q4, 17, 64, 64, SN_DT_BF16, Ts[i], 0, 1);
+            /* fewer units (16 x 64 columns) than the split's 8 warps, in one row tile */
+            mm_case(SN_DT_Q4, 16, 256, 64, SN_DT_BF16, Ts[i], 0, 0);
+            mm_case(SN_DT_Q4, 3, 320, 64, SN_DT_BF16, Ts[i], 0, 1);
+            mm_case(SN_DT_Q4, 40, 128, 64, SN_DT_BF16, Ts[i], 0, 0);
         }
         mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 1, 0, 0);
         mm_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 7, 0, 0);

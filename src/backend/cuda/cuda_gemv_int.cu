@@ -963,13 +963,18 @@ unsigned gk_plan(const cu_devinfo *di, gi_seg &g, int64_t KB)
         if (nw > cap)
             nw = cap;
         nw = nw < 8 ? 8 : nw / 8 * 8;
+        /* never more warps than units: an empty warp inside a row tile's
+         * span would leave the tile one piece short, never written (a
+         * 16 x 256 matrix, 4 units over 8 warps, did that) */
+        if (nw > W)
+            nw = W;
         g.wb[i + 1] = g.wb[i] + (int)nw;
     }
     if (!di->gk_part || g.t0[g.n] > GK_TILES || g.wb[g.n] > di->gk_warps || g.u0[g.n] < 1)
         return 0;
     /* resident warps walk the virtual ones (a group of big matrices has
      * more than one wave of them) */
-    int64_t blocks = g.wb[g.n] / 8;
+    int64_t blocks = (g.wb[g.n] + 7) / 8;
     if (blocks > (int64_t)di->n_sm * bps)
         blocks = (int64_t)di->n_sm * bps;
     return (unsigned)blocks;
