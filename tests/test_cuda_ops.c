@@ -21,6 +21,9 @@
  *    state, conv state and history bitwise equal to the three kernels;
  *    the prefill conv one warp per (head, 8 tokens) (tune gdn_conv=1, T > 8)
  *    bitwise equal to the block-per-token kernel (gdn_conv=0).
+ *  - a GDN layer's projections and step in a graph, its conv folded into
+ *    the qkv projection's epilogue (fuse_conv=1, default) or not: bitwise
+ *    equal to eager over three steps, and one graph node fewer folded.
  * On a machine without a GPU (or a build without CUDA) the test says SKIP
  * and reports 0 passed, 0 failed. */
 #include <math.h>
@@ -790,6 +793,94 @@ static void test_gdn_gnorm_graph(void)
     gdn_gnorm_case(4, 8, 64, 96, 5, 4);
 }
 
+/* A GDN layer's input side inside a step, as forward.c records it: the
+ * RMSNorm, the qkv/z/b/a projections, the GDN. In a graph the norm folds
+ * into the projections' launch and, with fuse_conv (default), the conv into
+ * the qkv projection's epilogue with the norms, gates and rule in one
+ * launch after it: three steps' outputs, projections, state, conv state and
+ * history must be the eager bits either way, and the fused graph must have
+ * one kernel fewer (the conv's) than the unfused one. */
+static void gdn_layer_case(int H, int Hk, int Hv, int Dk, int Dv, int T, int nh)
+{
+    const int K = 4;
+    sn_gdn_dims d = { Hk, Hv, Dk, Dv, K, 1e-6f };
+    const size_t Cd = 2 * (size_t)Hk * Dk + (size_t)Hv * Dv, no = (size_t)T * Hv * Dv;
+    const size_t cf = (size_t)(K - 1) * Cd, sf = (size_t)Hv * Dk * Dv, hf = sn_gdn_hist_floats(&d) * (nh ? nh : 1);
+    tw wq, wz, wb, wa;
+    tw_make(&wq, SN_DT_Q4, (int64_t)Cd, H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&wz, SN_DT_Q4, (int64_t)Hv * Dv, H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&wb, SN_DT_Q4, Hv, H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&wa, SN_DT_Q4, Hv, H, 64, SN_DT_BF16, 0, 0);
+    float *x = hrand((size_t)T * H, 1.f), *nw = hrand((size_t)H, 1.f), *cw = hrand(Cd * K, 0.7f);
+    float *Al = hrand((size_t)Hv, 1.f), *dtb = hrand((size_t)Hv, 1.f), *conv = hrand(cf, 1.f), *S = hrand(sf, 0.3f);
+    float *dx = dcopy(x, (size_t)T * H), *dnw = dcopy(nw, H), *dcw = dcopy(cw, Cd * K), *dAl = dcopy(Al, Hv);
+    float *ddt = dcopy(dtb, Hv), *dxn = dpoison((size_t)T * H), *dqkv = dpoison((size_t)T * Cd);
+    float *dz = dpoison(no), *db = dpoison((size_t)T * Hv), *da = dpoison((size_t)T * Hv), *dout = dpoison(no);
+    enum { STEPS = 3, NR = 6 };
+    float *res[3][STEPS + 1][NR];
+    long nodes[3] = { 0, 0, 0 }, caps[3] = { 0, 0, 0 };
+    for (int mode = 0; mode < 3; mode++) { /* eager, graph unfused, graph with the conv folded */
+        CHECK_OK(sn_cuda_tune(G, "fuse_conv", mode == 2));
+        long c0, c1;
+        sn_cuda_graph_stats(G, NULL, &c0, NULL);
+        float *dconv = dcopy(conv, cf), *dS = dcopy(S, sf), *dh = nh ? dpoison(hf) : NULL;
+        sn_gdn_view v = { dconv, dS, dh, nh };
+        for (int st = 0; st < STEPS; st++) {
+            if (mode) CHECK_OK(G->ops->begin_step(G));
+            CHECK_OK(G->ops->rmsnorm(G, dx, dnw, T, H, 1e-6f, dxn));
+            CHECK_OK(G->ops->matmul(G, &wq.wg, 0, dxn, T, dqkv));
+            CHECK_OK(G->ops->matmul(G, &wz.wg, 0, dxn, T, dz));
+            CHECK_OK(G->ops->matmul(G, &wb.wg, 0, dxn, T, db));
+            CHECK_OK(G->ops->matmul(G, &wa.wg, 0, dxn, T, da));
+            CHECK_OK(G->ops->gdn(G, &d, dqkv, da, db, dcw, dAl, ddt, &v, T, dout));
+            if (mode) CHECK_OK(G->ops->end_step(G));
+            if (mode && st == 0) {
+                sn_cuda_graph_stats(G, NULL, &c1, NULL);
+                nodes[mode] = sn_cuda_graph_nodes(G);
+                caps[mode] = c1 - c0;
+            }
+            res[mode][st][0] = tohost(dout, no);
+            res[mode][st][1] = tohost(dqkv, (size_t)T * Cd);
+            res[mode][st][2] = tohost(dz, no);
+            res[mode][st][3] = tohost(dS, sf);
+            res[mode][st][4] = tohost(dconv, cf);
+            res[mode][st][5] = nh ? tohost(dh, hf) : NULL;
+        }
+        dfree(dconv); dfree(dS);
+        if (dh) dfree(dh);
+    }
+    CHECK_OK(sn_cuda_tune(G, "fuse_conv", 1));
+    const size_t n[NR] = { no, (size_t)T * Cd, no, sf, cf, nh ? hf : 0 };
+    static const char *what[NR] = { "out", "qkv", "z", "state", "conv state", "history" };
+    for (int mode = 1; mode < 3; mode++)
+        for (int st = 0; st < STEPS; st++)
+            for (int i = 0; i < NR; i++)
+                CHECKF(!n[i] || !memcmp(res[0][st][i], res[mode][st][i], sizeof(float) * n[i]),
+                       "gdn layer H=%d Hk=%d Hv=%d Dk=%d Dv=%d T=%d nh=%d step %d: the %s graph's %s differs from eager",
+                       H, Hk, Hv, Dk, Dv, T, nh, st, mode == 2 ? "conv-folded" : "unfused", what[i]);
+    CHECKF(caps[1] == 1 && caps[2] == 1 && nodes[2] == nodes[1] - 1,
+           "gdn layer H=%d T=%d: %ld graph nodes with the conv folded, %ld without (captured %ld, %ld)", H, T,
+           nodes[2], nodes[1], caps[2], caps[1]);
+    for (int mode = 0; mode < 3; mode++)
+        for (int st = 0; st < STEPS; st++)
+            for (int i = 0; i < NR; i++) free(res[mode][st][i]);
+    free(x); free(nw); free(cw); free(Al); free(dtb); free(conv); free(S);
+    dfree(dx); dfree(dnw); dfree(dcw); dfree(dAl); dfree(ddt); dfree(dxn); dfree(dqkv); dfree(dz); dfree(db);
+    dfree(da); dfree(dout);
+    tw_free(&wq); tw_free(&wz); tw_free(&wb); tw_free(&wa);
+}
+
+static void test_gdn_layer_graph(void)
+{
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1)); /* kernels by shape, as decode takes them */
+    gdn_layer_case(2048, 16, 32, 128, 128, 1, 0); /* the 35B-A3B layer, decode */
+    gdn_layer_case(2048, 16, 32, 128, 128, 4, 3); /* a verify pass with its history */
+    gdn_layer_case(5120, 16, 48, 128, 128, 1, 0); /* the 27B layer */
+    gdn_layer_case(256, 2, 4, 128, 128, 8, 7);    /* T = 8: one pass of the GEMV's widest form */
+    gdn_layer_case(256, 1, 3, 48, 40, 2, 0);      /* odd heads: rows that end inside a warp's group */
+    gdn_layer_case(512, 4, 8, 64, 96, 5, 2);      /* Dv not a multiple of 32, a partial history */
+}
+
 /* ---- MoE (host reference from CPU matmuls) ---- */
 
 static int moe_i8 = 1; /* the backend's gemm_i8 is on (the default) */
@@ -1102,6 +1193,7 @@ int main(void)
     RUN(test_attention_decode_batch_invariant);
     RUN(test_gdn);
     RUN(test_gdn_gnorm_graph);
+    RUN(test_gdn_layer_graph);
     RUN(test_moe);
     RUN(test_argmax);
     RUN(test_graph_replay);

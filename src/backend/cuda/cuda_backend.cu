@@ -390,6 +390,33 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
                 break;
             }
     }
+    /* a GDN layer right after its input projections: its conv in the qkv
+     * projection's epilogue (raw qkv still written), the rest in one launch
+     * after the group (fuse_conv; the same bits as the ops one by one) */
+    const rec *gd = NULL;
+    cu_gemv_conv conv;
+    sn_gdn_dims gdd;
+    memset(&conv, 0, sizeof conv);
+    if (cb->fuse_conv && used == (k0 - k) + n && j < cb->n_recs && cb->recs[j].kind == R_GDN) {
+        const rec &r = cb->recs[j];
+        gdd = { (int)r.i[0], (int)r.i[1], (int)r.i[2], (int)r.i[3], (int)r.i[4], r.f[0] };
+        const int64_t C = 2 * (int64_t)gdd.n_k_heads * gdd.dk + (int64_t)gdd.n_v_heads * gdd.dv;
+        /* the conv's rows go to scratch (the GDN record reserved it), which
+         * no recorded op's buffers point into */
+        bool ok = r.p[0] == ys[0] && r.i[5] == T && ws[0]->rows == C && es[0] == 0 && r.p[6] &&
+                  ((uintptr_t)r.p[3] & 15) == 0 && cu_gdn_folds_conv(&gdd, (int)T) &&
+                  cu_matmul_folds_conv(&cb->di, ws[0], (const float *)x, (int)T);
+        if (ok) {
+            gd = &r;
+            conv.w = (const float *)r.p[3];
+            conv.state = (float *)r.p[6];
+            conv.c = (float *)cb->scratch;
+            conv.hist = (float *)r.p[9];
+            conv.hstride = sn_gdn_hist_floats(&gdd);
+            conv.nh = (int)r.i[6];
+            used++;
+        }
+    }
     if (n < 2 && used == n)
         return 0;
     cu_gemv_norm norm;
@@ -409,7 +436,13 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
         norm.xn = (float *)gn->p[3];
     }
     *st = cu_matmul_group(&cb->di, cb->st, n, ws, es, ys, adds, (const float *)raw, (int)T,
-                          nr || sw || gn ? &norm : NULL, cb->scratch);
+                          nr || sw || gn ? &norm : NULL, gd ? &conv : NULL, cb->scratch);
+    if (gd && *st == SN_OK) {
+        stg_forget(cb); /* the conv's rows are in scratch now */
+        *st = cu_gdn_after_conv(cb->st, &gdd, conv.c, (const float *)gd->p[1], (const float *)gd->p[2],
+                                (const float *)gd->p[4], (const float *)gd->p[5], (float *)gd->p[7], conv.hist,
+                                conv.nh, (int)T, (float *)gd->p[8]);
+    }
     return used;
 }
 
@@ -671,6 +704,7 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
     cudaGraphDestroy(g);
     gsl->nodes = nodes;
     gsl->shape = shape;
+    cb->last_nodes = (long)nodes;
     if (gsl->cap < cb->n_recs) {
         rec *nr = (rec *)realloc(gsl->recs, sizeof(rec) * cb->n_recs);
         if (!nr)
@@ -1519,6 +1553,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->dev = gpu;
     cb->fuse = true;
     cb->fuse_gate = 1;
+    cb->fuse_conv = 1;
     cb->di.moe_gemm = 1;
     cb->di.gemv_i8 = 1;
     cb->di.gemv_mb = 0; /* by shape */

@@ -92,10 +92,12 @@ struct cuda_be {
     gslot gs[GRAPH_SLOTS];
     long g_clock;
     long n_replayed, n_captured, n_eager;
+    long last_nodes; /* nodes of the graph captured last */
 
     int fuse;               /* group decode GEMVs and fold residual adds inside graphs */
     int fuse_gate;          /* and the gates: a GDN layer's gated norm into its out projection, the
                              * attention's output gate into its combine (tune "fuse_gate") */
+    int fuse_conv;          /* and a GDN layer's conv into its qkv projection (tune "fuse_conv") */
 
     /* The x the integer prefill GEMM last staged into scratch (its digit
      * planes). Consecutive eager matmuls of one x (q/k/v, qkv/z/b/a,

@@ -602,18 +602,86 @@ __device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, con
     }
 }
 
+/* a[i] for a run-time i without a local-memory array */
+template <int N>
+__device__ __forceinline__ float gv_pick(const float (&a)[N], int i)
+{
+    float v = 0.f;
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        if (k == i)
+            v = a[k];
+    return v;
+}
+
+/* acc[r][t] for a lane's run-time (r, t) without a local-memory array */
+template <int RPW, int TT>
+__device__ __forceinline__ float gv_lane_acc(const float (&acc)[RPW][TT], int r, int t)
+{
+    float v = 0.f;
+#pragma unroll
+    for (int rr = 0; rr < RPW; rr++)
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++)
+            if (rr == r && tt == t)
+                v = acc[rr][tt];
+    return v;
+}
+
+/* The folded GDN conv (cu_gemv_conv) of a completed row group of segment
+ * 0: lane r * TT + t holds row r's raw result v for token t (mine: a real
+ * row and token). The row's inputs concat(state, tokens) come from the
+ * state and the row's other lanes; the conv, the new conv state and the
+ * history slots follow k_gdn_conv_state's arithmetic and rows. */
+template <int TT>
+__device__ __forceinline__ void gv_conv_epi(const gemv_seg &g, float v, bool mine, int r, int t, int64_t row, int T)
+{
+    const int64_t C = g.rows[0];
+    float X[CU_CONV_K - 1 + TT];
+#pragma unroll
+    for (int i = 0; i < CU_CONV_K - 1; i++)
+        X[i] = mine ? g.cv.state[(size_t)i * C + row] : 0.f;
+#pragma unroll
+    for (int u = 0; u < TT; u++)
+        X[CU_CONV_K - 1 + u] = __shfl_sync(0xffffffffu, v, (r * TT + u) & 31);
+    float w4[CU_CONV_K] = { 0.f, 0.f, 0.f, 0.f };
+    if (mine) {
+        const float4 wv = *(const float4 *)(g.cv.w + (size_t)row * CU_CONV_K);
+        w4[0] = wv.x; w4[1] = wv.y; w4[2] = wv.z; w4[3] = wv.w;
+    }
+    float cv = 0.f;
+#pragma unroll
+    for (int u = 0; u < TT; u++)
+        if (u == t)
+            cv = cu_gdn_conv4(w4, X[u], X[u + 1], X[u + 2], X[u + 3]);
+    __syncwarp(); /* every lane of the row has read its old conv state */
+    if (!mine)
+        return;
+    g.y[0][(size_t)t * C + row] = v;
+    g.cv.c[(size_t)t * C + row] = cv;
+    if (t < g.cv.nh)
+#pragma unroll
+        for (int i = 0; i < CU_CONV_K - 1; i++)
+            g.cv.hist[(size_t)t * g.cv.hstride + (size_t)i * C + row] = gv_pick(X, t + 1 + i);
+    if (t == 0)
+#pragma unroll
+        for (int i = 0; i < CU_CONV_K - 1; i++)
+            g.cv.state[(size_t)i * C + row] = gv_pick(X, T + i);
+}
+
 /* The main loop keeps its bookkeeping off the per-chunk path (it was about
  * 60 % of the instructions at T = 1, per ncu: 715 warp instructions per
  * chunk of 4 rows against 288 for the arithmetic): 32-bit chunk indices,
  * ring slots that wrap instead of 64-bit remainders, per-lane row pointers
  * set once per row group, and the chunk's quant group by a multiply-high
  * instead of a 64-bit division. */
-template <int BITS, int TT, int RPW, bool DP, bool GN = false>
+template <int BITS, int TT, int RPW, bool DP, bool GN = false, bool CV = false>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
     static_assert(!DP || BITS == 4, "the dp4a form is for Q4");
     static_assert(!GN || DP, "only the dp4a staging folds the gated norm");
+    static_assert(!CV || (DP && !GN), "the conv fold is for the dp4a form's plain input");
     pdl_launch();
     extern __shared__ float4 xs[];
     constexpr int VPC = 128 / BITS, NF4 = VPC / 4, S = gv_ring<RPW>::S;
@@ -696,6 +764,17 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                 issue();
             cp_async_commit();
         }
+    if constexpr (CV) {
+        /* the conv state and taps of this warp's first rows of segment 0
+         * toward L2, for the epilogue (a hint: no ordering needed) */
+        const int64_t row = gb * RPW + lane, end = min(ge, g.g0[1]) * RPW;
+        if (row < end && row < g.rows[0]) {
+#pragma unroll
+            for (int i = 0; i < CU_CONV_K - 1; i++)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(g.cv.state + (size_t)i * g.rows[0] + row));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(g.cv.w + (size_t)row * CU_CONV_K));
+        }
+    }
     pdl_wait();
     auto rest = [&]() { /* called at up to three places: one copy of issue() each */
 #pragma unroll 1
@@ -759,15 +838,17 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                         v += __shfl_xor_sync(0xffffffffu, v, o);
                     acc[r][t] = v;
                 }
-            if (lane < cc.nrows * TT) {
+            if (CV && cc.seg == 0) {
                 const int r = lane / TT, t = lane % TT;
-                float v = 0.f;
-#pragma unroll
-                for (int rr = 0; rr < RPW; rr++)
-#pragma unroll
-                    for (int tt = 0; tt < TT; tt++)
-                        if (rr == r && tt == t)
-                            v = acc[rr][tt];
+                float v = gv_lane_acc<RPW, TT>(acc, r, t);
+                const bool mine = lane < cc.nrows * TT && t < T;
+                const int64_t row = cc.r0 + r;
+                if (mine && g.bias[0])
+                    v += g.bias[0][row];
+                gv_conv_epi<TT>(g, v, mine, r, t, row, T);
+            } else if (lane < cc.nrows * TT) {
+                const int r = lane / TT, t = lane % TT;
+                float v = gv_lane_acc<RPW, TT>(acc, r, t);
                 if (t < T) {
                     const int i = cc.seg;
                     const int64_t row = cc.r0 + r, rows = g.rows[i];
@@ -845,11 +926,11 @@ sn_status gv_max_smem(K kern, const cu_devinfo *di)
     return SN_OK;
 }
 
-template <int BITS, int TT, int RPW, bool DP, bool GN>
+template <int BITS, int TT, int RPW, bool DP, bool GN, bool CV>
 sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                     int T)
 {
-    auto kern = k_gemv<BITS, TT, RPW, DP, GN>;
+    auto kern = k_gemv<BITS, TT, RPW, DP, GN, CV>;
     int best_w = 0, best_per = 0;
     const int cand[2] = { 8, 16 };
     for (int ci = 0; ci < 2; ci++) {
@@ -878,16 +959,25 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
     return SN_OK;
 }
 
-template <int BITS, int RPW, bool DP, bool GN = false>
+template <int BITS, int RPW, bool DP, bool GN = false, bool CV = false>
 sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                   int T, int tt)
 {
     switch (tt) {
-    case 1: return gv_launch<BITS, 1, RPW, DP, GN>(di, s, g, w0, x, T);
-    case 2: return gv_launch<BITS, 2, RPW, DP, GN>(di, s, g, w0, x, T);
-    case 4: return gv_launch<BITS, 4, RPW, DP, GN>(di, s, g, w0, x, T);
-    default: return gv_launch<BITS, 8, RPW, DP, GN>(di, s, g, w0, x, T);
+    case 1: return gv_launch<BITS, 1, RPW, DP, GN, CV>(di, s, g, w0, x, T);
+    case 2: return gv_launch<BITS, 2, RPW, DP, GN, CV>(di, s, g, w0, x, T);
+    case 4: return gv_launch<BITS, 4, RPW, DP, GN, CV>(di, s, g, w0, x, T);
+    default: return gv_launch<BITS, 8, RPW, DP, GN, CV>(di, s, g, w0, x, T);
     }
+}
+
+/* the passes cu_gv_run cuts T tokens into start with this many */
+int gv_first_tt(const cu_devinfo *di, const cu_weight *w0, int T, int rpw, bool dp)
+{
+    int tt = T <= 1 ? 1 : T <= 2 ? 2 : T <= 4 ? 4 : GV_TMAX;
+    while (tt > 1 && gv_smem(w0, tt, rpw, 8, dp) + GV_STATIC_SMEM > di->smem_optin)
+        tt /= 2;
+    return tt;
 }
 
 } // namespace
@@ -905,6 +995,12 @@ bool cu_gv_folds_gnorm(const cu_devinfo *di, const cu_weight *w0, const float *x
 {
     const uintptr_t al = (uintptr_t)x | (uintptr_t)gz | (uintptr_t)nw | (uintptr_t)xn;
     return gv_dp(di, w0) && w0->cols % CU_GNORM_N == 0 && (al & 15) == 0;
+}
+
+bool cu_gv_folds_conv(const cu_devinfo *di, const cu_weight *w0, int T)
+{
+    /* one pass at the largest ring (4 rows a warp): the epilogue sees every token */
+    return gv_dp(di, w0) && T >= 1 && T <= GV_TMAX && gv_first_tt(di, w0, T, 4, true) >= T;
 }
 
 /* T <= GV_TMAX tokens (more in passes) through the segments of g, whose
@@ -930,6 +1026,9 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
     const bool dp = gv_dp(di, w0);
     if (g.gz && !cu_gv_folds_gnorm(di, w0, x, g.gz, g.nw, g.xn))
         return SN_FAIL(SN_E_INVALID, "matmul: a gated norm this GEMV cannot fold");
+    if (g.cv.w && (g.gz || !cu_gv_folds_conv(di, w0, T) || gv_first_tt(di, w0, T, rpw, dp) < T || g.add_to[0] ||
+                   ((uintptr_t)g.cv.w & 15) != 0))
+        return SN_FAIL(SN_E_INVALID, "matmul: a GDN conv this GEMV cannot fold (%d tokens)", T);
     g.npre = di->gemv_pre;
     if (w0->group <= 0)
         return SN_FAIL(SN_E_INVALID, "matmul: quant group of %d", w0->group);
@@ -939,9 +1038,7 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
         g.g0[i + 1] = g.g0[i] + (g.rows[i] + rpw - 1) / rpw;
     for (int t0 = 0; t0 < T;) {
         int left = T - t0;
-        int tt = left <= 1 ? 1 : left <= 2 ? 2 : left <= 4 ? 4 : GV_TMAX;
-        while (tt > 1 && gv_smem(w0, tt, rpw, 8, dp) + GV_STATIC_SMEM > di->smem_optin)
-            tt /= 2;
+        int tt = gv_first_tt(di, w0, left, rpw, dp);
         if (gv_smem(w0, 1, rpw, 8, dp) + GV_STATIC_SMEM > di->smem_optin)
             return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
                            (long long)w0->cols);
@@ -958,7 +1055,11 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
             p.gz = g.gz + (size_t)t0 * w0->cols;
         const float *xp = x + (size_t)t0 * w0->cols;
         sn_status st;
-        if (g.gz) /* a gated norm folded (cu_gv_folds_gnorm: dp) */
+        if (g.cv.w) /* a GDN conv folded (cu_gv_folds_conv: dp, one pass) */
+            st = rpw == 4   ? gv_pass<4, 4, true, false, true>(di, s, p, w0, xp, nt, tt)
+                 : rpw == 1 ? gv_pass<4, 1, true, false, true>(di, s, p, w0, xp, nt, tt)
+                            : gv_pass<4, 2, true, false, true>(di, s, p, w0, xp, nt, tt);
+        else if (g.gz) /* a gated norm folded (cu_gv_folds_gnorm: dp) */
             st = rpw == 4   ? gv_pass<4, 4, true, true>(di, s, p, w0, xp, nt, tt)
                  : rpw == 1 ? gv_pass<4, 1, true, true>(di, s, p, w0, xp, nt, tt)
                             : gv_pass<4, 2, true, true>(di, s, p, w0, xp, nt, tt);
@@ -982,23 +1083,26 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
 
 sn_status cu_gemv_init(const cu_devinfo *di)
 {
-#define GEMV_INIT(B, R, DP, GN)                                                                                   \
-    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP, GN>, di));                                                              \
-    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP, GN>, di));                                                              \
-    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP, GN>, di));                                                              \
-    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, GN>, di));
-    GEMV_INIT(4, 1, false, false)
-    GEMV_INIT(4, 2, false, false)
-    GEMV_INIT(4, 4, false, false)
-    GEMV_INIT(4, 1, true, false)
-    GEMV_INIT(4, 2, true, false)
-    GEMV_INIT(4, 4, true, false)
-    GEMV_INIT(4, 1, true, true)
-    GEMV_INIT(4, 2, true, true)
-    GEMV_INIT(4, 4, true, true)
-    GEMV_INIT(8, 1, false, false)
-    GEMV_INIT(8, 2, false, false)
-    GEMV_INIT(8, 4, false, false)
+#define GEMV_INIT(B, R, DP, GN, CV)                                                                               \
+    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP, GN, CV>, di));                                                          \
+    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP, GN, CV>, di));                                                          \
+    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP, GN, CV>, di));                                                          \
+    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, GN, CV>, di));
+    GEMV_INIT(4, 1, false, false, false)
+    GEMV_INIT(4, 2, false, false, false)
+    GEMV_INIT(4, 4, false, false, false)
+    GEMV_INIT(4, 1, true, false, false)
+    GEMV_INIT(4, 2, true, false, false)
+    GEMV_INIT(4, 4, true, false, false)
+    GEMV_INIT(4, 1, true, true, false)
+    GEMV_INIT(4, 2, true, true, false)
+    GEMV_INIT(4, 4, true, true, false)
+    GEMV_INIT(4, 1, true, false, true)
+    GEMV_INIT(4, 2, true, false, true)
+    GEMV_INIT(4, 4, true, false, true)
+    GEMV_INIT(8, 1, false, false, false)
+    GEMV_INIT(8, 2, false, false, false)
+    GEMV_INIT(8, 4, false, false, false)
 #undef GEMV_INIT
     return SN_OK;
 }

@@ -26,6 +26,9 @@ struct gemv_seg {
      * the gated RMSNorm of x's rows of CU_GNORM_N with gate gz, bitwise as
      * cu_gated_rmsnorm; only the dp4a form takes it (cu_gv_folds_gnorm) */
     const float *gz;
+    /* segment 0 is a GDN layer's qkv projection whose conv the epilogue
+     * folds (cv.w != NULL; dp4a form, one pass: cu_gv_folds_conv) */
+    cu_gemv_conv cv;
     int npre;         /* ring chunks per warp issued before x is read (cu_gv_run sets it) */
     uint32_t gmag;    /* ceil(2^32 / group), for the chunk's quant group (cu_gv_run sets it) */
 };
@@ -35,6 +38,8 @@ struct gemv_seg {
  * 16-byte aligned rows as k_gated_rmsnorm_w reads them). */
 bool cu_gv_folds_gnorm(const cu_devinfo *di, const cu_weight *w0, const float *x, const float *gz, const float *nw,
                        const float *xn);
+/* Whether a launch of T tokens through w0 can fold a GDN conv (g.cv). */
+bool cu_gv_folds_conv(const cu_devinfo *di, const cu_weight *w0, int T);
 /* T tokens (passes of up to 8) through g's segments. */
 sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weight *w0, const float *x, int T);
 /* From cu_matmul_init: the kernels' shared memory limits. */

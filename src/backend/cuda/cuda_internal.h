@@ -276,13 +276,31 @@ typedef struct {
     const float *gz;
 } cu_gemv_norm;
 #define CU_GNORM_N 128
+/* A GDN layer's causal conv (4 taps) folded into the epilogue of its qkv
+ * projection (segment 0 of a SIMT GEMV launch, cu_gv_folds_conv): each
+ * row (channel) is still written raw to y, and silu(conv) of it to c
+ * (T x C, what k_gdn_conv_state forms before the l2 norm); the conv state
+ * and the history's conv part move as k_gdn_conv_state moves them. Bitwise
+ * that kernel's (cu_gdn_conv4). */
+typedef struct {
+    const float *w; /* C x 4 taps */
+    float *state;   /* 3 x C */
+    float *c;
+    float *hist;    /* NULL or nh slots of hstride floats (conv part first) */
+    size_t hstride;
+    int nh;
+} cu_gemv_conv;
+#define CU_CONV_K 4
 bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b);
 /* Whether cu_matmul of T rows of x through expert e of w takes the integer
  * tensor-core GEMV (else the fp32 GEMV, or the GEMM from GEMM_MIN_T rows). */
 bool cu_matmul_int_path(const cu_devinfo *di, const cu_weight *w, int64_t e, const float *x, int T);
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
                           float *const *y, float *const *add_to, const float *x, int T, const cu_gemv_norm *norm,
-                          void *scratch); /* scratch: cu_matmul_scratch_bytes(w[0], T) */
+                          const cu_gemv_conv *conv, void *scratch); /* scratch: cu_matmul_scratch_bytes(w[0], T) */
+/* Whether cu_matmul_group of T rows through w[0] (first of n, x its input
+ * row after any folded norm) can fold a GDN conv into segment 0. */
+bool cu_matmul_folds_conv(const cu_devinfo *di, const cu_weight *w0, const float *x, int T);
 /* y[T, cols] = dequantized rows d_ids[t] of W (ids validated by the caller). */
 sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int T, float *y);
 /* MoE FFN over the experts of one layer for T tokens, routing on the GPU:
@@ -312,6 +330,18 @@ sn_status cu_copy_n(cudaStream_t s, int n, void *const *dst, const void *const *
 sn_status cu_swiglu(cudaStream_t s, const float *g, const float *u, size_t n, float *out);
 /* silu as every kernel computes it (the swiglu folded into a GEMV must match k_swiglu bitwise) */
 __device__ __forceinline__ float cu_silu(float x) { return x / (1.f + expf(-x)); }
+/* One channel of the GDN's causal conv over its 4 inputs, oldest first,
+ * then SiLU: k_gdn_conv's arithmetic (gdn_conv_ch), shared with the GEMV
+ * epilogue that folds it. */
+__device__ __forceinline__ float cu_gdn_conv4(const float *w, float x0, float x1, float x2, float x3)
+{
+    float acc = 0.f;
+    acc += w[0] * x0;
+    acc += w[1] * x1;
+    acc += w[2] * x2;
+    acc += w[3] * x3;
+    return cu_silu(acc);
+}
 /* The gated RMSNorm's arithmetic, one warp per row with lane l holding
  * values 4l..4l+3 of each 128: k_gated_rmsnorm_w and the integer GEMV's
  * digits pass that folds it (which must match it bitwise) both use these.
@@ -382,6 +412,14 @@ extern int cu_gdn_conv_mode;
 sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const float *a, const float *b,
                  const float *conv_w, const float *A_log, const float *dt_bias, float *conv_state, float *S,
                  float *hist, int n_hist, int T, float *out, void *scratch, int *cnt);
+/* The rest of a GDN decode / verify step whose conv a GEMV folded
+ * (cu_gemv_conv): c = silu(conv) of the T tokens' channels; the l2 norms,
+ * gates and delta rule in one launch, bitwise cu_gdn's. cu_gdn_folds_conv:
+ * whether these dims and T take it. */
+bool cu_gdn_folds_conv(const sn_gdn_dims *d, int T);
+sn_status cu_gdn_after_conv(cudaStream_t s, const sn_gdn_dims *d, const float *c, const float *a, const float *b,
+                            const float *A_log, const float *dt_bias, float *S, float *hist, int n_hist, int T,
+                            float *out);
 /* out[r] = index of the largest x[r, :] (the first one on ties). */
 size_t cu_argmax_scratch_bytes(int rows);
 sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_out, void *scratch);

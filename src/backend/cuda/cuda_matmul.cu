@@ -1272,9 +1272,14 @@ bool cu_matmul_int_path(const cu_devinfo *di, const cu_weight *w, int64_t e, con
     return T < GEMM_MIN_T && e == 0 && cu_gi_ok(di, w, x, T) && cu_gi_size_ok(di, w->rows * w->cols / 2, w->cols);
 }
 
+bool cu_matmul_folds_conv(const cu_devinfo *di, const cu_weight *w0, const float *x, int T)
+{
+    return T < GEMM_MIN_T && !cu_matmul_int_path(di, w0, 0, x, T) && cu_gv_folds_conv(di, w0, T);
+}
+
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
                           float *const *y, float *const *add_to, const float *x, int T, const cu_gemv_norm *norm,
-                          void *scratch)
+                          const cu_gemv_conv *conv, void *scratch)
 {
     if (n < 1 || n > CU_GROUP_MAX)
         return SN_FAIL(SN_E_INVALID, "matmul group of %d", n);
@@ -1314,6 +1319,8 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
             norm = NULL;
         }
     }
+    if (conv && (!cu_matmul_folds_conv(di, w[0], in, T) || e[0] != 0 || w[0]->rows > INT32_MAX))
+        return SN_FAIL(SN_E_INVALID, "matmul group: a GDN conv folded into a launch that cannot take it");
     if (i8) {
         gi_seg g;
         memset(&g, 0, sizeof g);
@@ -1348,5 +1355,7 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
         g.xn = norm->xn;
         g.gz = norm->gz;
     }
+    if (conv)
+        g.cv = *conv;
     return cu_gv_run(di, s, g, w[0], x, T);
 }

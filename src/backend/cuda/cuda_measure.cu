@@ -118,6 +118,7 @@ const tune_key tune_keys[] = {
     { "pdl", TUNE_GLOBAL(cu_pdl), false, true, 0, {}, 0, 2, "0 off, 1 every kernel, 2 weight-prefetching kernels" },
     { "fuse", [](cuda_be *c) { return &c->fuse; }, true, true, 0, {}, 0, 0, "" },
     { "fuse_gate", [](cuda_be *c) { return &c->fuse_gate; }, true, true, 0, {}, 0, 0, "" },
+    { "fuse_conv", [](cuda_be *c) { return &c->fuse_conv; }, true, true, 0, {}, 0, 0, "" },
 };
 #undef TUNE_DI
 #undef TUNE_GLOBAL
@@ -295,4 +296,10 @@ extern "C" void sn_cuda_graph_stats(sn_backend *b, long *replayed, long *capture
         *captured = cb->n_captured;
     if (eager)
         *eager = cb->n_eager;
+}
+
+extern "C" long sn_cuda_graph_nodes(sn_backend *b)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    return cb_of(b)->last_nodes;
 }

@@ -982,6 +982,35 @@ __device__ __forceinline__ void gdn_rule_token(float (&s)[RPT], const float (&kr
         gdn_s_store<RPT>(s, Hh, active, i0, rows_per, Dk, Dv, col);
 }
 
+constexpr int GDN_STEP_T = 8;
+constexpr int GDN_STEP_DK = 256;
+
+/* k_gdn_rec's delta rule over T tokens whose q, k, v (the block's 32
+ * columns), decay and beta are in shared memory: k_gdn_step's and
+ * k_gdn_after_conv's last phase. */
+template <int RPT>
+__device__ __forceinline__ void gdn_rule_tokens(float (&s)[RPT], const float (&qs)[GDN_STEP_T][GDN_STEP_DK],
+                                                const float (&ks)[GDN_STEP_T][GDN_STEP_DK],
+                                                const float (&vs)[GDN_STEP_T][32], const float *dec_s,
+                                                const float *bet_s, int T, bool active, int part, int i0,
+                                                int rows_per, int Dk, int Dv, int Hv, int hv, int cl, int col,
+                                                float *out, float *hS, size_t hstride, int nh)
+{
+    for (int t = 0; t < T; t++) {
+        float kr[RPT], qr[RPT];
+#pragma unroll
+        for (int r = 0; r < RPT; r++) {
+            int i = i0 + r;
+            const bool in = r < rows_per && i < Dk;
+            kr[r] = in ? ks[t][i] : 0.f;
+            qr[r] = in ? qs[t][i] : 0.f;
+        }
+        gdn_rule_token<RPT>(s, kr, qr, active ? vs[t][cl] : 0.f, dec_s[t], bet_s[t], active, part, i0, rows_per, Dk,
+                            Dv, col, out + ((size_t)t * Hv + hv) * Dv,
+                            t < nh ? hS + (size_t)t * hstride + (size_t)hv * Dk * Dv : nullptr);
+    }
+}
+
 /* The delta rule. Block (value head hv, 32 columns of Dv), 4 warps; lane =
  * (column within the warp's 8, quarter of the Dk rows). Each thread keeps
  * its RPT = Dk/4 rows of S for its column in registers across all T tokens;
@@ -1061,9 +1090,6 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
  * which every block of the head's group reads, by the group's last block to
  * finish reading (cnt[hk], reset by it for the next launch). Same bits as
  * the three kernels, two launches fewer per layer. */
-constexpr int GDN_STEP_T = 8;
-constexpr int GDN_STEP_DK = 256;
-
 template <int RPT>
 __global__ void __launch_bounds__(128)
 k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, float *__restrict__ state, int Hk,
@@ -1146,19 +1172,83 @@ k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, floa
     float *Sh = S + (size_t)hv * Dk * Dv;
     float s[RPT];
     gdn_s_load<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col);
-    for (int t = 0; t < T; t++) {
-        float kr[RPT], qr[RPT];
+    gdn_rule_tokens<RPT>(s, qs, ks, vs, dec_s, bet_s, T, active, part, i0, rows_per, Dk, Dv, Hv, hv, cl, col, out,
+                         hS, hstride, nh);
+    gdn_s_store<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col);
+}
+
+/* The rest of a GDN decode / verify step whose conv a GEMV epilogue did
+ * (cu_gemv_conv: c holds silu(conv) of every channel, the conv state and
+ * the history's conv part are already moved): block (value head hv, 32
+ * columns of Dv) l2-normalises its key head's q and k and forms its gates,
+ * then runs k_gdn_rec's delta rule from shared memory, as k_gdn_step does.
+ * The norms take one warp per (token, q or k): lane l holds channels
+ * l + 32 j, and the sum of squares follows block_sum's tree for 128
+ * threads (thread 32 q + l held channels 32 q + l + 128 r, r ascending;
+ * each warp's butterfly, then (w0 + w2) + (w1 + w3)), as k_gdn_conv_w does:
+ * k_gdn_conv_state's bits without its barriers per token. */
+template <int RPT>
+__global__ void __launch_bounds__(128)
+k_gdn_after_conv(const float *__restrict__ c, int Hk, int Hv, int Dk, int Dv, float l2eps,
+                 const float *__restrict__ a, const float *__restrict__ b, const float *__restrict__ A_log,
+                 const float *__restrict__ dt_bias, float *__restrict__ S, int T, float *__restrict__ out,
+                 float *__restrict__ hS, size_t hstride, int nh)
+{
+    pdl_enter();
+    __shared__ float qs[GDN_STEP_T][GDN_STEP_DK], ks[GDN_STEP_T][GDN_STEP_DK], vs[GDN_STEP_T][32];
+    __shared__ float dec_s[GDN_STEP_T], bet_s[GDN_STEP_T];
+    const int hv = blockIdx.x, hk = hv / (Hv / Hk);
+    const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
+    const int vc0 = 2 * key_dim + hv * Dv + blockIdx.y * 32;
+    const int nv = min(32, Dv - (int)blockIdx.y * 32);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int cl = warp * 8 + (lane & 7), col = blockIdx.y * 32 + cl;
+    const int part = lane >> 3;
+    const int rows_per = (Dk + 3) / 4;
+    const int i0 = part * rows_per;
+    const bool active = col < Dv;
+    float *Sh = S + (size_t)hv * Dk * Dv;
+    float s[RPT];
+    gdn_s_load<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col); /* first: the norms do not need it */
+    constexpr int NJ = GDN_STEP_DK / 32;
+    for (int p = warp; p < 2 * T; p += 4) {
+        const int t = p >> 1, hq = p & 1;
+        const float *src = c + (size_t)t * C + hq * key_dim + hk * Dk;
+        float v[NJ];
 #pragma unroll
-        for (int r = 0; r < RPT; r++) {
-            int i = i0 + r;
-            const bool in = r < rows_per && i < Dk;
-            kr[r] = in ? ks[t][i] : 0.f;
-            qr[r] = in ? qs[t][i] : 0.f;
+        for (int j = 0; j < NJ; j++)
+            v[j] = lane + 32 * j < Dk ? src[lane + 32 * j] : 0.f;
+        float ssq[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float sq = 0.f;
+#pragma unroll
+            for (int r = 0; r < NJ / 4; r++) {
+                const int j = q + 4 * r;
+                if (lane + 32 * j < Dk)
+                    sq += v[j] * v[j];
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            ssq[q] = sq;
         }
-        gdn_rule_token<RPT>(s, kr, qr, active ? vs[t][cl] : 0.f, dec_s[t], bet_s[t], active, part, i0, rows_per, Dk,
-                            Dv, col, out + ((size_t)t * Hv + hv) * Dv,
-                            t < nh ? hS + (size_t)t * hstride + (size_t)hv * Dk * Dv : nullptr);
+        float inv = 1.f / sqrtf((ssq[0] + ssq[2]) + (ssq[1] + ssq[3]) + l2eps);
+        if (hq == 0)
+            inv *= 1.f / sqrtf((float)Dk);
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            if (lane + 32 * j < Dk)
+                (hq == 0 ? qs : ks)[t][lane + 32 * j] = v[j] * inv;
     }
+    for (int t = 0; t < T; t++)
+        if ((int)threadIdx.x < nv)
+            vs[t][threadIdx.x] = c[(size_t)t * C + vc0 + threadIdx.x];
+    if ((int)threadIdx.x < T)
+        gdn_gates((int)threadIdx.x, hv, Hv, a, b, A_log, dt_bias, dec_s[threadIdx.x], bet_s[threadIdx.x]);
+    __syncthreads();
+    gdn_rule_tokens<RPT>(s, qs, ks, vs, dec_s, bet_s, T, active, part, i0, rows_per, Dk, Dv, Hv, hv, cl, col, out,
+                         hS, hstride, nh);
     gdn_s_store<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col);
 }
 
@@ -1572,6 +1662,31 @@ sn_status cu_gdn(cudaStream_t s, const sn_gdn_dims *d, const float *qkv, const f
                         hstride, nh);
     });
     CU_CHECK_LAUNCH("gdn recurrence");
+    return SN_OK;
+}
+
+bool cu_gdn_folds_conv(const sn_gdn_dims *d, int T)
+{
+    return T >= 1 && T <= GDN_STEP_T && d->conv_k == CU_CONV_K && d->dk <= GDN_STEP_DK && d->dv <= 512 &&
+           d->n_k_heads > 0 && d->n_v_heads % d->n_k_heads == 0;
+}
+
+sn_status cu_gdn_after_conv(cudaStream_t s, const sn_gdn_dims *d, const float *c, const float *a, const float *b,
+                            const float *A_log, const float *dt_bias, float *S, float *hist, int n_hist, int T,
+                            float *out)
+{
+    if (!cu_gdn_folds_conv(d, T))
+        return SN_FAIL(SN_E_INVALID, "gdn: the conv of Dk %d, K %d, T %d is not folded", d->dk, d->conv_k, T);
+    const int nh = hist ? min(n_hist, T - 1) : 0;
+    const size_t hstride = sn_gdn_hist_floats(d), hconv = hstride - (size_t)d->n_v_heads * d->dk * d->dv;
+    float *hS = nh ? hist + hconv : nullptr; /* the S part of slot 0 */
+    const float l2eps = d->norm_eps > 0.f ? d->norm_eps : 1e-6f;
+    const dim3 rgrid((unsigned)d->n_v_heads, (unsigned)((d->dv + 31) / 32));
+    gdn_by_rpt(d->dk, [&](auto R) {
+        (void)cu_launch(k_gdn_after_conv<decltype(R)::value>, rgrid, 128, 0, s, c, d->n_k_heads, d->n_v_heads, d->dk,
+                        d->dv, l2eps, a, b, A_log, dt_bias, S, T, out, hS, hstride, nh);
+    });
+    CU_CHECK_LAUNCH("gdn after the folded conv");
     return SN_OK;
 }
 

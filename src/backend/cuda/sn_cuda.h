@@ -32,6 +32,8 @@ sn_status sn_cuda_profiler_range(sn_backend *be, int on);
 /* Graph statistics: steps replayed from a graph, steps (re)captured, steps
  * that ran eagerly because something inside needed the host. */
 void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *eager);
+/* Nodes (kernels, copies) of the step graph captured last: what a fusion saves. */
+long sn_cuda_graph_nodes(sn_backend *be);
 /* Read-only streaming bandwidth of the device: reps passes of a plain
  * 16-byte-per-load reading kernel over a fresh buffer of bytes (the bound
  * a weight-streaming GEMV is measured against). */
