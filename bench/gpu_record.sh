@@ -12,13 +12,14 @@
 #   the verify-pass cost curve (bench_pld --cost-curve 8), every CUDA test
 #   (test_cuda_ops and test_cuda_model also with SANCTUM_CUDA_PDL=1, the
 #   model also with 0),
-#   test_cuda_ops and test_cuda_sample under compute-sanitizer memcheck, the read sweep
+#   test_cuda_ops, test_cuda_sample and test_cuda_moe under compute-sanitizer memcheck
+#   (test_cuda_moe also twice more plain), the read sweep
 #   (bench_cuda --read-sweep), bench_cuda on the 35B-A3B
 #   and 27B configs at 4096 tokens (and their 6-row verify steps, --rows 6),
 #   then bench_cuda_gpu.sh pcache quick, and sampled bench_pld on its 1B
 #   model with the draws on the GPU and on the host (SANCTUM_SAMPLE_DEVICE);
 #   a summary is printed and the logs come back as $OUT/logs.tar.xz
-#   (about 200 s of wall time on the H200; without the --rows 6 steps it took 135 s).
+#   (about 240 s of wall time on the H200 in s21r4, before the moe reruns and its memcheck were added; without the --rows 6 steps it took 135 s).
 set -u
 cd "$(dirname "$0")/.."
 L=.devcarry/lead
@@ -61,6 +62,11 @@ run)
     SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
     step memcheck_ops 300 env SANCTUM_CUDA_CUBLAS=0 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_ops"
     step memcheck_sample 120 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_sample"
+    # test_cuda_moe's E=1000 k=64 decode case failed once against the CPU
+    # (s21r5, with both GPU forms agreeing): run it again, and under memcheck
+    # (never run there before), to tell a flake from a corrupted weight
+    for i in 2 3; do step "moe_again$i" 60 "$B/test_cuda_moe"; done
+    step memcheck_moe 240 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_moe"
     # the plain read kernel's time per launch at the decode GEMVs' sizes (their floor)
     step sweep 60 "$B/bench_cuda" --config bench/configs/qwen3_5_35b_a3b.json --read-sweep
     for cfg in qwen3_5_35b_a3b qwen3_5_27b; do
