@@ -102,6 +102,12 @@ sn_status run_attention(cuda_be *cb, const rec &r, const int *d_delta, const flo
                         (float *)r.p[3], cb->scratch, gate);
 }
 
+/* An R_GDN record's dimensions (gdn() stores them in i[0..4], f[0]). */
+sn_gdn_dims gdn_dims_of(const rec &r)
+{
+    return { (int)r.i[0], (int)r.i[1], (int)r.i[2], (int)r.i[3], (int)r.i[4], r.f[0] };
+}
+
 sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
 {
     cudaStream_t s = cb->st;
@@ -149,7 +155,7 @@ sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
     }
     case R_ATTN: return run_attention(cb, r, d_delta, NULL);
     case R_GDN: {
-        sn_gdn_dims d = { (int)r.i[0], (int)r.i[1], (int)r.i[2], (int)r.i[3], (int)r.i[4], r.f[0] };
+        sn_gdn_dims d = gdn_dims_of(r);
         return cu_gdn(s, &d, (const float *)r.p[0], (const float *)r.p[1], (const float *)r.p[2],
                       (const float *)r.p[3], (const float *)r.p[4], (const float *)r.p[5], (float *)r.p[6],
                       (float *)r.p[7], (float *)r.p[9], (int)r.i[6], (int)r.i[5], (float *)r.p[8], cb->scratch,
@@ -399,7 +405,7 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
     memset(&conv, 0, sizeof conv);
     if (cb->fuse_conv && used == (k0 - k) + n && j < cb->n_recs && cb->recs[j].kind == R_GDN) {
         const rec &r = cb->recs[j];
-        gdd = { (int)r.i[0], (int)r.i[1], (int)r.i[2], (int)r.i[3], (int)r.i[4], r.f[0] };
+        gdd = gdn_dims_of(r);
         const int64_t C = 2 * (int64_t)gdd.n_k_heads * gdd.dk + (int64_t)gdd.n_v_heads * gdd.dv;
         /* the conv's rows go to scratch (the GDN record reserved it), which
          * no recorded op's buffers point into */

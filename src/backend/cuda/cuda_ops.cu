@@ -784,6 +784,36 @@ __global__ void k_gdn_conv(const float *__restrict__ qkv, const float *__restric
                   decay, red);
 }
 
+/* 1 / ||v|| of one q or k head that a warp holds lane-major (lane l: its
+ * channels l + 32 j, n of them in nj columns j), times Dk^-0.5 for a q head: the l2 norm of
+ * gdn_conv_head, bitwise. The sum of squares follows block_sum's tree for
+ * 128 threads: virtual thread (warp q = j % 4, lane l) sums its r = j / 4
+ * in order, each virtual warp's butterfly, then (w0 + w2) + (w1 + w3). */
+template <int R>
+__device__ __forceinline__ float gdn_l2_inv_warp(const float (&v)[R], int nj, int n, float l2eps, bool is_q, int Dk)
+{
+    const int lane = threadIdx.x & 31;
+    float ss[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float sq = 0.f;
+#pragma unroll
+        for (int r = 0; r < R / 4; r++) {
+            const int j = q + 4 * r;
+            if (j < nj && lane + 32 * j < n)
+                sq += v[j] * v[j];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        ss[q] = sq;
+    }
+    float inv = 1.f / sqrtf((ss[0] + ss[2]) + (ss[1] + ss[3]) + l2eps);
+    if (is_q)
+        inv *= 1.f / sqrtf((float)Dk);
+    return inv;
+}
+
 /* The prefill form of k_gdn_conv (cu_gdn_conv_mode 1, T > GDN_STEP_T, the
  * conv of KT taps, heads of at most 32 * GW_R channels): one warp per
  * (head vector, GW_TPW consecutive tokens), GW_WARPS warps a block along
@@ -852,26 +882,7 @@ k_gdn_conv_w(const float *__restrict__ qkv, const float *__restrict__ conv_w, co
             v[j] = silu(acc);
         }
         if (is_qk) {
-            /* block_sum's tree: virtual thread (warp q = j % 4, lane l) summed its r = j / 4 in order */
-            float ss[4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                float sq = 0.f;
-#pragma unroll
-                for (int r = 0; r < GW_R / 4; r++) {
-                    const int j = q + 4 * r;
-                    if (j < nj && lane + 32 * j < n)
-                        sq += v[j] * v[j];
-                }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    sq += __shfl_xor_sync(0xffffffffu, sq, o);
-                ss[q] = sq;
-            }
-            const float tot = (ss[0] + ss[2]) + (ss[1] + ss[3]);
-            float inv = 1.f / sqrtf(tot + l2eps);
-            if (hidx < Hk)
-                inv *= 1.f / sqrtf((float)Dk);
+            const float inv = gdn_l2_inv_warp<GW_R>(v, nj, n, l2eps, hidx < Hk, Dk);
 #pragma unroll
             for (int j = 0; j < GW_R; j++)
                 v[j] *= inv;
@@ -1218,24 +1229,7 @@ k_gdn_after_conv(const float *__restrict__ c, int Hk, int Hv, int Dk, int Dv, fl
 #pragma unroll
         for (int j = 0; j < NJ; j++)
             v[j] = lane + 32 * j < Dk ? src[lane + 32 * j] : 0.f;
-        float ssq[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float sq = 0.f;
-#pragma unroll
-            for (int r = 0; r < NJ / 4; r++) {
-                const int j = q + 4 * r;
-                if (lane + 32 * j < Dk)
-                    sq += v[j] * v[j];
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                sq += __shfl_xor_sync(0xffffffffu, sq, o);
-            ssq[q] = sq;
-        }
-        float inv = 1.f / sqrtf((ssq[0] + ssq[2]) + (ssq[1] + ssq[3]) + l2eps);
-        if (hq == 0)
-            inv *= 1.f / sqrtf((float)Dk);
+        const float inv = gdn_l2_inv_warp<NJ>(v, NJ, Dk, l2eps, hq == 0, Dk);
 #pragma unroll
         for (int j = 0; j < NJ; j++)
             if (lane + 32 * j < Dk)
