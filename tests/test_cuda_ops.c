@@ -793,20 +793,27 @@ static void test_gdn_gnorm_graph(void)
     gdn_gnorm_case(4, 8, 64, 96, 5, 4);
 }
 
-/* A GDN layer's input side inside a step, as forward.c records it: the
- * RMSNorm, the qkv/z/b/a projections, the GDN. In a graph the norm folds
- * into the projections' launch and, with fuse_conv (default), the conv into
- * the qkv projection's epilogue with the norms, gates and rule in one
- * launch after it: three steps' outputs, projections, state, conv state and
- * history must be the eager bits either way, and the fused graph must have
- * one kernel fewer (the conv's) than the unfused one. */
-static void gdn_layer_case(int H, int Hk, int Hv, int Dk, int Dv, int T, int nh)
+/* A GDN layer inside a step, as forward.c records it: the RMSNorm, the
+ * qkv/z/b/a projections, the GDN, its gated RMSNorm, the out projection and
+ * the residual add (the out side where Hv * Dv is a multiple of the quant
+ * group). In a graph the norm folds into the projections' launch and, with
+ * fuse_conv (default), the conv into the qkv projection's epilogue with the
+ * norms, gates and rule in one launch after it; with fuse_gate (default)
+ * the gated norm folds into the out projection where that takes the
+ * integer GEMV (gn_fold: the 27B's 5120 x 6144). Three steps' outputs,
+ * projections, state, conv state, history, gated norm and residual must be
+ * the eager bits either way, and the fused graph must have exactly one
+ * kernel fewer per fold than the unfused one, so a fold that silently stops
+ * applying (or one the fuser takes that the launch does not) fails here. */
+static void gdn_layer_case(int H, int Hk, int Hv, int Dk, int Dv, int T, int nh, int gn_fold)
 {
     const int K = 4;
     sn_gdn_dims d = { Hk, Hv, Dk, Dv, K, 1e-6f };
     const size_t Cd = 2 * (size_t)Hk * Dk + (size_t)Hv * Dv, no = (size_t)T * Hv * Dv;
     const size_t cf = (size_t)(K - 1) * Cd, sf = (size_t)Hv * Dk * Dv, hf = sn_gdn_hist_floats(&d) * (nh ? nh : 1);
-    tw wq, wz, wb, wa;
+    const bool outp = (Hv * Dv) % 64 == 0; /* the out projection in groups of 64 */
+    tw wq, wz, wb, wa, wo;
+    if (outp) tw_make(&wo, SN_DT_Q4, H, (int64_t)Hv * Dv, 64, SN_DT_BF16, 0, 0);
     tw_make(&wq, SN_DT_Q4, (int64_t)Cd, H, 64, SN_DT_BF16, 0, 0);
     tw_make(&wz, SN_DT_Q4, (int64_t)Hv * Dv, H, 64, SN_DT_BF16, 0, 0);
     tw_make(&wb, SN_DT_Q4, Hv, H, 64, SN_DT_BF16, 0, 0);
@@ -816,14 +823,17 @@ static void gdn_layer_case(int H, int Hk, int Hv, int Dk, int Dv, int T, int nh)
     float *dx = dcopy(x, (size_t)T * H), *dnw = dcopy(nw, H), *dcw = dcopy(cw, Cd * K), *dAl = dcopy(Al, Hv);
     float *ddt = dcopy(dtb, Hv), *dxn = dpoison((size_t)T * H), *dqkv = dpoison((size_t)T * Cd);
     float *dz = dpoison(no), *db = dpoison((size_t)T * Hv), *da = dpoison((size_t)T * Hv), *dout = dpoison(no);
-    enum { STEPS = 3, NR = 6 };
+    float *gw = hrand((size_t)Dv, 1.f), *dgw = dcopy(gw, Dv), *dy = dpoison(no), *dpj = dpoison((size_t)T * H);
+    enum { STEPS = 3, NR = 8 };
     float *res[3][STEPS + 1][NR];
     long nodes[3] = { 0, 0, 0 }, caps[3] = { 0, 0, 0 };
     for (int mode = 0; mode < 3; mode++) { /* eager, graph unfused, graph with the conv folded */
         CHECK_OK(sn_cuda_tune(G, "fuse_conv", mode == 2));
+        CHECK_OK(sn_cuda_tune(G, "fuse_gate", mode == 2));
         long c0, c1;
         sn_cuda_graph_stats(G, NULL, &c0, NULL);
         float *dconv = dcopy(conv, cf), *dS = dcopy(S, sf), *dh = nh ? dpoison(hf) : NULL;
+        float *dres = dcopy(x, (size_t)T * H); /* the residual stream the out projection adds into */
         sn_gdn_view v = { dconv, dS, dh, nh };
         for (int st = 0; st < STEPS; st++) {
             if (mode) CHECK_OK(G->ops->begin_step(G));
@@ -833,6 +843,11 @@ static void gdn_layer_case(int H, int Hk, int Hv, int Dk, int Dv, int T, int nh)
             CHECK_OK(G->ops->matmul(G, &wb.wg, 0, dxn, T, db));
             CHECK_OK(G->ops->matmul(G, &wa.wg, 0, dxn, T, da));
             CHECK_OK(G->ops->gdn(G, &d, dqkv, da, db, dcw, dAl, ddt, &v, T, dout));
+            if (outp) {
+                CHECK_OK(G->ops->gated_rmsnorm(G, dout, dz, dgw, T * Hv, Dv, 1e-6f, dy));
+                CHECK_OK(G->ops->matmul(G, &wo.wg, 0, dy, T, dpj));
+                CHECK_OK(G->ops->add(G, dres, dpj, (size_t)T * H));
+            }
             if (mode) CHECK_OK(G->ops->end_step(G));
             if (mode && st == 0) {
                 sn_cuda_graph_stats(G, NULL, &c1, NULL);
@@ -845,40 +860,46 @@ static void gdn_layer_case(int H, int Hk, int Hv, int Dk, int Dv, int T, int nh)
             res[mode][st][3] = tohost(dS, sf);
             res[mode][st][4] = tohost(dconv, cf);
             res[mode][st][5] = nh ? tohost(dh, hf) : NULL;
+            res[mode][st][6] = outp ? tohost(dy, no) : NULL;
+            res[mode][st][7] = outp ? tohost(dres, (size_t)T * H) : NULL;
         }
-        dfree(dconv); dfree(dS);
+        dfree(dconv); dfree(dS); dfree(dres);
         if (dh) dfree(dh);
     }
     CHECK_OK(sn_cuda_tune(G, "fuse_conv", 1));
-    const size_t n[NR] = { no, (size_t)T * Cd, no, sf, cf, nh ? hf : 0 };
-    static const char *what[NR] = { "out", "qkv", "z", "state", "conv state", "history" };
+    CHECK_OK(sn_cuda_tune(G, "fuse_gate", 1));
+    const size_t n[NR] = { no, (size_t)T * Cd, no, sf, cf, nh ? hf : 0, outp ? no : 0, outp ? (size_t)T * H : 0 };
+    static const char *what[NR] = { "out", "qkv", "z", "state", "conv state", "history", "gated norm", "residual" };
     for (int mode = 1; mode < 3; mode++)
         for (int st = 0; st < STEPS; st++)
             for (int i = 0; i < NR; i++)
                 CHECKF(!n[i] || !memcmp(res[0][st][i], res[mode][st][i], sizeof(float) * n[i]),
                        "gdn layer H=%d Hk=%d Hv=%d Dk=%d Dv=%d T=%d nh=%d step %d: the %s graph's %s differs from eager",
-                       H, Hk, Hv, Dk, Dv, T, nh, st, mode == 2 ? "conv-folded" : "unfused", what[i]);
-    CHECKF(caps[1] == 1 && caps[2] == 1 && nodes[2] == nodes[1] - 1,
-           "gdn layer H=%d T=%d: %ld graph nodes with the conv folded, %ld without (captured %ld, %ld)", H, T,
-           nodes[2], nodes[1], caps[2], caps[1]);
+                       H, Hk, Hv, Dk, Dv, T, nh, st, mode == 2 ? "folded" : "unfused", what[i]);
+    const int folds = 1 + gn_fold; /* the conv; the gated norm */
+    CHECKF(caps[1] == 1 && caps[2] == 1 && nodes[2] == nodes[1] - folds,
+           "gdn layer H=%d Dv=%d T=%d: %ld graph nodes folded, %ld unfused, %d folds expected (captured %ld, %ld)", H,
+           Dv, T, nodes[2], nodes[1], folds, caps[2], caps[1]);
     for (int mode = 0; mode < 3; mode++)
         for (int st = 0; st < STEPS; st++)
             for (int i = 0; i < NR; i++) free(res[mode][st][i]);
-    free(x); free(nw); free(cw); free(Al); free(dtb); free(conv); free(S);
+    free(x); free(nw); free(cw); free(Al); free(dtb); free(conv); free(S); free(gw);
     dfree(dx); dfree(dnw); dfree(dcw); dfree(dAl); dfree(ddt); dfree(dxn); dfree(dqkv); dfree(dz); dfree(db);
-    dfree(da); dfree(dout);
+    dfree(da); dfree(dout); dfree(dgw); dfree(dy); dfree(dpj);
     tw_free(&wq); tw_free(&wz); tw_free(&wb); tw_free(&wa);
+    if (outp) tw_free(&wo);
 }
 
 static void test_gdn_layer_graph(void)
 {
     CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1)); /* kernels by shape, as decode takes them */
-    gdn_layer_case(2048, 16, 32, 128, 128, 1, 0); /* the 35B-A3B layer, decode */
-    gdn_layer_case(2048, 16, 32, 128, 128, 4, 3); /* a verify pass with its history */
-    gdn_layer_case(5120, 16, 48, 128, 128, 1, 0); /* the 27B layer */
-    gdn_layer_case(256, 2, 4, 128, 128, 8, 7);    /* T = 8: one pass of the GEMV's widest form */
-    gdn_layer_case(256, 1, 3, 48, 40, 2, 0);      /* odd heads: rows that end inside a warp's group */
-    gdn_layer_case(512, 4, 8, 64, 96, 5, 2);      /* Dv not a multiple of 32, a partial history */
+    gdn_layer_case(2048, 16, 32, 128, 128, 1, 0, 0); /* the 35B-A3B layer, decode */
+    gdn_layer_case(2048, 16, 32, 128, 128, 4, 3, 0); /* a verify pass with its history */
+    gdn_layer_case(5120, 16, 48, 128, 128, 1, 0, 1); /* the 27B layer: its out projection is the integer GEMV's */
+    gdn_layer_case(5120, 16, 48, 128, 128, 3, 2, 1); /* and its verify pass */
+    gdn_layer_case(256, 2, 4, 128, 128, 8, 7, 0);    /* T = 8: one pass of the GEMV's widest form */
+    gdn_layer_case(256, 1, 3, 48, 40, 2, 0, 0);      /* odd heads: rows that end inside a warp's group */
+    gdn_layer_case(512, 4, 8, 64, 96, 5, 2, 0);      /* Dv not a multiple of 32, a partial history */
 }
 
 /* ---- MoE (host reference from CPU matmuls) ---- */

@@ -353,11 +353,13 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
         return 0;
     if (sw && (sw->p[2] != x || sw->i[0] != T * w0->cols))
         return 0;
-    /* only into the integer GEMV (its digits pass runs once per launch): in
-     * the SIMT GEMV every block would form it again (35B-A3B: 2.58 against
-     * 2.54-2.55 ms per step apart, s10r2) */
-    if (gn && (gn->p[3] != x || w0->cols % CU_GNORM_N != 0 || gn->i[0] != T * (w0->cols / CU_GNORM_N) ||
-               !cu_matmul_int_path(&cb->di, w0, r0.i[0], (const float *)x, (int)T)))
+    /* the gated norm: only where the launch folds it (cu_matmul_folds_gnorm:
+     * the integer GEMV's digits pass), the one test of it for this fuser
+     * and the launch (they disagreed once: 14697fd's SIMT fold was built
+     * for a launch this fuser never made) */
+    if (gn && (gn->p[3] != x || r0.i[0] != 0 || gn->i[0] != T * (w0->cols / CU_GNORM_N) ||
+               !cu_matmul_folds_gnorm(&cb->di, w0, (const float *)gn->p[0], (const float *)gn->p[1],
+                                      (const float *)gn->p[2], (const float *)x, (int)T)))
         return 0;
     int n = 0, j = k0;
     while (j < cb->n_recs && n < CU_GROUP_MAX) {

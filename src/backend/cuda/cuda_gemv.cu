@@ -398,33 +398,7 @@ __device__ __forceinline__ void gd_pick(const float (&a)[GD_PRE][8], int ps, flo
                 out[k] = a[q][k];
 }
 
-/* The gated RMSNorm of a thread's 8 values (v, in place; w8 their norm
- * weights, z8 their gates), bitwise as k_gated_rmsnorm_w forms it: a row of
- * CU_GNORM_N = 128 is 16 aligned threads here, where that kernel has 32
- * lanes of 4 values, so each thread carries the sums of two of its lanes
- * (2k, 2k + 1) through the same butterfly: its levels 16, 8, 4, 2 pair
- * lanes of one parity (threads k ^ 8, 4, 2, 1), level 1 the thread's own
- * two. Every thread of the warp calls it (threads past the data with zeros). */
-__device__ __forceinline__ void gd_gnorm8(float (&v)[8], const float (&w8)[8], const float (&z8)[8], float eps)
-{
-    static_assert(CU_GNORM_N == 128, "a gated-norm row is 16 threads of 8 values");
-    float a = cu_gnorm_ss4(0.f, make_float4(v[0], v[1], v[2], v[3]));
-    float b = cu_gnorm_ss4(0.f, make_float4(v[4], v[5], v[6], v[7]));
-#pragma unroll
-    for (int m = 8; m > 0; m >>= 1) {
-        a += __shfl_xor_sync(0xffffffffu, a, m);
-        b += __shfl_xor_sync(0xffffffffu, b, m);
-    }
-    const float inv = cu_gnorm_rinv(a + b, CU_GNORM_N, eps);
-    const float4 lo = cu_gnorm_apply4(w8, make_float4(v[0], v[1], v[2], v[3]), make_float4(z8[0], z8[1], z8[2], z8[3]),
-                                      inv);
-    const float4 hi = cu_gnorm_apply4(w8 + 4, make_float4(v[4], v[5], v[6], v[7]),
-                                      make_float4(z8[4], z8[5], z8[6], z8[7]), inv);
-    v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
-    v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
-}
-
-template <int TT, bool GN, typename H>
+template <int TT, typename H>
 __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g,
                            H &&after_loads)
 {
@@ -441,7 +415,7 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
      * one per pass plus the norm's (s10r4: the whole staging was 10-12 %
      * of a decode step, ~2-6 us per launch) */
     const bool pre = total <= GD_PRE * (int)blockDim.x;
-    float pv[GD_PRE][8], pw[GD_PRE][8], pz[GD_PRE][8];
+    float pv[GD_PRE][8], pw[GD_PRE][8];
     if (pre) {
 #pragma unroll
         for (int ps = 0; ps < GD_PRE; ps++) {
@@ -449,19 +423,15 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
             const int t = p < total ? gv_div_tt<TT>(p, n8) : 0, u = p < total ? p - t * n8 : 0;
 #pragma unroll
             for (int k = 0; k < 8; k++)
-                pv[ps][k] = pw[ps][k] = pz[ps][k] = 0.f;
+                pv[ps][k] = pw[ps][k] = 0.f;
             if (p < total) {
                 ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, pv[ps]);
-                if (GN) { /* the gated norm's weight is one row of CU_GNORM_N */
-                    ld8(g.gz + (size_t)t * cols + 8 * (size_t)u, true, pz[ps]);
-                    ld8(g.nw + 8 * (u % (CU_GNORM_N / 8)), true, pw[ps]);
-                } else if (g.nw) {
+                if (g.nw)
                     ld8(g.nw + 8 * (size_t)u, w_al, pw[ps]);
-                }
             }
         }
     }
-    if (g.nw && !GN)
+    if (g.nw)
         gv_norm_inv<TT>(x, T, cols, g, inv, after_loads);
     else
         after_loads();
@@ -476,25 +446,7 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
             v[k] = 0.f;
         if (pre)
             gd_pick(pv, ps, v); /* the pass's values from the registers loaded above */
-        if (GN) { /* rows 16-byte aligned: cu_gv_folds_gnorm */
-            float w8[8], z8[8];
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                w8[k] = z8[k] = 0.f;
-            if (pre) {
-                gd_pick(pw, ps, w8);
-                gd_pick(pz, ps, z8);
-            } else if (in) {
-                ld8(x + (size_t)t * cols + 8 * (size_t)u, true, v);
-                ld8(g.gz + (size_t)t * cols + 8 * (size_t)u, true, z8);
-                ld8(g.nw + 8 * (u % (CU_GNORM_N / 8)), true, w8);
-            }
-            gd_gnorm8(v, w8, z8, g.eps);
-            if (in && g.xn && blockIdx.x == 0)
-#pragma unroll
-                for (int k = 0; k < 8; k++)
-                    g.xn[(size_t)t * cols + 8 * (size_t)u + k] = v[k];
-        } else if (in) {
+        if (in) {
             if (!pre)
                 ld8(x + (size_t)t * cols + 8 * (size_t)u, aligned, v);
             if (g.nw) {
@@ -675,13 +627,12 @@ __device__ __forceinline__ void gv_conv_epi(const gemv_seg &g, float v, bool min
  * ring slots that wrap instead of 64-bit remainders, per-lane row pointers
  * set once per row group, and the chunk's quant group by a multiply-high
  * instead of a 64-bit division. */
-template <int BITS, int TT, int RPW, bool DP, bool GN = false, bool CV = false>
+template <int BITS, int TT, int RPW, bool DP, bool CV = false>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
     static_assert(!DP || BITS == 4, "the dp4a form is for Q4");
-    static_assert(!GN || DP, "only the dp4a staging folds the gated norm");
-    static_assert(!CV || (DP && !GN), "the conv fold is for the dp4a form's plain input");
+    static_assert(!CV || DP, "the conv fold is for the dp4a form");
     pdl_launch();
     extern __shared__ float4 xs[];
     constexpr int VPC = 128 / BITS, NF4 = VPC / 4, S = gv_ring<RPW>::S;
@@ -785,7 +736,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
         }
     };
     if constexpr (DP)
-        gd_stage_x<TT, GN>((char *)xs, x, T, cols, nit, group, g, rest);
+        gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g, rest);
     else
         gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g, rest);
     const float *xsums = (const float *)(xs + (size_t)TT * stride4);
@@ -926,11 +877,11 @@ sn_status gv_max_smem(K kern, const cu_devinfo *di)
     return SN_OK;
 }
 
-template <int BITS, int TT, int RPW, bool DP, bool GN, bool CV>
+template <int BITS, int TT, int RPW, bool DP, bool CV>
 sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                     int T)
 {
-    auto kern = k_gemv<BITS, TT, RPW, DP, GN, CV>;
+    auto kern = k_gemv<BITS, TT, RPW, DP, CV>;
     int best_w = 0, best_per = 0;
     const int cand[2] = { 8, 16 };
     for (int ci = 0; ci < 2; ci++) {
@@ -959,15 +910,15 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
     return SN_OK;
 }
 
-template <int BITS, int RPW, bool DP, bool GN = false, bool CV = false>
+template <int BITS, int RPW, bool DP, bool CV = false>
 sn_status gv_pass(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
                   int T, int tt)
 {
     switch (tt) {
-    case 1: return gv_launch<BITS, 1, RPW, DP, GN, CV>(di, s, g, w0, x, T);
-    case 2: return gv_launch<BITS, 2, RPW, DP, GN, CV>(di, s, g, w0, x, T);
-    case 4: return gv_launch<BITS, 4, RPW, DP, GN, CV>(di, s, g, w0, x, T);
-    default: return gv_launch<BITS, 8, RPW, DP, GN, CV>(di, s, g, w0, x, T);
+    case 1: return gv_launch<BITS, 1, RPW, DP, CV>(di, s, g, w0, x, T);
+    case 2: return gv_launch<BITS, 2, RPW, DP, CV>(di, s, g, w0, x, T);
+    case 4: return gv_launch<BITS, 4, RPW, DP, CV>(di, s, g, w0, x, T);
+    default: return gv_launch<BITS, 8, RPW, DP, CV>(di, s, g, w0, x, T);
     }
 }
 
@@ -988,13 +939,6 @@ int gv_first_tt(const cu_devinfo *di, const cu_weight *w0, int T, int rpw, bool 
 static bool gv_dp(const cu_devinfo *di, const cu_weight *w0)
 {
     return di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128);
-}
-
-bool cu_gv_folds_gnorm(const cu_devinfo *di, const cu_weight *w0, const float *x, const float *gz, const float *nw,
-                       const float *xn)
-{
-    const uintptr_t al = (uintptr_t)x | (uintptr_t)gz | (uintptr_t)nw | (uintptr_t)xn;
-    return gv_dp(di, w0) && w0->cols % CU_GNORM_N == 0 && (al & 15) == 0;
 }
 
 bool cu_gv_folds_conv(const cu_devinfo *di, const cu_weight *w0, int T)
@@ -1024,9 +968,7 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
               : T <= 2          ? (tot >= 8192 ? 4 : tot < di->gemv_rpw1_rows ? 1 : 2)
               : (tot + 1) / 2 < (int64_t)di->n_sm * 8 ? 1 : 2;
     const bool dp = gv_dp(di, w0);
-    if (g.gz && !cu_gv_folds_gnorm(di, w0, x, g.gz, g.nw, g.xn))
-        return SN_FAIL(SN_E_INVALID, "matmul: a gated norm this GEMV cannot fold");
-    if (g.cv.w && (g.gz || !cu_gv_folds_conv(di, w0, T) || gv_first_tt(di, w0, T, rpw, dp) < T || g.add_to[0] ||
+    if (g.cv.w && (!cu_gv_folds_conv(di, w0, T) || gv_first_tt(di, w0, T, rpw, dp) < T || g.add_to[0] ||
                    ((uintptr_t)g.cv.w & 15) != 0))
         return SN_FAIL(SN_E_INVALID, "matmul: a GDN conv this GEMV cannot fold (%d tokens)", T);
     g.npre = di->gemv_pre;
@@ -1051,15 +993,9 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
         }
         if (g.xn)
             p.xn = g.xn + (size_t)t0 * w0->cols;
-        if (g.gz)
-            p.gz = g.gz + (size_t)t0 * w0->cols;
         const float *xp = x + (size_t)t0 * w0->cols;
         sn_status st;
         if (g.cv.w) /* a GDN conv folded (cu_gv_folds_conv: dp, one pass) */
-            st = rpw == 4   ? gv_pass<4, 4, true, false, true>(di, s, p, w0, xp, nt, tt)
-                 : rpw == 1 ? gv_pass<4, 1, true, false, true>(di, s, p, w0, xp, nt, tt)
-                            : gv_pass<4, 2, true, false, true>(di, s, p, w0, xp, nt, tt);
-        else if (g.gz) /* a gated norm folded (cu_gv_folds_gnorm: dp) */
             st = rpw == 4   ? gv_pass<4, 4, true, true>(di, s, p, w0, xp, nt, tt)
                  : rpw == 1 ? gv_pass<4, 1, true, true>(di, s, p, w0, xp, nt, tt)
                             : gv_pass<4, 2, true, true>(di, s, p, w0, xp, nt, tt);
@@ -1083,26 +1019,23 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
 
 sn_status cu_gemv_init(const cu_devinfo *di)
 {
-#define GEMV_INIT(B, R, DP, GN, CV)                                                                               \
-    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP, GN, CV>, di));                                                          \
-    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP, GN, CV>, di));                                                          \
-    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP, GN, CV>, di));                                                          \
-    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, GN, CV>, di));
-    GEMV_INIT(4, 1, false, false, false)
-    GEMV_INIT(4, 2, false, false, false)
-    GEMV_INIT(4, 4, false, false, false)
-    GEMV_INIT(4, 1, true, false, false)
-    GEMV_INIT(4, 2, true, false, false)
-    GEMV_INIT(4, 4, true, false, false)
-    GEMV_INIT(4, 1, true, true, false)
-    GEMV_INIT(4, 2, true, true, false)
-    GEMV_INIT(4, 4, true, true, false)
-    GEMV_INIT(4, 1, true, false, true)
-    GEMV_INIT(4, 2, true, false, true)
-    GEMV_INIT(4, 4, true, false, true)
-    GEMV_INIT(8, 1, false, false, false)
-    GEMV_INIT(8, 2, false, false, false)
-    GEMV_INIT(8, 4, false, false, false)
+#define GEMV_INIT(B, R, DP, CV)                                                                                   \
+    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP, CV>, di));                                                              \
+    SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP, CV>, di));                                                              \
+    SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP, CV>, di));                                                              \
+    SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, CV>, di));
+    GEMV_INIT(4, 1, false, false)
+    GEMV_INIT(4, 2, false, false)
+    GEMV_INIT(4, 4, false, false)
+    GEMV_INIT(4, 1, true, false)
+    GEMV_INIT(4, 2, true, false)
+    GEMV_INIT(4, 4, true, false)
+    GEMV_INIT(4, 1, true, true)
+    GEMV_INIT(4, 2, true, true)
+    GEMV_INIT(4, 4, true, true)
+    GEMV_INIT(8, 1, false, false)
+    GEMV_INIT(8, 2, false, false)
+    GEMV_INIT(8, 4, false, false)
 #undef GEMV_INIT
     return SN_OK;
 }

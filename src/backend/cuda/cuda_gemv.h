@@ -22,10 +22,6 @@ struct gemv_seg {
     float eps;
     int norm_threads; /* the thread count whose sum order the norm reproduces */
     float *xn;        /* where block 0 writes x_n (may be NULL) */
-    /* instead of the plain norm (gz set, nw the gate norm's weight): x_n is
-     * the gated RMSNorm of x's rows of CU_GNORM_N with gate gz, bitwise as
-     * cu_gated_rmsnorm; only the dp4a form takes it (cu_gv_folds_gnorm) */
-    const float *gz;
     /* segment 0 is a GDN layer's qkv projection whose conv the epilogue
      * folds (cv.w != NULL; dp4a form, one pass: cu_gv_folds_conv) */
     cu_gemv_conv cv;
@@ -33,11 +29,6 @@ struct gemv_seg {
     uint32_t gmag;    /* ceil(2^32 / group), for the chunk's quant group (cu_gv_run sets it) */
 };
 
-/* Whether a launch through w0 on x can fold a gated RMSNorm with gate gz,
- * norm weight nw and output row xn (the dp4a form, rows of CU_GNORM_N,
- * 16-byte aligned rows as k_gated_rmsnorm_w reads them). */
-bool cu_gv_folds_gnorm(const cu_devinfo *di, const cu_weight *w0, const float *x, const float *gz, const float *nw,
-                       const float *xn);
 /* Whether a launch of T tokens through w0 can fold a GDN conv (g.cv). */
 bool cu_gv_folds_conv(const cu_devinfo *di, const cu_weight *w0, int T);
 /* T tokens (passes of up to 8) through g's segments. */

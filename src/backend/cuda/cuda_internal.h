@@ -301,6 +301,12 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
 /* Whether cu_matmul_group of T rows through w[0] (first of n, x its input
  * row after any folded norm) can fold a GDN conv into segment 0. */
 bool cu_matmul_folds_conv(const cu_devinfo *di, const cu_weight *w0, const float *x, int T);
+/* Whether cu_matmul_group of T rows through w0 folds a gated RMSNorm (rows
+ * of CU_GNORM_N of x with gate gz and weight nw, output row xn) instead of
+ * running it first as its own launch: the capture's fuser asks this too, so
+ * it only fuses what the launch really folds. */
+bool cu_matmul_folds_gnorm(const cu_devinfo *di, const cu_weight *w0, const float *x, const float *gz, const float *nw,
+                           const float *xn, int T);
 /* y[T, cols] = dequantized rows d_ids[t] of W (ids validated by the caller). */
 sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int T, float *y);
 /* MoE FFN over the experts of one layer for T tokens, routing on the GPU:

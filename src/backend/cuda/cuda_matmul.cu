@@ -1277,6 +1277,18 @@ bool cu_matmul_folds_conv(const cu_devinfo *di, const cu_weight *w0, const float
     return T < GEMM_MIN_T && !cu_matmul_int_path(di, w0, 0, x, T) && cu_gv_folds_conv(di, w0, T);
 }
 
+bool cu_matmul_folds_gnorm(const cu_devinfo *di, const cu_weight *w0, const float *x, const float *gz, const float *nw,
+                           const float *xn, int T)
+{
+    /* only the integer GEMV's digits pass folds it (rows of 128, whole
+     * 16-byte loads): it runs once per launch, where in the SIMT GEMV every
+     * block would form it again, which measured slower twice (35B-A3B:
+     * s10r2, 2.58 against 2.54-2.55 ms a step; s22r2, a fold bitwise as
+     * k_gated_rmsnorm_w, 2.396 against 2.364-2.374) */
+    const uintptr_t al = (uintptr_t)x | (uintptr_t)gz | (uintptr_t)nw | (uintptr_t)xn;
+    return gz && xn && cu_matmul_int_path(di, w0, 0, xn, T) && w0->cols % CU_GNORM_N == 0 && (al & 15) == 0;
+}
+
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
                           float *const *y, float *const *add_to, const float *x, int T, const cu_gemv_norm *norm,
                           const cu_gemv_conv *conv, void *scratch)
@@ -1300,10 +1312,7 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
          * first as its own op, with the same arithmetic */
         const uintptr_t al = (uintptr_t)x | (uintptr_t)norm->w | (uintptr_t)norm->su | (uintptr_t)norm->xn |
                              (uintptr_t)norm->gz;
-        /* the gated norm: the integer GEMV's digits pass and the SIMT
-         * GEMV's dp4a staging fold it (rows of 128, whole 16-byte loads) */
-        const bool gz_ok = i8 ? cols % CU_GNORM_N == 0
-                              : norm->gz && cu_gv_folds_gnorm(di, w[0], x, norm->gz, norm->w, norm->xn);
+        const bool gz_ok = norm->gz && e[0] == 0 && cu_matmul_folds_gnorm(di, w[0], x, norm->gz, norm->w, norm->xn, T);
         bool apart = (norm->su && !i8) || (i8 && (al & 15) != 0) || (norm->gz && !gz_ok);
         if (apart && !norm->xn)
             return SN_FAIL(SN_E_INVALID, "matmul group: a folded op without an output row");
@@ -1353,7 +1362,6 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
         g.eps = norm->eps;
         g.norm_threads = norm->threads;
         g.xn = norm->xn;
-        g.gz = norm->gz;
     }
     if (conv)
         g.cv = *conv;

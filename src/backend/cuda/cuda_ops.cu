@@ -940,14 +940,32 @@ __global__ void k_gdn_state(float *__restrict__ state, const float *__restrict__
 
 /* A thread's RPT rows of S (rows i0.., column col of the head's Dk x Dv
  * block S0) into registers (0 past Dk or for an inactive column), and back. */
+/* The rows of S a thread holds, [i0, i0 + n): RPT of them but at the end of
+ * Dk (or none for an inactive column). When a thread holds all RPT, its
+ * loads and stores go out unpredicated on 32-bit offsets (a Dk x Dv block
+ * of one head is far below 2^31 floats): per row one IMAD and the access,
+ * where the per-row checks and 64-bit products were ~12 dependent
+ * instructions, k_gdn_after_conv's serial stream at one warp a scheduler
+ * (ncu s22r3: 2400 instructions a warp, 4.9 cycles each). */
+__device__ __forceinline__ int gdn_rows_held(bool active, int i0, int rows_per, int Dk)
+{
+    return active ? max(0, min(rows_per, Dk - i0)) : 0;
+}
+
 template <int RPT>
 __device__ __forceinline__ void gdn_s_load(float (&s)[RPT], const float *S0, bool active, int i0, int rows_per, int Dk,
                                            int Dv, int col)
 {
+    const int n = gdn_rows_held(active, i0, rows_per, Dk);
+    const float *p = S0 + (size_t)i0 * Dv + col;
+    if (n == RPT) {
 #pragma unroll
-    for (int r = 0; r < RPT; r++) {
-        int i = i0 + r;
-        s[r] = (active && r < rows_per && i < Dk) ? S0[(size_t)i * Dv + col] : 0.f;
+        for (int r = 0; r < RPT; r++)
+            s[r] = p[r * Dv];
+    } else {
+#pragma unroll
+        for (int r = 0; r < RPT; r++)
+            s[r] = r < n ? p[r * Dv] : 0.f;
     }
 }
 
@@ -955,11 +973,17 @@ template <int RPT>
 __device__ __forceinline__ void gdn_s_store(const float (&s)[RPT], float *S0, bool active, int i0, int rows_per,
                                             int Dk, int Dv, int col)
 {
+    const int n = gdn_rows_held(active, i0, rows_per, Dk);
+    float *p = S0 + (size_t)i0 * Dv + col;
+    if (n == RPT) {
 #pragma unroll
-    for (int r = 0; r < RPT; r++) {
-        int i = i0 + r;
-        if (active && r < rows_per && i < Dk)
-            S0[(size_t)i * Dv + col] = s[r];
+        for (int r = 0; r < RPT; r++)
+            p[r * Dv] = s[r];
+    } else {
+#pragma unroll
+        for (int r = 0; r < RPT; r++)
+            if (r < n)
+                p[r * Dv] = s[r];
     }
 }
 
@@ -995,26 +1019,43 @@ __device__ __forceinline__ void gdn_rule_token(float (&s)[RPT], const float (&kr
 
 constexpr int GDN_STEP_T = 8;
 constexpr int GDN_STEP_DK = 256;
+/* a token's q or k row in shared memory, one float of padding per 32: the
+ * delta rule's four row quarters of a warp (rows 32 p + r at one time) fall
+ * in four banks instead of one (ncu s22r3: a 3.9-way conflict on every
+ * load of them) */
+constexpr int GDN_STEP_DKP = GDN_STEP_DK + GDN_STEP_DK / 32;
+__device__ __forceinline__ int gdn_kq_at(int i) { return i + (i >> 5); }
 
 /* k_gdn_rec's delta rule over T tokens whose q, k, v (the block's 32
  * columns), decay and beta are in shared memory: k_gdn_step's and
  * k_gdn_after_conv's last phase. */
 template <int RPT>
-__device__ __forceinline__ void gdn_rule_tokens(float (&s)[RPT], const float (&qs)[GDN_STEP_T][GDN_STEP_DK],
-                                                const float (&ks)[GDN_STEP_T][GDN_STEP_DK],
+__device__ __forceinline__ void gdn_rule_tokens(float (&s)[RPT], const float (&qs)[GDN_STEP_T][GDN_STEP_DKP],
+                                                const float (&ks)[GDN_STEP_T][GDN_STEP_DKP],
                                                 const float (&vs)[GDN_STEP_T][32], const float *dec_s,
                                                 const float *bet_s, int T, bool active, int part, int i0,
                                                 int rows_per, int Dk, int Dv, int Hv, int hv, int cl, int col,
                                                 float *out, float *hS, size_t hstride, int nh)
 {
+    /* this thread's rows of k and q: contiguous in the padded row when they
+     * are all there and stay inside one 32 (RPT 8, 16, 32 at Dk = 4 RPT) */
+    const int nk = max(0, min(rows_per, Dk - i0)), kb = gdn_kq_at(i0);
+    const bool flat = nk == RPT && (i0 & 31) + RPT <= 32;
     for (int t = 0; t < T; t++) {
         float kr[RPT], qr[RPT];
+        if (flat) {
 #pragma unroll
-        for (int r = 0; r < RPT; r++) {
-            int i = i0 + r;
-            const bool in = r < rows_per && i < Dk;
-            kr[r] = in ? ks[t][i] : 0.f;
-            qr[r] = in ? qs[t][i] : 0.f;
+            for (int r = 0; r < RPT; r++) {
+                kr[r] = ks[t][kb + r];
+                qr[r] = qs[t][kb + r];
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < RPT; r++) {
+                const int i = gdn_kq_at(i0 + r);
+                kr[r] = r < nk ? ks[t][i] : 0.f;
+                qr[r] = r < nk ? qs[t][i] : 0.f;
+            }
         }
         gdn_rule_token<RPT>(s, kr, qr, active ? vs[t][cl] : 0.f, dec_s[t], bet_s[t], active, part, i0, rows_per, Dk,
                             Dv, col, out + ((size_t)t * Hv + hv) * Dv,
@@ -1111,7 +1152,7 @@ k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, floa
 {
     pdl_enter();
     __shared__ float red[33];
-    __shared__ float qs[GDN_STEP_T][GDN_STEP_DK], ks[GDN_STEP_T][GDN_STEP_DK], vs[GDN_STEP_T][32];
+    __shared__ float qs[GDN_STEP_T][GDN_STEP_DKP], ks[GDN_STEP_T][GDN_STEP_DKP], vs[GDN_STEP_T][32];
     __shared__ float dec_s[GDN_STEP_T], bet_s[GDN_STEP_T];
     __shared__ int last_s;
     const int hv = blockIdx.x, hk = hv / (Hv / Hk);
@@ -1142,7 +1183,7 @@ k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, floa
             for (int r = 0; r < 4; r++) {
                 int i = threadIdx.x + r * blockDim.x;
                 if (i < Dk)
-                    (hq == 0 ? qs : ks)[t][i] = vals[r] * inv;
+                    (hq == 0 ? qs : ks)[t][gdn_kq_at(i)] = vals[r] * inv;
             }
         }
         if ((int)threadIdx.x < nv)
@@ -1206,7 +1247,7 @@ k_gdn_after_conv(const float *__restrict__ c, int Hk, int Hv, int Dk, int Dv, fl
                  float *__restrict__ hS, size_t hstride, int nh)
 {
     pdl_enter();
-    __shared__ float qs[GDN_STEP_T][GDN_STEP_DK], ks[GDN_STEP_T][GDN_STEP_DK], vs[GDN_STEP_T][32];
+    __shared__ float qs[GDN_STEP_T][GDN_STEP_DKP], ks[GDN_STEP_T][GDN_STEP_DKP], vs[GDN_STEP_T][32];
     __shared__ float dec_s[GDN_STEP_T], bet_s[GDN_STEP_T];
     const int hv = blockIdx.x, hk = hv / (Hv / Hk);
     const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
@@ -1233,7 +1274,7 @@ k_gdn_after_conv(const float *__restrict__ c, int Hk, int Hv, int Dk, int Dv, fl
 #pragma unroll
         for (int j = 0; j < NJ; j++)
             if (lane + 32 * j < Dk)
-                (hq == 0 ? qs : ks)[t][lane + 32 * j] = v[j] * inv;
+                (hq == 0 ? qs : ks)[t][gdn_kq_at(lane + 32 * j)] = v[j] * inv;
     }
     for (int t = 0; t < T; t++)
         if ((int)threadIdx.x < nv)
