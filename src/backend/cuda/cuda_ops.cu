@@ -938,8 +938,6 @@ __global__ void k_gdn_state(float *__restrict__ state, const float *__restrict__
         gdn_shift_ch(state, qkv, hist, hstride, nh, ch, T, K, C);
 }
 
-/* A thread's RPT rows of S (rows i0.., column col of the head's Dk x Dv
- * block S0) into registers (0 past Dk or for an inactive column), and back. */
 /* The rows of S a thread holds, [i0, i0 + n): RPT of them but at the end of
  * Dk (or none for an inactive column). When a thread holds all RPT, its
  * loads and stores go out unpredicated on 32-bit offsets (a Dk x Dv block
@@ -952,6 +950,8 @@ __device__ __forceinline__ int gdn_rows_held(bool active, int i0, int rows_per, 
     return active ? max(0, min(rows_per, Dk - i0)) : 0;
 }
 
+/* A thread's RPT rows of S (rows i0.., column col of the head's Dk x Dv
+ * block S0) into registers (0 past Dk or for an inactive column), and back. */
 template <int RPT>
 __device__ __forceinline__ void gdn_s_load(float (&s)[RPT], const float *S0, bool active, int i0, int rows_per, int Dk,
                                            int Dv, int col)
