@@ -131,20 +131,33 @@ def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
 
 class Server:
+    # free_port's port is free when it returns, but the server binds it only
+    # after loading the model, and any process on the machine may take it in
+    # between: a server that exits with "Address already in use" is started
+    # again on a new port (3 tries), since that is the machine's doing
     def __init__(self, *flags, name="srv", nofile=None, model=None):
-        self.port = free_port()
-        self.log = open(os.path.join(TMP, f"{name}-{self.port}.log"), "w+")
         limit = (lambda: __import__("resource").setrlimit(__import__("resource").RLIMIT_NOFILE, (nofile, nofile))) \
             if nofile else None
-        self.p = subprocess.Popen([os.path.join(BUILD, "sanctum-mlx"), "--model", model or MODEL, "--port", str(self.port),
-                                   *flags], stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=limit)
+        for attempt in range(3):
+            self.port = free_port()
+            self.log = open(os.path.join(TMP, f"{name}-{self.port}.log"), "w+")
+            self.p = subprocess.Popen([os.path.join(BUILD, "sanctum-mlx"), "--model", model or MODEL, "--port",
+                                       str(self.port), *flags], stdout=self.log, stderr=subprocess.STDOUT,
+                                      preexec_fn=limit)
+            if self._wait_up():
+                return
+            if attempt < 2 and "Address already in use" in self.tail():
+                print(f"  (server {name}: port {self.port} was taken before it bound it; again on a new port)")
+                continue
+            raise RuntimeError(f"server exited with {self.p.returncode}: {self.tail()}")
+    def _wait_up(self):
         t0 = time.time()
         while time.time() - t0 < 60:
             if self.p.poll() is not None:
-                raise RuntimeError(f"server exited with {self.p.returncode}: {self.tail()}")
+                return False
             try:
                 if self.get("/health")[0] == 200:
-                    return
+                    return True
             except OSError:
                 pass
             time.sleep(0.05)

@@ -82,21 +82,39 @@ listening() { [ -n "$(ss -ltnH "sport = :$1" 2>/dev/null)" ]; }
 
 # start NAME URL CURL_ARGS... -- SERVER_ARGS...: runs the server in the
 # background (log in $tmp/NAME.log) and waits until URL answers /health.
+# URL and SERVER_ARGS name its ports as @P@ and @Q@: each try takes fresh
+# ones, left in $P and $Q. free_port's check and the server's bind are
+# seconds apart (the model loads between them), so another process on the
+# machine can take a port in between; a server that exits with "Address
+# already in use" is started again on new ports (3 tries), since that is
+# the machine's doing, not the server's.
 start() {
-    local name=$1 url=$2; shift 2
+    local name=$1 url0=$2; shift 2
     local cargs=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do cargs+=("$1"); shift; done
     shift
-    "$server" --model "$model" "$@" >"$tmp/$name.log" 2>&1 &
-    local pid=$!
-    pids+=("$pid")
-    eval "pid_$name=$pid"
-    for _ in $(seq 1 600); do
-        if ! kill -0 "$pid" 2>/dev/null; then return 1; fi
-        if [ "$(curl -s -m 2 -o /dev/null -w '%{http_code}' ${cargs[@]+"${cargs[@]}"} "$url/health")" = 200 ]; then
-            return 0
+    local sargs0=("$@") try
+    for try in 1 2 3; do
+        P=$(free_port); Q=$(free_port)
+        local url=${url0//@P@/$P} a sargs=()
+        url=${url//@Q@/$Q}
+        for a in "${sargs0[@]}"; do a=${a//@P@/$P}; sargs+=("${a//@Q@/$Q}"); done
+        "$server" --model "$model" "${sargs[@]}" >"$tmp/$name.log" 2>&1 &
+        local pid=$! died=0
+        pids+=("$pid")
+        eval "pid_$name=$pid"
+        for _ in $(seq 1 600); do
+            if ! kill -0 "$pid" 2>/dev/null; then died=1; break; fi
+            if [ "$(curl -s -m 2 -o /dev/null -w '%{http_code}' ${cargs[@]+"${cargs[@]}"} "$url/health")" = 200 ]; then
+                return 0
+            fi
+            sleep 0.2
+        done
+        if [ $died = 1 ] && grep -q "Address already in use" "$tmp/$name.log"; then
+            echo "  (start $name: a port was taken before the server bound it; again on new ports)"
+            continue
         fi
-        sleep 0.2
+        return 1
     done
     return 1
 }
@@ -118,8 +136,7 @@ refuse() {
 code() { curl -s -m 10 -o "$tmp/body" -w '%{http_code}' "$@"; }
 
 # ------------------------------------------------------------ baseline
-P0=$(free_port)
-if ! start base "http://127.0.0.1:$P0" -- --port "$P0"; then
+if ! start base "http://127.0.0.1:@P@" -- --port @P@; then
     if [ "$synthetic" = 1 ]; then
         echo "  SKIP: the server does not start with the synthetic model: $(tail -n 2 "$tmp/base.log" | tr '\n' ' ')"
         finish
@@ -142,9 +159,9 @@ check sign_writes_64_bytes [ "$(stat -c %s "$tmp/manifest.sig" 2>/dev/null)" = 6
 check verify_ok "$signer" verify --pubkey "$key.pub" "$tmp/manifest" --model "$model"
 sig_ok() { "$signer" verify --pubkey "$key.pub" "$1" --sig "$2" >/dev/null 2>"$tmp/verify.err"; }
 
-P1=$(free_port)
-if start signed "http://127.0.0.1:$P1" -- --port "$P1" --manifest "$tmp/manifest" --manifest-pubkey "$key.pub" \
+if start signed "http://127.0.0.1:@P@" -- --port @P@ --manifest "$tmp/manifest" --manifest-pubkey "$key.pub" \
         --require-signed-manifest; then
+    P1=$P
     ok server_starts_with_signed_manifest
     curl -s -m 10 "http://127.0.0.1:$P1/metrics" > "$tmp/metrics"
     check startup_metric_manifest_verify grep -q 'sanctum_mlx_startup_seconds{phase="manifest_verify"}' "$tmp/metrics"
@@ -248,12 +265,12 @@ deploy/mtls-gen-certs.sh --out "$certs" --host 127.0.0.1 --host localhost --clie
 deploy/mtls-gen-certs.sh --out "$tmp/other" --host 127.0.0.1 --client mallory >/dev/null 2>>"$tmp/certs.err"
 check certs_made test -s "$certs/clients/alice.crt" -a -s "$tmp/other/clients/mallory.crt" -a -s "$certs/crl.pem"
 check cert_keys_0600 [ "$(stat -c %a "$certs/server.key")" = 600 ] 
-TP=$(free_port); PP=$(free_port)
 tls() { local who=$1 dir=${2:-$certs}
         echo --cacert "$certs/ca.crt" --cert "$dir/clients/$who.crt" --key "$dir/clients/$who.key"; }
-if start mtls "https://127.0.0.1:$TP" $(tls alice) -- --no-plain --port "$PP" --tls-port "$TP" \
+if start mtls "https://127.0.0.1:@P@" $(tls alice) -- --no-plain --port @Q@ --tls-port @P@ \
         --tls-host 127.0.0.1 --tls-cert "$certs/server.crt" --tls-key "$certs/server.key" \
         --tls-ca "$certs/ca.crt" --tls-crl "$certs/crl.pem"; then
+    TP=$P; PP=$Q
     ok mtls_server_starts
     check valid_client_200 [ "$(code $(tls alice) "https://127.0.0.1:$TP/v1/models")" = 200 ]
     sleep 0.3
@@ -295,7 +312,8 @@ else
         timeout 60 '$server' --model '$model' --host '$ip' --port $BP --auth-token-file '$tmp/token644' >'$tmp/t644.log' 2>&1;
         [ \$? -ne 0 ] && grep -q 'group/others' '$tmp/t644.log'"
     check refuses_non_loopback_without_token refuse notoken "auth-token-file" --host "$ip" --port "$BP"
-    if start bearer "http://127.0.0.1:$BP" -- --host "$ip" --host 127.0.0.1 --port "$BP" --auth-token-file "$tmp/token"; then
+    if start bearer "http://127.0.0.1:@P@" -- --host "$ip" --host 127.0.0.1 --port @P@ --auth-token-file "$tmp/token"; then
+        BP=$P
         ok bearer_server_starts
         all401=1
         for r in "GET /v1/models" "GET /metrics" "POST /v1/chat/completions" "POST /v1/completions" \
