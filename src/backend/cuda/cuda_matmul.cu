@@ -1312,7 +1312,7 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
          * first as its own op, with the same arithmetic */
         const uintptr_t al = (uintptr_t)x | (uintptr_t)norm->w | (uintptr_t)norm->su | (uintptr_t)norm->xn |
                              (uintptr_t)norm->gz;
-        const bool gz_ok = norm->gz && e[0] == 0 && cu_matmul_folds_gnorm(di, w[0], x, norm->gz, norm->w, norm->xn, T);
+        const bool gz_ok = e[0] == 0 && cu_matmul_folds_gnorm(di, w[0], x, norm->gz, norm->w, norm->xn, T);
         bool apart = (norm->su && !i8) || (i8 && (al & 15) != 0) || (norm->gz && !gz_ok);
         if (apart && !norm->xn)
             return SN_FAIL(SN_E_INVALID, "matmul group: a folded op without an output row");

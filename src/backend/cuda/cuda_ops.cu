@@ -938,6 +938,28 @@ __global__ void k_gdn_state(float *__restrict__ state, const float *__restrict__
         gdn_shift_ch(state, qkv, hist, hstride, nh, ch, T, K, C);
 }
 
+/* A delta-rule thread's place in its block (value head, 32 columns of Dv;
+ * 4 warps): lane = (column within the warp's 8, quarter of the Dk rows);
+ * cl its column in the block, col in the head, rows i0.. (rows_per at
+ * most), active while col < Dv. k_gdn_rec's, k_gdn_step's and
+ * k_gdn_after_conv's layout. */
+struct gdn_lane {
+    int cl, col, part, rows_per, i0;
+    bool active;
+};
+__device__ __forceinline__ gdn_lane gdn_lane_of(int Dk, int Dv)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    gdn_lane g;
+    g.cl = warp * 8 + (lane & 7);
+    g.col = blockIdx.y * 32 + g.cl;
+    g.part = lane >> 3;
+    g.rows_per = (Dk + 3) / 4;
+    g.i0 = g.part * g.rows_per;
+    g.active = g.col < Dv;
+    return g;
+}
+
 /* The rows of S a thread holds, [i0, i0 + n): RPT of them but at the end of
  * Dk (or none for an inactive column). When a thread holds all RPT, its
  * loads and stores go out unpredicated on 32-bit offsets (a Dk x Dv block
@@ -1075,16 +1097,12 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
 {
     pdl_enter();
     const int hv = blockIdx.x, hk = hv / (Hv / Hk);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int col = blockIdx.y * 32 + warp * 8 + (lane & 7);
-    const int part = lane >> 3;
-    const int rows_per = (Dk + 3) / 4;
-    const int i0 = part * rows_per;
+    /* members, not structured bindings: the load lambda captures them */
+    const gdn_lane L = gdn_lane_of(Dk, Dv);
     const int key_dim = Hk * Dk, C = 2 * key_dim + Hv * Dv;
-    const bool active = col < Dv;
     float *Sh = S + (size_t)hv * Dk * Dv;
     float s[RPT];
-    gdn_s_load<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col);
+    gdn_s_load<RPT>(s, Sh, L.active, L.i0, L.rows_per, Dk, Dv, L.col);
     /* token t's k, q, v, decay and beta are loaded while token t-1 is
      * computed (they do not depend on S): a verify pass of T tokens pays
      * about one load latency instead of T. Up to 16 rows a thread; above,
@@ -1096,11 +1114,11 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
         const float *qv = ct + (size_t)hk * Dk, *kv = ct + key_dim + (size_t)hk * Dk;
 #pragma unroll
         for (int r = 0; r < RPT; r++) {
-            int i = i0 + r;
-            kk[r] = (r < rows_per && i < Dk) ? __ldg(kv + i) : 0.f;
-            qq[r] = (r < rows_per && i < Dk) ? __ldg(qv + i) : 0.f;
+            int i = L.i0 + r;
+            kk[r] = (r < L.rows_per && i < Dk) ? __ldg(kv + i) : 0.f;
+            qq[r] = (r < L.rows_per && i < Dk) ? __ldg(qv + i) : 0.f;
         }
-        vv = active ? ct[2 * key_dim + (size_t)hv * Dv + col] : 0.f;
+        vv = L.active ? ct[2 * key_dim + (size_t)hv * Dv + L.col] : 0.f;
         aa = decay[(size_t)t * Hv + hv];
         bb = beta[(size_t)t * Hv + hv];
     };
@@ -1114,7 +1132,7 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
         } else {
             load(t, kr, qr, v, a, bt);
         }
-        gdn_rule_token<RPT>(s, kr, qr, v, a, bt, active, part, i0, rows_per, Dk, Dv, col,
+        gdn_rule_token<RPT>(s, kr, qr, v, a, bt, L.active, L.part, L.i0, L.rows_per, Dk, Dv, L.col,
                             out + ((size_t)t * Hv + hv) * Dv,
                             t < nh ? hist + (size_t)t * hstride + (size_t)hv * Dk * Dv : nullptr);
         if constexpr (PF) {
@@ -1128,7 +1146,7 @@ k_gdn_rec(const float *__restrict__ c, const float *__restrict__ beta, const flo
             bt = bn;
         }
     }
-    gdn_s_store<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col);
+    gdn_s_store<RPT>(s, Sh, L.active, L.i0, L.rows_per, Dk, Dv, L.col);
 }
 
 /* The decode step of a GatedDeltaNet layer in one kernel (T <= GDN_STEP_T
@@ -1215,6 +1233,8 @@ k_gdn_step(const float *__restrict__ qkv, const float *__restrict__ conv_w, floa
 
     /* the delta rule: k_gdn_rec with q, k, v, decay and beta from shared memory */
     float *hS = nh ? hist + hconv : nullptr;
+    /* gdn_lane_of's layout, spelled out: through the helper ptxas gave this
+     * kernel 216 registers instead of 168 at RPT 32 and spills at 16 and 64 */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int cl = warp * 8 + (lane & 7), col = blockIdx.y * 32 + cl;
     const int part = lane >> 3;
@@ -1254,11 +1274,7 @@ k_gdn_after_conv(const float *__restrict__ c, int Hk, int Hv, int Dk, int Dv, fl
     const int vc0 = 2 * key_dim + hv * Dv + blockIdx.y * 32;
     const int nv = min(32, Dv - (int)blockIdx.y * 32);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int cl = warp * 8 + (lane & 7), col = blockIdx.y * 32 + cl;
-    const int part = lane >> 3;
-    const int rows_per = (Dk + 3) / 4;
-    const int i0 = part * rows_per;
-    const bool active = col < Dv;
+    const auto [cl, col, part, rows_per, i0, active] = gdn_lane_of(Dk, Dv);
     float *Sh = S + (size_t)hv * Dk * Dv;
     float s[RPT];
     gdn_s_load<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col); /* first: the norms do not need it */
