@@ -506,7 +506,9 @@ k_attn_decode_gqa(const float *__restrict__ q, const float *__restrict__ kc, con
  * into shared memory (each thread walking all 64 splits twice before its
  * outputs was a chain of dependent loads: 16 us per call on the H200,
  * ncu); L and each output still sum over s = 0..ns-1 in order, skipping
- * empty splits; a thread per output (D threads), its 64 loads at once. */
+ * empty splits; a thread per output (D threads), its 64 loads at once,
+ * the first 64 issued beside the (m, l) loads: they do not depend on M, and
+ * after it they were a second round trip on the kernel's one serial path. */
 __global__ void k_attn_combine(const float *__restrict__ part, int ns, int D, float *__restrict__ out,
                                const float *__restrict__ gate)
 {
@@ -515,6 +517,11 @@ __global__ void k_attn_combine(const float *__restrict__ part, int ns, int D, fl
     __shared__ int ok[NSPLIT_MAX];
     const int th = blockIdx.x, s0 = threadIdx.x, lane = threadIdx.x & 31;
     const float *p = part + (size_t)th * ns * (D + 2);
+    float v0[64]; /* output threadIdx.x's first 64 partials (blockDim.x >= D: one output a thread) */
+    if ((int)threadIdx.x < D)
+#pragma unroll
+        for (int i = 0; i < 64; i++)
+            v0[i] = i < ns ? p[(size_t)i * (D + 2) + 2 + threadIdx.x] : 0.f;
     float ms = -INFINITY;
     if (s0 < ns) {
         ms = p[(size_t)s0 * (D + 2)];
@@ -546,7 +553,7 @@ __global__ void k_attn_combine(const float *__restrict__ part, int ns, int D, fl
             float v[64];
 #pragma unroll
             for (int i = 0; i < 64; i++)
-                v[i] = p[(size_t)(sb + i) * (D + 2) + 2 + d];
+                v[i] = sb == 0 && d == (int)threadIdx.x ? v0[i] : p[(size_t)(sb + i) * (D + 2) + 2 + d];
 #pragma unroll
             for (int i = 0; i < 64; i++)
                 if (ok[sb + i])
