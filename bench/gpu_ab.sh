@@ -12,9 +12,11 @@
 # There (device tool, carry [".devcarry/ab"]):  bench/gpu_ab.sh run [ROUNDS]
 #   test_cuda_ops, test_cuda_model, test_cuda_moe, test_cuda_gemm_i8 of the
 #   change, then for each config ROUNDS (default 3) rounds of
-#   `bench_cuda --config C --prefill 1024 --decode 32 --ncu-decode --no-profile`,
+#   `bench_cuda --config C --prefill CTX --decode 32 --ncu-decode --no-profile`,
 #   base and change alternating (which goes first alternates too), and a
-#   summary: every round's ms per step and the medians. ROWS at pack (e.g.
+#   summary: every round's ms per step and the medians. CTX at pack (default
+#   1024; the records use 4096, where the decode attention weighs more) is
+#   the context the steps run at. ROWS at pack (e.g.
 #   ROWS="1 6") times those rows a step (`--rows`: prompt-lookup verify
 #   passes) too; default 1. With VARY set at
 #   pack (e.g. VARY="moe_pre=0:3 gemv_pre=8:1"), the change's binary
@@ -55,6 +57,7 @@ pack)
         grep -E '/(libevent|libutf8proc|libcmocka)[^/]*\.so' | while read -r l; do cp -L "$l" "$L/lib/"; done
     printf '%s\n' "${cfgs[@]}" > "$L/configs"
     echo "${ROWS:-1}" > "$L/rows"
+    echo "${CTX:-1024}" > "$L/ctx"
     : > "$L/vary"
     [ -z "${VARY:-}" ] || printf '%s\n' $VARY > "$L/vary"
     { echo "change: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+uncommitted')"
@@ -80,6 +83,8 @@ run)
     grep -h FAIL "$w"/test_cuda_*.log | head -10
     step_ms() { grep -oE 'decode \(graph\) [0-9.]+ ms per step' "$1" | head -1 | grep -oE '[0-9.]+ ms' | cut -d' ' -f1; }
     read -r -a rows_list < "$L/rows"
+    ctx=$(cat "$L/ctx" 2> /dev/null || echo 1024)
+    echo "context: $ctx" | tee -a "$w/commits.log"
     while read -r cfg; do
       for nr in "${rows_list[@]}"; do
         name=$(basename "$cfg" .json)
@@ -93,7 +98,7 @@ run)
                 bin=$B/bench_cuda
                 [ "$who" = base ] && bin=$B/bench_cuda_base
                 log="$w/${name}_${who}_$r.log"
-                timeout 120 "$bin" --config "$cfg" --prefill 1024 --decode 32 --ncu-decode --no-profile "${rarg[@]}" \
+                timeout 120 "$bin" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile "${rarg[@]}" \
                     > "$log" 2>&1
                 ms=$(step_ms "$log")
                 if [ "$who" = base ]; then base_ms+=("${ms:-fail}"); else new_ms+=("${ms:-fail}"); fi
@@ -108,7 +113,7 @@ run)
         while read -r v; do va+=(--vary "$v"); done < "$L/vary"
         while read -r cfg; do
             name=$(basename "$cfg" .json)
-            timeout 200 "$B/bench_cuda" --config "$cfg" --prefill 1024 --decode 32 --ncu-decode --no-profile "${va[@]}" \
+            timeout 200 "$B/bench_cuda" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile "${va[@]}" \
                 > "$w/${name}_vary.log" 2>&1
             s+=("$name --vary (change's binary), ms per step:")
             while read -r l; do s+=("  $l"); done < <(grep -E '^  round' "$w/${name}_vary.log" | sed -E 's/ +/ /g')
