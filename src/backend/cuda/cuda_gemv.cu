@@ -111,6 +111,21 @@ __device__ __forceinline__ void gv_locate(const gemv_seg &g, int rpw, int64_t wo
     c.sb = (const char *)g.sb[i] + (size_t)c.r0 * groups * sbsz;
 }
 
+/* This lane's add_to value for the row group at c (0 when none): loaded
+ * when the group starts, since at its end it was one more round trip after
+ * the reduction, which the warp waited for before its next group or its
+ * exit. Only this lane reads and writes that element (each output row has
+ * one warp), and the fuser does not let y be add_to. Not at TT 8, whose
+ * 4-row form is at the register bound and spilled with it. */
+template <int TT>
+__device__ __forceinline__ float gv_add_pre(const gemv_seg &g, const gv_cur &c, int lane, int T)
+{
+    const int r = lane / TT, t = lane % TT;
+    if (TT >= 8 || !g.add_to[c.seg] || lane >= c.nrows * TT || t >= T)
+        return 0.f;
+    return g.add_to[c.seg][(size_t)t * g.rows[c.seg] + c.r0 + r];
+}
+
 constexpr int GV_STAGE_U = 4; /* x loads in flight per thread while staging */
 
 /* p / n for 0 <= p < TT * n (a token's index from a work item's), by TT - 1
@@ -744,8 +759,11 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     gv_cur cc;
     cc.grp = gb;
     cc.it = 0;
-    if (gb < ge)
+    float addv = 0.f; /* gv_add_pre */
+    if (gb < ge) {
         gv_locate(g, RPW, words, groups, sbsz, cc);
+        addv = gv_add_pre<TT>(g, cc, lane, T);
+    }
     float acc[RPW][TT];
 #pragma unroll
     for (int r = 0; r < RPW; r++)
@@ -807,7 +825,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                         v += g.bias[i][row];
                     g.y[i][(size_t)t * rows + row] = v;
                     if (g.add_to[i])
-                        g.add_to[i][(size_t)t * rows + row] += v;
+                        g.add_to[i][(size_t)t * rows + row] = (TT < 8 ? addv : g.add_to[i][(size_t)t * rows + row]) + v;
                 }
             }
 #pragma unroll
@@ -816,8 +834,10 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                 for (int t = 0; t < TT; t++)
                     acc[r][t] = 0.f;
             cc.it = 0;
-            if (++cc.grp < ge)
+            if (++cc.grp < ge) {
                 gv_locate(g, RPW, words, groups, sbsz, cc);
+                addv = gv_add_pre<TT>(g, cc, lane, T);
+            }
         }
     }
 }
