@@ -49,6 +49,12 @@ __device__ __forceinline__ float rms_inv_row(const float *__restrict__ xr, int n
     return 1.f / sqrtf(ss / (float)n + eps);
 }
 
+/* Rows of up to RMS_HELD values a thread (the decode graphs' q/k norms:
+ * 2 a thread) keep x and w in registers from the start: the weights' loads
+ * after the block's sum were one more round trip on the kernel's path.
+ * The sum and the products are the same either way. */
+constexpr int RMS_HELD = 8;
+
 __global__ void k_rmsnorm(const float *__restrict__ x, const float *__restrict__ w, int n, float eps,
                           float *__restrict__ y)
 {
@@ -56,9 +62,32 @@ __global__ void k_rmsnorm(const float *__restrict__ x, const float *__restrict__
     __shared__ float red[33];
     const float *xr = x + (size_t)blockIdx.x * n;
     float *yr = y + (size_t)blockIdx.x * n;
-    float inv = rms_inv_row(xr, n, eps, red);
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        yr[i] = xr[i] * inv * w[i];
+    if (n > RMS_HELD * (int)blockDim.x) {
+        float inv = rms_inv_row(xr, n, eps, red);
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            yr[i] = xr[i] * inv * w[i];
+        return;
+    }
+    float xv[RMS_HELD], wv[RMS_HELD];
+#pragma unroll
+    for (int j = 0; j < RMS_HELD; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        xv[j] = i < n ? xr[i] : 0.f;
+        wv[j] = i < n ? w[i] : 0.f;
+    }
+    float ss = 0.f; /* rms_inv_row's order */
+#pragma unroll
+    for (int j = 0; j < RMS_HELD; j++)
+        if (threadIdx.x + j * blockDim.x < (unsigned)n)
+            ss += xv[j] * xv[j];
+    ss = block_sum(ss, red);
+    const float inv = 1.f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int j = 0; j < RMS_HELD; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < n)
+            yr[i] = xv[j] * inv * wv[j];
+    }
 }
 
 __global__ void k_gated_rmsnorm(const float *__restrict__ o, const float *__restrict__ z, const float *__restrict__ w,
@@ -88,6 +117,15 @@ __global__ void __launch_bounds__(256) k_gated_rmsnorm_w(const float *__restrict
     if (row >= rows)
         return;
     const size_t off = (size_t)row * n;
+    if (n == CU_GNORM_N) {
+        /* a GDN head's row, one float4 a lane: z and w loaded beside o, not
+         * after the warp's sum (one more round trip on the kernel's path) */
+        const float4 ov = *(const float4 *)(o + off + 4 * lane), zv = *(const float4 *)(z + off + 4 * lane);
+        const float wv[4] = { w[4 * lane], w[4 * lane + 1], w[4 * lane + 2], w[4 * lane + 3] };
+        const float inv = cu_gnorm_inv(cu_gnorm_ss4(0.f, ov), n, eps);
+        *(float4 *)(y + off + 4 * lane) = cu_gnorm_apply4(wv, ov, zv, inv);
+        return;
+    }
     float ss = 0.f;
     for (int i = 4 * lane; i < n; i += 128)
         ss = cu_gnorm_ss4(ss, *(const float4 *)(o + off + i));
