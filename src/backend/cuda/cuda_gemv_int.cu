@@ -180,12 +180,20 @@ k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const floa
     if (gz) {
         /* the gated RMSNorm: a warp's 128 columns are one of its rows, lane
          * l holding 4l..4l+3 as in k_gated_rmsnorm_w (same sum, same tree;
-         * cols % 128 == 0, so a warp is all in or all out) */
-        if (in)
+         * cols % 128 == 0, so a warp is all in or all out); z and the
+         * weights loaded beside x, not after the warp's sum */
+        float4 zv = make_float4(0.f, 0.f, 0.f, 0.f);
+        float wv[4] = { 0.f, 0.f, 0.f, 0.f };
+        if (in) {
             v = __ldg((const float4 *)xr + q);
+            zv = __ldg((const float4 *)(gz + (size_t)t * cols) + q);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                wv[j] = __ldg(nw + 4 * lane + j);
+        }
         const float gi = cu_gnorm_inv(cu_gnorm_ss4(0.f, v), CU_GNORM_N, eps);
         if (in) {
-            v = cu_gnorm_apply4(nw + 4 * lane, v, __ldg((const float4 *)(gz + (size_t)t * cols) + q), gi);
+            v = cu_gnorm_apply4(wv, v, zv, gi);
             if (xn)
                 *((float4 *)(xn + (size_t)t * cols) + q) = v;
         }
