@@ -755,14 +755,21 @@ __device__ __forceinline__ void gdn_shift_ch(float *state, const float *__restri
 
 /* Value head hv's decay exp(-exp(A_log) softplus(a + dt_bias)) and beta
  * sigmoid(b) for token t: every GDN conv kernel's gates. */
+/* decay and beta of one (token, value head) from its loaded inputs */
+__device__ __forceinline__ void gdn_gate_vals(float A_log_h, float a_th, float dt_bias_h, float b_th, float &dec,
+                                              float &bet)
+{
+    float A = -expf(A_log_h);
+    float g = A * softplus(a_th + dt_bias_h);
+    dec = expf(g);
+    bet = sigmoidf_(b_th);
+}
+
 __device__ __forceinline__ void gdn_gates(int t, int hv, int Hv, const float *__restrict__ a,
                                           const float *__restrict__ b, const float *__restrict__ A_log,
                                           const float *__restrict__ dt_bias, float &dec, float &bet)
 {
-    float A = -expf(A_log[hv]);
-    float g = A * softplus(a[(size_t)t * Hv + hv] + dt_bias[hv]);
-    dec = expf(g);
-    bet = sigmoidf_(b[(size_t)t * Hv + hv]);
+    gdn_gate_vals(A_log[hv], a[(size_t)t * Hv + hv], dt_bias[hv], b[(size_t)t * Hv + hv], dec, bet);
 }
 
 /* The channels [ch0, ch0 + n) of head vector hidx (q, k or v head). */
@@ -1333,6 +1340,20 @@ k_gdn_after_conv(const float *__restrict__ c, int Hk, int Hv, int Dk, int Dv, fl
     float *Sh = S + (size_t)hv * Dk * Dv;
     float s[RPT];
     gdn_s_load<RPT>(s, Sh, active, i0, rows_per, Dk, Dv, col); /* first: the norms do not need it */
+    /* v's values and the gates' inputs next: loaded after the norms, as
+     * before, they were two more round trips on warp 0's path, which the
+     * barrier below waits for */
+    float vv[GDN_STEP_T];
+#pragma unroll
+    for (int t = 0; t < GDN_STEP_T; t++)
+        vv[t] = t < T && (int)threadIdx.x < nv ? c[(size_t)t * C + vc0 + threadIdx.x] : 0.f;
+    float g_al = 0.f, g_a = 0.f, g_dt = 0.f, g_b = 0.f;
+    if ((int)threadIdx.x < T) {
+        g_al = A_log[hv];
+        g_a = a[(size_t)threadIdx.x * Hv + hv];
+        g_dt = dt_bias[hv];
+        g_b = b[(size_t)threadIdx.x * Hv + hv];
+    }
     constexpr int NJ = GDN_STEP_DK / 32;
     for (int p = warp; p < 2 * T; p += 4) {
         const int t = p >> 1, hq = p & 1;
@@ -1347,11 +1368,12 @@ k_gdn_after_conv(const float *__restrict__ c, int Hk, int Hv, int Dk, int Dv, fl
             if (lane + 32 * j < Dk)
                 (hq == 0 ? qs : ks)[t][gdn_kq_at(lane + 32 * j)] = v[j] * inv;
     }
-    for (int t = 0; t < T; t++)
-        if ((int)threadIdx.x < nv)
-            vs[t][threadIdx.x] = c[(size_t)t * C + vc0 + threadIdx.x];
+#pragma unroll
+    for (int t = 0; t < GDN_STEP_T; t++)
+        if (t < T && (int)threadIdx.x < nv)
+            vs[t][threadIdx.x] = vv[t];
     if ((int)threadIdx.x < T)
-        gdn_gates((int)threadIdx.x, hv, Hv, a, b, A_log, dt_bias, dec_s[threadIdx.x], bet_s[threadIdx.x]);
+        gdn_gate_vals(g_al, g_a, g_dt, g_b, dec_s[threadIdx.x], bet_s[threadIdx.x]);
     __syncthreads();
     gdn_rule_tokens<RPT>(s, qs, ks, vs, dec_s, bet_s, T, active, part, i0, rows_per, Dk, Dv, Hv, hv, cl, col, out,
                          hS, hstride, nh);
