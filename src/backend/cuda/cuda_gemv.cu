@@ -595,24 +595,52 @@ __device__ __forceinline__ float gv_lane_acc(const float (&acc)[RPW][TT], int r,
     return v;
 }
 
+/* A lane's inputs of the folded GDN conv besides its row's results: the
+ * row's conv state and its conv weights (zeros when not mine). Loaded when
+ * the row group starts (gv_conv_pre): at its end, after the reduction,
+ * they were one more round trip before the conv and the stores. Not at TT
+ * 8 (the 4-row form is at the register bound: 84 bytes spilled with it). */
+struct gv_conv_in {
+    float st[CU_CONV_K - 1], w[CU_CONV_K];
+};
+
+template <int TT>
+__device__ __forceinline__ gv_conv_in gv_conv_pre(const gemv_seg &g, const gv_cur &c, int lane, int T)
+{
+    gv_conv_in in = {};
+    const int r = lane / TT, t = lane % TT;
+    if (TT >= 8 || c.seg != 0 || lane >= c.nrows * TT || t >= T)
+        return in;
+    const int64_t C = g.rows[0], row = c.r0 + r;
+#pragma unroll
+    for (int i = 0; i < CU_CONV_K - 1; i++)
+        in.st[i] = g.cv.state[(size_t)i * C + row];
+    const float4 wv = *(const float4 *)(g.cv.w + (size_t)row * CU_CONV_K);
+    in.w[0] = wv.x; in.w[1] = wv.y; in.w[2] = wv.z; in.w[3] = wv.w;
+    return in;
+}
+
 /* The folded GDN conv (cu_gemv_conv) of a completed row group of segment
  * 0: lane r * TT + t holds row r's raw result v for token t (mine: a real
  * row and token). The row's inputs concat(state, tokens) come from the
- * state and the row's other lanes; the conv, the new conv state and the
- * history slots follow k_gdn_conv_state's arithmetic and rows. */
+ * state (in) and the row's other lanes; the conv, the new conv state and
+ * the history slots follow k_gdn_conv_state's arithmetic and rows. */
 template <int TT>
-__device__ __forceinline__ void gv_conv_epi(const gemv_seg &g, float v, bool mine, int r, int t, int64_t row, int T)
+__device__ __forceinline__ void gv_conv_epi(const gemv_seg &g, float v, bool mine, int r, int t, int64_t row, int T,
+                                            const gv_conv_in &in)
 {
     const int64_t C = g.rows[0];
     float X[CU_CONV_K - 1 + TT];
 #pragma unroll
     for (int i = 0; i < CU_CONV_K - 1; i++)
-        X[i] = mine ? g.cv.state[(size_t)i * C + row] : 0.f;
+        X[i] = mine ? (TT < 8 ? in.st[i] : g.cv.state[(size_t)i * C + row]) : 0.f;
 #pragma unroll
     for (int u = 0; u < TT; u++)
         X[CU_CONV_K - 1 + u] = __shfl_sync(0xffffffffu, v, (r * TT + u) & 31);
     float w4[CU_CONV_K] = { 0.f, 0.f, 0.f, 0.f };
-    if (mine) {
+    if (mine && TT < 8) {
+        w4[0] = in.w[0]; w4[1] = in.w[1]; w4[2] = in.w[2]; w4[3] = in.w[3];
+    } else if (mine) {
         const float4 wv = *(const float4 *)(g.cv.w + (size_t)row * CU_CONV_K);
         w4[0] = wv.x; w4[1] = wv.y; w4[2] = wv.z; w4[3] = wv.w;
     }
@@ -760,9 +788,12 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     cc.grp = gb;
     cc.it = 0;
     float addv = 0.f; /* gv_add_pre */
+    gv_conv_in cin = {}; /* gv_conv_pre */
     if (gb < ge) {
         gv_locate(g, RPW, words, groups, sbsz, cc);
         addv = gv_add_pre<TT>(g, cc, lane, T);
+        if (CV)
+            cin = gv_conv_pre<TT>(g, cc, lane, T);
     }
     float acc[RPW][TT];
 #pragma unroll
@@ -814,7 +845,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                 const int64_t row = cc.r0 + r;
                 if (mine && g.bias[0])
                     v += g.bias[0][row];
-                gv_conv_epi<TT>(g, v, mine, r, t, row, T);
+                gv_conv_epi<TT>(g, v, mine, r, t, row, T, cin);
             } else if (lane < cc.nrows * TT) {
                 const int r = lane / TT, t = lane % TT;
                 float v = gv_lane_acc<RPW, TT>(acc, r, t);
@@ -837,6 +868,8 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             if (++cc.grp < ge) {
                 gv_locate(g, RPW, words, groups, sbsz, cc);
                 addv = gv_add_pre<TT>(g, cc, lane, T);
+                if (CV)
+                    cin = gv_conv_pre<TT>(g, cc, lane, T);
             }
         }
     }
