@@ -93,7 +93,28 @@ __device__ __forceinline__ void gi_scale(float &acc, int &C, float2 sr, float es
     C = 0;
 }
 
-/* Output row r of segment s, token t: + the linear bias, stored, added to add_to. */
+/* add_to's value at output row r of segment s, token t (0 when there is
+ * none or r is past the rows): the stream-K GEMV loads it before a tile's
+ * last reduction, where after it (in gi_put) it was one more round trip at
+ * the end of every emitting warp. Only that warp reads and writes it. */
+__device__ __forceinline__ float gi_add_at(const gi_seg &g, int s, int64_t r, int t)
+{
+    return g.add_to[s] && r < g.rows[s] ? g.add_to[s][(size_t)t * g.rows[s] + r] : 0.f;
+}
+
+/* Output row r of segment s, token t: + the linear bias, stored, added to
+ * add_to, whose value av was loaded already (gi_add_at) */
+__device__ __forceinline__ void gi_put_pre(const gi_seg &g, int s, int64_t r, int t, float v, float av)
+{
+    const int64_t rows = g.rows[s];
+    if (g.bias[s])
+        v += g.bias[s][r];
+    g.y[s][(size_t)t * rows + r] = v;
+    if (g.add_to[s])
+        g.add_to[s][(size_t)t * rows + r] = av + v;
+}
+
+/* the same, add_to loaded here */
 __device__ __forceinline__ void gi_put(const gi_seg &g, int s, int64_t r, int t, float v)
 {
     const int64_t rows = g.rows[s];
@@ -760,11 +781,13 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
                 }
             }
     };
-    auto put = [&](int s, int mt, int row, int t, float v) {
+    auto put = [&](int s, int mt, int row, int t, float v, float av) {
         const int64_t r = 16 * (int64_t)mt + row;
         if (r < g.rows[s])
-            gi_put(g, s, r, t, v);
+            gi_put_pre(g, s, r, t, v, av);
     };
+    constexpr int GK_PUT = 4; /* a lane's outputs of a tile: 16 T / 32 at T <= 8 */
+    static_assert(16 * GI_TMAX <= 32 * GK_PUT, "a tile's outputs per lane");
     /* a row tile ends in this virtual warp: write it, or leave a partial */
     auto emit = [&](const cursor &c) {
         const int s = c.s, mt = c.mt;
@@ -772,6 +795,12 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
         const gk_split sp = split_of(s);
         const int64_t ts = g.u0[s] + (int64_t)mt * KB, te = ts + KB;
         if (ts >= ua && te <= ub) {
+            float av[GK_PUT]; /* gi_add_at, ahead of the warp's combine */
+#pragma unroll
+            for (int k = 0; k < GK_PUT; k++) {
+                const int o = lane + 32 * k;
+                av[k] = o < 16 * T ? gi_add_at(g, s, 16 * (int64_t)mt + o / T, o % T) : 0.f;
+            }
             float *r = red[warp];
 #pragma unroll
             for (int j = 0; j < NT; j++)
@@ -779,10 +808,14 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
                 for (int i = 0; i < 4; i++)
                     r[(gq + 8 * (i >> 1)) * NP + 8 * j + 2 * tq + (i & 1)] = acc[j][i];
             __syncwarp();
-            for (int o = lane; o < 16 * T; o += 32) {
-                const int row = o / T, t = o % T;
-                const float *b = r + row * NP + 3 * t;
-                put(s, mt, row, t, gi_planes(b[0], b[1], b[2]));
+#pragma unroll
+            for (int k = 0; k < GK_PUT; k++) {
+                const int o = lane + 32 * k;
+                if (o < 16 * T) {
+                    const int row = o / T, t = o % T;
+                    const float *b = r + row * NP + 3 * t;
+                    put(s, mt, row, t, gi_planes(b[0], b[1], b[2]), av[k]);
+                }
             }
             __syncwarp();
             return;
@@ -809,6 +842,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
         const int slot_f = sp.first(wf) >= ts ? 0 : 1;
         for (int o = lane; o < 16 * T; o += 32) {
             const int row = o / T, t = o % T;
+            const float av = gi_add_at(g, s, 16 * (int64_t)mt + row, t); /* beside the pieces' loads */
             float p0 = 0.f, p1 = 0.f, p2 = 0.f;
             /* the pieces in warp order, loaded 8 at a time so their
              * latencies overlap (a small matrix has many pieces per tile) */
@@ -832,7 +866,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
                         p2 = w0 + q == wf ? v[q][2] : p2 + v[q][2];
                     }
             }
-            put(s, mt, row, t, gi_planes(p0, p1, p2));
+            put(s, mt, row, t, gi_planes(p0, p1, p2), av);
         }
         if (lane == 0)
             cnt[tile] = 0; /* ready for the next launch */
