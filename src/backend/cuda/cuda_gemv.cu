@@ -111,20 +111,27 @@ __device__ __forceinline__ void gv_locate(const gemv_seg &g, int rpw, int64_t wo
     c.sb = (const char *)g.sb[i] + (size_t)c.r0 * groups * sbsz;
 }
 
-/* This lane's add_to value for the row group at c (0 when none): loaded
- * when the group starts, since at its end it was one more round trip after
- * the reduction, which the warp waited for before its next group or its
- * exit. Only this lane reads and writes that element (each output row has
- * one warp), and the fuser does not let y be add_to. Not at TT 8, whose
- * 4-row form is at the register bound and spilled with it. */
+/* This lane's add_to value for the row group at c (0 when none). The
+ * kernel loads it when the group starts (gv_early), since at its end it
+ * was one more round trip after the reduction, which the warp waited for
+ * before its next group or its exit. Only this lane reads and writes that
+ * element (each output row has one warp), and the fuser does not let y be
+ * add_to. */
 template <int TT>
-__device__ __forceinline__ float gv_add_pre(const gemv_seg &g, const gv_cur &c, int lane, int T)
+__device__ __forceinline__ float gv_add_load(const gemv_seg &g, const gv_cur &c, int lane, int T)
 {
     const int r = lane / TT, t = lane % TT;
-    if (TT >= 8 || !g.add_to[c.seg] || lane >= c.nrows * TT || t >= T)
+    if (!g.add_to[c.seg] || lane >= c.nrows * TT || t >= T)
         return 0.f;
     return g.add_to[c.seg][(size_t)t * g.rows[c.seg] + c.r0 + r];
 }
+
+/* Whether the epilogue's loads (gv_add_load, gv_conv_load) go out when a
+ * row group starts: not at TT 8, whose 4-row forms are at the 128-register
+ * bound and spilled with them (28 bytes; 84 with the conv), so there they
+ * stay at the group's end. */
+template <int TT>
+constexpr bool gv_early = TT < 8;
 
 constexpr int GV_STAGE_U = 4; /* x loads in flight per thread while staging */
 
@@ -597,19 +604,18 @@ __device__ __forceinline__ float gv_lane_acc(const float (&acc)[RPW][TT], int r,
 
 /* A lane's inputs of the folded GDN conv besides its row's results: the
  * row's conv state and its conv weights (zeros when not mine). Loaded when
- * the row group starts (gv_conv_pre): at its end, after the reduction,
- * they were one more round trip before the conv and the stores. Not at TT
- * 8 (the 4-row form is at the register bound: 84 bytes spilled with it). */
+ * the row group starts where gv_early: at its end, after the reduction,
+ * they were one more round trip before the conv and the stores. */
 struct gv_conv_in {
     float st[CU_CONV_K - 1], w[CU_CONV_K];
 };
 
 template <int TT>
-__device__ __forceinline__ gv_conv_in gv_conv_pre(const gemv_seg &g, const gv_cur &c, int lane, int T)
+__device__ __forceinline__ gv_conv_in gv_conv_load(const gemv_seg &g, const gv_cur &c, int lane, int T)
 {
     gv_conv_in in = {};
     const int r = lane / TT, t = lane % TT;
-    if (TT >= 8 || c.seg != 0 || lane >= c.nrows * TT || t >= T)
+    if (c.seg != 0 || lane >= c.nrows * TT || t >= T)
         return in;
     const int64_t C = g.rows[0], row = c.r0 + r;
 #pragma unroll
@@ -633,22 +639,15 @@ __device__ __forceinline__ void gv_conv_epi(const gemv_seg &g, float v, bool min
     float X[CU_CONV_K - 1 + TT];
 #pragma unroll
     for (int i = 0; i < CU_CONV_K - 1; i++)
-        X[i] = mine ? (TT < 8 ? in.st[i] : g.cv.state[(size_t)i * C + row]) : 0.f;
+        X[i] = in.st[i];
 #pragma unroll
     for (int u = 0; u < TT; u++)
         X[CU_CONV_K - 1 + u] = __shfl_sync(0xffffffffu, v, (r * TT + u) & 31);
-    float w4[CU_CONV_K] = { 0.f, 0.f, 0.f, 0.f };
-    if (mine && TT < 8) {
-        w4[0] = in.w[0]; w4[1] = in.w[1]; w4[2] = in.w[2]; w4[3] = in.w[3];
-    } else if (mine) {
-        const float4 wv = *(const float4 *)(g.cv.w + (size_t)row * CU_CONV_K);
-        w4[0] = wv.x; w4[1] = wv.y; w4[2] = wv.z; w4[3] = wv.w;
-    }
     float cv = 0.f;
 #pragma unroll
     for (int u = 0; u < TT; u++)
         if (u == t)
-            cv = cu_gdn_conv4(w4, X[u], X[u + 1], X[u + 2], X[u + 3]);
+            cv = cu_gdn_conv4(in.w, X[u], X[u + 1], X[u + 2], X[u + 3]);
     __syncwarp(); /* every lane of the row has read its old conv state */
     if (!mine)
         return;
@@ -787,13 +786,18 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     gv_cur cc;
     cc.grp = gb;
     cc.it = 0;
-    float addv = 0.f; /* gv_add_pre */
-    gv_conv_in cin = {}; /* gv_conv_pre */
+    /* the epilogue's loads for the warp's row group (gv_early) */
+    float addv = 0.f;
+    gv_conv_in cin = {};
+    auto epi_loads = [&]() {
+        addv = gv_add_load<TT>(g, cc, lane, T);
+        if (CV)
+            cin = gv_conv_load<TT>(g, cc, lane, T);
+    };
     if (gb < ge) {
         gv_locate(g, RPW, words, groups, sbsz, cc);
-        addv = gv_add_pre<TT>(g, cc, lane, T);
-        if (CV)
-            cin = gv_conv_pre<TT>(g, cc, lane, T);
+        if (gv_early<TT>)
+            epi_loads();
     }
     float acc[RPW][TT];
 #pragma unroll
@@ -838,6 +842,8 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                         v += __shfl_xor_sync(0xffffffffu, v, o);
                     acc[r][t] = v;
                 }
+            if (!gv_early<TT>)
+                epi_loads();
             if (CV && cc.seg == 0) {
                 const int r = lane / TT, t = lane % TT;
                 float v = gv_lane_acc<RPW, TT>(acc, r, t);
@@ -856,7 +862,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                         v += g.bias[i][row];
                     g.y[i][(size_t)t * rows + row] = v;
                     if (g.add_to[i])
-                        g.add_to[i][(size_t)t * rows + row] = (TT < 8 ? addv : g.add_to[i][(size_t)t * rows + row]) + v;
+                        g.add_to[i][(size_t)t * rows + row] = addv + v;
                 }
             }
 #pragma unroll
@@ -867,9 +873,8 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             cc.it = 0;
             if (++cc.grp < ge) {
                 gv_locate(g, RPW, words, groups, sbsz, cc);
-                addv = gv_add_pre<TT>(g, cc, lane, T);
-                if (CV)
-                    cin = gv_conv_pre<TT>(g, cc, lane, T);
+                if (gv_early<TT>)
+                    epi_loads();
             }
         }
     }

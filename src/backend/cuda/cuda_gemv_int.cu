@@ -117,12 +117,7 @@ __device__ __forceinline__ void gi_put_pre(const gi_seg &g, int s, int64_t r, in
 /* the same, add_to loaded here */
 __device__ __forceinline__ void gi_put(const gi_seg &g, int s, int64_t r, int t, float v)
 {
-    const int64_t rows = g.rows[s];
-    if (g.bias[s])
-        v += g.bias[s][r];
-    g.y[s][(size_t)t * rows + r] = v;
-    if (g.add_to[s])
-        g.add_to[s][(size_t)t * rows + r] += v;
+    gi_put_pre(g, s, r, t, v, gi_add_at(g, s, r, t));
 }
 
 constexpr int GI_S = 8;          /* ring stages of the integer GEMV: 64-column blocks, GI_S - 1 in flight */

@@ -361,8 +361,9 @@ __device__ __forceinline__ float cu_gnorm_ss4(float ss, float4 v)
     ss = fmaf(v.z, v.z, ss);
     return fmaf(v.w, v.w, ss);
 }
-/* 1/rms of a row of n from its sum of squares (the SIMT GEMV's fold, whose
- * threads hold two lanes each, sums its own way and ends here too) */
+/* 1/rms of a row of n from its sum of squares: k_rmsnorm's too (the SIMT
+ * GEMV's gated fold, whose threads hold two lanes each, sums its own way
+ * and ends here as well) */
 __device__ __forceinline__ float cu_gnorm_rinv(float ss, int n, float eps) { return 1.f / sqrtf(ss / (float)n + eps); }
 __device__ __forceinline__ float cu_gnorm_inv(float ss, int n, float eps)
 {

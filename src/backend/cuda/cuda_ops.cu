@@ -46,7 +46,7 @@ __device__ __forceinline__ float rms_inv_row(const float *__restrict__ xr, int n
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         ss += xr[i] * xr[i];
     ss = block_sum(ss, red);
-    return 1.f / sqrtf(ss / (float)n + eps);
+    return cu_gnorm_rinv(ss, n, eps);
 }
 
 /* Rows of up to RMS_HELD values a thread (the decode graphs' q/k norms:
@@ -81,7 +81,7 @@ __global__ void k_rmsnorm(const float *__restrict__ x, const float *__restrict__
         if (threadIdx.x + j * blockDim.x < (unsigned)n)
             ss += xv[j] * xv[j];
     ss = block_sum(ss, red);
-    const float inv = 1.f / sqrtf(ss / (float)n + eps);
+    const float inv = cu_gnorm_rinv(ss, n, eps);
 #pragma unroll
     for (int j = 0; j < RMS_HELD; j++) {
         const int i = threadIdx.x + j * blockDim.x;
@@ -754,8 +754,8 @@ __device__ __forceinline__ void gdn_shift_ch(float *state, const float *__restri
 }
 
 /* Value head hv's decay exp(-exp(A_log) softplus(a + dt_bias)) and beta
- * sigmoid(b) for token t: every GDN conv kernel's gates. */
-/* decay and beta of one (token, value head) from its loaded inputs */
+ * sigmoid(b) for token t, from its inputs as loaded (gdn_gate_vals) or
+ * from memory (gdn_gates): every GDN conv kernel's gates. */
 __device__ __forceinline__ void gdn_gate_vals(float A_log_h, float a_th, float dt_bias_h, float b_th, float &dec,
                                               float &bet)
 {
@@ -1123,7 +1123,7 @@ __device__ __forceinline__ void gdn_rule_tokens(float (&s)[RPT], const float (&q
 {
     /* this thread's rows of k and q: contiguous in the padded row when they
      * are all there and stay inside one 32 (RPT 8, 16, 32 at Dk = 4 RPT) */
-    const int nk = max(0, min(rows_per, Dk - i0)), kb = gdn_kq_at(i0);
+    const int nk = gdn_rows_held(true, i0, rows_per, Dk), kb = gdn_kq_at(i0);
     const bool flat = nk == RPT && (i0 & 31) + RPT <= 32;
     for (int t = 0; t < T; t++) {
         float kr[RPT], qr[RPT];
