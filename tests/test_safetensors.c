@@ -2,7 +2,13 @@
  * corrupt header, sharded checkpoints with an index. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -487,6 +493,105 @@ static void test_synth_checkpoints(void)
     CHECKF(strstr(line, "unsupported model_type \"llama\""), "log: %s", line);
 }
 
+/* is the page at byte off of fd's file (size bytes) in the page cache? */
+static bool cached_at(int fd, size_t size, size_t off)
+{
+    void *m = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) return false;
+    unsigned char vec[1] = { 0 };
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t at = off & ~(size_t)(pg - 1);
+    bool in = mincore((char *)m + at, 1, vec) == 0 && (vec[0] & 1);
+    munmap(m, size);
+    return in;
+}
+
+/* sn_st_copy_to_memory: the same bytes at new addresses (the same offsets
+ * within a page), read-only, and a copy: a later write to the file does not
+ * show. A 3 MB tensor makes a file that crosses a 2 MB page. */
+static void test_copy_to_memory(void)
+{
+    char d[128], p[160];
+    snprintf(d, sizeof d, "%s/copied", g_dir);
+    mkdir(d, 0755);
+    mkpath(p, sizeof p, "copied", "model-00001-of-00002.safetensors");
+    write_one(p, "a", 1.0f);
+    const int64_t n = 3 << 18; /* 3 MB of f32 */
+    float *big = malloc((size_t)n * sizeof *big);
+    SN_ASSERT(big);
+    for (int64_t i = 0; i < n; i++) big[i] = (float)i * 0.5f;
+    sn_st_writer *w = NULL;
+    CHECK_OK(sn_st_writer_new(&w));
+    CHECK_OK(sn_st_writer_add(w, "big", SN_DT_F32, 1, &n, big));
+    mkpath(p, sizeof p, "copied", "model-00002-of-00002.safetensors");
+    CHECK_OK(sn_st_writer_write(w, p, NULL, NULL));
+    sn_st_writer_free(w);
+
+    /* on disk, so that the page cache holds clean pages the copy can drop */
+    int sfd = open(p, O_RDONLY);
+    CHECK(sfd >= 0 && fsync(sfd) == 0);
+    size_t big_size = (size_t)lseek(sfd, 0, SEEK_END);
+    bool was_cached = false, tmpfs = false;
+    struct statfs sfs;
+    if (fstatfs(sfd, &sfs) == 0) tmpfs = sfs.f_type == TMPFS_MAGIC;
+    const size_t probe = (size_t)2 << 20; /* a page well past the header */
+    was_cached = cached_at(sfd, big_size, probe);
+
+    sn_st *st = NULL;
+    CHECK_OK(sn_st_open(d, &st));
+    if (!st) { free(big); close(sfd); return; }
+    const void *before[2] = { sn_st_find(st, "a")->data, sn_st_find(st, "big")->data };
+    CHECK_OK(sn_st_copy_to_memory(st, true));
+    /* drop_cache: the copied stretch left the page cache */
+    if (was_cached && !tmpfs) CHECK(!cached_at(sfd, big_size, probe));
+    else printf("  (page-cache drop not observable here: %s)\n", tmpfs ? "tmpfs" : "the file was not cached");
+    close(sfd);
+    const sn_st_tensor *a = sn_st_find(st, "a"), *b = sn_st_find(st, "big");
+    CHECK(a->data != before[0] && b->data != before[1]);
+    CHECK(((uintptr_t)a->data & 4095) == ((uintptr_t)before[0] & 4095));
+    CHECK(((uintptr_t)b->data & 4095) == ((uintptr_t)before[1] & 4095));
+    CHECK(((const float *)a->data)[0] == 1.0f && ((const float *)a->data)[1] == 1.0f);
+    CHECK(b->nbytes == (size_t)n * 4 && memcmp(b->data, big, b->nbytes) == 0);
+    CHECK_OK(sn_st_copy_to_memory(st, false)); /* again: nothing left to copy */
+    CHECK(sn_st_find(st, "big")->data == b->data);
+    /* the file's bytes overwritten in place (which a mapping would show):
+     * the copy keeps the ones it read */
+    mkpath(p, sizeof p, "copied", "model-00001-of-00002.safetensors");
+    int fd = open(p, O_RDWR);
+    uint64_t hl = 0;
+    const float nine = 9.0f;
+    CHECK(fd >= 0 && pread(fd, &hl, 8, 0) == 8 && pwrite(fd, &nine, 4, (off_t)(8 + hl)) == 4);
+    if (fd >= 0) close(fd);
+    CHECK(((const float *)a->data)[0] == 1.0f && ((const float *)a->data)[1] == 1.0f);
+    /* read-only: a write faults (in a child, so the fault is observed, not suffered) */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL);
+        *(volatile float *)b->data = 2.0f;
+        _exit(0);
+    }
+    int wst = 0;
+    CHECK(pid > 0 && waitpid(pid, &wst, 0) == pid);
+    CHECKF(WIFSIGNALED(wst) && (WTERMSIG(wst) == SIGSEGV || WTERMSIG(wst) == SIGBUS),
+           "a write to the copied weights was not refused (status 0x%x)", wst);
+    sn_st_close(st);
+
+    /* an in-memory image stays where it is */
+    size_t len;
+    uint8_t *img = image("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, &len);
+    CHECK_OK(sn_st_open_mem(img, len, "mem.safetensors", &st));
+    if (st) {
+        const void *x = sn_st_find(st, "x")->data;
+        CHECK_OK(sn_st_copy_to_memory(st, false));
+        CHECK(sn_st_find(st, "x")->data == x);
+        sn_st_close(st);
+    }
+    free(img);
+    CHECK(sn_st_copy_to_memory(NULL, false) == SN_E_INVALID);
+    free(big);
+}
+
 int main(int argc, char **argv)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/sn_test_st_XXXXXX");
@@ -496,6 +601,7 @@ int main(int argc, char **argv)
     RUN(test_corrupt_headers);
     RUN(test_truncated_file);
     RUN(test_sharded);
+    RUN(test_copy_to_memory);
     const char *slash = strrchr(argv[0], '/');
     snprintf(g_synth, sizeof g_synth, "%.*s/../sanctum-synth", slash ? (int)(slash - argv[0]) : 1,
              slash ? argv[0] : ".");

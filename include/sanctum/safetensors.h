@@ -2,8 +2,9 @@
  *
  * Reader: sn_st_open takes a directory (model.safetensors.index.json with a
  * weight_map, else every model*.safetensors file, as mlx-lm globs) or one
- * .safetensors file. Every file is mmapped read-only; tensors are views
- * into the maps and stay valid until sn_st_close. The header is untrusted:
+ * .safetensors file. Every file is mmapped read-only (or copied into memory
+ * by sn_st_copy_to_memory); tensors are views into the maps and stay valid
+ * until sn_st_close. The header is untrusted:
  * header length, JSON, dtypes, ranks, dims, data_offsets, shape*dtype size
  * == byte length, offsets inside the file, overlaps and duplicate names are
  * all checked, and every error names the file (and tensor, field).
@@ -15,6 +16,7 @@
 #ifndef SANCTUM_SAFETENSORS_H
 #define SANCTUM_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,6 +65,22 @@ sn_status sn_st_recheck_pins(const sn_st *st, const sn_manifest_pins *pins);
 sn_status sn_st_open_mem(const void *bytes, size_t len, const char *label, sn_st **out);
 
 void sn_st_close(sn_st *st);  /* accepts NULL */
+
+/* Copy every mapped file into anonymous memory (2 MB aligned, asked for
+ * transparent huge pages, read-only once filled) and point the tensors
+ * there; the file mappings go. Tensor views taken before the call are
+ * stale. Weights read in place for every token (the CPU backend) then
+ * cost one TLB entry per 2 MB instead of per 4 KB page-cache page, which
+ * in a VM whose page cache holds the file in small pages was 2-5x the
+ * 27B's decode speed (docs/PERFORMANCE.md). drop_cache: each copied
+ * stretch is dropped from the page cache as soon as it is copied
+ * (POSIX_FADV_DONTNEED), for a machine whose memory cannot hold the page
+ * cache and the copy at once: there the kernel otherwise reclaims cached
+ * pages the copy has yet to read and the load reads them from disk again.
+ * On failure (no memory) the files copied so far stay copied, the rest
+ * mapped: the handle is valid either way. In-memory images are left as
+ * they are. */
+sn_status sn_st_copy_to_memory(sn_st *st, bool drop_cache);
 
 /* NULL when absent. */
 const sn_st_tensor *sn_st_find(const sn_st *st, const char *name);
