@@ -242,6 +242,77 @@ static void test_good_checkpoint_runs(void)
     sn_model_free(m);
 }
 
+/* sn_load_opts.weights: the weights copied into memory give the logits of
+ * the mapped ones, bit for bit; the decision and the parser by their cases;
+ * a bad mode is refused by name. */
+static void test_weights_copy(void)
+{
+    char dir[512];
+    CHECK(write_ckpt("good", MUT_NONE, dir, sizeof dir) == 0);
+    int32_t ids[4] = { 3, 17, 99, 127 };
+    float *lg[2] = { malloc(sizeof(float) * V * 4), malloc(sizeof(float) * V * 4) };
+    const sn_weights_mode modes[2] = { SN_WEIGHTS_MMAP, SN_WEIGHTS_COPY };
+    for (int k = 0; k < 2; k++) {
+        sn_model *m = NULL;
+        sn_load_opts o = { .n_threads = 1, .weights = modes[k] };
+        CHECK_OK(sn_model_load(dir, &o, &m));
+        if (!m) continue;
+        CHECK(sn_model_get_info(m)->weights_copied == (k == 1));
+        sn_seq *s = NULL;
+        CHECK_OK(sn_seq_new(m, 16, &s));
+        CHECK_OK(sn_forward(m, s, ids, 4, lg[k], true));
+        sn_seq_free(s);
+        sn_model_free(m);
+    }
+    CHECK(memcmp(lg[0], lg[1], sizeof(float) * V * 4) == 0);
+    free(lg[0]);
+    free(lg[1]);
+
+    sn_model *m = NULL;
+    sn_load_opts bad = { .n_threads = 1, .weights = (sn_weights_mode)7 };
+    CHECK(sn_model_load(dir, &bad, &m) == SN_E_INVALID && m == NULL && strstr(sn_errmsg(), "weights mode 7"));
+
+    const size_t G = (size_t)1 << 30;
+    CHECK(sn_weights_copy_wanted(SN_WEIGHTS_AUTO, SN_BACKEND_CPU, G, 10 * G));
+    CHECK(sn_weights_copy_wanted(SN_WEIGHTS_AUTO, SN_BACKEND_CPU, 8 * G, 10 * G));
+    CHECK(!sn_weights_copy_wanted(SN_WEIGHTS_AUTO, SN_BACKEND_CPU, 8 * G + 1, 10 * G)); /* 2 GB to spare */
+    CHECK(!sn_weights_copy_wanted(SN_WEIGHTS_AUTO, SN_BACKEND_CPU, 1, G));
+    CHECK(!sn_weights_copy_wanted(SN_WEIGHTS_AUTO, SN_BACKEND_CPU, 1, 0)); /* MemAvailable unknown */
+    CHECK(!sn_weights_copy_wanted(SN_WEIGHTS_AUTO, SN_BACKEND_CUDA, G, 10 * G));
+    CHECK(sn_weights_copy_wanted(SN_WEIGHTS_COPY, SN_BACKEND_CUDA, 20 * G, 0));
+    CHECK(!sn_weights_copy_wanted(SN_WEIGHTS_MMAP, SN_BACKEND_CPU, 1, 10 * G));
+    CHECK(!sn_weights_copy_drops_cache(G, 10 * G));
+    CHECK(!sn_weights_copy_drops_cache(4 * G, 10 * G));     /* 4 + 4 + 2 */
+    CHECK(sn_weights_copy_drops_cache(4 * G + 1, 10 * G));
+    CHECK(sn_weights_copy_drops_cache(14 * G, 23 * G));     /* the 27B on a 24 GB machine */
+    CHECK(sn_weights_copy_drops_cache(1, 0));               /* MemAvailable unknown */
+    CHECK(sn_weights_copy_drops_cache(SIZE_MAX / 2 + 1, SIZE_MAX));
+    sn_weights_mode wm = SN_WEIGHTS_MMAP;
+    CHECK(sn_weights_mode_parse("auto", &wm) && wm == SN_WEIGHTS_AUTO);
+    CHECK(sn_weights_mode_parse("copy", &wm) && wm == SN_WEIGHTS_COPY);
+    CHECK(sn_weights_mode_parse("mmap", &wm) && wm == SN_WEIGHTS_MMAP);
+    CHECK(!sn_weights_mode_parse("Copy", &wm) && !sn_weights_mode_parse("", &wm) && !sn_weights_mode_parse(NULL, &wm));
+
+    /* the tools refuse a bad --weights by name, and say where the weights are */
+    if (access(g_run, X_OK) != 0) SKIP("sanctum-run not built");
+    char cmd[2000], outf[600];
+    snprintf(outf, sizeof outf, "%s/weights.err", g_root);
+    snprintf(cmd, sizeof cmd, "%s --model %s --ids 3 --max-tokens 1 --weights paged 2>%s", g_run, dir, outf);
+    CHECK(system(cmd) != 0);
+    char line[512] = "";
+    FILE *f = fopen(outf, "r");
+    if (f) { if (!fgets(line, sizeof line, f)) line[0] = 0; fclose(f); }
+    CHECKF(strstr(line, "--weights") && strstr(line, "'paged'"), "stderr: %s", line);
+    snprintf(cmd, sizeof cmd, "%s --model %s --ids 3 --max-tokens 1 --weights copy --print-ids >/dev/null 2>%s", g_run,
+             dir, outf);
+    CHECK(system(cmd) == 0);
+    bool said = false;
+    f = fopen(outf, "r");
+    while (f && fgets(line, sizeof line, f)) said = said || strstr(line, "weights copied into memory");
+    if (f) fclose(f);
+    CHECKF(said, "sanctum-run --weights copy did not say the weights were copied (%s)", outf);
+}
+
 /* --quantize 8 at load == a checkpoint holding dequant(quant8(w)) as F32:
  * the quantized path and the dense path of the same values agree to fp32
  * rounding, which checks the at-load quantizer's layout (rows, groups,
@@ -744,6 +815,7 @@ int main(int argc, char **argv)
     mkdir(g_root, 0700);
     RUN(test_good_checkpoint_runs);
     RUN(test_quantize_at_load);
+    RUN(test_weights_copy);
     RUN(test_missing_tensor);
     RUN(test_wrong_shape);
     RUN(test_bad_dtype);

@@ -28,6 +28,7 @@ typedef struct {
     float temperature, top_p, rep_penalty;
     unsigned long long seed;
     sn_backend_kind backend;
+    sn_weights_mode weights;
 } args;
 
 static void usage(FILE *f)
@@ -50,6 +51,9 @@ static void usage(FILE *f)
             "  --backend cpu|cuda compute backend (default cpu)\n"
             "  --gpu N            CUDA device (default 0)\n"
             "  --quantize 4|8     quantize a raw (unquantized) checkpoint at load\n"
+            "  --weights auto|mmap|copy  weights read from the file mappings, or copied into\n"
+            "                     memory in huge pages (default auto: copy on the CPU backend\n"
+            "                     when they fit in available memory with 2 GB to spare)\n"
             "  --ctx N            context length (default: prompt + max tokens)\n");
 }
 
@@ -115,6 +119,12 @@ static int parse_args(int argc, char **argv, args *a)
             a->seed = strtoull(v, &end, 10);
             if (errno || end == v || *end) { fprintf(stderr, "sanctum-run: --seed: bad value '%s'\n", v); return -1; }
             a->has_seed = true;
+        } else if (!strcmp(k, "--weights")) {
+            NEEDV();
+            if (!sn_weights_mode_parse(v, &a->weights)) {
+                fprintf(stderr, "sanctum-run: --weights: expected auto, mmap or copy, got '%s'\n", v);
+                return -1;
+            }
         } else if (!strcmp(k, "--backend")) {
             NEEDV();
             if (!strcmp(v, "cpu")) a->backend = SN_BACKEND_CPU;
@@ -257,7 +267,8 @@ int main(int argc, char **argv)
     char *text = NULL, *dtext = NULL;
     size_t dlen = 0, dcap = 0;
 
-    sn_load_opts lo = { .backend = a.backend, .gpu = a.gpu, .n_threads = a.threads, .quantize_bits = a.quantize };
+    sn_load_opts lo = { .backend = a.backend, .gpu = a.gpu, .n_threads = a.threads, .quantize_bits = a.quantize,
+                        .weights = a.weights };
     if (isatty(2)) {
         lo.progress = load_progress;
         lo.progress_ud = &g_load_pct;
@@ -265,8 +276,9 @@ int main(int argc, char **argv)
     double t0 = now_s();
     if ((s = sn_model_load(a.model, &lo, &m)) != SN_OK) { rc = fail("loading model", s); goto out; }
     const sn_model_info *info = sn_model_get_info(m);
-    fprintf(stderr, "sanctum-run: loaded %s (%s, %s layout, %d layers) in %.2f s\n", info->name, info->model_type,
-            info->mlx_layout ? "MLX" : "HF", info->n_layers, now_s() - t0);
+    fprintf(stderr, "sanctum-run: loaded %s (%s, %s layout, %d layers; weights %s) in %.2f s\n", info->name,
+            info->model_type, info->mlx_layout ? "MLX" : "HF", info->n_layers,
+            info->weights_copied ? "copied into memory" : "mapped", now_s() - t0);
 
     /* The tokenizer is optional with --ids: then only ids come out. */
     if (a.prompt || !a.print_ids) {

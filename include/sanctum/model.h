@@ -18,12 +18,28 @@ typedef struct sn_model sn_model;
 typedef struct sn_seq sn_seq;
 typedef struct sn_snapshot sn_snapshot;
 
+/* Where the weights live while the model runs (sn_load_opts.weights). */
+typedef enum {
+    /* the CPU backend: COPY when the weights fit in MemAvailable with
+     * SN_WEIGHTS_COPY_SPARE_MB to spare, else MMAP; the CUDA backend: MMAP
+     * (the host bytes are read once, for the upload) */
+    SN_WEIGHTS_AUTO = 0,
+    SN_WEIGHTS_MMAP,  /* read in place from the file mappings (the page cache) */
+    SN_WEIGHTS_COPY,  /* copied into anonymous memory in huge pages (sn_st_copy_to_memory) */
+} sn_weights_mode;
+
+#define SN_WEIGHTS_COPY_SPARE_MB 2048
+
+/* "auto", "mmap", "copy" -> the mode; false for any other string */
+bool sn_weights_mode_parse(const char *s, sn_weights_mode *out);
+
 typedef struct {
     sn_backend_kind backend;  /* CPU (default) or CUDA */
     int gpu;                  /* CUDA device index */
     int n_threads;            /* CPU threads; <=0: one per core */
     int quantize_bits;        /* 0: as stored; 4 or 8: quantize raw HF weights at load */
     int64_t memory_limit_mb;  /* 0: no limit; else refuse a model whose weights exceed it */
+    sn_weights_mode weights;  /* AUTO (default), MMAP or COPY */
     /* Optional: progress of the load in [0, 1] (binding and quantizing layer
      * by layer, then the upload), for a terminal bar or log milestones. */
     void (*progress)(void *ud, double frac);
@@ -50,6 +66,7 @@ typedef struct {
     int32_t bos_id;           /* -1 when none */
     bool mlx_layout;          /* true: MLX-converted checkpoint; false: raw HF */
     int64_t weight_bytes;     /* bytes of weights as stored (for bandwidth figures) */
+    bool weights_copied;      /* in anonymous memory (sn_load_opts.weights), not the file mappings */
 } sn_model_info;
 
 sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **out);

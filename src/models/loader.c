@@ -637,6 +637,45 @@ static void base_name(const char *dir, char *out, size_t cap)
     snprintf(out, cap, "%.*s", (int)(n - s), dir + s);
 }
 
+bool sn_weights_mode_parse(const char *s, sn_weights_mode *out)
+{
+    static const struct { const char *name; sn_weights_mode mode; } modes[] = {
+        { "auto", SN_WEIGHTS_AUTO }, { "mmap", SN_WEIGHTS_MMAP }, { "copy", SN_WEIGHTS_COPY } };
+    for (size_t i = 0; s && i < sizeof modes / sizeof modes[0]; i++)
+        if (!strcmp(s, modes[i].name)) { *out = modes[i].mode; return true; }
+    return false;
+}
+
+bool sn_weights_copy_wanted(sn_weights_mode mode, sn_backend_kind backend, size_t data_bytes, size_t avail_bytes)
+{
+    if (mode != SN_WEIGHTS_AUTO) return mode == SN_WEIGHTS_COPY;
+    /* the CUDA backend reads the host bytes once, for the upload: a copy would only cost time */
+    if (backend != SN_BACKEND_CPU || avail_bytes == 0) return false;
+    const size_t spare = (size_t)SN_WEIGHTS_COPY_SPARE_MB << 20;
+    return avail_bytes > spare && data_bytes <= avail_bytes - spare;
+}
+
+bool sn_weights_copy_drops_cache(size_t data_bytes, size_t avail_bytes)
+{
+    const size_t spare = (size_t)SN_WEIGHTS_COPY_SPARE_MB << 20;
+    /* page cache + copy + spare; the halves are compared so nothing overflows */
+    return data_bytes > avail_bytes / 2 || avail_bytes - 2 * data_bytes < spare;
+}
+
+/* /proc/meminfo's MemAvailable in bytes (free memory plus the page cache the
+ * kernel can drop); 0 when it cannot be read */
+static size_t mem_available_bytes(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (size_t)kb << 10;
+}
+
 sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **out)
 {
     *out = NULL;
@@ -669,6 +708,19 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
         s = SN_FAIL(SN_E_RANGE, "%s: weights take %zu MB, above the memory limit of %lld MB", dir,
                     sn_st_data_bytes(m->st) >> 20, (long long)opts->memory_limit_mb);
         goto out;
+    }
+    if (opts->weights != SN_WEIGHTS_AUTO && opts->weights != SN_WEIGHTS_MMAP && opts->weights != SN_WEIGHTS_COPY) {
+        s = SN_FAIL(SN_E_INVALID, "weights mode %d is not AUTO, MMAP or COPY", (int)opts->weights);
+        goto out;
+    }
+    /* before map_build: the copy moves every tensor's bytes */
+    const size_t data_bytes = sn_st_data_bytes(m->st), avail = mem_available_bytes();
+    if (sn_weights_copy_wanted(opts->weights, opts->backend, data_bytes, avail)) {
+        s = sn_st_copy_to_memory(m->st, sn_weights_copy_drops_cache(data_bytes, avail));
+        /* AUTO falls back to the mappings for what could not be copied */
+        if (s != SN_OK && opts->weights == SN_WEIGHTS_COPY) goto out;
+        m->info.weights_copied = s == SN_OK;
+        if (s != SN_OK) sn_clear_error();
     }
     if ((s = map_build(m->st, &L.map)) != SN_OK) goto out;
 

@@ -207,6 +207,15 @@ static inline sn_status sn_scale_row(sn_model *m, float *y, int64_t n, float alp
     return m->be->ops->rope(m->be, y, 1, 1, (int)n, (int)n, 0, m->ws.zero_freq, alpha);
 }
 
+/* sn_load_opts.weights' decision: copy the weights of data_bytes into
+ * anonymous memory? avail_bytes is MemAvailable (0: unknown, then AUTO
+ * keeps the mapping). */
+bool sn_weights_copy_wanted(sn_weights_mode mode, sn_backend_kind backend, size_t data_bytes, size_t avail_bytes);
+/* ... and drop the copied stretches from the page cache as it goes? Yes
+ * when the page cache, the copy and SN_WEIGHTS_COPY_SPARE_MB do not fit in
+ * avail_bytes together (and when avail_bytes is unknown). */
+bool sn_weights_copy_drops_cache(size_t data_bytes, size_t avail_bytes);
+
 /* Allocation helpers for the loader (memory freed with the model). */
 sn_status sn_model_host_alloc(sn_model *m, size_t bytes, void **out);
 sn_status sn_model_be_upload(sn_model *m, const void *host, size_t bytes, float **out);
