@@ -3,7 +3,8 @@
 # weights, real shapes), with the GB/s of weights streamed per decoded token
 # set against this machine's measured memory read bandwidth.
 #
-#   bench/bench_decode.sh [--build DIR] [--dir MODELS] [--threads N] [--prompt N] [--tokens N] [CONFIG.json ...]
+#   bench/bench_decode.sh [--build DIR] [--dir MODELS] [--threads N] [--prompt N] [--tokens N]
+#                         [--weights auto|mmap|copy] [CONFIG.json ...]
 #
 # Default configs: bench/configs/qwen3_5_1b.json. A model whose checkpoint
 # would not fit in MemAvailable (with 2 GB to spare) is skipped with a note.
@@ -15,7 +16,7 @@ cmdline="bench/bench_decode.sh $*"
 for v in SANCTUM_CPU_Q4 SANCTUM_CPU; do
     [ -n "${!v:-}" ] && cmdline="$v=${!v} $cmdline"
 done
-build=build; dir=/tmp/sanctum-bench; threads=$(nproc); prompt=128; tokens=32; configs=()
+build=build; dir=/tmp/sanctum-bench; threads=$(nproc); prompt=128; tokens=32; weights=auto; configs=()
 while [ $# -gt 0 ]; do
     case $1 in
         --build) build=$2; shift 2 ;;
@@ -23,7 +24,8 @@ while [ $# -gt 0 ]; do
         --threads) threads=$2; shift 2 ;;
         --prompt) prompt=$2; shift 2 ;;
         --tokens) tokens=$2; shift 2 ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        --weights) weights=$2; shift 2 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         *) configs+=("$1"); shift ;;
     esac
 done
@@ -82,14 +84,17 @@ for cfg in "${configs[@]}"; do
     ids=$(seq 1000 $((1000 + prompt - 1)) | paste -sd, -)
     # warm the page cache so the first tokens do not measure the disk
     cat "$out"/*.safetensors > /dev/null
-    log=$("$build/sanctum-run" --model "$out" --ids "$ids" --max-tokens "$tokens" --print-ids --threads "$threads" 2>&1 >/dev/null)
+    log=$("$build/sanctum-run" --model "$out" --ids "$ids" --max-tokens "$tokens" --print-ids --threads "$threads" \
+        --weights "$weights" 2>&1 >/dev/null)
+    # where the weights were read from, and how long the load took (the copy is part of it)
+    where=$(echo "$log" | sed -nE 's/.*; weights (copied into memory|mapped)\) in ([0-9.]+) s.*/\1, loaded in \2 s/p')
     stat=$(echo "$log" | grep 'prefill .* tok/s')
     pre=$(echo "$stat" | sed -E 's/.*prefill [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/')
     dec=$(echo "$stat" | sed -E 's/.*decode [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/')
     act=$(active_bytes "$out")
     gbs=$(awk -v a="$act" -v d="$dec" 'BEGIN {printf "%.2f", a * d / 1e9}')
     pct=$(awk -v g="$gbs" -v b="$bw" 'BEGIN {printf "%.0f", 100 * g / b}')
-    line="$(date -u +%FT%TZ) $(git rev-parse --short HEAD) bench_decode $name: prefill $prompt tok $pre tok/s, decode $dec tok/s, $(awk -v a="$act" 'BEGIN {printf "%.1f", a / 1e6}') MB weights/token -> $gbs GB/s = $pct% of measured read bandwidth $bw GB/s (goal >= 60%), $threads threads, $(nproc) cpus | cmd: $cmdline"
+    line="$(date -u +%FT%TZ) $(git rev-parse --short HEAD) bench_decode $name: prefill $prompt tok $pre tok/s, decode $dec tok/s, $(awk -v a="$act" 'BEGIN {printf "%.1f", a / 1e6}') MB weights/token -> $gbs GB/s = $pct% of measured read bandwidth $bw GB/s (goal >= 60%), $threads threads, $(nproc) cpus, weights $where | cmd: $cmdline"
     echo "$line"
     echo "$line" >> bench/results.log
 done
