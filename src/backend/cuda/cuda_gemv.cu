@@ -494,17 +494,18 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
         for (int o = lpg / 2; o > 0; o >>= 1)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         const int e2 = xd_exp(mx);
-        uint32_t pw[3][2] = { { 0u, 0u }, { 0u, 0u }, { 0u, 0u } };
+        /* word h of a plane holds the digits of values h, h + 2, h + 4, h + 6 */
+        uint32_t pw[3][2], ub[8];
         int S = 0;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            int d0, d1, d2;
-            S += xd_split(v[k], e2, d0, d1, d2);
-            const int h = k & 1, sh = 8 * (k >> 1);
-            pw[0][h] |= (uint32_t)(d0 & 255) << sh;
-            pw[1][h] |= (uint32_t)(d1 & 255) << sh;
-            pw[2][h] |= (uint32_t)(d2 & 255) << sh;
+            const int X = xd_int(v[k], e2);
+            S += X;
+            ub[k] = xd_biased(X);
         }
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            xd_planes4(ub[h], ub[h + 2], ub[h + 4], ub[h + 6], pw[0][h], pw[1][h], pw[2][h]);
         S += __shfl_xor_sync(0xffffffffu, S, 1); /* the chunk's four threads; integers: exact */
         S += __shfl_xor_sync(0xffffffffu, S, 2);
         if (in) {

@@ -235,16 +235,15 @@ k_x_digits(const float *__restrict__ x, int64_t cols, int64_t groups, const floa
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     const int e2 = xd_exp(mx);
     const float vv[4] = { v.x, v.y, v.z, v.w };
-    uint32_t p0 = 0, p1 = 0, p2 = 0;
+    uint32_t p0, p1, p2, ub[4];
     int sum = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        int d0, d1, d2;
-        sum += xd_split(vv[j], e2, d0, d1, d2);
-        p0 |= (uint32_t)(d0 & 255) << (8 * j);
-        p1 |= (uint32_t)(d1 & 255) << (8 * j);
-        p2 |= (uint32_t)(d2 & 255) << (8 * j);
+        const int X = xd_int(vv[j], e2);
+        sum += X;
+        ub[j] = xd_biased(X);
     }
+    xd_planes4(ub[0], ub[1], ub[2], ub[3], p0, p1, p2);
 #pragma unroll
     for (int o = LPG / 2; o > 0; o >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, o); /* integers: exact */

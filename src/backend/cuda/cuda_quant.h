@@ -83,17 +83,31 @@ __device__ __forceinline__ int xd_exp(float mx)
 /* 2^e exactly, for e in [-126, 127] (xd_exp's e2 and -e2 are in [-100, 100]) */
 __device__ __forceinline__ float xd_pow2(int e) { return __int_as_float((127 + e) << 23); }
 
-__device__ __forceinline__ int xd_split(float v, int e2, int &d0, int &d1, int &d2)
+/* X = round(v * 2^e2): v * 2^e2 is ldexpf(v, e2) bitwise (one IEEE multiply
+ * by an exact power of two, subnormal results rounded the same way),
+ * without ldexpf's instruction sequence on every value of x (the staging is
+ * arithmetic-bound) */
+__device__ __forceinline__ int xd_int(float v, int e2) { return __float2int_rn(v * xd_pow2(e2)); }
+
+/* X's three digits as the bytes of one word, biased: X + 0x808080 is the
+ * base-256 number with digits d + 128 (byte 0 from d2, 1 from d1, 2 from d0),
+ * and (d + 128) ^ 0x80 is d's int8 byte, so two instructions replace the
+ * shifts and masks of a digit-by-digit split (the same three bytes for every
+ * int32 X, checked exhaustively). The xor is left to xd_planes4, one per
+ * packed word. */
+__device__ __forceinline__ uint32_t xd_biased(int X) { return (uint32_t)X + 0x808080u; }
+
+/* Four values' xd_biased words a, b, c, d -> their digit planes, value j in
+ * byte j: p0 the d0s, p1 the d1s, p2 the d2s. A 4 x 4 byte transpose in
+ * seven byte-permutes, then the bias off each word. */
+__device__ __forceinline__ void xd_planes4(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t &p0,
+                                           uint32_t &p1, uint32_t &p2)
 {
-    /* v * 2^e2 is ldexpf(v, e2) bitwise (one IEEE multiply by an exact power
-     * of two, subnormal results rounded the same way), without ldexpf's
-     * instruction sequence on every value of x (the staging is arithmetic-bound) */
-    const int X = __float2int_rn(v * xd_pow2(e2));
-    d2 = ((X + 128) & 255) - 128;
-    const int X1 = (X - d2) >> 8;
-    d1 = ((X1 + 128) & 255) - 128;
-    d0 = (X1 - d1) >> 8;
-    return X;
+    const uint32_t ab01 = __byte_perm(a, b, 0x5140), ab23 = __byte_perm(a, b, 0x7362);
+    const uint32_t cd01 = __byte_perm(c, d, 0x5140), cd23 = __byte_perm(c, d, 0x7362);
+    p0 = __byte_perm(ab23, cd23, 0x5410) ^ 0x80808080u;
+    p1 = __byte_perm(ab01, cd01, 0x7632) ^ 0x80808080u;
+    p2 = __byte_perm(ab01, cd01, 0x5410) ^ 0x80808080u;
 }
 
 /* The opt-in limit less the kernel's static shared memory. */
