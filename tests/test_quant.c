@@ -6,6 +6,9 @@
 
 #include "harness.h"
 #include "sanctum/quant.h"
+#ifdef SN_HAVE_CUDA
+#include "backend/cuda/sn_cuda.h"
+#endif
 
 static float f32_of(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
@@ -190,11 +193,69 @@ static void test_dequant_matrix(void)
     }
 }
 
+/* The CUDA decode GEMVs' digit form of x (sn_cuda_digits_host runs the
+ * kernels' own helpers on the host): per quant group e2 = 22 - e with
+ * max|x| = m * 2^e (frexp), X = round-half-even(x * 2^e2) = 65536*d0 +
+ * 256*d1 + d2 exactly, |X| <= 2^22, each digit an int8. Groups of
+ * every kind: mixed signs and magnitudes, ties, zeros, subnormals, a
+ * group whose maximum is a power of two, one at the clamp. */
+static void test_cuda_digits(void)
+{
+#ifndef SN_HAVE_CUDA
+    SKIP("built without CUDA");
+#else
+    enum { G = 64, NG = 12, C = G * NG };
+    static float x[C];
+    static int8_t pl[3 * C];
+    int e2[NG];
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < C; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        const float u = (float)(r >> 40) / (float)(1u << 24) * 2.f - 1.f;
+        const int g = i / G;
+        x[i] = g == 0 ? 0.f                                   /* all zero */
+             : g == 1 ? u * 0x1p-140f                          /* subnormal */
+             : g == 2 ? (i % G == 5 ? -0x1p+3f : u * 8.f)      /* max a power of two, negative */
+             : g == 3 ? ldexpf(u, (int)(r % 40) - 20)          /* magnitudes over 2^40 */
+             : g == 4 ? (float)((int)(r % 9) - 4) * 0.5f + 0.25f /* halves: ties after scaling */
+             : g == 5 ? u * 0x1p+120f                          /* near the clamp */
+             : u * (float)(g * g);
+    }
+    sn_cuda_digits_host(x, C, G, pl, e2);
+    int bad = 0, badmax = 0;
+    for (int g = 0; g < NG; g++) {
+        float mx = 0.f;
+        for (int i = 0; i < G; i++)
+            mx = fmaxf(mx, fabsf(x[g * G + i]));
+        int e = 0;
+        if (mx > 0.f) {
+            (void)frexpf(mx, &e);
+            if (mx < 0x1p-126f) e = -125; /* a subnormal maximum: the kernels read the bits (see xd_exp) */
+        }
+        const int want = mx > 0.f ? (22 - e > 100 ? 100 : 22 - e < -100 ? -100 : 22 - e) : 0;
+        CHECKF(e2[g] == want, "group %d: e2 %d, want %d", g, e2[g], want);
+        long amax = 0;
+        for (int i = g * G; i < (g + 1) * G; i++) {
+            const long X = 65536L * pl[i] + 256L * pl[C + i] + pl[2 * C + i];
+            const double ref = nearbyint(ldexp((double)x[i], e2[g])); /* exact product; half to even */
+            bad += (double)X != ref || labs(X) > (1L << 22);
+            amax = labs(X) > amax ? labs(X) : amax;
+        }
+        /* 23 bits of the group's maximum where it is normal and in range */
+        if (mx >= 0x1p-100f && mx < 0x1p+100f)
+            badmax += !(amax >= (1L << 21) && amax <= (1L << 22));
+    }
+    CHECKF(bad == 0, "%d values whose digits are not round(x * 2^e2)", bad);
+    CHECKF(badmax == 0, "%d groups whose largest |X| is not in [2^21, 2^22]", badmax);
+#endif
+}
+
 int main(void)
 {
     RUN(test_dtypes);
     RUN(test_pack_layout);
     RUN(test_quantize_hand);
     RUN(test_dequant_matrix);
+    RUN(test_cuda_digits);
     return TEST_END();
 }

@@ -1070,6 +1070,29 @@ bool cu_gi_ok(const cu_devinfo *di, const cu_weight *w, const float *x, int T)
     return di->gemv_i8 && cu_repacked_plain(w) && T >= 1 && T <= GI_TMAX && ((uintptr_t)x & 15) == 0;
 }
 
+/* k_x_digits' digits of one row of x (no norm, no records) on the host,
+ * from the same helpers (cuda_quant.h): planes [3][cols] int8 (plane d =
+ * digit d), e2 [cols / group]. For the CPU suite (test_quant), which checks
+ * the digit form without a GPU; cols % group == 0, group % 4 == 0. */
+extern "C" void sn_cuda_digits_host(const float *x, int64_t cols, int group, int8_t *planes, int *e2)
+{
+    for (int64_t g0 = 0; g0 < cols; g0 += group) {
+        float mx = 0.f;
+        for (int i = 0; i < group; i++)
+            mx = fmaxf(mx, fabsf(x[g0 + i]));
+        const int e = xd_exp(mx);
+        e2[g0 / group] = e;
+        for (int i = 0; i < group; i += 4) {
+            uint32_t ub[4], p[3];
+            for (int j = 0; j < 4; j++)
+                ub[j] = xd_biased(xd_int(x[g0 + i + j], e));
+            xd_planes4(ub[0], ub[1], ub[2], ub[3], p[0], p[1], p[2]);
+            for (int d = 0; d < 3; d++)
+                memcpy(planes + (size_t)d * cols + g0 + i, &p[d], 4);
+        }
+    }
+}
+
 /* T <= GI_TMAX tokens in one pass through the repacked segments of g: x to
  * digits (norm folded in when given), then the tensor-core GEMV. */
 sn_status cu_gi_run(const cu_devinfo *di, cudaStream_t s, gi_seg g, const cu_weight *w0, const float *x, int T,

@@ -5,6 +5,9 @@
 #ifndef SANCTUM_CUDA_QUANT_H
 #define SANCTUM_CUDA_QUANT_H
 
+#include <math.h>
+#include <string.h>
+
 #include <cuda_fp16.h>
 
 #include "backend/cuda/cuda_internal.h"
@@ -63,31 +66,77 @@ __device__ __forceinline__ float rms_total(const float *red, int nt)
     return v;
 }
 
+/* The digit helpers run on the host too (sn_cuda_digits_host), so the CPU
+ * suite checks the digit form without a GPU: the bit casts and the byte
+ * permute by their host equivalents there. */
+__host__ __device__ __forceinline__ uint32_t xd_f2u(float f)
+{
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+
+__host__ __device__ __forceinline__ float xd_u2f(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+__host__ __device__ __forceinline__ uint32_t xd_perm(uint32_t a, uint32_t b, uint32_t sel)
+{
+#ifdef __CUDA_ARCH__
+    return __byte_perm(a, b, sel);
+#else
+    const uint64_t v = ((uint64_t)b << 32) | a;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (uint32_t)((v >> (8 * ((sel >> (4 * i)) & 7))) & 255u) << (8 * i);
+    return r;
+#endif
+}
+
 /* x as integers for the exact integer dot products (k_x_digits for the
  * tensor-core GEMVs, gd_stage_x for the dp4a GEMV): per token and quant
  * group, X = round(x * 2^e2) with e2 from the group's largest |x| so that
  * |X| <= 2^22, cut into three signed 8-bit digits, X = 65536*d0 + 256*d1
  * + d2. */
-__device__ __forceinline__ int xd_exp(float mx)
+__host__ __device__ __forceinline__ int xd_exp(float mx)
 {
     int e2 = 0;
     if (mx > 0.f && isfinite(mx)) {
         /* frexpf's exponent (mx < 2^e) from the bits: a subnormal mx reads
          * as e = -126, which the clamp below maps to 100 as frexpf's does */
-        const int e = (int)((__float_as_uint(mx) >> 23) & 255u) - 126;
+        const int e = (int)((xd_f2u(mx) >> 23) & 255u) - 126;
         e2 = max(-100, min(100, 22 - e));
     }
     return e2;
 }
 
 /* 2^e exactly, for e in [-126, 127] (xd_exp's e2 and -e2 are in [-100, 100]) */
-__device__ __forceinline__ float xd_pow2(int e) { return __int_as_float((127 + e) << 23); }
+__host__ __device__ __forceinline__ float xd_pow2(int e) { return xd_u2f((uint32_t)(127 + e) << 23); }
 
 /* X = round(v * 2^e2): v * 2^e2 is ldexpf(v, e2) bitwise (one IEEE multiply
  * by an exact power of two, subnormal results rounded the same way),
  * without ldexpf's instruction sequence on every value of x (the staging is
- * arithmetic-bound) */
-__device__ __forceinline__ int xd_int(float v, int e2) { return __float2int_rn(v * xd_pow2(e2)); }
+ * arithmetic-bound). The host rounds half to even as cvt.rni does (values
+ * in range: the host path is for checks, not for non-finite x). */
+__host__ __device__ __forceinline__ int xd_int(float v, int e2)
+{
+#ifdef __CUDA_ARCH__
+    return __float2int_rn(v * xd_pow2(e2));
+#else
+    return (int)nearbyintf(v * xd_pow2(e2));
+#endif
+}
 
 /* X's three digits as the bytes of one word, biased: X + 0x808080 is the
  * base-256 number with digits d + 128 (byte 0 from d2, 1 from d1, 2 from d0),
@@ -95,19 +144,19 @@ __device__ __forceinline__ int xd_int(float v, int e2) { return __float2int_rn(v
  * shifts and masks of a digit-by-digit split (the same three bytes for every
  * int32 X, checked exhaustively). The xor is left to xd_planes4, one per
  * packed word. */
-__device__ __forceinline__ uint32_t xd_biased(int X) { return (uint32_t)X + 0x808080u; }
+__host__ __device__ __forceinline__ uint32_t xd_biased(int X) { return (uint32_t)X + 0x808080u; }
 
 /* Four values' xd_biased words a, b, c, d -> their digit planes, value j in
  * byte j: p0 the d0s, p1 the d1s, p2 the d2s. A 4 x 4 byte transpose in
  * seven byte-permutes, then the bias off each word. */
-__device__ __forceinline__ void xd_planes4(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t &p0,
-                                           uint32_t &p1, uint32_t &p2)
+__host__ __device__ __forceinline__ void xd_planes4(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t &p0,
+                                                    uint32_t &p1, uint32_t &p2)
 {
-    const uint32_t ab01 = __byte_perm(a, b, 0x5140), ab23 = __byte_perm(a, b, 0x7362);
-    const uint32_t cd01 = __byte_perm(c, d, 0x5140), cd23 = __byte_perm(c, d, 0x7362);
-    p0 = __byte_perm(ab23, cd23, 0x5410) ^ 0x80808080u;
-    p1 = __byte_perm(ab01, cd01, 0x7632) ^ 0x80808080u;
-    p2 = __byte_perm(ab01, cd01, 0x5410) ^ 0x80808080u;
+    const uint32_t ab01 = xd_perm(a, b, 0x5140), ab23 = xd_perm(a, b, 0x7362);
+    const uint32_t cd01 = xd_perm(c, d, 0x5140), cd23 = xd_perm(c, d, 0x7362);
+    p0 = xd_perm(ab23, cd23, 0x5410) ^ 0x80808080u;
+    p1 = xd_perm(ab01, cd01, 0x7632) ^ 0x80808080u;
+    p2 = xd_perm(ab01, cd01, 0x5410) ^ 0x80808080u;
 }
 
 /* The opt-in limit less the kernel's static shared memory. */

@@ -6,6 +6,7 @@
 #define SANCTUM_SN_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "sanctum/backend.h"
@@ -13,6 +14,12 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The decode GEMVs' digit form of one row of x, on the host (no GPU
+ * needed): per quant group e2 = 22 - frexp exponent of its largest |x|
+ * (clamped to [-100, 100]), X = round(x * 2^e2) = 65536*d0 + 256*d1 + d2,
+ * digits int8 in planes[d * cols + i]. The kernels' own helpers; for tests. */
+void sn_cuda_digits_host(const float *x, int64_t cols, int group, int8_t *planes, int *e2);
 
 /* True when be is a CUDA backend. */
 int sn_cuda_is(const sn_backend *be);
