@@ -67,28 +67,15 @@ __device__ __forceinline__ float rms_total(const float *red, int nt)
 }
 
 /* The digit helpers run on the host too (sn_cuda_digits_host), so the CPU
- * suite checks the digit form without a GPU: the bit casts and the byte
- * permute by their host equivalents there. */
-__host__ __device__ __forceinline__ uint32_t xd_f2u(float f)
+ * suite checks the digit form without a GPU: bit casts by memcpy (one move
+ * on the device), the byte permute by its host equivalent there. */
+template <typename To, typename From>
+__host__ __device__ __forceinline__ To xd_cast(From v)
 {
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-#endif
-}
-
-__host__ __device__ __forceinline__ float xd_u2f(uint32_t u)
-{
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
+    static_assert(sizeof(To) == sizeof(From), "a bit cast keeps the size");
+    To r;
+    memcpy(&r, &v, sizeof r);
+    return r;
 }
 
 __host__ __device__ __forceinline__ uint32_t xd_perm(uint32_t a, uint32_t b, uint32_t sel)
@@ -115,14 +102,14 @@ __host__ __device__ __forceinline__ int xd_exp(float mx)
     if (mx > 0.f && isfinite(mx)) {
         /* frexpf's exponent (mx < 2^e) from the bits: a subnormal mx reads
          * as e = -126, which the clamp below maps to 100 as frexpf's does */
-        const int e = (int)((xd_f2u(mx) >> 23) & 255u) - 126;
+        const int e = (int)((xd_cast<uint32_t>(mx) >> 23) & 255u) - 126;
         e2 = max(-100, min(100, 22 - e));
     }
     return e2;
 }
 
 /* 2^e exactly, for e in [-126, 127] (xd_exp's e2 and -e2 are in [-100, 100]) */
-__host__ __device__ __forceinline__ float xd_pow2(int e) { return xd_u2f((uint32_t)(127 + e) << 23); }
+__host__ __device__ __forceinline__ float xd_pow2(int e) { return xd_cast<float>((uint32_t)(127 + e) << 23); }
 
 /* X = round(v * 2^e2): v * 2^e2 is ldexpf(v, e2) bitwise (one IEEE multiply
  * by an exact power of two, subnormal results rounded the same way),
