@@ -640,20 +640,6 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
     md_pre<MD_DN_XR> hp;
     if (pre)
         md_pre_load(hp, ht, hn); /* beside the slots' expert ids */
-    /* the epilogue's inputs (output row r0 + lane's), loaded now: at the
-     * end they were one more round trip after the dot product (ncu s23r1:
-     * 5 % of the kernel's samples on add_to's load). Only this thread reads
-     * and writes add_to[i], and no buffer of the epilogue overlaps out. */
-    const size_t iout = (size_t)t * a.rows + r0 + lane;
-    float e_add = 0.f, e_sh = 0.f, e_sg = 0.f;
-    if (lane < nrows) {
-        if (a.add_to)
-            e_add = a.add_to[iout];
-        if (a.sh) {
-            e_sh = a.sh[iout];
-            e_sg = a.sg[t];
-        }
-    }
     for (int i = threadIdx.x; i < a.k; i += blockDim.x) {
         const int e = a.idx[(size_t)t * a.k + i];
         wsl[i] = e >= 0 ? a.Wd + (size_t)e * a.rows * a.words : a.Wsd;
@@ -722,14 +708,15 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
         for (int r = 0; r < RPW; r++)
             if (r == lane)
                 v = acc[r];
+        const size_t i = (size_t)t * a.rows + r0 + lane;
         if (a.sh) {
             /* k_add_gated: y += sigmoid(g) * x, as it compiles (one FMA) */
-            const float sig = 1.f / (1.f + expf(-e_sg));
-            v = fmaf(sig, e_sh, v);
+            const float sig = 1.f / (1.f + expf(-a.sg[t]));
+            v = fmaf(sig, a.sh[i], v);
         }
-        a.out[iout] = v;
+        a.out[i] = v;
         if (a.add_to)
-            a.add_to[iout] = e_add + v; /* k_add: y[i] += x[i] */
+            a.add_to[i] = a.add_to[i] + v; /* k_add: y[i] += x[i] */
     }
 }
 
