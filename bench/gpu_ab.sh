@@ -25,6 +25,7 @@
 #   on the H200, plus start-up.
 set -u
 cd "$(dirname "$0")/.."
+. bench/gpu_common.sh
 L=.devcarry/ab
 case "${1:-}" in
 pack)
@@ -35,26 +36,17 @@ pack)
     [ ${#cfgs[@]} -gt 0 ] || cfgs=(bench/configs/qwen3_5_35b_a3b.json bench/configs/qwen3_5_27b.json)
     git rev-parse --verify -q "$base^{commit}" > /dev/null || { echo "pack: $base is not a commit" >&2; exit 2; }
     rm -rf "${L:?}" && mkdir -p "$L/bin" "$L/lib"
-    bench_cc() { # $1 tree, $2 output
-        cc -std=c17 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -Wno-unused-parameter -I"$1/include" -I"$1/src" -pthread \
-            -DSN_HAVE_CUDA=1 -o "$2" "$1/bench/bench_cuda.c" "$1/build/libsanctum.a" -lm -lpthread -ljansson \
-            -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib -lcudart_static -lrt -lstdc++ -ldl
-    }
     tests=(test_cuda_ops test_cuda_model test_cuda_moe test_cuda_gemm_i8)
     make -j2 build/libsanctum.a "${tests[@]/#/build/tests/}" > /tmp/gpu_ab_make.log 2>&1 ||
         { tail -20 /tmp/gpu_ab_make.log; exit 1; }
-    bench_cc . "$L/bin/bench_cuda"
+    gpu_bench_cc . "$L/bin/bench_cuda"
     for t in "${tests[@]}"; do cp "build/tests/$t" "$L/bin/"; done
     wt=$(mktemp -d /tmp/gpu_ab_base.XXXXXX)
     git worktree add -q --detach "$wt" "$base"
     (cd "$wt" && make -j2 build/libsanctum.a > /tmp/gpu_ab_make_base.log 2>&1) ||
         { tail -20 /tmp/gpu_ab_make_base.log; git worktree remove --force "$wt"; exit 1; }
-    bench_cc "$wt" "$L/bin/bench_cuda_base"
+    gpu_bench_cc "$wt" "$L/bin/bench_cuda_base"
     git worktree remove --force "$wt"
-    strip "$L"/bin/* || true
-    # only what the box lacks (it has jansson, PCRE2, OpenSSL 3, curl and newer system libraries)
-    for b in "$L"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
-        grep -E '/(libevent|libutf8proc|libcmocka)[^/]*\.so' | while read -r l; do cp -L "$l" "$L/lib/"; done
     printf '%s\n' "${cfgs[@]}" > "$L/configs"
     echo "${ROWS:-1}" > "$L/rows"
     echo "${CTX:-1024}" > "$L/ctx"
@@ -62,7 +54,7 @@ pack)
     [ -z "${VARY:-}" ] || printf '%s\n' $VARY > "$L/vary"
     { echo "change: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo '+uncommitted')"
       echo "base: $(git rev-parse --short "$base")"; } > "$L/commits"
-    (cd "$L" && tar cf - bin | xz --lzma2=preset=6,dict=160MiB -T2 > bin.tar.xz && rm -rf bin)
+    gpu_pack_bins "$L"
     cat "$L/commits"
     du -sh "$L"
     ;;
@@ -71,8 +63,7 @@ run)
     out=${OUT:-/tmp/out}
     w=/tmp/gpu_ab
     rm -rf "$w" && mkdir -p "$out" "$w"
-    export LD_LIBRARY_PATH="$PWD/$L/lib"
-    tar xJf "$L/bin.tar.xz" -C "$L"
+    gpu_unpack "$L"
     B=$L/bin
     cat "$L/commits" | tee "$w/commits.log"
     s=()
@@ -81,7 +72,6 @@ run)
         s+=("$t rc=$? $(grep -E '^[0-9]+ passed' "$w/$t.log" | tail -n1)")
     done
     grep -h FAIL "$w"/test_cuda_*.log | head -10
-    step_ms() { grep -oE 'decode \(graph\) [0-9.]+ ms per step' "$1" | head -1 | grep -oE '[0-9.]+ ms' | cut -d' ' -f1; }
     read -r -a rows_list < "$L/rows"
     ctx=$(cat "$L/ctx" 2> /dev/null || echo 1024)
     echo "context: $ctx" | tee -a "$w/commits.log"
@@ -100,7 +90,7 @@ run)
                 log="$w/${name}_${who}_$r.log"
                 timeout 120 "$bin" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile "${rarg[@]}" \
                     > "$log" 2>&1
-                ms=$(step_ms "$log")
+                ms=$(gpu_step_ms "$log")
                 if [ "$who" = base ]; then base_ms+=("${ms:-fail}"); else new_ms+=("${ms:-fail}"); fi
             done
         done

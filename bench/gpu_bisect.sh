@@ -21,6 +21,7 @@
 #   bench run on an H100, model set-up included.
 set -u
 cd "$(dirname "$0")/.."
+. bench/gpu_common.sh
 L=.devcarry/bisect
 case "${1:-}" in
 pack)
@@ -32,33 +33,26 @@ pack)
     cfgs=("$@")
     [ ${#commits[@]} -ge 2 ] || { echo "usage: bench/gpu_bisect.sh pack COMMIT COMMIT... [-- CONFIG...]" >&2; exit 2; }
     [ ${#cfgs[@]} -gt 0 ] || cfgs=(bench/configs/qwen3_5_35b_a3b.json bench/configs/qwen3_5_27b.json)
-    names=()
+    names=() shas=()
     for c in "${commits[@]}"; do
         git rev-parse --verify -q "$c^{commit}" > /dev/null || { echo "pack: $c is not a commit" >&2; exit 2; }
         names+=("$(git rev-parse --short "$c")")
+        shas+=("$(git rev-parse "$c^{commit}")") # a branch checked out here cannot be checked out in the worktree
     done
     rm -rf "${L:?}" && mkdir -p "$L/bin" "$L/lib"
     wt=$(mktemp -d /tmp/gpu_bisect.XXXXXX)
-    git worktree add -q --detach "$wt" "${commits[0]}"
+    git worktree add -q --detach "$wt" "${shas[0]}"
     trap 'git worktree remove --force "$wt"' EXIT
     for i in "${!commits[@]}"; do
-        (cd "$wt" && git checkout -q "${commits[$i]}" && make -j2 build/libsanctum.a > /tmp/gpu_bisect_make.log 2>&1) ||
+        (cd "$wt" && git checkout -q "${shas[$i]}" && make -j2 build/libsanctum.a > /tmp/gpu_bisect_make.log 2>&1) ||
             { tail -20 /tmp/gpu_bisect_make.log; exit 1; }
-        cc -std=c17 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -Wno-unused-parameter -I"$wt/include" -I"$wt/src" -pthread \
-            -DSN_HAVE_CUDA=1 -o "$L/bin/bench_cuda_${names[$i]}" "$wt/bench/bench_cuda.c" "$wt/build/libsanctum.a" \
-            -lm -lpthread -ljansson -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib -lcudart_static \
-            -lrt -lstdc++ -ldl
+        gpu_bench_cc "$wt" "$L/bin/bench_cuda_${names[$i]}"
         echo "built ${names[$i]}"
     done
-    strip "$L"/bin/*
-    # only what the box lacks (it has jansson, PCRE2, OpenSSL 3, curl)
-    for b in "$L"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
-        grep -E '/(libevent|libutf8proc|libcmocka)[^/]*\.so' | while read -r l; do cp -L "$l" "$L/lib/"; done
     printf '%s\n' "${names[@]}" > "$L/commits"
     printf '%s\n' "${cfgs[@]}" > "$L/configs"
     echo "${CTX:-4096}" > "$L/ctx"
-    # one dictionary over all the binaries: each carries the same ~12 MB of device code
-    (cd "$L" && tar cf - bin | xz --lzma2=preset=6,dict=256MiB -T1 > bin.tar.xz && rm -rf bin)
+    gpu_pack_bins "$L"
     du -sh "$L"
     ;;
 run)
@@ -66,15 +60,13 @@ run)
     out=${OUT:-/tmp/out}
     w=/tmp/gpu_bisect
     rm -rf "$w" && mkdir -p "$out" "$w"
-    export LD_LIBRARY_PATH="$PWD/$L/lib"
-    tar xJf "$L/bin.tar.xz" -C "$L"
+    gpu_unpack "$L"
     B=$L/bin
     mapfile -t names < "$L/commits"
     ctx=$(cat "$L/ctx")
     n=${#names[@]}
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$w/env.log" 2>&1
     s=("$(cat "$w/env.log"), context $ctx, $rounds rounds")
-    step_ms() { grep -oE 'decode \(graph\) [0-9.]+ ms per step' "$1" | head -1 | grep -oE '[0-9.]+ ms' | cut -d' ' -f1; }
     while read -r cfg; do
         name=$(basename "$cfg" .json)
         declare -A ms=()
@@ -85,7 +77,7 @@ run)
                 log="$w/${name}_${c}_$r.log"
                 timeout 120 "$B/bench_cuda_$c" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile \
                     > "$log" 2>&1
-                m=$(step_ms "$log")
+                m=$(gpu_step_ms "$log")
                 ms[$c]="${ms[$c]:-} ${m:-fail}"
             done
         done

@@ -1,0 +1,33 @@
+# Sourced by bench/gpu_ab.sh and bench/gpu_bisect.sh: the pieces every
+# "pack here, run on the GPU box" script shares. The box builds nothing and
+# lacks a few shared libraries, so binaries travel as one xz tar (one
+# dictionary over all of them: each carries the same ~12 MB of device code)
+# beside the libraries they need.
+
+# bench_cuda of the tree $1 (built: $1/build/libsanctum.a) into $2
+gpu_bench_cc() {
+    cc -std=c17 -D_GNU_SOURCE -O2 -Wall -Wextra -Werror -Wno-unused-parameter -I"$1/include" -I"$1/src" -pthread \
+        -DSN_HAVE_CUDA=1 -o "$2" "$1/bench/bench_cuda.c" "$1/build/libsanctum.a" -lm -lpthread -ljansson \
+        -L/usr/local/cuda/lib64 -L/usr/local/cuda/targets/x86_64-linux/lib -lcudart_static -lrt -lstdc++ -ldl
+}
+
+# $1/bin/* stripped, the libraries the box lacks (it has jansson, PCRE2,
+# OpenSSL 3, curl and newer system libraries) copied to $1/lib, and the
+# binaries packed into $1/bin.tar.xz
+gpu_pack_bins() {
+    strip "$1"/bin/* || true
+    for b in "$1"/bin/*; do ldd "$b"; done | awk '/=> \//{print $3}' | sort -u |
+        grep -E '/(libevent|libutf8proc|libcmocka)[^/]*\.so' | while read -r l; do cp -L "$l" "$1/lib/"; done
+    (cd "$1" && tar cf - bin | xz --lzma2=preset=6,dict=256MiB -T1 > bin.tar.xz && rm -rf bin)
+}
+
+# On the box: $1/bin unpacked and its libraries on the loader's path
+gpu_unpack() {
+    export LD_LIBRARY_PATH="$PWD/$1/lib"
+    tar xJf "$1/bin.tar.xz" -C "$1"
+}
+
+# a bench_cuda --ncu-decode log's ms per decode step (empty if it failed)
+gpu_step_ms() {
+    grep -oE 'decode \(graph\) [0-9.]+ ms per step' "$1" | head -1 | grep -oE '[0-9.]+ ms' | cut -d' ' -f1
+}
