@@ -248,6 +248,49 @@ static void test_cuda_digits(void)
 #endif
 }
 
+/* The stream-K GEMV's work split (sn_cuda_sk_split_check runs gk_plan and
+ * checks what k_gemv_sk relies on: every warp has units, warp_of inverts
+ * first, a row tile's pieces come from consecutive warps that begin inside
+ * it): the decode matrices of the two benchmark models alone and grouped,
+ * the lm_head, shapes smaller than a warp per 8 units (the 16 x 256 case
+ * that once left a tile a piece short), odd row counts, on an H200/H100
+ * (132 SMs), an H100 PCIe (114) and tiny devices, 1 and 2 blocks an SM. */
+static void test_cuda_sk_split(void)
+{
+#ifndef SN_HAVE_CUDA
+    SKIP("built without CUDA");
+#else
+    static const struct {
+        int n;
+        int64_t rows[4], cols;
+    } cases[] = {
+        { 1, { 5120 }, 17408 },              /* 27B down */
+        { 1, { 5120 }, 6144 },               /* 27B out */
+        { 1, { 248320 }, 5120 },             /* 27B lm_head */
+        { 3, { 6144, 1024, 1024 }, 5120 },   /* q/k/v-like group */
+        { 2, { 17408, 17408 }, 5120 },       /* gate/up */
+        { 1, { 16 }, 256 },                  /* 4 units */
+        { 1, { 1 }, 64 },                    /* one unit */
+        { 1, { 17 }, 192 },                  /* a partial last tile */
+        { 4, { 33, 1, 4095, 80 }, 1088 },    /* odd segments */
+        { 2, { 2048, 7 }, 64 * 263 },        /* a prime number of 64-column blocks */
+    };
+    static const int sms[] = { 132, 114, 1, 2, 7 };
+    char why[256];
+    int checked = 0;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (size_t m = 0; m < sizeof sms / sizeof sms[0]; m++)
+            for (int bps = 1; bps <= 2; bps++) {
+                why[0] = 0;
+                const int bad = sn_cuda_sk_split_check(cases[c].rows, cases[c].n, cases[c].cols, sms[m], bps, why,
+                                                       sizeof why);
+                CHECKF(!bad, "case %zu, %d SMs, %d blocks an SM: %s", c, sms[m], bps, why);
+                checked += !bad;
+            }
+    CHECK(checked == (int)(sizeof cases / sizeof cases[0] * sizeof sms / sizeof sms[0] * 2));
+#endif
+}
+
 int main(void)
 {
     RUN(test_dtypes);
@@ -255,5 +298,6 @@ int main(void)
     RUN(test_quantize_hand);
     RUN(test_dequant_matrix);
     RUN(test_cuda_digits);
+    RUN(test_cuda_sk_split);
     return TEST_END();
 }

@@ -4,6 +4,8 @@
  * and k_gemv_sk (stream-K, default) or k_gemv_i8 (the ring form) run exact
  * int32 MMAs per group with fp32 scaling. cuda_matmul.cu chooses between
  * this and the SIMT GEMV (cu_gi_size_ok) and calls cu_gi_run. */
+#include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cuda_pipeline.h>
@@ -562,9 +564,9 @@ __device__ __forceinline__ int gk_arrive(int *count)
  * s has units [u0, u0 + W) and warps [wb, wb + NW). */
 struct gk_split {
     int64_t u0, W, wb, NW;
-    __device__ __forceinline__ int64_t first(int64_t w) const { return u0 + W * (w - wb) / NW; }
+    __host__ __device__ __forceinline__ int64_t first(int64_t w) const { return u0 + W * (w - wb) / NW; }
     /* the warp whose units include unit u */
-    __device__ __forceinline__ int64_t warp_of(int64_t u) const { return wb + ((u - u0 + 1) * NW - 1) / W; }
+    __host__ __device__ __forceinline__ int64_t warp_of(int64_t u) const { return wb + ((u - u0 + 1) * NW - 1) / W; }
 };
 
 /* The stream-K GEMV's integer partials start at this bit pattern, the float
@@ -1104,6 +1106,70 @@ extern "C" void sn_cuda_digits_host(const float *x, int64_t cols, int group, int
                 memcpy(planes + (size_t)d * cols + g0 + i, &p[d], 4);
         }
     }
+}
+
+/* The stream-K GEMV's split (gk_plan, gk_split) of one launch over
+ * segments of rows[i] rows and cols columns, on a device of n_sm SMs with
+ * bps blocks an SM, checked on the host against what k_gemv_sk relies on;
+ * for the CPU suite (test_quant), which has no GPU. 0 when it holds, else
+ * 1 with what does not in why. */
+extern "C" int sn_cuda_sk_split_check(const int64_t *rows, int n, int64_t cols, int n_sm, int bps, char *why,
+                                      size_t why_len)
+{
+    cu_devinfo di;
+    memset(&di, 0, sizeof di);
+    di.n_sm = n_sm;
+    di.gemv_sk_bps = bps;
+    di.gk_part = (float *)&di; /* gk_plan only asks whether the buffers exist */
+    di.gk_warps = INT_MAX;
+    gi_seg g;
+    memset(&g, 0, sizeof g);
+    g.n = n;
+    for (int i = 0; i < n; i++) {
+        g.rows[i] = rows[i];
+        g.mt[i] = (rows[i] + 15) / 16;
+    }
+    const int64_t KB = cols / 64;
+#define SK_FAIL(...) return snprintf(why, why_len, __VA_ARGS__), 1
+    const unsigned grid = gk_plan(&di, g, KB);
+    if (!grid)
+        SK_FAIL("no plan (%d row tiles)", g.t0[n]);
+    if (grid > (unsigned)(n_sm * (bps >= 1 && bps <= GK_BPS ? bps : GK_BPS)))
+        SK_FAIL("grid %u over %d SMs x %d blocks", grid, n_sm, bps);
+    for (int s = 0; s < n; s++) {
+        const gk_split sp{ g.u0[s], g.u0[s + 1] - g.u0[s], g.wb[s], g.wb[s + 1] - g.wb[s] };
+        if (sp.W != g.mt[s] * KB || g.t0[s + 1] - g.t0[s] != g.mt[s])
+            SK_FAIL("segment %d: %lld units, %d tiles", s, (long long)sp.W, g.t0[s + 1] - g.t0[s]);
+        /* every warp of the segment has units: an empty one inside a tile's
+         * span would leave the tile a piece short, never written */
+        if (sp.NW < 1 || sp.NW > sp.W || sp.first(sp.wb) != sp.u0 || sp.first(sp.wb + sp.NW) != sp.u0 + sp.W)
+            SK_FAIL("segment %d: %lld warps over %lld units", s, (long long)sp.NW, (long long)sp.W);
+        for (int64_t w = sp.wb; w < sp.wb + sp.NW; w++) {
+            const int64_t ua = sp.first(w), ub = sp.first(w + 1);
+            if (ua >= ub)
+                SK_FAIL("segment %d: warp %lld has no units", s, (long long)w);
+            for (int64_t u = ua; u < ub; u++)
+                if (sp.warp_of(u) != w)
+                    SK_FAIL("segment %d: unit %lld of warp %lld is warp_of %lld", s, (long long)u, (long long)w,
+                            (long long)sp.warp_of(u));
+        }
+        /* a tile's pieces: the warps from warp_of(its first unit) to
+         * warp_of(its last) each leave one (the count the last one waits
+         * for), the first in slot 1 only if it began before the tile, every
+         * later one in slot 0 (it began inside the tile) */
+        for (int64_t mt = 0; mt < g.mt[s]; mt++) {
+            const int64_t ts = sp.u0 + mt * KB, te = ts + KB;
+            const int64_t wf = sp.warp_of(ts), wl = sp.warp_of(te - 1);
+            for (int64_t w = wf + 1; w <= wl; w++)
+                if (sp.first(w) <= ts || sp.first(w) >= te)
+                    SK_FAIL("segment %d tile %lld: warp %lld begins at %lld, outside [%lld, %lld)", s,
+                            (long long)mt, (long long)w, (long long)sp.first(w), (long long)ts, (long long)te);
+            if (g.t0[s] + mt >= GK_TILES)
+                SK_FAIL("tile counter %lld past %d", (long long)(g.t0[s] + mt), GK_TILES);
+        }
+    }
+#undef SK_FAIL
+    return 0;
 }
 
 /* T <= GI_TMAX tokens in one pass through the repacked segments of g: x to

@@ -20,6 +20,10 @@ extern "C" {
  * (clamped to [-100, 100]), X = round(x * 2^e2) = 65536*d0 + 256*d1 + d2,
  * digits int8 in planes[d * cols + i]. The kernels' own helpers; for tests. */
 void sn_cuda_digits_host(const float *x, int64_t cols, int group, int8_t *planes, int *e2);
+/* The stream-K GEMV's work split of one launch (segments of rows[i] rows,
+ * cols columns, n_sm SMs, bps blocks an SM) checked on the host: 0 when it
+ * holds, else 1 and the reason in why. For the CPU suite. */
+int sn_cuda_sk_split_check(const int64_t *rows, int n, int64_t cols, int n_sm, int bps, char *why, size_t why_len);
 
 /* True when be is a CUDA backend. */
 int sn_cuda_is(const sn_backend *be);
