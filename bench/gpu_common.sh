@@ -1,4 +1,4 @@
-# Sourced by bench/gpu_ab.sh and bench/gpu_bisect.sh: the pieces every
+# Sourced by bench/gpu_ab.sh, gpu_bisect.sh and gpu_record.sh: the pieces every
 # "pack here, run on the GPU box" script shares. The box builds nothing and
 # lacks a few shared libraries, so binaries travel as one xz tar (one
 # dictionary over all of them: each carries the same ~12 MB of device code)

@@ -22,6 +22,7 @@
 #   (about 240 s of wall time on the H200 in s21r4, before the moe reruns and its memcheck were added; without the --rows 6 steps it took 135 s).
 set -u
 cd "$(dirname "$0")/.."
+. bench/gpu_common.sh
 L=.devcarry/lead
 case "${1:-}" in
 pack)
@@ -29,18 +30,14 @@ pack)
     bench/bench_cuda_gpu.sh pack all > /tmp/gpu_record_pack.log 2>&1 || { tail -30 /tmp/gpu_record_pack.log; exit 1; }
     rm -rf "${L:?}/bin" "${L:?}/lib" "${L:?}/bin.tar.xz" && mkdir -p "$L/bin" "$L/lib"
     cp .devcarry/cuda/bin/* "$L/bin/"
-    # only what the box lacks (it has jansson, PCRE2, OpenSSL 3 of its own)
-    cp .devcarry/cuda/lib/libevent* .devcarry/cuda/lib/libutf8proc* "$L/lib/"
-    strip "$L"/bin/* || true
-    (cd "$L" && tar cf - bin | xz --lzma2=preset=6,dict=160MiB -T1 > bin.tar.xz && rm -rf bin)
+    gpu_pack_bins "$L"
     du -sh "$L"
     ;;
 run)
     out=${OUT:-/tmp/out}
     w=/tmp/gpu_record
     rm -rf "$w" && mkdir -p "$out" "$w"
-    export LD_LIBRARY_PATH="$PWD/$L/lib"
-    tar xJf "$L/bin.tar.xz" -C "$L"
+    gpu_unpack "$L"
     B=$L/bin
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv > "$w/env.log" 2>&1
     s=()

@@ -995,6 +995,13 @@ sn_status gk_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, co
     return SN_OK;
 }
 
+/* blocks per SM the split assumes (tune gemv_sk_bps): fewer leave room for
+ * the next kernel's blocks to start while this one runs */
+int gk_bps(const cu_devinfo *di)
+{
+    return di->gemv_sk_bps >= 1 && di->gemv_sk_bps <= GK_BPS ? di->gemv_sk_bps : GK_BPS;
+}
+
 /* The stream-K split of g (sets u0/t0): the grid, or 0 when the kernel
  * cannot take it (too many row tiles for the counters). */
 unsigned gk_plan(const cu_devinfo *di, gi_seg &g, int64_t KB)
@@ -1002,9 +1009,7 @@ unsigned gk_plan(const cu_devinfo *di, gi_seg &g, int64_t KB)
     g.u0[0] = 0;
     g.t0[0] = 0;
     g.wb[0] = 0;
-    /* blocks per SM the split assumes (tune gemv_sk_bps): fewer leave room
-     * for the next kernel's blocks to start while this one runs */
-    const int bps = di->gemv_sk_bps >= 1 && di->gemv_sk_bps <= GK_BPS ? di->gemv_sk_bps : GK_BPS;
+    const int bps = gk_bps(di);
     for (int i = 0; i < g.n; i++) {
         const int64_t W = g.mt[i] * KB;
         g.u0[i + 1] = g.u0[i] + W;
@@ -1134,7 +1139,7 @@ extern "C" int sn_cuda_sk_split_check(const int64_t *rows, int n, int64_t cols, 
     const unsigned grid = gk_plan(&di, g, KB);
     if (!grid)
         SK_FAIL("no plan (%d row tiles)", g.t0[n]);
-    if (grid > (unsigned)(n_sm * (bps >= 1 && bps <= GK_BPS ? bps : GK_BPS)))
+    if (grid > (unsigned)(n_sm * gk_bps(&di)))
         SK_FAIL("grid %u over %d SMs x %d blocks", grid, n_sm, bps);
     for (int s = 0; s < n; s++) {
         const gk_split sp{ g.u0[s], g.u0[s + 1] - g.u0[s], g.wb[s], g.wb[s + 1] - g.wb[s] };
