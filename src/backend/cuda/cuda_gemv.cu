@@ -111,10 +111,12 @@ __device__ __forceinline__ void gv_locate(const gemv_seg &g, int rpw, int64_t wo
     c.sb = (const char *)g.sb[i] + (size_t)c.r0 * groups * sbsz;
 }
 
-/* This lane's add_to value for the row group at c (0 when none). The
- * kernel loads it when the group starts (gv_early), since at its end it
- * was one more round trip after the reduction, which the warp waited for
- * before its next group or its exit. Only this lane reads and writes that
+/* This lane's add_to value for the row group at c (0 when none), loaded
+ * at the group's end, after the reduction. Loading it (and the conv's
+ * inputs) when the group starts instead cost the 35B-A3B 0.8 % of a step
+ * (s26r1: 2.407 against 2.388 ms), and the same pattern cost k_md_down
+ * 4-7 % (run 35): the registers held across the loop cost more than the
+ * round trip they hide. Only this lane reads and writes that
  * element (each output row has one warp), and the fuser does not let y be
  * add_to. */
 template <int TT>
@@ -125,13 +127,6 @@ __device__ __forceinline__ float gv_add_load(const gemv_seg &g, const gv_cur &c,
         return 0.f;
     return g.add_to[c.seg][(size_t)t * g.rows[c.seg] + c.r0 + r];
 }
-
-/* Whether the epilogue's loads (gv_add_load, gv_conv_load) go out when a
- * row group starts: not at TT 8, whose 4-row forms are at the 128-register
- * bound and spilled with them (28 bytes; 84 with the conv), so there they
- * stay at the group's end. */
-template <int TT>
-constexpr bool gv_early = TT < 8;
 
 constexpr int GV_STAGE_U = 4; /* x loads in flight per thread while staging */
 
@@ -604,9 +599,8 @@ __device__ __forceinline__ float gv_lane_acc(const float (&acc)[RPW][TT], int r,
 }
 
 /* A lane's inputs of the folded GDN conv besides its row's results: the
- * row's conv state and its conv weights (zeros when not mine). Loaded when
- * the row group starts where gv_early: at its end, after the reduction,
- * they were one more round trip before the conv and the stores. */
+ * row's conv state and its conv weights (zeros when not mine), loaded at
+ * the row group's end like gv_add_load's value. */
 struct gv_conv_in {
     float st[CU_CONV_K - 1], w[CU_CONV_K];
 };
@@ -787,19 +781,8 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     gv_cur cc;
     cc.grp = gb;
     cc.it = 0;
-    /* the epilogue's loads for the warp's row group (gv_early) */
-    float addv = 0.f;
-    gv_conv_in cin = {};
-    auto epi_loads = [&]() {
-        addv = gv_add_load<TT>(g, cc, lane, T);
-        if (CV)
-            cin = gv_conv_load<TT>(g, cc, lane, T);
-    };
-    if (gb < ge) {
+    if (gb < ge)
         gv_locate(g, RPW, words, groups, sbsz, cc);
-        if (gv_early<TT>)
-            epi_loads();
-    }
     float acc[RPW][TT];
 #pragma unroll
     for (int r = 0; r < RPW; r++)
@@ -843,8 +826,11 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                         v += __shfl_xor_sync(0xffffffffu, v, o);
                     acc[r][t] = v;
                 }
-            if (!gv_early<TT>)
-                epi_loads();
+            /* the epilogue's loads for the warp's row group */
+            const float addv = gv_add_load<TT>(g, cc, lane, T);
+            gv_conv_in cin = {};
+            if (CV)
+                cin = gv_conv_load<TT>(g, cc, lane, T);
             if (CV && cc.seg == 0) {
                 const int r = lane / TT, t = lane % TT;
                 float v = gv_lane_acc<RPW, TT>(acc, r, t);
@@ -872,11 +858,8 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                 for (int t = 0; t < TT; t++)
                     acc[r][t] = 0.f;
             cc.it = 0;
-            if (++cc.grp < ge) {
+            if (++cc.grp < ge)
                 gv_locate(g, RPW, words, groups, sbsz, cc);
-                if (gv_early<TT>)
-                    epi_loads();
-            }
         }
     }
 }
