@@ -21,6 +21,7 @@
 #include "backend/cuda/cuda_be.h"
 
 int cu_pdl = 0; /* see cuda_internal.h; set at backend creation */
+int64_t cu_pdl_min_bytes = 0;
 thread_local int cu_pdl_skip;
 
 namespace {

@@ -86,6 +86,12 @@ __device__ __forceinline__ void cu_ldsm_x4(uint32_t (&r)[4], uint32_t saddr)
 }
 
 extern int cu_pdl;
+/* With cu_pdl 2, a weight kernel reading fewer bytes of weights than this
+ * goes without the edge (tune pdl_min_kb; 0: every one takes it). Blocks
+ * launched early sit resident in pdl_wait beside the kernel before them;
+ * behind a small GEMV that costs more than the prefetch of its few weights
+ * gains. */
+extern int64_t cu_pdl_min_bytes;
 /* Set after a memcpy/memset is queued: the next cu_launch then goes
  * without the attribute (a programmatic edge is a kernel-to-kernel thing). */
 extern thread_local int cu_pdl_skip;
@@ -116,12 +122,14 @@ cudaError_t cu_launch(void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, c
     return cu_launch_pdl(cu_pdl == 1, kern, grid, block, smem, s, static_cast<A &&>(args)...);
 }
 
-/* A kernel that streams weights into its pipeline before pdl_wait: the edge
- * when cu_pdl is 1 or 2. */
+/* A kernel that streams wbytes of weights into its pipeline before
+ * pdl_wait: the edge when cu_pdl is 1, or 2 and wbytes >= cu_pdl_min_bytes. */
 template <typename... KP, typename... A>
-cudaError_t cu_launch_w(void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args)
+cudaError_t cu_launch_w(int64_t wbytes, void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                        A &&...args)
 {
-    return cu_launch_pdl(cu_pdl != 0, kern, grid, block, smem, s, static_cast<A &&>(args)...);
+    const bool edge = cu_pdl == 1 || (cu_pdl == 2 && wbytes >= cu_pdl_min_bytes);
+    return cu_launch_pdl(edge, kern, grid, block, smem, s, static_cast<A &&>(args)...);
 }
 
 /* Weight formats on the device. Quantized weights keep MLX's packed words

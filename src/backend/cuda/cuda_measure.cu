@@ -145,6 +145,14 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
             graphs_invalidate(cb);
         return SN_OK;
     }
+    if (!strcmp(key, "pdl_min_kb")) {
+        if (value < 0)
+            return SN_FAIL(SN_E_INVALID, "cuda tune pdl_min_kb=%d (>= 0)", value);
+        SN_TRY(host_barrier(cb));
+        cu_pdl_min_bytes = (int64_t)value << 10;
+        graphs_invalidate(cb);
+        return SN_OK;
+    }
     if (!strcmp(key, "gemv_i8_min_kb")) {
         if (value < -1)
             return SN_FAIL(SN_E_INVALID, "cuda tune gemv_i8_min_kb=%d (-1 = by shape, or >= 0)", value);
