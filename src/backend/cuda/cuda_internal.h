@@ -87,7 +87,7 @@ __device__ __forceinline__ void cu_ldsm_x4(uint32_t (&r)[4], uint32_t saddr)
 
 extern int cu_pdl;
 /* With cu_pdl 2, a weight kernel reading fewer bytes of weights than this
- * goes without the edge (tune pdl_min_kb; 0: every one takes it). Blocks
+ * goes without the edge (tune pdl_min_kb, default 2048; 0: every one takes it). Blocks
  * launched early sit resident in pdl_wait beside the kernel before them;
  * behind a small GEMV that costs more than the prefetch of its few weights
  * gains. */
