@@ -1179,6 +1179,16 @@ static void test_graph_replay(void)
         graph_case_g(256, 7, 1, 2);
     }
     CHECK_OK(sn_cuda_tune(G, "fuse_gate", 1));
+    /* every weight kernel with the PDL edge (by default only those reading
+     * 2 MB of weights or more, none of these): the same bits either way */
+    CHECK_OK(sn_cuda_tune(G, "pdl_min_kb", 0));
+    graph_case(2048, 1, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
+    graph_case(5120, 1, 0);
+    graph_case_g(5120, 1, 0, 1);
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
+    CHECK_OK(sn_cuda_tune(G, "pdl_min_kb", 2048));
+    CHECK(sn_cuda_tune(G, "pdl_min_kb", -1) == SN_E_INVALID);
 }
 
 int main(void)
