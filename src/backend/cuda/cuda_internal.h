@@ -87,10 +87,10 @@ __device__ __forceinline__ void cu_ldsm_x4(uint32_t (&r)[4], uint32_t saddr)
 
 extern int cu_pdl;
 /* With cu_pdl 2, a weight kernel reading fewer bytes of weights than this
- * goes without the edge (tune pdl_min_kb, default 2048; 0: every one takes it). Blocks
- * launched early sit resident in pdl_wait beside the kernel before them;
- * behind a small GEMV that costs more than the prefetch of its few weights
- * gains. */
+ * goes without the edge (tune pdl_min_kb, default 2048; 0: every one takes
+ * it). Measured, not explained: the 35B-A3B's Q8 router (0.5 MB) ran 2-3 %
+ * of a step faster without its edge, the large GEMVs need theirs (run 36).
+ * Small models (every GEMV under 2 MB) have not been measured both ways. */
 extern int64_t cu_pdl_min_bytes;
 /* Set after a memcpy/memset is queued: the next cu_launch then goes
  * without the attribute (a programmatic edge is a kernel-to-kernel thing). */
