@@ -179,7 +179,7 @@ typedef struct {
     sn_weight *emb, *lm;
     float *fnorm, *inv_freq;
     layer_t *ly;
-    float *h, *xn, *qkv, *z, *a, *b, *o, *o2, *r, *q, *g, *k, *v, *att, *mg, *mu, *ma, *lg, *mo, *sgl, *logits;
+    float *h, *xn, *qkv, *z, *a, *b, *o, *o2, *r, *q, *g, *k, *v, *qo, *ko, *att, *mg, *mu, *ma, *lg, *mo, *sgl, *logits;
 } model_t;
 
 static void build(model_t *m, int layers, int T, int ctx)
@@ -254,6 +254,7 @@ static void build(model_t *m, int layers, int T, int ctx)
     m->a = dbuf(TT * c->Hv); m->b = dbuf(TT * c->Hv);
     m->q = dbuf(TT * c->Hq * c->D); m->g = dbuf(TT * c->Hq * c->D); m->att = dbuf(TT * c->Hq * c->D);
     m->k = dbuf(TT * c->Hkv * c->D); m->v = dbuf(TT * c->Hkv * c->D);
+    m->qo = dbuf(TT * c->Hq * c->D); m->ko = dbuf(TT * c->Hkv * c->D);
     m->mg = dbuf(TT * I); m->mu = dbuf(TT * I); m->ma = dbuf(TT * I);
     m->lg = dbuf(TT * (c->E > 0 ? c->E : 1)); m->sgl = dbuf(TT);
     m->logits = dbuf(c->V);
@@ -286,12 +287,16 @@ static void forward(model_t *m, const int32_t *ids, int T, int pos0, int32_t *ne
             TRY(O->matmul(B, y->wg, 0, m->xn, T, m->g));
             TRY(O->matmul(B, y->wk, 0, m->xn, T, m->k));
             TRY(O->matmul(B, y->wv, 0, m->xn, T, m->v));
-            TRY(O->rmsnorm(B, m->q, y->qn, T * c->Hq, c->D, c->eps, m->q));
-            TRY(O->rmsnorm(B, m->k, y->kn, T * c->Hkv, c->D, c->eps, m->k));
-            TRY(O->rope(B, m->q, T, c->Hq, c->D, c->rot, pos0, m->inv_freq, 1.f));
-            TRY(O->rope(B, m->k, T, c->Hkv, c->D, c->rot, pos0, m->inv_freq, 1.f));
-            TRY(O->kv_write(B, &kv, m->k, m->v, T, pos0));
-            TRY(O->attention(B, m->q, &kv, T, pos0, c->Hq, 1.f / sqrtf((float)c->D), m->att));
+            /* the norms into rows of their own, as forward.c does: the capture
+             * fuses norms, RoPEs and the KV write (fuse_attn_prep) only then,
+             * and run 36 found that the in-place norms here had kept every
+             * measurement of that knob from taking it */
+            TRY(O->rmsnorm(B, m->q, y->qn, T * c->Hq, c->D, c->eps, m->qo));
+            TRY(O->rmsnorm(B, m->k, y->kn, T * c->Hkv, c->D, c->eps, m->ko));
+            TRY(O->rope(B, m->qo, T, c->Hq, c->D, c->rot, pos0, m->inv_freq, 1.f));
+            TRY(O->rope(B, m->ko, T, c->Hkv, c->D, c->rot, pos0, m->inv_freq, 1.f));
+            TRY(O->kv_write(B, &kv, m->ko, m->v, T, pos0));
+            TRY(O->attention(B, m->qo, &kv, T, pos0, c->Hq, 1.f / sqrtf((float)c->D), m->att));
             TRY(O->mul_sigmoid(B, m->att, m->g, (size_t)T * c->Hq * c->D));
             TRY(O->matmul(B, y->wo, 0, m->att, T, m->r));
         } else {
