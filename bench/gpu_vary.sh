@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Tune knobs timed on the GPU in one device call, on the binaries of
+# bench/gpu_record.sh pack (.devcarry/lead): what run 36 left open went
+# through it.
+#
+# There (device tool, carry [".devcarry/lead"]):
+#   bench/gpu_vary.sh NAME,CONFIG,CTX,KEY=VALUE:RESTORE[,KEY=VALUE:RESTORE...] ...
+# each argument runs `bench_cuda --config CONFIG --prefill CTX --decode 32
+# --ncu-decode --no-profile --vary ...` (three interleaved rounds of the
+# default and each variant, ms per step); the rounds are printed as they
+# come and the logs return as $OUT/vary.tar.xz, rewritten after each
+# argument, so a call cut short keeps what it measured.
+#   e.g. bench/gpu_vary.sh 35b,bench/configs/qwen3_5_35b_a3b.json,4096,fuse_attn_prep=1:0 \
+#        default,models/default/config.json,1024,pdl_min_kb=0:2048
+set -u
+cd "$(dirname "$0")/.."
+. bench/gpu_common.sh
+[ $# -gt 0 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
+out=${OUT:-/tmp/out}
+w=/tmp/gpu_vary
+rm -rf "$w" && mkdir -p "$out" "$w"
+gpu_unpack .devcarry/lead
+B=.devcarry/lead/bin
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$w/env.log" 2>&1
+s=("$(cat "$w/env.log")")
+for spec in "$@"; do
+    IFS=, read -r -a f <<< "$spec"
+    name=${f[0]} cfg=${f[1]} ctx=${f[2]}
+    va=()
+    for v in "${f[@]:3}"; do va+=(--vary "$v"); done
+    t0=$SECONDS
+    timeout 240 "$B/bench_cuda" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile "${va[@]}" \
+        > "$w/$name.log" 2>&1
+    s+=("$name (rc $?, $((SECONDS - t0)) s): $cfg at $ctx")
+    while read -r l; do s+=("  $l"); done < <(grep -E '^  round' "$w/$name.log" | sed -E 's/ +/ /g')
+    printf '%s\n' "${s[@]}" | tee "$w/summary.log" | tail -n +2 | sed -n "/^$name /,\$p"
+    (cd "$w" && tar cJf "$out/vary.tar.xz" ./*.log)
+done
