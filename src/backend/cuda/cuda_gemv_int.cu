@@ -962,15 +962,6 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
     }
 }
 
-/* the packed weight bytes of a launch over g's segments (for cu_launch_w) */
-int64_t gi_weight_bytes(const gi_seg &g, const cu_weight *w0)
-{
-    int64_t rows = 0;
-    for (int i = 0; i < g.n; i++)
-        rows += g.rows[i];
-    return rows * w0->words * 4;
-}
-
 template <int GS, int NT>
 sn_status gi_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, const cu_weight *w0, gi_x xd, int T,
                        int MB)
@@ -978,10 +969,10 @@ sn_status gi_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, co
     unsigned grid = (unsigned)g.b0[g.n];
     const size_t smem = gi_ring_bytes(MB, GS == 1 ? 2 : 1);
     if (MB == 2)
-        (void)cu_launch_w(gi_weight_bytes(g, w0), k_gemv_i8<GS, NT, 2>, dim3(grid), dim3(256), smem, s, g, w0->sfmt, (int64_t)w0->cols,
+        (void)cu_launch_w(cu_seg_weight_bytes(g, w0), k_gemv_i8<GS, NT, 2>, dim3(grid), dim3(256), smem, s, g, w0->sfmt, (int64_t)w0->cols,
                         (int64_t)w0->groups, xd, T);
     else
-        (void)cu_launch_w(gi_weight_bytes(g, w0), k_gemv_i8<GS, NT, 1>, dim3(grid), dim3(256), smem, s, g, w0->sfmt, (int64_t)w0->cols,
+        (void)cu_launch_w(cu_seg_weight_bytes(g, w0), k_gemv_i8<GS, NT, 1>, dim3(grid), dim3(256), smem, s, g, w0->sfmt, (int64_t)w0->cols,
                         (int64_t)w0->groups, xd, T);
     CU_CHECK_LAUNCH("matmul gemv i8");
     return SN_OK;
@@ -995,10 +986,10 @@ sn_status gk_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, co
     const size_t smem = gk_smem_bytes(NT == 1);
     const int64_t cols = (int64_t)w0->cols;
     if (w0->sfmt == CS_BF16)
-        (void)cu_launch_w(gi_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_BF16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
+        (void)cu_launch_w(cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_BF16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
                           di->gk_cnt);
     else
-        (void)cu_launch_w(gi_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_F16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
+        (void)cu_launch_w(cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_F16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
                           di->gk_cnt);
     CU_CHECK_LAUNCH("matmul gemv i8 stream-K");
     return SN_OK;

@@ -164,6 +164,18 @@ typedef struct cu_weight {
     struct cu_weight *next; /* the backend's list, freed on destroy */
 } cu_weight;
 
+/* The packed weight bytes a GEMV launch over the segments of g reads (its
+ * rows[0..n) at w0's words per row): cu_launch_w's wbytes for the SIMT
+ * (gemv_seg) and integer (gi_seg) GEMVs alike. */
+template <typename Seg>
+int64_t cu_seg_weight_bytes(const Seg &g, const cu_weight *w0)
+{
+    int64_t rows = 0;
+    for (int i = 0; i < g.n; i++)
+        rows += g.rows[i];
+    return rows * w0->words * 4;
+}
+
 /* a repacked copy of a plain matrix (expert stacks may carry one too, for
  * the MoE prefill GEMM only) */
 static inline bool cu_repacked_plain(const cu_weight *w) { return w->qr && w->n_experts == 1; }
