@@ -60,11 +60,7 @@ pack)
     ;;
 run)
     rounds=${2:-3}
-    out=${OUT:-/tmp/out}
-    w=/tmp/gpu_ab
-    rm -rf "$w" && mkdir -p "$out" "$w"
-    gpu_unpack "$L"
-    B=$L/bin
+    gpu_run_begin "$L" /tmp/gpu_ab
     cat "$L/commits" | tee "$w/commits.log"
     s=()
     for t in test_cuda_ops test_cuda_model test_cuda_moe test_cuda_gemm_i8; do

@@ -57,11 +57,7 @@ pack)
     ;;
 run)
     rounds=${2:-2}
-    out=${OUT:-/tmp/out}
-    w=/tmp/gpu_bisect
-    rm -rf "$w" && mkdir -p "$out" "$w"
-    gpu_unpack "$L"
-    B=$L/bin
+    gpu_run_begin "$L" /tmp/gpu_bisect
     mapfile -t names < "$L/commits"
     ctx=$(cat "$L/ctx")
     n=${#names[@]}

@@ -1,4 +1,4 @@
-# Sourced by bench/gpu_ab.sh, gpu_bisect.sh and gpu_record.sh: the pieces every
+# Sourced by bench/gpu_ab.sh, gpu_bisect.sh, gpu_record.sh and gpu_vary.sh: the pieces every
 # "pack here, run on the GPU box" script shares. The box builds nothing and
 # lacks a few shared libraries, so binaries travel as one xz tar (one
 # dictionary over all of them: each carries the same ~12 MB of device code)
@@ -25,6 +25,17 @@ gpu_pack_bins() {
 gpu_unpack() {
     export LD_LIBRARY_PATH="$PWD/$1/lib"
     tar xJf "$1/bin.tar.xz" -C "$1"
+}
+
+# On the box, a run's start: out ($OUT, default /tmp/out) for what comes
+# back, the work folder w ($2, emptied), and pack $1 unpacked, its
+# binaries in B (globals, for the run's script)
+gpu_run_begin() {
+    out=${OUT:-/tmp/out}
+    w=$2
+    rm -rf "$w" && mkdir -p "$out" "$w"
+    gpu_unpack "$1"
+    B=$1/bin
 }
 
 # a bench_cuda --ncu-decode log's ms per decode step (empty if it failed)

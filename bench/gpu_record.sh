@@ -34,11 +34,7 @@ pack)
     du -sh "$L"
     ;;
 run)
-    out=${OUT:-/tmp/out}
-    w=/tmp/gpu_record
-    rm -rf "$w" && mkdir -p "$out" "$w"
-    gpu_unpack "$L"
-    B=$L/bin
+    gpu_run_begin "$L" /tmp/gpu_record
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv > "$w/env.log" 2>&1
     s=()
     step() {

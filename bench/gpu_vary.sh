@@ -16,11 +16,7 @@ set -u
 cd "$(dirname "$0")/.."
 . bench/gpu_common.sh
 [ $# -gt 0 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
-out=${OUT:-/tmp/out}
-w=/tmp/gpu_vary
-rm -rf "$w" && mkdir -p "$out" "$w"
-gpu_unpack .devcarry/lead
-B=.devcarry/lead/bin
+gpu_run_begin .devcarry/lead /tmp/gpu_vary
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$w/env.log" 2>&1
 s=("$(cat "$w/env.log")")
 for spec in "$@"; do
