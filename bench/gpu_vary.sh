@@ -15,7 +15,15 @@
 set -u
 cd "$(dirname "$0")/.."
 . bench/gpu_common.sh
-[ $# -gt 0 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
+usage() { awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0" >&2; exit 2; }
+[ $# -gt 0 ] || usage
+for spec in "$@"; do # every argument checked before the pack is unpacked
+    IFS=, read -r -a f <<< "$spec"
+    [ ${#f[@]} -ge 4 ] && [ -n "${f[0]}" ] && [ -f "${f[1]}" ] && [[ ${f[2]} =~ ^[1-9][0-9]*$ ]] || {
+        echo "gpu_vary.sh: '$spec': want NAME,CONFIG,CTX,KEY=VALUE:RESTORE... (an existing config, CTX >= 1)" >&2
+        usage
+    }
+done
 gpu_run_begin .devcarry/lead /tmp/gpu_vary
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$w/env.log" 2>&1
 s=("$(cat "$w/env.log")")
