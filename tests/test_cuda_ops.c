@@ -1157,13 +1157,13 @@ static void test_graph_replay(void)
     CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
     graph_case(256, 1, 0);
     graph_case(256, 8, 0);
-    /* q/k norms before a partial RoPE, unfused and fused into one launch */
+    /* q/k norms before a partial RoPE, unfused and fused into one launch
+     * (fuse_attn_prep=1, the default, last) */
     for (int f = 0; f <= 1; f++) {
         CHECK_OK(sn_cuda_tune(G, "fuse_attn_prep", f));
         graph_case(256, 1, 1);
         graph_case(256, 5, 1);
     }
-    CHECK_OK(sn_cuda_tune(G, "fuse_attn_prep", 0));
     /* a gated norm before wo folded into its launch, an output gate into
      * the attention combine (fuse_gate, default), and each run as its own
      * kernel: both integer GEMV forms, 1 and several rows */
@@ -1179,15 +1179,16 @@ static void test_graph_replay(void)
         graph_case_g(256, 7, 1, 2);
     }
     CHECK_OK(sn_cuda_tune(G, "fuse_gate", 1));
-    /* every weight kernel with the PDL edge (by default only those reading
-     * 2 MB of weights or more, none of these): the same bits either way */
-    CHECK_OK(sn_cuda_tune(G, "pdl_min_kb", 0));
-    graph_case(2048, 1, 0);
-    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
-    graph_case(5120, 1, 0);
-    graph_case_g(5120, 1, 0, 1);
-    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
-    CHECK_OK(sn_cuda_tune(G, "pdl_min_kb", 2048));
+    /* a Q8 gate/up under 2 MB (384 x 256) goes without the PDL edge by
+     * default, with it at pdl_min_kb=0 (every Q4 kernel has it either way):
+     * the same bits both ways */
+    g_mlp_dt = SN_DT_Q8;
+    for (int kb = 0; kb <= 2048; kb += 2048) {
+        CHECK_OK(sn_cuda_tune(G, "pdl_min_kb", kb));
+        graph_case(256, 1, 0);
+        graph_case(256, 4, 0);
+    }
+    g_mlp_dt = SN_DT_Q4;
     CHECK(sn_cuda_tune(G, "pdl_min_kb", -1) == SN_E_INVALID);
 }
 

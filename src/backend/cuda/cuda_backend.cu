@@ -1585,9 +1585,11 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
          * one ends; by default (2) those that prefetch weights (cuda_internal.h) */
         const char *p = getenv("SANCTUM_CUDA_PDL");
         cu_pdl = p ? atoi(p) : 2;
-        /* and of those, the ones reading 2 MB of weights or more: s26r4, --vary, three rounds on an
+        /* and of those, all but 8-bit ones reading under 2 MB: s26r4, --vary, three rounds on an
          * H100, 35B-A3B 2.368-2.394 ms per step against 2.398-2.451 with every one (the one launch
-         * under 2 MB is its Q8 router), 27B 8.287-8.315 against 8.276-8.304 (results.log 06:08Z) */
+         * under 2 MB is its Q8 router), 27B 8.287-8.315 against 8.276-8.304 (results.log 06:08Z);
+         * s27r1: the default model (all 4-bit, all under 2 MB) 0.190 ms with every edge, 0.231 with
+         * none, so the threshold holds for 8-bit weights only */
         cu_pdl_min_bytes = (int64_t)2 << 20;
     }
     cb->di.n_sm = prop.multiProcessorCount;

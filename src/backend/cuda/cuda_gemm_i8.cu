@@ -531,7 +531,7 @@ sn_status i8_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, f
     if (nblk > INT32_MAX)
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul gemm i8: %lld blocks", (long long)nblk);
     auto kern = w->sfmt != CS_BF16 ? k_gemm_i8<D, GS, true, false> : k_gemm_i8<D, GS, false, false>;
-    (void)cu_launch_w(w->rows * w->words * 4, kern, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)i8cfg<D>::SMEM, s, (const uint4 *)w->qr, (const uint32_t *)w->sr,
+    (void)cu_launch_w(w->bits, w->rows * w->words * 4, kern, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)i8cfg<D>::SMEM, s, (const uint4 *)w->qr, (const uint32_t *)w->sr,
                     (const float *)w->bias, (int64_t)w->rows, (int64_t)w->mt, (int64_t)w->cols, (int64_t)w->groups,
                     (const int8_t *)planes, (const float4 *)gc, T, y, i8_seg{});
     CU_CHECK_LAUNCH("matmul gemm i8");

@@ -946,7 +946,7 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
         grid = (int64_t)di->n_sm * best_per;
     if (grid < 1)
         grid = 1;
-    (void)cu_launch_w(cu_seg_weight_bytes(g, w0), kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w, DP), s, g,
+    (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w, DP), s, g,
                       w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, x, T);
     CU_CHECK_LAUNCH("matmul gemv");
     return SN_OK;

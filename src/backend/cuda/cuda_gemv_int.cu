@@ -969,10 +969,10 @@ sn_status gi_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, co
     unsigned grid = (unsigned)g.b0[g.n];
     const size_t smem = gi_ring_bytes(MB, GS == 1 ? 2 : 1);
     if (MB == 2)
-        (void)cu_launch_w(cu_seg_weight_bytes(g, w0), k_gemv_i8<GS, NT, 2>, dim3(grid), dim3(256), smem, s, g, w0->sfmt, (int64_t)w0->cols,
+        (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_i8<GS, NT, 2>, dim3(grid), dim3(256), smem, s, g, w0->sfmt, (int64_t)w0->cols,
                         (int64_t)w0->groups, xd, T);
     else
-        (void)cu_launch_w(cu_seg_weight_bytes(g, w0), k_gemv_i8<GS, NT, 1>, dim3(grid), dim3(256), smem, s, g, w0->sfmt, (int64_t)w0->cols,
+        (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_i8<GS, NT, 1>, dim3(grid), dim3(256), smem, s, g, w0->sfmt, (int64_t)w0->cols,
                         (int64_t)w0->groups, xd, T);
     CU_CHECK_LAUNCH("matmul gemv i8");
     return SN_OK;
@@ -986,10 +986,10 @@ sn_status gk_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, co
     const size_t smem = gk_smem_bytes(NT == 1);
     const int64_t cols = (int64_t)w0->cols;
     if (w0->sfmt == CS_BF16)
-        (void)cu_launch_w(cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_BF16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
+        (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_BF16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
                           di->gk_cnt);
     else
-        (void)cu_launch_w(cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_F16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
+        (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_F16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
                           di->gk_cnt);
     CU_CHECK_LAUNCH("matmul gemv i8 stream-K");
     return SN_OK;

@@ -86,11 +86,12 @@ __device__ __forceinline__ void cu_ldsm_x4(uint32_t (&r)[4], uint32_t saddr)
 }
 
 extern int cu_pdl;
-/* With cu_pdl 2, a weight kernel reading fewer bytes of weights than this
- * goes without the edge (tune pdl_min_kb, default 2048; 0: every one takes
- * it). Measured, not explained: the 35B-A3B's Q8 router (0.5 MB) ran 2-3 %
- * of a step faster without its edge, the large GEMVs need theirs (run 36).
- * Small models (every GEMV under 2 MB) have not been measured both ways. */
+/* With cu_pdl 2, an 8-bit weight kernel (a MoE router, a shared-expert
+ * gate) reading fewer bytes of weights than this goes without the edge
+ * (tune pdl_min_kb, default 2048; 0: every one takes it). Measured, not
+ * explained: the 35B-A3B's Q8 router (0.5 MB) ran 2-3 % of a step faster
+ * without its edge (run 36), while the default model, whose 4-bit GEMVs
+ * are all under 2 MB, ran 18 % faster with every edge (run 37). */
 extern int64_t cu_pdl_min_bytes;
 /* Set after a memcpy/memset is queued: the next cu_launch then goes
  * without the attribute (a programmatic edge is a kernel-to-kernel thing). */
@@ -122,13 +123,14 @@ cudaError_t cu_launch(void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, c
     return cu_launch_pdl(cu_pdl == 1, kern, grid, block, smem, s, static_cast<A &&>(args)...);
 }
 
-/* A kernel that streams wbytes of weights into its pipeline before
- * pdl_wait: the edge when cu_pdl is 1, or 2 and wbytes >= cu_pdl_min_bytes. */
+/* A kernel that streams wbytes of weights of bits bits into its pipeline
+ * before pdl_wait: the edge when cu_pdl is 1, or 2 unless an 8-bit weight
+ * reads fewer than cu_pdl_min_bytes. */
 template <typename... KP, typename... A>
-cudaError_t cu_launch_w(int64_t wbytes, void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                        A &&...args)
+cudaError_t cu_launch_w(int bits, int64_t wbytes, void (*kern)(KP...), dim3 grid, dim3 block, size_t smem,
+                        cudaStream_t s, A &&...args)
 {
-    const bool edge = cu_pdl == 1 || (cu_pdl == 2 && wbytes >= cu_pdl_min_bytes);
+    const bool edge = cu_pdl == 1 || (cu_pdl == 2 && (bits != 8 || wbytes >= cu_pdl_min_bytes));
     return cu_launch_pdl(edge, kern, grid, block, smem, s, static_cast<A &&>(args)...);
 }
 

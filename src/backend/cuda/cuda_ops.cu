@@ -1576,9 +1576,10 @@ sn_status cu_kv_write(cudaStream_t s, const sn_kv_view *kv, const float *k, cons
     return SN_OK;
 }
 
-/* off by default: written in run 18, tested for the unfused bits (test_cuda_ops' graph replay), not yet
- * measured on the H200 */
-int cu_fuse_attn_prep = 0;
+/* on by default: written in run 18, first truly timed in run 37 (H100, three rounds, ms per step):
+ * 35B-A3B 2.311-2.337 against 2.324-2.381, 27B 8.147-8.160 against 8.217-8.223, the default model
+ * 0.223 against 0.231-0.233 (results.log s27r1) */
+int cu_fuse_attn_prep = 1;
 
 sn_status cu_attn_prep(cudaStream_t s, const cu_attn_prep_args *a, const int *d_delta)
 {
