@@ -155,7 +155,7 @@ static void test_matmul_q4_gemv_i8(void)
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
 }
 
-static void test_matmul_q8(void)
+static void q8_cases(void)
 {
     int Ts[] = { 1, 2, 5, 8, 33 };
     for (size_t i = 0; i < sizeof Ts / sizeof *Ts; i++) {
@@ -168,7 +168,22 @@ static void test_matmul_q8(void)
         mm_case(SN_DT_Q8, 5, 1024, 32, SN_DT_F16, Ts[i], 0, 0);
         mm_case(SN_DT_Q8, 300, 1536, 128, SN_DT_F32, Ts[i], 0, 1);
         if (Ts[i] <= 8) mm_case(SN_DT_Q8, 9000, 2048, 64, SN_DT_BF16, Ts[i], 0, 0);
+        /* just under and at gemv_q8s_rows' default; 8192 columns: a thread two chunks */
+        mm_case(SN_DT_Q8, 1023, 512, 64, SN_DT_BF16, Ts[i], 0, 1);
+        mm_case(SN_DT_Q8, 1024, 512, 64, SN_DT_BF16, Ts[i], 0, 0);
+        mm_case(SN_DT_Q8, 20, 8192, 64, SN_DT_BF16, Ts[i], 0, 0);
     }
+}
+
+static void test_matmul_q8(void)
+{
+    /* every launch through k_gemv (gemv_q8s_rows=0, the default for now), then the matrices
+     * under 1024 rows through k_gemv_q8s */
+    q8_cases();
+    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
+    q8_cases();
+    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 0));
+    CHECK(sn_cuda_tune(G, "gemv_q8s_rows", -1) == SN_E_INVALID);
 }
 
 /* The decode GEMV handles up to 8 tokens in one pass over the weights: a
@@ -206,6 +221,12 @@ static void test_gemv_batch_invariant(void)
     gemv_invariance_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q8, 5, 1024, 32, SN_DT_F16, 0);
     gemv_invariance_case(SN_DT_Q8, 9000, 1536, 128, SN_DT_F32, 1);
+    /* the small 8-bit matrices through k_gemv_q8s too */
+    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
+    gemv_invariance_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, 1);
+    gemv_invariance_case(SN_DT_Q8, 5, 1024, 32, SN_DT_F16, 0);
+    gemv_invariance_case(SN_DT_Q8, 20, 8192, 64, SN_DT_BF16, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 0));
     gemv_invariance_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, 1);
@@ -1060,7 +1081,8 @@ static void mini_step(mini *m, int32_t tok, int pos)
     CHECK_OK(b->ops->argmax(b, m->h, R, m->H, m->outs));
 }
 
-static sn_dtype g_mlp_dt = SN_DT_Q4; /* gate/up's format in graph_case_g */
+static sn_dtype g_mlp_dt = SN_DT_Q4;  /* gate/up's format in graph_case_g */
+static sn_dtype g_rest_dt = SN_DT_Q4; /* q, k, v, o and down's */
 
 /* H = 256 and 5120: the fused norm replays k_rmsnorm's sum with 128 and
  * 512 threads (fewer and more virtual warps than the GEMV block has).
@@ -1070,13 +1092,13 @@ static void graph_case_g(int H, int R, int qkn, int gnorm)
 {
     mini m = { .H = H, .Hq = 4, .Hkv = 2, .D = 64, .ctx = 128, .I = H + 128, .R = R, .qkn = qkn, .gnorm = gnorm };
     tw_make(&m.emb, SN_DT_Q4, 256, m.H, 64, SN_DT_BF16, 0, 0);
-    tw_make(&m.wq, SN_DT_Q4, m.Hq * m.D, m.H, 64, SN_DT_BF16, 0, 0);
-    tw_make(&m.wk, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
-    tw_make(&m.wv, SN_DT_Q4, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
-    tw_make(&m.wo, SN_DT_Q4, m.H, m.Hq * m.D, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wq, g_rest_dt, m.Hq * m.D, m.H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wk, g_rest_dt, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wv, g_rest_dt, m.Hkv * m.D, m.H, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wo, g_rest_dt, m.H, m.Hq * m.D, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wg, g_mlp_dt, m.I, m.H, 64, SN_DT_BF16, 0, 0);
     tw_make(&m.wu, g_mlp_dt, m.I, m.H, 64, SN_DT_BF16, 0, 0);
-    tw_make(&m.wd, SN_DT_Q4, m.H, m.I, 64, SN_DT_BF16, 0, 0);
+    tw_make(&m.wd, g_rest_dt, m.H, m.I, 64, SN_DT_BF16, 0, 0);
     float *nw = hrand((size_t)m.H, 1.f), inv[32];
     for (int i = 0; i < 32; i++) inv[i] = powf(10000.f, -2.f * i / 32);
     m.norm_w = dcopy(nw, m.H);
@@ -1188,6 +1210,16 @@ static void test_graph_replay(void)
         graph_case(256, 1, 0);
         graph_case(256, 4, 0);
     }
+    /* every matrix 8-bit, the small ones through k_gemv_q8s: q/k/v grouped
+     * with the norm folded, o and down with the residual add folded (at
+     * H = 256 all are small; at 2048 gate/up and o are not) */
+    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
+    g_rest_dt = SN_DT_Q8;
+    graph_case(256, 1, 0);
+    graph_case(256, 5, 1);
+    graph_case(2048, 1, 0);
+    g_rest_dt = SN_DT_Q4;
+    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 0));
     g_mlp_dt = SN_DT_Q4;
     CHECK(sn_cuda_tune(G, "pdl_min_kb", -1) == SN_E_INVALID);
 }

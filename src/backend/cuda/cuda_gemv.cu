@@ -973,6 +973,223 @@ int gv_first_tt(const cu_devinfo *di, const cu_weight *w0, int T, int rpw, bool 
     return tt;
 }
 
+/* The small-matrix GEMV for 8-bit weights (cu_gv_small): a MoE router
+ * with its shared-expert gate logit is 257 rows of 2048 columns, which
+ * k_gemv ran as 17 blocks whose warps each issued 1728 instructions in
+ * one chain (7.2 us for 0.5 MB, s27r5). Here the CT threads of a row
+ * split its 16-value chunks (P = 256 / CT rows at once, GS_SR rows a
+ * thread), the weights are loaded before x, x comes from global memory
+ * and is normalised in registers, and a row's sum is a fixed tree (lanes,
+ * then the row's warps in order): per (row, token) the same order for any
+ * T, so a verify pass gives a decode step's bits. q is exact as a float
+ * (not k_gemv's 1 + q/256): the two kernels agree to rounding only, so a
+ * matrix takes one of them by its own shape, alone or grouped. */
+constexpr int GS_THREADS = 256, GS_SR = 2;
+
+/* 16 consecutive floats (two ld8) */
+__device__ __forceinline__ void ld16(const float *p, bool al, float (&v)[16])
+{
+    float a[8], b[8];
+    ld8(p, al, a);
+    ld8(p + 8, al, b);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        v[k] = a[k];
+        v[8 + k] = b[k];
+    }
+}
+
+template <int TT>
+__global__ void __launch_bounds__(GS_THREADS) k_gemv_q8s(gemv_seg g, int sf, int64_t cols, int64_t words,
+                                                         int64_t groups, int group, int ct, const float *__restrict__ x,
+                                                         int T)
+{
+    pdl_launch();
+    __shared__ float inv[TT];
+    __shared__ float part[GS_THREADS / 32][GS_SR][TT];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int p = GS_THREADS / ct, sub = tid / ct, ci = tid % ct;
+    const int nch = (int)(cols / 16);
+    const bool f32s = sf == CS_F32;
+    /* 16-byte accesses where the rows allow them (cols % 16 == 0: every row alike) */
+    const bool xal = ((uintptr_t)x & 15) == 0, nal = ((uintptr_t)g.nw & 15) == 0, oal = ((uintptr_t)g.xn & 15) == 0;
+    int64_t tot = 0;
+    for (int i = 0; i < g.n; i++)
+        tot += g.rows[i];
+    /* this thread's rows: segment, row within it, weights and (scale, bias) rows */
+    int seg[GS_SR];
+    int64_t rr[GS_SR];
+    const uint4 *wr[GS_SR];
+    const char *sr[GS_SR];
+#pragma unroll
+    for (int k = 0; k < GS_SR; k++) {
+        const int64_t r = ((int64_t)blockIdx.x * GS_SR + k) * p + sub;
+        int i = 0;
+        int64_t base = 0;
+        while (i < g.n - 1 && r >= base + g.rows[i])
+            base += g.rows[i++];
+        seg[k] = r < tot ? i : -1;
+        rr[k] = r - base;
+        const int64_t rc = r < tot ? rr[k] : 0; /* a row past the end reads row 0 of its segment, never stored */
+        wr[k] = (const uint4 *)(g.W[i] + rc * words);
+        sr[k] = (const char *)g.sb[i] + (size_t)(rc * groups) * (f32s ? 8 : 4);
+    }
+    auto load_w = [&](int c, uint4 (&w)[GS_SR], float2 (&sb)[GS_SR]) {
+        const int64_t gi = (int64_t)c * 16 / group;
+#pragma unroll
+        for (int k = 0; k < GS_SR; k++) {
+            w[k] = __ldcs(wr[k] + c);
+            const uint2 e = f32s ? *(const uint2 *)(sr[k] + gi * 8) : make_uint2(*(const uint32_t *)(sr[k] + gi * 4), 0u);
+            sb[k] = sb_pair(e, sf);
+        }
+    };
+    uint4 w[GS_SR];
+    float2 sb[GS_SR];
+    if (ci < nch)
+        load_w(ci, w, sb); /* weights need no wait: in flight through the norm */
+    pdl_wait();
+    /* one token: its first chunk of x and of the norm's weights in flight
+     * through the norm's loads and barriers too (each was one more L2
+     * round trip after them) */
+    float xpre[16], nwpre[16];
+    if (TT == 1 && ci < nch) {
+        ld16(x + (size_t)ci * 16, xal, xpre);
+        if (g.nw)
+            ld16(g.nw + (size_t)ci * 16, nal, nwpre);
+    }
+    if (g.nw)
+        gv_norm_inv<TT>(x, T, cols, g, inv, [] {});
+    /* block 0's first row of threads covers every chunk: it writes x_n */
+    const bool wxn = g.xn && g.nw && blockIdx.x == 0 && sub == 0;
+    float acc[GS_SR][TT];
+#pragma unroll
+    for (int k = 0; k < GS_SR; k++)
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            acc[k][t] = 0.f;
+    for (int c = ci; c < nch; c += ct) {
+        const bool pre = TT == 1 && c == ci;
+        if (!pre)
+            load_w(c, w, sb);
+        float nw[16];
+        if (g.nw) {
+            if (pre) {
+#pragma unroll
+                for (int v = 0; v < 16; v++)
+                    nw[v] = nwpre[v];
+            } else {
+                ld16(g.nw + (size_t)c * 16, nal, nw);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            if (TT > 1 && t >= T)
+                break;
+            float xv[16];
+            if (pre) {
+#pragma unroll
+                for (int v = 0; v < 16; v++)
+                    xv[v] = xpre[v];
+            } else {
+                ld16(x + (size_t)t * cols + (size_t)c * 16, xal, xv);
+            }
+            if (g.nw) {
+                const float iv = inv[t];
+#pragma unroll
+                for (int v = 0; v < 16; v++)
+                    xv[v] = xv[v] * iv * nw[v]; /* k_rmsnorm's order */
+                if (wxn) {
+                    float *o = g.xn + (size_t)t * cols + (size_t)c * 16;
+#pragma unroll
+                    for (int f = 0; f < 4; f++)
+                        if (oal)
+                            ((float4 *)o)[f] = make_float4(xv[4 * f], xv[4 * f + 1], xv[4 * f + 2], xv[4 * f + 3]);
+                        else
+                            o[4 * f] = xv[4 * f], o[4 * f + 1] = xv[4 * f + 1], o[4 * f + 2] = xv[4 * f + 2],
+                            o[4 * f + 3] = xv[4 * f + 3];
+                }
+            }
+            float xs = 0.f;
+#pragma unroll
+            for (int v = 0; v < 16; v++)
+                xs += xv[v];
+#pragma unroll
+            for (int k = 0; k < GS_SR; k++) {
+                const uint32_t ws[4] = { w[k].x, w[k].y, w[k].z, w[k].w };
+                float d = 0.f;
+#pragma unroll
+                for (int v = 0; v < 16; v++)
+                    d = fmaf((float)((ws[v >> 2] >> (8 * (v & 3))) & 0xffu), xv[v], d);
+                acc[k][t] = fmaf(sb[k].x, d, fmaf(sb[k].y, xs, acc[k][t]));
+            }
+        }
+    }
+    /* a row's CT threads are whole warps: lanes by xor, then its warps in order */
+#pragma unroll
+    for (int k = 0; k < GS_SR; k++)
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            float v = acc[k][t];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0)
+                part[warp][k][t] = v;
+        }
+    __syncthreads();
+    const int wpr = ct / 32;
+    if (ci < GS_SR * TT) {
+        const int k = ci / TT, t = ci % TT;
+        static_assert(GS_SR == 2, "the row picks below");
+        const int i = k ? seg[1] : seg[0]; /* selects: a runtime index would put the arrays in local memory */
+        const int64_t row = k ? rr[1] : rr[0];
+        if (t < T && i >= 0) {
+            float v = 0.f;
+            for (int q = 0; q < wpr; q++)
+                v += part[sub * wpr + q][k][t];
+            if (g.bias[i])
+                v += g.bias[i][row];
+            const size_t o = (size_t)t * g.rows[i] + row;
+            g.y[i][o] = v;
+            if (g.add_to[i])
+                g.add_to[i][o] = g.add_to[i][o] + v; /* the residual add's order, as k_gemv's epilogue */
+        }
+    }
+}
+
+sn_status gs_run(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x, int T)
+{
+    const int nch = (int)(w0->cols / 16);
+    int ct = 32;
+    while (ct < nch && ct < GS_THREADS)
+        ct *= 2;
+    int64_t tot = 0;
+    for (int i = 0; i < g.n; i++)
+        tot += g.rows[i];
+    const int64_t per = (int64_t)(GS_THREADS / ct) * GS_SR;
+    const unsigned grid = (unsigned)((tot + per - 1) / per);
+    for (int t0 = 0; t0 < T; t0 += GV_TMAX) {
+        const int nt = T - t0 < GV_TMAX ? T - t0 : GV_TMAX;
+        gemv_seg p = g;
+        for (int i = 0; i < g.n; i++) {
+            p.y[i] = g.y[i] + (size_t)t0 * g.rows[i];
+            if (g.add_to[i])
+                p.add_to[i] = g.add_to[i] + (size_t)t0 * g.rows[i];
+        }
+        if (g.xn)
+            p.xn = g.xn + (size_t)t0 * w0->cols;
+        const float *xp = x + (size_t)t0 * w0->cols;
+        if (nt == 1)
+            (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_q8s<1>, dim3(grid), dim3(GS_THREADS), 0, s, p,
+                              w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, ct, xp, nt);
+        else
+            (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_q8s<GV_TMAX>, dim3(grid), dim3(GS_THREADS), 0,
+                              s, p, w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, ct,
+                              xp, nt);
+        CU_CHECK_LAUNCH("matmul gemv q8 small");
+    }
+    return SN_OK;
+}
 } // namespace
 
 /* the dp4a form for Q4 in MLX's groups (its staging needs whole groups of
@@ -982,6 +1199,14 @@ static bool gv_dp(const cu_devinfo *di, const cu_weight *w0)
 {
     return di->gemv_dp && w0->fmt == CW_Q4 && (w0->group == 32 || w0->group == 64 || w0->group == 128);
 }
+
+static bool gs_shape(const cu_devinfo *di, const cu_weight *w, int64_t rows)
+{
+    return w->fmt == CW_Q8 && rows < di->gemv_q8s_rows && w->cols % 16 == 0 && w->group % 16 == 0 &&
+           w->cols <= INT32_MAX;
+}
+
+bool cu_gv_small(const cu_devinfo *di, const cu_weight *w) { return gs_shape(di, w, w->rows); }
 
 bool cu_gv_folds_conv(const cu_devinfo *di, const cu_weight *w0, int T)
 {
@@ -996,6 +1221,18 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
     int64_t tot = 0;
     for (int i = 0; i < g.n; i++)
         tot += g.rows[i];
+    /* a group's matrices take the kernel each takes alone (the graph fuser and
+     * cu_matmul_group check cu_gv_small per matrix) */
+    const bool small = gs_shape(di, w0, g.rows[0]);
+    for (int i = 1; i < g.n; i++)
+        if (gs_shape(di, w0, g.rows[i]) != small)
+            return SN_FAIL(SN_E_INVALID, "matmul group: matrix %d (%lld rows) is not the GEMV kind of matrix 0", i,
+                           (long long)g.rows[i]);
+    if (small) {
+        if (g.cv.w || (g.nw && g.norm_threads > 1024))
+            return SN_FAIL(SN_E_INVALID, "matmul: a fold the small 8-bit GEMV has no form for");
+        return gs_run(di, s, g, w0, x, T);
+    }
     if ((uint64_t)w0->cols * (uint64_t)w0->group >= (1ull << 32)) /* k_gemv's quant-group multiply-high */
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns in groups of %d exceed the GEMV's index range",
                        (long long)w0->cols, w0->group);

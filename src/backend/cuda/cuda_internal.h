@@ -194,6 +194,7 @@ typedef struct {
     int attn_splits;      /* KV splits of the decode attention: 64 (default) or 128 */
     int attn_warps;       /* warps per block of the GQA decode attention: 0 = by shape (default), 4 or 8 */
     int gemv_rpw1_rows;   /* by shape, T <= 2: a GEMV launch of fewer rows takes one row per warp */
+    int gemv_q8s_rows;    /* an 8-bit GEMV launch of fewer rows takes k_gemv_q8s (0 = never) */
     void *blas;           /* cuBLAS context (cuda_blas.cu) or NULL when not loaded */
     int blas_min_t;       /* quantized GEMMs of at least this many tokens use cuBLAS; 0 = never */
     int gemm_fast;        /* 1: single fp16 pass (11-bit operands); 0: split fp16x3, fp32-class (default) */
@@ -317,6 +318,10 @@ bool cu_matmul_groupable(const cu_weight *a, const cu_weight *b);
 /* Whether cu_matmul of T rows of x through expert e of w takes the integer
  * tensor-core GEMV (else the fp32 GEMV, or the GEMM from GEMM_MIN_T rows). */
 bool cu_matmul_int_path(const cu_devinfo *di, const cu_weight *w, int64_t e, const float *x, int T);
+/* Whether the SIMT GEMV runs w as a small 8-bit matrix (k_gemv_q8s, tune
+ * gemv_q8s_rows), by its shape alone: matrices grouped into one launch
+ * must agree on it, as on cu_matmul_int_path. */
+bool cu_gv_small(const cu_devinfo *di, const cu_weight *w);
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
                           float *const *y, float *const *add_to, const float *x, int T, const cu_gemv_norm *norm,
                           const cu_gemv_conv *conv, void *scratch); /* scratch: cu_matmul_scratch_bytes(w[0], T) */

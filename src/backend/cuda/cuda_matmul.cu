@@ -1303,7 +1303,8 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
     const float *in = norm && norm->xn ? norm->xn : x;
     const bool i8 = cu_matmul_int_path(di, w[0], e[0], in, T);
     for (int i = 1; i < n; i++)
-        if (cu_matmul_int_path(di, w[i], e[i], in, T) != i8 || !cu_matmul_groupable(w[0], w[i]))
+        if (cu_matmul_int_path(di, w[i], e[i], in, T) != i8 || !cu_matmul_groupable(w[0], w[i]) ||
+            cu_gv_small(di, w[i]) != cu_gv_small(di, w[0]))
             return SN_FAIL(SN_E_INVALID, "matmul group: weight %d takes another kernel than weight 0", i);
     const size_t cols = (size_t)w[0]->cols;
     if (norm) {

@@ -108,6 +108,7 @@ const tune_key tune_keys[] = {
     { "moe_gemm", TUNE_DI(moe_gemm), true, false, 0, {}, 0, 0, "" },
     { "gemv_i8", TUNE_DI(gemv_i8), true, true, 0, {}, 0, 0, "" },
     { "gemv_rpw1_rows", TUNE_DI(gemv_rpw1_rows), false, true, 0, {}, 0, INT_MAX, ">= 0; 0 = never" },
+    { "gemv_q8s_rows", TUNE_DI(gemv_q8s_rows), false, true, 0, {}, 0, INT_MAX, ">= 0; 0 = never" },
     { "attn_warps", TUNE_DI(attn_warps), false, true, 3, { 0, 4, 8 }, 0, 0, "0 = by shape, 4 or 8" },
     { "attn_splits", TUNE_DI(attn_splits), false, true, 2, { 64, 128 }, 0, 0, "64 or 128" },
     { "gemv_dp", TUNE_DI(gemv_dp), true, true, 0, {}, 0, 0, "" },
