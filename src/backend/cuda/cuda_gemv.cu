@@ -12,7 +12,9 @@
  * (0x3F00qq00 = 0.5 + q/256, see q4v), Q8 bytes two at a time through a
  * half2 (1 + q/256, see qpair); the fp32 dot product of v and x minus the
  * chunk sum gives sum(q*x) with ~20 good bits, and the affine bias costs
- * one FMA per chunk and row. cuda_matmul.cu's dispatch calls cu_gv_run when
+ * one FMA per chunk and row. Small 8-bit matrices (a MoE router) can take
+ * k_gemv_q8s instead, where a row's chunks are split over many threads
+ * (gemv_q8s_rows). cuda_matmul.cu's dispatch calls cu_gv_run when
  * the tensor-core GEMV does not take a weight (cu_gi_size_ok, cu_gi_ok). */
 #include <string.h>
 
