@@ -168,7 +168,7 @@ static void q8_cases(void)
         mm_case(SN_DT_Q8, 5, 1024, 32, SN_DT_F16, Ts[i], 0, 0);
         mm_case(SN_DT_Q8, 300, 1536, 128, SN_DT_F32, Ts[i], 0, 1);
         if (Ts[i] <= 8) mm_case(SN_DT_Q8, 9000, 2048, 64, SN_DT_BF16, Ts[i], 0, 0);
-        /* just under and at gemv_q8s_rows' default; 8192 columns: a thread two chunks */
+        /* just under and at gemv_q8s_rows=1024; 8192 columns: a thread two chunks */
         mm_case(SN_DT_Q8, 1023, 512, 64, SN_DT_BF16, Ts[i], 0, 1);
         mm_case(SN_DT_Q8, 1024, 512, 64, SN_DT_BF16, Ts[i], 0, 0);
         mm_case(SN_DT_Q8, 20, 8192, 64, SN_DT_BF16, Ts[i], 0, 0);
@@ -1212,7 +1212,7 @@ static void test_graph_replay(void)
     }
     /* every matrix 8-bit, the small ones through k_gemv_q8s: q/k/v grouped
      * with the norm folded, o and down with the residual add folded (at
-     * H = 256 all are small; at 2048 gate/up and o are not) */
+     * H = 256 all are small; at 2048 only q/k/v are) */
     CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
     g_rest_dt = SN_DT_Q8;
     graph_case(256, 1, 0);

@@ -1001,10 +1001,12 @@ __device__ __forceinline__ void ld16(const float *p, bool al, float (&v)[16])
     }
 }
 
+/* TT = 1 at two blocks an SM (126 registers, the form timed in s27r7); the
+ * 8-token form at one, which keeps its registers unspilled */
 template <int TT>
-__global__ void __launch_bounds__(GS_THREADS) k_gemv_q8s(gemv_seg g, int sf, int64_t cols, int64_t words,
-                                                         int64_t groups, int group, int ct, const float *__restrict__ x,
-                                                         int T)
+__global__ void __launch_bounds__(GS_THREADS, TT == 1 ? 2 : 1)
+    k_gemv_q8s(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, int ct,
+               const float *__restrict__ x, int T)
 {
     pdl_launch();
     __shared__ float inv[TT];
@@ -1070,9 +1072,9 @@ __global__ void __launch_bounds__(GS_THREADS) k_gemv_q8s(gemv_seg g, int sf, int
         for (int t = 0; t < TT; t++)
             acc[k][t] = 0.f;
     for (int c = ci; c < nch; c += ct) {
-        const bool pre = TT == 1 && c == ci;
-        if (!pre)
-            load_w(c, w, sb);
+        const bool pre = TT == 1 && c == ci; /* x and nw of this chunk in registers already */
+        if (c != ci)
+            load_w(c, w, sb); /* the first chunk's weights came before pdl_wait */
         float nw[16];
         if (g.nw) {
             if (pre) {
@@ -1099,7 +1101,8 @@ __global__ void __launch_bounds__(GS_THREADS) k_gemv_q8s(gemv_seg g, int sf, int
                 const float iv = inv[t];
 #pragma unroll
                 for (int v = 0; v < 16; v++)
-                    xv[v] = xv[v] * iv * nw[v]; /* k_rmsnorm's order */
+                    xv[v] = __fmul_rn(__fmul_rn(xv[v], iv), nw[v]); /* k_rmsnorm's x * inv * w; _rn: never
+                                                                       contracted into the sums below */
                 if (wxn) {
                     float *o = g.xn + (size_t)t * cols + (size_t)c * 16;
 #pragma unroll
@@ -1204,7 +1207,7 @@ static bool gv_dp(const cu_devinfo *di, const cu_weight *w0)
 
 static bool gs_shape(const cu_devinfo *di, const cu_weight *w, int64_t rows)
 {
-    return w->fmt == CW_Q8 && rows < di->gemv_q8s_rows && w->cols % 16 == 0 && w->group % 16 == 0 &&
+    return w->fmt == CW_Q8 && rows < di->gemv_q8s_rows && w->cols % 16 == 0 && w->group > 0 && w->group % 16 == 0 &&
            w->cols <= INT32_MAX;
 }
 

@@ -194,7 +194,7 @@ typedef struct {
     int attn_splits;      /* KV splits of the decode attention: 64 (default) or 128 */
     int attn_warps;       /* warps per block of the GQA decode attention: 0 = by shape (default), 4 or 8 */
     int gemv_rpw1_rows;   /* by shape, T <= 2: a GEMV launch of fewer rows takes one row per warp */
-    int gemv_q8s_rows;    /* an 8-bit GEMV launch of fewer rows takes k_gemv_q8s (0 = never) */
+    int gemv_q8s_rows;    /* an 8-bit matrix of fewer rows takes k_gemv_q8s, alone or grouped (0 = never) */
     void *blas;           /* cuBLAS context (cuda_blas.cu) or NULL when not loaded */
     int blas_min_t;       /* quantized GEMMs of at least this many tokens use cuBLAS; 0 = never */
     int gemm_fast;        /* 1: single fp16 pass (11-bit operands); 0: split fp16x3, fp32-class (default) */
