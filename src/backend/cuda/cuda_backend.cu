@@ -370,10 +370,8 @@ int try_fuse(cuda_be *cb, int k, sn_status *st)
         const cu_weight *w = cw_of(r.p[0]);
         float *y = (float *)r.p[2];
         /* a matrix grouped must get the kernel it gets alone (its bits) */
-        bool clash = !cu_matmul_groupable(w0, w) || y == x || y == raw || y == raw2 ||
-                     cu_gv_small(&cb->di, w) != cu_gv_small(&cb->di, w0) ||
-                     cu_matmul_int_path(&cb->di, w, r.i[0], (const float *)x, (int)T) !=
-                         cu_matmul_int_path(&cb->di, w0, r0.i[0], (const float *)x, (int)T);
+        bool clash = !cu_matmul_same_kernel(&cb->di, w0, r0.i[0], w, r.i[0], (const float *)x, (int)T) || y == x ||
+                     y == raw || y == raw2;
         for (int i = 0; i < n; i++)
             clash = clash || ys[i] == y;
         if (clash)

@@ -1162,6 +1162,21 @@ __global__ void __launch_bounds__(GS_THREADS, TT == 1 ? 2 : 1)
     }
 }
 
+/* g for a pass starting at token t0: its outputs (y, add_to, x_n) moved
+ * to that token's rows */
+gemv_seg gv_seg_from(const gemv_seg &g, int t0, int64_t cols)
+{
+    gemv_seg p = g;
+    for (int i = 0; i < g.n; i++) {
+        p.y[i] = g.y[i] + (size_t)t0 * g.rows[i];
+        if (g.add_to[i])
+            p.add_to[i] = g.add_to[i] + (size_t)t0 * g.rows[i];
+    }
+    if (g.xn)
+        p.xn = g.xn + (size_t)t0 * cols;
+    return p;
+}
+
 sn_status gs_run(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x, int T)
 {
     const int nch = (int)(w0->cols / 16);
@@ -1175,22 +1190,11 @@ sn_status gs_run(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const 
     const unsigned grid = (unsigned)((tot + per - 1) / per);
     for (int t0 = 0; t0 < T; t0 += GV_TMAX) {
         const int nt = T - t0 < GV_TMAX ? T - t0 : GV_TMAX;
-        gemv_seg p = g;
-        for (int i = 0; i < g.n; i++) {
-            p.y[i] = g.y[i] + (size_t)t0 * g.rows[i];
-            if (g.add_to[i])
-                p.add_to[i] = g.add_to[i] + (size_t)t0 * g.rows[i];
-        }
-        if (g.xn)
-            p.xn = g.xn + (size_t)t0 * w0->cols;
+        const gemv_seg p = gv_seg_from(g, t0, w0->cols);
         const float *xp = x + (size_t)t0 * w0->cols;
-        if (nt == 1)
-            (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_q8s<1>, dim3(grid), dim3(GS_THREADS), 0, s, p,
-                              w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, ct, xp, nt);
-        else
-            (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_q8s<GV_TMAX>, dim3(grid), dim3(GS_THREADS), 0,
-                              s, p, w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, ct,
-                              xp, nt);
+        auto kern = nt == 1 ? k_gemv_q8s<1> : k_gemv_q8s<GV_TMAX>;
+        (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), kern, dim3(grid), dim3(GS_THREADS), 0, s, p, w0->sfmt,
+                          (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, ct, xp, nt);
         CU_CHECK_LAUNCH("matmul gemv q8 small");
     }
     return SN_OK;
@@ -1269,14 +1273,7 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
             return SN_FAIL(SN_E_UNSUPPORTED, "matmul: %lld columns exceed the GEMV's shared memory",
                            (long long)w0->cols);
         int nt = left < tt ? left : tt;
-        gemv_seg p = g;
-        for (int i = 0; i < g.n; i++) {
-            p.y[i] = g.y[i] + (size_t)t0 * g.rows[i];
-            if (g.add_to[i])
-                p.add_to[i] = g.add_to[i] + (size_t)t0 * g.rows[i];
-        }
-        if (g.xn)
-            p.xn = g.xn + (size_t)t0 * w0->cols;
+        const gemv_seg p = gv_seg_from(g, t0, w0->cols);
         const float *xp = x + (size_t)t0 * w0->cols;
         sn_status st;
         if (g.cv.w) /* a GDN conv folded (cu_gv_folds_conv: dp, one pass) */

@@ -322,6 +322,11 @@ bool cu_matmul_int_path(const cu_devinfo *di, const cu_weight *w, int64_t e, con
  * gemv_q8s_rows), by its shape alone: matrices grouped into one launch
  * must agree on it, as on cu_matmul_int_path. */
 bool cu_gv_small(const cu_devinfo *di, const cu_weight *w);
+/* Whether b (expert eb) may share a grouped launch with a (expert ea) on T
+ * rows of x: groupable, and the same kernel for each alone (its bits) -
+ * the one test of the capture's fuser and of cu_matmul_group. */
+bool cu_matmul_same_kernel(const cu_devinfo *di, const cu_weight *a, int64_t ea, const cu_weight *b, int64_t eb,
+                           const float *x, int T);
 sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_weight *const *w, const int64_t *e,
                           float *const *y, float *const *add_to, const float *x, int T, const cu_gemv_norm *norm,
                           const cu_gemv_conv *conv, void *scratch); /* scratch: cu_matmul_scratch_bytes(w[0], T) */

@@ -1272,6 +1272,13 @@ bool cu_matmul_int_path(const cu_devinfo *di, const cu_weight *w, int64_t e, con
     return T < GEMM_MIN_T && e == 0 && cu_gi_ok(di, w, x, T) && cu_gi_size_ok(di, w->rows * w->cols / 2, w->cols);
 }
 
+bool cu_matmul_same_kernel(const cu_devinfo *di, const cu_weight *a, int64_t ea, const cu_weight *b, int64_t eb,
+                           const float *x, int T)
+{
+    return cu_matmul_groupable(a, b) && cu_matmul_int_path(di, a, ea, x, T) == cu_matmul_int_path(di, b, eb, x, T) &&
+           cu_gv_small(di, a) == cu_gv_small(di, b);
+}
+
 bool cu_matmul_folds_conv(const cu_devinfo *di, const cu_weight *w0, const float *x, int T)
 {
     return T < GEMM_MIN_T && !cu_matmul_int_path(di, w0, 0, x, T) && cu_gv_folds_conv(di, w0, T);
@@ -1303,8 +1310,7 @@ sn_status cu_matmul_group(const cu_devinfo *di, cudaStream_t s, int n, const cu_
     const float *in = norm && norm->xn ? norm->xn : x;
     const bool i8 = cu_matmul_int_path(di, w[0], e[0], in, T);
     for (int i = 1; i < n; i++)
-        if (cu_matmul_int_path(di, w[i], e[i], in, T) != i8 || !cu_matmul_groupable(w[0], w[i]) ||
-            cu_gv_small(di, w[i]) != cu_gv_small(di, w[0]))
+        if (!cu_matmul_same_kernel(di, w[0], e[0], w[i], e[i], in, T))
             return SN_FAIL(SN_E_INVALID, "matmul group: weight %d takes another kernel than weight 0", i);
     const size_t cols = (size_t)w[0]->cols;
     if (norm) {
