@@ -471,15 +471,16 @@ static void test_moe_graph_replay(void)
         graph_case(2048, 256, 8, 512, 512, 2, 1, 0, sh); /* 35B-A3B layer shapes */
     }
     /* the router and the shared-expert gate logit (257 and 65 rows, the norm
-     * folded, x_n written for the experts) through k_gemv_q8s, with PDL
-     * edges on every weight kernel too */
-    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
+     * folded, x_n written for the experts) went through k_gemv_q8s above
+     * (the default): here through k_gemv, with PDL edges on every weight
+     * kernel too */
+    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 0));
     graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
     graph_case(256, 64, 4, 128, 128, 3, 3, 0, 1);
     CHECK_OK(sn_cuda_tune(G, "pdl_min_kb", 0));
     graph_case(256, 64, 4, 128, 128, 3, 1, 0, 1);
     CHECK_OK(sn_cuda_tune(G, "pdl_min_kb", 2048));
-    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 0));
+    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
 }
 
 static void test_moe_tune(void)

@@ -57,6 +57,7 @@ static double rel_err(const float *a, const float *ref, size_t n)
 /* ---- matmul ---- */
 
 static int g_fast; /* the GEMM mode under test */
+static int g_xoff; /* floats by which mm_case moves x and y off 16-byte alignment */
 
 static void mm_case(sn_dtype dt, int64_t rows, int64_t cols, int group, sn_dtype sdt, int T, int64_t E, int bias)
 {
@@ -68,13 +69,18 @@ static void mm_case(sn_dtype dt, int64_t rows, int64_t cols, int group, sn_dtype
     if (T >= 8) x[3] = 3000.0f;
     float *ref = malloc(sizeof(float) * T * rows);
     CHECK_OK(C->ops->matmul(C, &t.w, e, x, T, ref));
-    float *dx = dcopy(x, (size_t)T * cols), *dy = dpoison((size_t)T * rows);
-    CHECK_OK(G->ops->matmul(G, &t.wg, e, dx, T, dy));
-    float *y = tohost(dy, (size_t)T * rows);
+    /* g_xoff floats in: x and y off 16-byte alignment (the kernels' scalar loads) */
+    float *xo = calloc((size_t)T * cols + g_xoff, sizeof(float));
+    memcpy(xo + g_xoff, x, sizeof(float) * T * cols);
+    float *dx = dcopy(xo, (size_t)T * cols + g_xoff), *dy = dpoison((size_t)T * rows + g_xoff);
+    free(xo);
+    CHECK_OK(G->ops->matmul(G, &t.wg, e, dx + g_xoff, T, dy + g_xoff));
+    float *y = tohost(dy + g_xoff, (size_t)T * rows);
     double err = rel_err(y, ref, (size_t)T * rows);
     double tol = T < 8 ? 2e-5 : g_fast ? 2e-3 : 2e-4;
-    CHECKF(err <= tol, "%s rows=%lld cols=%lld g=%d sdt=%s T=%d E=%lld bias=%d: rel %.3g > %.3g", sn_dtype_name(dt),
-           (long long)rows, (long long)cols, group, sn_dtype_name(sdt), T, (long long)E, bias, err, tol);
+    CHECKF(err <= tol, "%s rows=%lld cols=%lld g=%d sdt=%s T=%d E=%lld bias=%d xoff=%d: rel %.3g > %.3g",
+           sn_dtype_name(dt), (long long)rows, (long long)cols, group, sn_dtype_name(sdt), T, (long long)E, bias, g_xoff,
+           err, tol);
     free(x); free(ref); free(y);
     dfree(dx); dfree(dy);
     tw_free(&t);
@@ -177,12 +183,18 @@ static void q8_cases(void)
 
 static void test_matmul_q8(void)
 {
-    /* every launch through k_gemv (gemv_q8s_rows=0, the default for now), then the matrices
-     * under 1024 rows through k_gemv_q8s */
-    q8_cases();
-    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
-    q8_cases();
-    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 0));
+    /* every launch through k_gemv (gemv_q8s_rows=0), then the matrices under
+     * 1024 rows through k_gemv_q8s (the default); each also with x and y one
+     * float off alignment */
+    for (int q8s = 0; q8s < 2; q8s++) {
+        CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", q8s ? 1024 : 0));
+        q8_cases();
+        g_xoff = 1;
+        mm_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, 1, 0, 1);
+        mm_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, 5, 0, 0);
+        mm_case(SN_DT_Q8, 20, 8192, 64, SN_DT_F32, 3, 0, 1);
+        g_xoff = 0;
+    }
     CHECK(sn_cuda_tune(G, "gemv_q8s_rows", -1) == SN_E_INVALID);
 }
 
@@ -215,18 +227,18 @@ static void gemv_invariance_case(sn_dtype dt, int64_t rows, int64_t cols, int gr
 static void test_gemv_batch_invariant(void)
 {
     CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0));
+    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 0)); /* the 8-bit matrices through k_gemv first */
     gemv_invariance_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q4, 130, 96, 32, SN_DT_F16, 0);
     gemv_invariance_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q8, 5, 1024, 32, SN_DT_F16, 0);
     gemv_invariance_case(SN_DT_Q8, 9000, 1536, 128, SN_DT_F32, 1);
-    /* the small 8-bit matrices through k_gemv_q8s too */
+    /* the small 8-bit matrices through k_gemv_q8s (the default) */
     CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
     gemv_invariance_case(SN_DT_Q8, 257, 2048, 64, SN_DT_BF16, 1);
     gemv_invariance_case(SN_DT_Q8, 5, 1024, 32, SN_DT_F16, 0);
     gemv_invariance_case(SN_DT_Q8, 20, 8192, 64, SN_DT_BF16, 0);
-    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 0));
     gemv_invariance_case(SN_DT_Q4, 1000, 5120, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 517, 17408, 64, SN_DT_BF16, 0);
     gemv_invariance_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, 1);
@@ -1210,16 +1222,19 @@ static void test_graph_replay(void)
         graph_case(256, 1, 0);
         graph_case(256, 4, 0);
     }
-    /* every matrix 8-bit, the small ones through k_gemv_q8s: q/k/v grouped
-     * with the norm folded, o and down with the residual add folded (at
-     * H = 256 all are small; at 2048 only q/k/v are) */
-    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
+    /* every matrix 8-bit, the small ones through k_gemv_q8s (the default),
+     * then all through k_gemv: q/k/v grouped with the norm folded, o and
+     * down with the residual add folded (at H = 256 all are small; at 2048
+     * only q/k/v are) */
     g_rest_dt = SN_DT_Q8;
-    graph_case(256, 1, 0);
-    graph_case(256, 5, 1);
-    graph_case(2048, 1, 0);
+    for (int q8s = 1024; q8s >= 0; q8s -= 1024) {
+        CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", q8s));
+        graph_case(256, 1, 0);
+        graph_case(256, 5, 1);
+        graph_case(2048, 1, 0);
+    }
     g_rest_dt = SN_DT_Q4;
-    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 0));
+    CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
     g_mlp_dt = SN_DT_Q4;
     CHECK(sn_cuda_tune(G, "pdl_min_kb", -1) == SN_E_INVALID);
 }

@@ -1572,11 +1572,9 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_pre = 1; /* 35B-A3B 2.50-2.54 against 2.58-2.60 ms per step with 8 (results.log 07:05Z) */
     cb->di.attn_splits = 64;
     cb->di.attn_warps = 0; /* by shape */
-    /* off until this form runs on a GPU: the MoE router (257 rows) through k_gemv_q8s timed
-     * 2.281-2.341 ms a 35B-A3B step against 2.338-2.382 with k_gemv (six interleaved rounds, H100,
-     * results.log s27r7), but that form chose by a launch's total rows, and this one (by each
-     * matrix's, with the residual add and unaligned rows) was only compiled; 1024 is the value timed */
-    cb->di.gemv_q8s_rows = 0;
+    /* the MoE router (257 rows) through k_gemv_q8s: 2.229-2.346 ms a 35B-A3B step against
+     * 2.296-2.385 with k_gemv (six interleaved rounds, H100, results.log s28r1) */
+    cb->di.gemv_q8s_rows = 1024;
     cb->di.gemv_rpw1_rows = 0; /* off: 35B-A3B 339-349 vs 347-355 tok/s, not separable from noise (results.log 20:19Z) */
     {
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
