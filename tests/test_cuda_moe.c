@@ -159,7 +159,7 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     CHECK_OK(sn_cuda_tune(G, "moe_pre", 3));
     CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 1));
     float *r1 = gpu_moe(x, hx, hl, T, norm);
-    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 2));
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 0));
     CHECKF(memcmp(a, r1, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: one down row a warp differs",
            x->E, x->k, T);
     free(r1);
@@ -257,7 +257,7 @@ static void sh_case(const experts *x, const shared_ex *s, int T)
         float *r1 = NULL;
         CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 1));
         CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &r1));
-        CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 2));
+        CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 0));
         CHECKF(r1 && memcmp(a, r1, sizeof(float) * T * H) == 0, "moe_shared T=%d: one down row a warp differs", T);
         free(r1);
         for (int t = 0; t < T && T > 1; t++) {
@@ -481,6 +481,22 @@ static void test_moe_graph_replay(void)
     graph_case(256, 64, 4, 128, 128, 3, 1, 0, 1);
     CHECK_OK(sn_cuda_tune(G, "pdl_min_kb", 2048));
     CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
+    /* the down kernel after the gate/up kernel (moe_dn_early 0), and with
+     * every kernel on the PDL edge, where the early start is not taken */
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_early", 0));
+    graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
+    graph_case(256, 64, 4, 128, 128, 3, 3, 0, 0);
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_early", 1));
+    CHECK_OK(sn_cuda_tune(G, "pdl", 1));
+    graph_case(256, 64, 4, 128, 128, 3, 3, 0, 1);
+    CHECK_OK(sn_cuda_tune(G, "pdl", 2));
+    /* the down kernel's rows per warp against the default by T (1 for one token, 2 above) */
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 2));
+    graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 1));
+    graph_case(256, 64, 4, 128, 128, 3, 3, 0, 1);
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 0));
+    CHECK(sn_cuda_tune(G, "moe_dn_rpw", 3) != SN_OK);
 }
 
 static void test_moe_tune(void)

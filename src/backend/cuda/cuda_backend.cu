@@ -176,7 +176,7 @@ sn_status dispatch(cuda_be *cb, const rec &r, bool capture)
         cu_moe_sh sh;
         return cu_moe(&cb->di, s, cw_of(r.p[0]), cw_of(r.p[1]), cw_of(r.p[2]), (const float *)r.p[3], (int)r.i[0],
                       (int)r.i[1], (const float *)r.p[4], (int)r.i[2], (float *)r.p[5], cb->scratch,
-                      moe_sh_of(r, &sh));
+                      moe_sh_of(r, &sh), cb->d_moe_sync);
     }
     case R_ADDGATED:
         return cu_add_gated(s, (float *)r.p[0], (const float *)r.p[1], (const float *)r.p[2], (int)r.i[0],
@@ -511,7 +511,7 @@ int try_fuse_moe(cuda_be *cb, int k, sn_status *st)
     if (used == 1)
         return 0;
     *st = cu_moe_dec(cb->st, g, u, d, (const float *)r.p[3], top_k, (int)r.i[1], (const float *)r.p[4], T, out,
-                     cb->scratch, shp, &epi);
+                     cb->scratch, shp, &epi, cb->d_moe_sync);
     return used;
 }
 /* [moe] end */
@@ -763,6 +763,7 @@ void cuda_destroy(sn_backend *b)
     cudaFree(cb->scratch);
     cudaFree(cb->d_zero);
     cudaFree(cb->d_gdn_cnt);
+    cudaFree(cb->d_moe_sync);
     cu_matmul_buffers_free(&cb->di);
     cudaFree(cb->d_ids);
     cudaFree(cb->d_outs);
@@ -1603,6 +1604,8 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
         (e = cudaMemset(cb->d_zero, 0, sizeof(int))) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_gdn_cnt, sizeof(int) * CU_GDN_CNT)) != cudaSuccess ||
         (e = cudaMemset(cb->d_gdn_cnt, 0, sizeof(int) * CU_GDN_CNT)) != cudaSuccess ||
+        (e = cudaMalloc(&cb->d_moe_sync, sizeof(unsigned) * CU_MOE_SYNC)) != cudaSuccess ||
+        (e = cudaMemset(cb->d_moe_sync, 0, sizeof(unsigned) * CU_MOE_SYNC)) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_outs, sizeof(int32_t) * STEP_MAX_OUTS)) != cudaSuccess ||
         (e = cudaMallocHost(&cb->h_outs, sizeof(int32_t) * STEP_MAX_OUTS)) != cudaSuccess ||
         (e = cudaMalloc(&cb->d_sp, sizeof(step_params))) != cudaSuccess ||

@@ -66,6 +66,7 @@ struct cuda_be {
     size_t scratch_cap;
     int *d_zero;            /* constant 0: the delta outside graphs */
     int *d_gdn_cnt;         /* CU_GDN_CNT zeroed counters of the one-kernel GDN step */
+    unsigned *d_moe_sync;   /* CU_MOE_SYNC zeroed: the MoE down kernel's early start (cuda_moe.h) */
     int32_t *d_ids;         /* eager embed ids */
     size_t ids_cap;
     int32_t *d_outs;        /* argmax results [STEP_MAX_OUTS] */

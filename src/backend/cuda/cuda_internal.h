@@ -40,7 +40,9 @@ extern "C" {
  * prefetches weights, after pdl_wait in the others: pdl_enter), and every
  * kernel calls pdl_wait() before it touches any activation, which blocks until the
  * previous kernel has finished and its writes are visible. Only constant
- * data (weights) may be read before pdl_wait(), and nothing may be written.
+ * data (weights) may be read before pdl_wait(), and nothing may be written
+ * (one exception, ordered by flags instead: the MoE down kernel's early
+ * start, cuda_moe.cu md_publish).
  * Without the launch attribute both are no-ops. cu_pdl says which launches
  * carry it: 0 none, 1 every kernel, 2 (default) only the kernels that
  * prefetch weights before pdl_wait (launched with cu_launch_w). With 1,
@@ -346,13 +348,15 @@ sn_status cu_embed(cudaStream_t s, const cu_weight *w, const int32_t *d_ids, int
  * out[t] = sum_j w_j * down_e(silu(gate_e x_t) * up_e x_t). */
 size_t cu_moe_scratch_bytes(const cu_devinfo *di, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
                             int T, int top_k);
-/* sh (NULL: none): the shared expert too, on the decode path only (cu_moe_sh_ok) */
+/* sh (NULL: none): the shared expert too, on the decode path only (cu_moe_sh_ok);
+ * moe_sync: CU_MOE_SYNC zeroed ints the caller keeps per stream (the
+ * decode kernels' early start, cuda_moe.h; NULL: without it) */
 struct cu_moe_sh;
 bool cu_moe_sh_ok(const cu_devinfo *di, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
                   const struct cu_moe_sh *sh, int T, int top_k);
 sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, const cu_weight *up,
                  const cu_weight *down, const float *logits, int top_k, int norm_topk, const float *x, int T,
-                 float *out, void *scratch, const struct cu_moe_sh *sh);
+                 float *out, void *scratch, const struct cu_moe_sh *sh, unsigned *moe_sync);
 
 /* ---- elementwise, norms, attention, GDN (cuda_ops.cu) ---- */
 

@@ -1208,14 +1208,14 @@ static sn_status moe_grouped(const cu_devinfo *di, cudaStream_t s, const cu_weig
 
 sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, const cu_weight *up,
                  const cu_weight *down, const float *logits, int top_k, int norm_topk, const float *x, int T,
-                 float *out, void *scratch, const cu_moe_sh *sh)
+                 float *out, void *scratch, const cu_moe_sh *sh, unsigned *moe_sync)
 {
     if (T <= 0)
         return SN_OK;
     if (sh) {
         if (!cu_moe_sh_ok(di, gate, up, down, sh, T, top_k))
             return SN_FAIL(SN_E_INVALID, "moe: this shared expert cannot run inside the MoE launches here");
-        return cu_moe_dec(s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch, sh, NULL);
+        return cu_moe_dec(s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch, sh, NULL, moe_sync);
     }
     if (top_k > MOE_MAX_K)
         return SN_FAIL(SN_E_UNSUPPORTED, "moe: top_k %d > %d", top_k, MOE_MAX_K);
@@ -1223,7 +1223,7 @@ sn_status cu_moe(const cu_devinfo *di, cudaStream_t s, const cu_weight *gate, co
         return moe_grouped(di, s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch);
     /* [moe] decode: routing + gate/up, then down + weighted sum (cuda_moe.cu) */
     if (cu_moe_dec_ok(gate, up, down, T, top_k))
-        return cu_moe_dec(s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch, NULL, NULL);
+        return cu_moe_dec(s, gate, up, down, logits, top_k, norm_topk, x, T, out, scratch, NULL, NULL, moe_sync);
     int E = (int)gate->n_experts;
     int32_t *idx = (int32_t *)scratch;
     float *wts = (float *)((char *)scratch + round_up((int64_t)T * top_k * 4, 256));

@@ -23,6 +23,12 @@
  *                 dot product: h is scaled by w_j already), then the optional
  *                 epilogue of the graph fuser: y = v + sigmoid(g[t]) * sh
  *                 (k_add_gated's operations) and add_to += y (k_add's).
+ *                 With cu_moe_dn_early (default) it is launched with the
+ *                 PDL edge and reads the expert ids by flags the gate/up
+ *                 blocks set as soon as they have routed (md_publish), so
+ *                 its weights are in flight before the gate/up kernel ends;
+ *                 for one token at one row a warp, whose blocks fit beside
+ *                 the gate/up kernel's (cu_moe_dn_rpw).
  *
  * moe_shared adds the layer's shared expert as slot k of both launches
  * (cu_moe_sh, same shape and format as the experts): blocks (r, k, t) skip
@@ -52,16 +58,20 @@ int cu_moe_route = 1;
 /* see cuda_moe.h; 3: the 35B-A3B decode step 2.381-2.384 ms against 2.429-2.436 with 0, six-row
  * verify 6.839-6.857 against 7.029-7.062 (one binary, three interleaved rounds, H200, s13r3) */
 int cu_moe_pre = 3;
-/* see cuda_moe.h; 2: with 1 the 35B-A3B one-row step 2.412-2.418 ms against 2.429-2.436 but the six-row
- * verify 7.296-7.303 against 7.029-7.062 (s13r3) */
-int cu_moe_dn_rpw = 2;
+/* see cuda_moe.h; 0 (by T): with the early start, one row a warp for a single token took the
+ * 35B-A3B step from 2.441-2.507 ms to 2.220-2.302 (its 256-thread blocks at 64 registers fit
+ * beside four gate/up blocks an SM, so they start before the gate/up kernel ends), while two
+ * were faster at two rows (3.201-3.210 against 3.368-3.411) and six (6.486-6.502 against
+ * 6.755-6.771; three interleaved rounds each, H100, results.log s28r3/s28r4) */
+int cu_moe_dn_rpw = 0;
 int cu_moe_gu_warps = 4; /* 35B-A3B decode 298.7-303.4 -> 323.3-327.4 tok/s (H200, about 18:13Z) */
+int cu_moe_dn_early = 1; /* see cuda_moe.h */
 
 namespace {
 
 constexpr int MD_WARPS = 8;
 constexpr int MD_THREADS = MD_WARPS * 32;
-constexpr int MD_RPW = 2;        /* output rows per warp: gate/up; down by default (cu_moe_dn_rpw) */
+constexpr int MD_RPW = 2;        /* output rows per warp: gate/up; down above one token (cu_moe_dn_rpw) */
 constexpr int MD_MAX_K = 64;
 constexpr int MD_MAX_E = 1024;   /* routing keeps ceil(E/32) keys per lane in registers */
 constexpr size_t MD_SMEM_MAX = 47 * 1024; /* dynamic: with the static part under 48 KB, no opt-in */
@@ -438,7 +448,37 @@ struct md_gu_args {
     int ks;                /* slots per token: k, or k + 1 with the shared expert */
     int par;               /* the parallel routing (cu_moe_route 1 and (warps - 1) * k <= MD_CAND) */
     int pre;               /* cu_moe_pre */
+    unsigned *flag;        /* [T, ks]: set once idx is stored (md_publish), NULL: none (cu_moe_dn_early) */
 };
+
+/* The down kernel's early start (cu_moe_dn_early): block (0, j, t) of the
+ * gate/up kernel stores slot j's expert id as soon as it has routed, then
+ * sets its flag with release semantics; the down kernel, launched with the
+ * PDL edge, waits on the flags with acquire semantics before its own
+ * pdl_wait and issues its weights' first loads while the gate/up kernel
+ * still runs. The flag, not pdl_wait, orders the id: that launch carries
+ * the edge only when the gate/up kernel does not (cu_moe_dec), so the
+ * previous kernels have all finished, and the down grid is scheduled only
+ * once every gate/up block has started, so every flag it waits on is
+ * being set. The last down block to read them clears them for the next
+ * call (md_flags_done). */
+__device__ __forceinline__ void md_publish(unsigned *f)
+{
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(f), "r"(1u) : "memory");
+}
+
+__device__ __forceinline__ void md_await(const unsigned *f)
+{
+    for (long n = 0;; n++) {
+        unsigned v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+        if (v)
+            return;
+        if (n > (1l << 24))
+            __trap(); /* a flag never set is a bug: fail the launch rather than hang */
+        __nanosleep(32);
+    }
+}
 
 /* NW warps per block: 8, or 4 with at most 102 registers (five blocks per
  * SM), so that k + 1 slots of 32 row blocks still fit in one wave */
@@ -506,8 +546,11 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
     __syncthreads();
     const int e = e_s;
     const float wj = w_s;
-    if (blockIdx.x == 0 && threadIdx.x == 0)
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
         a.idx[(size_t)t * a.ks + j] = e;
+        if (a.flag)
+            md_publish(a.flag + (size_t)t * a.ks + j); /* after the id: release */
+    }
     if (a.Wd && threadIdx.x == 0) {
         /* this block's share of expert e's down matrix (words, then pairs), into L2 */
         const int64_t nb = gridDim.x, b = blockIdx.x;
@@ -613,6 +656,8 @@ struct md_dn_args {
     const float *sg;
     float *add_to;      /* add_to[t, r] += y */
     int pre;            /* cu_moe_pre */
+    unsigned *flag;     /* [T, k] the gate/up kernel's flags (the early start), NULL: ids after pdl_wait */
+    unsigned *done;     /* blocks that have read them */
 };
 
 template <int BITS, int RPW>
@@ -633,19 +678,37 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
     const int64_t r0 = ((int64_t)blockIdx.x * MD_WARPS + warp) * RPW;
     const int nrows = r0 < a.rows ? (int)min((int64_t)RPW, a.rows - r0) : 0;
     const size_t sbsz = a.sf == CS_F32 ? 8 : 4;
-    pdl_wait();
     const float *ht = a.h + (size_t)t * a.k * a.cols;
     const int64_t hn = (int64_t)a.k * a.cols;
     const bool pre = (a.pre & 1) && md_pre_fits<MD_DN_XR>(ht, hn); /* cu_moe_pre */
     md_pre<MD_DN_XR> hp;
-    if (pre)
-        md_pre_load(hp, ht, hn); /* beside the slots' expert ids */
-    for (int i = threadIdx.x; i < a.k; i += blockDim.x) {
-        const int e = a.idx[(size_t)t * a.k + i];
-        wsl[i] = e >= 0 ? a.Wd + (size_t)e * a.rows * a.words : a.Wsd;
-        ssl[i] = e >= 0 ? (const char *)a.Sd + (size_t)e * a.rows * a.groups * sbsz : (const char *)a.Ssd;
+    auto slots = [&] {
+        for (int i = threadIdx.x; i < a.k; i += blockDim.x) {
+            if (a.flag)
+                md_await(a.flag + (size_t)t * a.k + i);
+            const int e = __ldcg(a.idx + (size_t)t * a.k + i);
+            wsl[i] = e >= 0 ? a.Wd + (size_t)e * a.rows * a.words : a.Wsd;
+            ssl[i] = e >= 0 ? (const char *)a.Sd + (size_t)e * a.rows * a.groups * sbsz : (const char *)a.Ssd;
+        }
+        __syncthreads();
+    };
+    if (a.flag) {
+        slots(); /* the early start: the ids by their flags, before pdl_wait */
+        if (threadIdx.x == 0) {
+            /* every block has read its flags once the count is full: the last clears them */
+            __threadfence();
+            if (atomicAdd(a.done, 1u) == gridDim.x * gridDim.y - 1) {
+                for (int i = 0; i < (int)gridDim.y * a.k; i++)
+                    a.flag[i] = 0u;
+                *a.done = 0u;
+            }
+        }
+    } else {
+        pdl_wait();
+        if (pre)
+            md_pre_load(hp, ht, hn); /* beside the slots' expert ids */
+        slots();
     }
-    __syncthreads();
 
     uint4 wv[U][RPW];
     uint2 sv[U][RPW];
@@ -669,7 +732,12 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
             }
         }
     };
-    load(0); /* in flight while h is staged */
+    load(0); /* in flight while h is staged (the early start: before pdl_wait) */
+    if (a.flag) {
+        pdl_wait();
+        if (pre)
+            md_pre_load(hp, ht, hn);
+    }
     if (pre)
         md_pre_store<BITS>(xs, hp, hn);
     else
@@ -788,7 +856,7 @@ size_t cu_moe_dec_scratch_bytes(const cu_weight *gate, int T, int top_k)
 
 sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
                      const float *logits, int top_k, int norm_topk, const float *x, int T, float *out, void *scratch,
-                     const cu_moe_sh *sh, const cu_moe_epi *epi)
+                     const cu_moe_sh *sh, const cu_moe_epi *epi, unsigned *sync)
 {
     if (T <= 0)
         return SN_OK;
@@ -836,6 +904,10 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     const int W = cu_moe_gu_warps == 4 ? 4 : 8;
     g.par = cu_moe_route && (W - 1) * top_k <= MD_CAND;
     g.pre = cu_moe_pre;
+    /* the down kernel's early start needs the gate/up launch without the
+     * PDL edge and the down launch with it: cu_pdl 2 (md_publish) */
+    const bool early = sync && cu_moe_dn_early && cu_pdl == 2 && (size_t)T * ks < CU_MOE_SYNC;
+    g.flag = early ? sync + 1 : NULL;
     dim3 g1((unsigned)((I + W * MD_RPW - 1) / (W * MD_RPW)), (unsigned)ks, (unsigned)T);
     const size_t smem1 = md_stage_bytes(H, gate->bits);
     sn_status gs;
@@ -864,21 +936,24 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     d.idx = idx;
     d.h = h;
     d.pre = cu_moe_pre;
+    d.flag = g.flag;
+    d.done = early ? sync : NULL;
     d.out = out;
     if (epi) {
         d.sh = epi->sh;
         d.sg = epi->sg;
         d.add_to = epi->add_to;
     }
-    const int rpw = cu_moe_dn_rpw == 1 ? 1 : 2;
+    const int rpw = cu_moe_dn_rpw ? cu_moe_dn_rpw : T == 1 ? 1 : 2;
     dim3 g2((unsigned)((H + MD_WARPS * rpw - 1) / (MD_WARPS * rpw)), (unsigned)T);
     const size_t smem2 = md_stage_bytes((int64_t)ks * I, down->bits);
+    const bool edge = early || cu_pdl == 1; /* cu_launch's edge, and the early start's */
     if (down->bits == 4)
-        (void)(rpw == 1 ? cu_launch(k_md_down<4, 1>, g2, MD_THREADS, smem2, s, d)
-                        : cu_launch(k_md_down<4, 2>, g2, MD_THREADS, smem2, s, d));
+        (void)(rpw == 1 ? cu_launch_pdl(edge, k_md_down<4, 1>, g2, MD_THREADS, smem2, s, d)
+                        : cu_launch_pdl(edge, k_md_down<4, 2>, g2, MD_THREADS, smem2, s, d));
     else
-        (void)(rpw == 1 ? cu_launch(k_md_down<8, 1>, g2, MD_THREADS, smem2, s, d)
-                        : cu_launch(k_md_down<8, 2>, g2, MD_THREADS, smem2, s, d));
+        (void)(rpw == 1 ? cu_launch_pdl(edge, k_md_down<8, 1>, g2, MD_THREADS, smem2, s, d)
+                        : cu_launch_pdl(edge, k_md_down<8, 2>, g2, MD_THREADS, smem2, s, d));
     CU_CHECK_LAUNCH("moe decode down");
     return SN_OK;
 }

@@ -44,9 +44,19 @@ extern int cu_moe_route;
  * first loads, where they queued behind them. Default 3. The same bits
  * either way. */
 extern int cu_moe_pre;
-/* output rows per warp of the down kernel: 2 (default) or 1 (twice the
- * blocks, each staging all of h; tune "moe_dn_rpw"); the same bits */
+/* output rows per warp of the down kernel: 0 (default) 1 for one token,
+ * 2 for more; 1 (twice the blocks, each staging all of h, at fewer
+ * registers) or 2 for every T (tune "moe_dn_rpw"); the same bits */
 extern int cu_moe_dn_rpw;
+/* the down kernel starts before the gate/up kernel ends (tune
+ * "moe_dn_early", default 1): with cu_pdl 2 it is launched with the PDL
+ * edge and loads its weights once the gate/up kernel's blocks have
+ * published the experts (cuda_moe.cu, md_publish); 0: after the gate/up
+ * kernel, the ids read after pdl_wait. The same bits either way. */
+extern int cu_moe_dn_early;
+/* unsigned ints of the zeroed buffer cu_moe_dec's early start keeps per
+ * stream: a count, then a flag per (token, slot) */
+#define CU_MOE_SYNC 4096
 bool cu_moe_dec_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, int T, int top_k);
 bool cu_moe_dec_sh_ok(const cu_weight *gate, const cu_weight *up, const cu_weight *down, const cu_moe_sh *sh, int T,
                       int top_k);
@@ -54,6 +64,6 @@ bool cu_moe_dec_sh_ok(const cu_weight *gate, const cu_weight *up, const cu_weigh
 size_t cu_moe_dec_scratch_bytes(const cu_weight *gate, int T, int top_k);
 sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up, const cu_weight *down,
                      const float *logits, int top_k, int norm_topk, const float *x, int T, float *out, void *scratch,
-                     const cu_moe_sh *sh, const cu_moe_epi *epi);
+                     const cu_moe_sh *sh, const cu_moe_epi *epi, unsigned *sync);
 
 #endif
