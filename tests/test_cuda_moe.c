@@ -487,6 +487,15 @@ static void test_moe_graph_replay(void)
     graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
     graph_case(256, 64, 4, 128, 128, 3, 3, 0, 0);
     CHECK_OK(sn_cuda_tune(G, "moe_dn_early", 1));
+    /* the gate/up kernel after the router (moe_gu_edge 0), not on its edge,
+     * and on it for every T (2; the default 1 takes it for one token) */
+    for (int ge = 0; ge <= 2; ge += 2) {
+        CHECK_OK(sn_cuda_tune(G, "moe_gu_edge", ge));
+        graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
+        graph_case(256, 64, 4, 128, 128, 3, 3, 0, 1);
+    }
+    CHECK_OK(sn_cuda_tune(G, "moe_gu_edge", 1));
+    CHECK(sn_cuda_tune(G, "moe_gu_edge", 3) != SN_OK);
     CHECK_OK(sn_cuda_tune(G, "pdl", 1));
     graph_case(256, 64, 4, 128, 128, 3, 3, 0, 1);
     CHECK_OK(sn_cuda_tune(G, "pdl", 2));

@@ -23,6 +23,7 @@
 int cu_pdl = 0; /* see cuda_internal.h; set at backend creation */
 int64_t cu_pdl_min_bytes = 0;
 thread_local int cu_pdl_skip;
+thread_local int cu_last_edge;
 
 namespace {
 

@@ -98,6 +98,9 @@ extern int64_t cu_pdl_min_bytes;
 /* Set after a memcpy/memset is queued: the next cu_launch then goes
  * without the attribute (a programmatic edge is a kernel-to-kernel thing). */
 extern thread_local int cu_pdl_skip;
+/* Whether the last kernel queued by cu_launch_pdl on this thread carried
+ * the edge (0: it started only after all work before it had finished) */
+extern thread_local int cu_last_edge;
 
 template <typename... KP, typename... A>
 cudaError_t cu_launch_pdl(bool edge, void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
@@ -114,6 +117,7 @@ cudaError_t cu_launch_pdl(bool edge, void (*kern)(KP...), dim3 grid, dim3 block,
     cfg.attrs = at;
     cfg.numAttrs = edge && !cu_pdl_skip ? 1 : 0;
     cu_pdl_skip = 0;
+    cu_last_edge = (int)cfg.numAttrs;
     return cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
 }
 

@@ -66,6 +66,10 @@ int cu_moe_pre = 3;
 int cu_moe_dn_rpw = 0;
 int cu_moe_gu_warps = 4; /* 35B-A3B decode 298.7-303.4 -> 323.3-327.4 tok/s (H200, about 18:13Z) */
 int cu_moe_dn_early = 1; /* see cuda_moe.h */
+/* see cuda_moe.h; 1 (one token): the 35B-A3B step 2.142-2.197 ms against 2.231-2.263 without the
+ * edge, but the 6-row verify step 6.644-6.647 against 6.492-6.497 (three interleaved rounds, H100,
+ * results.log s28r7) */
+int cu_moe_gu_edge = 1;
 
 namespace {
 
@@ -456,12 +460,13 @@ struct md_gu_args {
  * sets its flag with release semantics; the down kernel, launched with the
  * PDL edge, waits on the flags with acquire semantics before its own
  * pdl_wait and issues its weights' first loads while the gate/up kernel
- * still runs. The flag, not pdl_wait, orders the id: that launch carries
- * the edge only when the gate/up kernel does not (cu_moe_dec), so the
- * previous kernels have all finished, and the down grid is scheduled only
- * once every gate/up block has started, so every flag it waits on is
- * being set. The last down block to read them clears them for the next
- * call (md_flags_done). */
+ * still runs. The flag, not pdl_wait, orders the id: cu_moe_dec takes the
+ * early start only with a launch without the edge after the previous
+ * call's down kernel (the gate/up kernel or the router before it), so that
+ * kernel and its clearing of the flags have finished before this down grid
+ * can start; and the down grid is scheduled only once every gate/up block
+ * has started, so every flag it waits on is being set. The last down
+ * block to read them clears them for the next call. */
 __device__ __forceinline__ void md_publish(unsigned *f)
 {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(f), "r"(1u) : "memory");
@@ -799,15 +804,15 @@ int md_npl(int E)
 int64_t md_round256(int64_t v) { return (v + 255) / 256 * 256; }
 
 template <int BITS, int W>
-sn_status md_launch_gu(cudaStream_t s, int npl, dim3 grid, size_t smem, const md_gu_args &a)
+sn_status md_launch_gu(bool edge, cudaStream_t s, int npl, dim3 grid, size_t smem, const md_gu_args &a)
 {
     switch (npl) {
-    case 1: (void)cu_launch(k_md_gate_up<BITS, 1, W>, grid, W * 32, smem, s, a); break;
-    case 2: (void)cu_launch(k_md_gate_up<BITS, 2, W>, grid, W * 32, smem, s, a); break;
-    case 4: (void)cu_launch(k_md_gate_up<BITS, 4, W>, grid, W * 32, smem, s, a); break;
-    case 8: (void)cu_launch(k_md_gate_up<BITS, 8, W>, grid, W * 32, smem, s, a); break;
-    case 16: (void)cu_launch(k_md_gate_up<BITS, 16, W>, grid, W * 32, smem, s, a); break;
-    default: (void)cu_launch(k_md_gate_up<BITS, 32, W>, grid, W * 32, smem, s, a); break;
+    case 1: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 1, W>, grid, W * 32, smem, s, a); break;
+    case 2: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 2, W>, grid, W * 32, smem, s, a); break;
+    case 4: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 4, W>, grid, W * 32, smem, s, a); break;
+    case 8: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 8, W>, grid, W * 32, smem, s, a); break;
+    case 16: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 16, W>, grid, W * 32, smem, s, a); break;
+    default: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 32, W>, grid, W * 32, smem, s, a); break;
     }
     CU_CHECK_LAUNCH("moe decode gate/up");
     return SN_OK;
@@ -904,17 +909,24 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     const int W = cu_moe_gu_warps == 4 ? 4 : 8;
     g.par = cu_moe_route && (W - 1) * top_k <= MD_CAND;
     g.pre = cu_moe_pre;
-    /* the down kernel's early start needs the gate/up launch without the
-     * PDL edge and the down launch with it: cu_pdl 2 (md_publish) */
+    /* The down kernel's early start (md_publish) needs cu_pdl 2 and a launch
+     * without the PDL edge between the previous call's down kernel and this
+     * one's: the gate/up kernel, or the launch before it (the router) when
+     * the gate/up kernel takes the edge (cu_moe_gu_edge), so its blocks sit
+     * resident before the router ends. */
     const bool early = sync && cu_moe_dn_early && cu_pdl == 2 && (size_t)T * ks < CU_MOE_SYNC;
+    const bool gu_edge =
+        cu_pdl == 1 || (cu_pdl == 2 && (cu_moe_gu_edge == 2 || (cu_moe_gu_edge == 1 && T == 1)) && !cu_last_edge);
     g.flag = early ? sync + 1 : NULL;
     dim3 g1((unsigned)((I + W * MD_RPW - 1) / (W * MD_RPW)), (unsigned)ks, (unsigned)T);
     const size_t smem1 = md_stage_bytes(H, gate->bits);
     sn_status gs;
     if (W == 4)
-        gs = gate->bits == 4 ? md_launch_gu<4, 4>(s, npl, g1, smem1, g) : md_launch_gu<8, 4>(s, npl, g1, smem1, g);
+        gs = gate->bits == 4 ? md_launch_gu<4, 4>(gu_edge, s, npl, g1, smem1, g)
+                             : md_launch_gu<8, 4>(gu_edge, s, npl, g1, smem1, g);
     else
-        gs = gate->bits == 4 ? md_launch_gu<4, 8>(s, npl, g1, smem1, g) : md_launch_gu<8, 8>(s, npl, g1, smem1, g);
+        gs = gate->bits == 4 ? md_launch_gu<4, 8>(gu_edge, s, npl, g1, smem1, g)
+                             : md_launch_gu<8, 8>(gu_edge, s, npl, g1, smem1, g);
     SN_TRY(gs);
 
     md_dn_args d;

@@ -54,6 +54,11 @@ extern int cu_moe_dn_rpw;
  * published the experts (cuda_moe.cu, md_publish); 0: after the gate/up
  * kernel, the ids read after pdl_wait. The same bits either way. */
 extern int cu_moe_dn_early;
+/* the gate/up kernel on the PDL edge when the launch before it (the
+ * router) had none, so its blocks become resident while the router runs
+ * (tune "moe_gu_edge"): 1 (default) for one token, 2 for every T, 0
+ * never (launched after the router). The same bits. */
+extern int cu_moe_gu_edge;
 /* unsigned ints of the zeroed buffer cu_moe_dec's early start keeps per
  * stream: a count, then a flag per (token, slot) */
 #define CU_MOE_SYNC 4096
