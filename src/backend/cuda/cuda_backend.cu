@@ -977,15 +977,19 @@ sn_status cuda_upload_weight(sn_backend *b, sn_weight *w)
         if ((e = cudaMalloc(&cw->q, qbytes)) != cudaSuccess ||
             (e = cudaMalloc(&cw->sb, ng * 2 * ssize)) != cudaSuccess)
             return upload_fail(cw, SN_FAIL(SN_E_NOMEM, "upload_weight: %zu bytes: %s", qbytes, cudaGetErrorString(e)));
-        if ((e = cudaMemcpy(cw->q, w->data, qbytes, cudaMemcpyDefault)) != cudaSuccess)
+        /* every copy on cb->st, the stream of the kernels that read them
+         * (k_interleave, cu_repack_q4): a cudaMemcpy from pageable memory
+         * may return before its DMA lands, and cb->st (non-blocking) does
+         * not wait for the legacy stream */
+        if ((e = cudaMemcpyAsync(cw->q, w->data, qbytes, cudaMemcpyDefault, cb->st)) != cudaSuccess)
             return upload_fail(cw, cu_err(e, "upload_weight data"));
         void *ts = NULL, *tb = NULL;
         if ((e = cudaMalloc(&ts, ng * ssize)) != cudaSuccess || (e = cudaMalloc(&tb, ng * ssize)) != cudaSuccess) {
             cudaFree(ts);
             return upload_fail(cw, SN_FAIL(SN_E_NOMEM, "upload_weight scales: %s", cudaGetErrorString(e)));
         }
-        if ((e = cudaMemcpy(ts, w->scales, ng * ssize, cudaMemcpyDefault)) == cudaSuccess &&
-            (e = cudaMemcpy(tb, w->qbiases, ng * ssize, cudaMemcpyDefault)) == cudaSuccess) {
+        if ((e = cudaMemcpyAsync(ts, w->scales, ng * ssize, cudaMemcpyDefault, cb->st)) == cudaSuccess &&
+            (e = cudaMemcpyAsync(tb, w->qbiases, ng * ssize, cudaMemcpyDefault, cb->st)) == cudaSuccess) {
             k_interleave<<<1024, 256, 0, cb->st>>>(ts, tb, ssize, ng, cw->sb);
             e = cudaGetLastError();
             if (e == cudaSuccess)
@@ -1015,7 +1019,7 @@ sn_status cuda_upload_weight(sn_backend *b, sn_weight *w)
         size_t bytes = (size_t)E * w->rows * w->cols * sn_dtype_size(w->dtype);
         if ((e = cudaMalloc(&cw->q, bytes)) != cudaSuccess)
             return upload_fail(cw, SN_FAIL(SN_E_NOMEM, "upload_weight: %zu bytes: %s", bytes, cudaGetErrorString(e)));
-        if ((e = cudaMemcpy(cw->q, w->data, bytes, cudaMemcpyDefault)) != cudaSuccess)
+        if ((e = cudaMemcpyAsync(cw->q, w->data, bytes, cudaMemcpyDefault, cb->st)) != cudaSuccess)
             return upload_fail(cw, cu_err(e, "upload_weight data"));
         cw->bytes = bytes;
     }
@@ -1023,10 +1027,14 @@ sn_status cuda_upload_weight(sn_backend *b, sn_weight *w)
         /* the bias may live in host or device memory: cudaMemcpyDefault reads either */
         if ((e = cudaMalloc(&cw->bias, sizeof(float) * w->rows)) != cudaSuccess)
             return upload_fail(cw, SN_FAIL(SN_E_NOMEM, "upload_weight bias: %s", cudaGetErrorString(e)));
-        if ((e = cudaMemcpy(cw->bias, w->bias, sizeof(float) * w->rows, cudaMemcpyDefault)) != cudaSuccess)
+        if ((e = cudaMemcpyAsync(cw->bias, w->bias, sizeof(float) * w->rows, cudaMemcpyDefault, cb->st)) !=
+            cudaSuccess)
             return upload_fail(cw, cu_err(e, "upload_weight bias"));
         cw->bytes += sizeof(float) * w->rows;
     }
+    /* the copies and the repacking done before the weight is handed out */
+    if ((e = cudaStreamSynchronize(cb->st)) != cudaSuccess)
+        return upload_fail(cw, cu_err(e, "upload_weight"));
     cw->next = cb->weights;
     cb->weights = cw;
     cb->held += cw->bytes;
@@ -1630,6 +1638,10 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     }
     if (st == SN_OK)
         st = cu_ops_init(&cb->di);
+    /* the zeroing memsets above ran on the legacy stream, which cb->st
+     * (non-blocking) does not wait for */
+    if (st == SN_OK && (e = cudaDeviceSynchronize()) != cudaSuccess)
+        st = cu_err(e, "backend setup");
     if (st != SN_OK) {
         cuda_destroy(&cb->base);
         return st;
