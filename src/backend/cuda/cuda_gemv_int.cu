@@ -1207,12 +1207,16 @@ sn_status cu_matmul_buffers(cu_devinfo *di)
     cudaError_t e;
     if ((e = cudaMalloc(&di->gk_part, pb)) != cudaSuccess ||
         (e = cudaMalloc(&di->gk_cnt, GK_TILES * sizeof(int))) != cudaSuccess ||
-        (e = cudaMemset(di->gk_cnt, 0, GK_TILES * sizeof(int))) != cudaSuccess ||
-        (e = cudaDeviceSynchronize()) != cudaSuccess) { /* the memset (legacy stream) done before any kernel of
-                                                           the backend's non-blocking stream reads the counts */
+        (e = cudaMemset(di->gk_cnt, 0, GK_TILES * sizeof(int))) != cudaSuccess) {
         cu_matmul_buffers_free(di);
         return SN_FAIL(SN_E_NOMEM, "cuda: GEMV buffers (%zu bytes): %s", pb + GK_TILES * sizeof(int),
                        cudaGetErrorString(e));
+    }
+    /* the memset (legacy stream) done before any kernel of the backend's
+     * non-blocking stream reads the counts */
+    if ((e = cudaDeviceSynchronize()) != cudaSuccess) {
+        cu_matmul_buffers_free(di);
+        return SN_FAIL(SN_E_BACKEND, "cuda: GEMV buffers: %s", cudaGetErrorString(e));
     }
     return SN_OK;
 }

@@ -703,6 +703,7 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
             /* every block has read its flags once the count is full: the last clears them */
             __threadfence();
             if (atomicAdd(a.done, 1u) == gridDim.x * gridDim.y - 1) {
+                __threadfence(); /* the clearing after every block's count, not by the branch alone */
                 for (int i = 0; i < (int)gridDim.y * a.k; i++)
                     a.flag[i] = 0u;
                 *a.done = 0u;
@@ -915,6 +916,7 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
      * the gate/up kernel takes the edge (cu_moe_gu_edge), so its blocks sit
      * resident before the router ends. */
     const bool early = sync && cu_moe_dn_early && cu_pdl == 2 && (size_t)T * ks < CU_MOE_SYNC;
+    /* cu_last_edge is per thread: a backend's stream is fed by one thread at a time */
     const bool gu_edge =
         cu_pdl == 1 || (cu_pdl == 2 && (cu_moe_gu_edge == 2 || (cu_moe_gu_edge == 1 && T == 1)) && !cu_last_edge);
     g.flag = early ? sync + 1 : NULL;
@@ -966,6 +968,11 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     else
         (void)(rpw == 1 ? cu_launch_pdl(edge, k_md_down<8, 1>, g2, MD_THREADS, smem2, s, d)
                         : cu_launch_pdl(edge, k_md_down<8, 2>, g2, MD_THREADS, smem2, s, d));
-    CU_CHECK_LAUNCH("moe decode down");
+    const cudaError_t le = cudaGetLastError();
+    if (le != cudaSuccess) {
+        if (early) /* the gate/up kernel set flags no down kernel will clear */
+            (void)cudaMemsetAsync(sync, 0, sizeof(unsigned) * (1 + (size_t)T * ks), s);
+        return SN_FAIL(SN_E_BACKEND, "moe decode down: %s", cudaGetErrorString(le));
+    }
     return SN_OK;
 }
