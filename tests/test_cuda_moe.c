@@ -345,6 +345,21 @@ static void test_moe_decode_shapes(void)
     }
 }
 
+/* The largest stack uploaded afresh and used at once, eight times: the
+ * case that failed now and then (s21r5, s28r7) with both GPU forms agreeing,
+ * as scales read by the upload's interleave kernel before a cudaMemcpy on
+ * the legacy stream had landed would (every upload copy is now on the
+ * backend's stream). */
+static void test_moe_upload_fresh(void)
+{
+    for (int rep = 0; rep < 8; rep++) {
+        experts x;
+        ex_make(&x, SN_DT_Q4, SN_DT_BF16, 64, 1000, 64, 256, 64);
+        dec_case(&x, 2, 1, 0);
+        ex_free(&x);
+    }
+}
+
 /* ---- a decode step of mini MoE layers: eager vs graph ---- */
 
 typedef struct {
@@ -529,6 +544,7 @@ int main(void)
     }
     RUN(test_moe_tune);
     RUN(test_moe_decode_shapes);
+    RUN(test_moe_upload_fresh);
     RUN(test_moe_decode_35b);
     RUN(test_moe_shared);
     RUN(test_moe_graph_replay);
