@@ -7,7 +7,9 @@
 #   bench/gpu_vary.sh NAME,CONFIG,CTX,KEY=VALUE:RESTORE[,KEY=VALUE:RESTORE...] ...
 # each argument runs `bench_cuda --config CONFIG --prefill CTX --decode 32
 # --ncu-decode --no-profile --vary ...` (three interleaved rounds of the
-# default and each variant, ms per step); the rounds are printed as they
+# default and each variant, ms per step); among the KEY=VALUE:RESTORE
+# items, KEY=VALUE (no colon) sets the baseline (--tune) and rows=N makes
+# the steps N-row verify passes (--rows); the rounds are printed as they
 # come and the logs return as $OUT/vary.tar.xz, rewritten after each
 # argument, so a call cut short keeps what it measured.
 #   e.g. bench/gpu_vary.sh 35b,bench/configs/qwen3_5_35b_a3b.json,4096,fuse_attn_prep=1:0 \
@@ -31,7 +33,13 @@ for spec in "$@"; do
     IFS=, read -r -a f <<< "$spec"
     name=${f[0]} cfg=${f[1]} ctx=${f[2]}
     va=()
-    for v in "${f[@]:3}"; do va+=(--vary "$v"); done
+    for v in "${f[@]:3}"; do
+        case $v in
+        rows=[1-8]) va+=(--rows "${v#rows=}") ;; # the steps carry N rows (a verify pass)
+        *:*) va+=(--vary "$v") ;;
+        *) va+=(--tune "$v") ;; # the baseline's setting
+        esac
+    done
     t0=$SECONDS
     timeout 240 "$B/bench_cuda" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile "${va[@]}" \
         > "$w/$name.log" 2>&1
