@@ -698,6 +698,7 @@ int main(int argc, char **argv)
     double dec_gdn0 = decode_with(&m, "gdn_step", 0, 2, prefill, nv, &tok);
     /* the gated attention's q/k norms, RoPEs and KV write as four launches (one by default: run 37) */
     double dec_prep = decode_with(&m, "fuse_attn_prep", 0, 1, prefill, nv, &tok);
+    double dec_small = decode_with(&m, "pdl_small", 31, 0, prefill, nv, &tok);
     /* eager: fewer steps (same positions range) */
     int neager = ndec / 4 < 8 ? 8 : ndec / 4;
     pos = prefill;
@@ -751,6 +752,7 @@ int main(int argc, char **argv)
     printf("  decode (graph), the one-kernel GDN step (gdn_step=1): %.1f tok/s; conv, conv state and recurrence as "
            "three kernels (gdn_step=0): %.1f\n", dec_gdn1, dec_gdn0);
     printf("  decode (graph), q/k norms, RoPEs, KV write as four launches (fuse_attn_prep=0): %.1f tok/s\n", dec_prep);
+    printf("  decode (graph), the small kernels on the PDL edge too (pdl_small=31): %.1f tok/s\n", dec_small);
     gemv_micro(&m);
     /* [prefill-breakdown] one prefill per setting of the prefill kernels
      * (cuda_prefill.cu: chunked GDN + flash attention, or the old ones),

@@ -52,6 +52,8 @@ run)
     step ops_pdl 150 env SANCTUM_CUDA_PDL=1 "$B/test_cuda_ops"
     step model_pdl 150 env SANCTUM_CUDA_PDL=1 "$B/test_cuda_model"
     step model_nopdl 150 env SANCTUM_CUDA_PDL=0 "$B/test_cuda_model"
+    # the small kernels on the edge too (pdl_small, not the default yet)
+    step model_pdl_small 150 env SANCTUM_CUDA_PDL_SMALL=31 "$B/test_cuda_model"
     SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
     step memcheck_ops 300 env SANCTUM_CUDA_CUBLAS=0 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_ops"
     step memcheck_sample 120 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_sample"
@@ -81,7 +83,7 @@ run)
     grep -h "ERROR SUMMARY" "$w/memcheck_ops.log" "$w/memcheck_sample.log" | tail -2
     grep -h "^bench_pld" "$w"/pld_sampled_dev*.log | cut -c1-260
     grep -h "boundary\|one draw" "$w/sample.log"
-    grep -h "FAIL" "$w"/ops.log "$w"/ops_pdl.log "$w"/model.log "$w"/model_pdl.log "$w"/model_nopdl.log "$w"/moe.log "$w"/prefill.log "$w"/gemm_i8.log "$w"/sample.log | head
+    grep -h "FAIL" "$w"/ops.log "$w"/ops_pdl.log "$w"/model.log "$w"/model_pdl.log "$w"/model_nopdl.log "$w"/model_pdl_small.log "$w"/moe.log "$w"/prefill.log "$w"/gemm_i8.log "$w"/sample.log | head
     grep -h "decode (graph\|prefill 4096 tokens (default\|GPU memory" "$w"/bench_*.log
     grep -h "ms per step of 6 rows" "$w"/rows6_*.log
     grep -h "read .* MB:" "$w/sweep.log"

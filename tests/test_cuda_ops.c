@@ -1237,6 +1237,14 @@ static void test_graph_replay(void)
     CHECK_OK(sn_cuda_tune(G, "gemv_q8s_rows", 1024));
     g_mlp_dt = SN_DT_Q4;
     CHECK(sn_cuda_tune(G, "pdl_min_kb", -1) == SN_E_INVALID);
+    /* the small kernels on the edge too (pdl_small, every bit): the gated
+     * norm, the decode attention and its combine, the attention prep */
+    CHECK_OK(sn_cuda_tune(G, "pdl_small", 31));
+    graph_case(256, 1, 0);
+    graph_case(256, 4, 1);
+    graph_case_g(256, 1, 1, 1);
+    CHECK_OK(sn_cuda_tune(G, "pdl_small", 0));
+    CHECK(sn_cuda_tune(G, "pdl_small", 32) == SN_E_INVALID);
 }
 
 int main(void)

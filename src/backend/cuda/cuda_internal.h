@@ -121,12 +121,29 @@ cudaError_t cu_launch_pdl(bool edge, void (*kern)(KP...), dim3 grid, dim3 block,
     return cudaLaunchKernelEx(&cfg, kern, static_cast<A &&>(args)...);
 }
 
+/* With cu_pdl 2, the small kernels that take the edge anyway (tune
+ * pdl_small, bits; default 0): 1 the gated RMSNorm, 2 the decode attention,
+ * 4 its combine, 8 the GDN step after the folded conv, 16 the attention
+ * prep. Each starts with pdl_enter, so the edge only lets its blocks sit
+ * resident, waiting, while the kernel before it runs (where they fit). */
+extern int cu_pdl_small;
+enum { PDL_GATED_NORM = 1, PDL_ATTN = 2, PDL_COMBINE = 4, PDL_GDN = 8, PDL_ATTN_PREP = 16 };
+
 /* A kernel that reads only activations after pdl_wait: the edge when
  * cu_pdl is 1. */
 template <typename... KP, typename... A>
 cudaError_t cu_launch(void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A &&...args)
 {
     return cu_launch_pdl(cu_pdl == 1, kern, grid, block, smem, s, static_cast<A &&>(args)...);
+}
+
+/* cu_launch, or the edge under cu_pdl 2 where cu_pdl_small has bit */
+template <typename... KP, typename... A>
+cudaError_t cu_launch_small(int bit, void (*kern)(KP...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                            A &&...args)
+{
+    return cu_launch_pdl(cu_pdl == 1 || (cu_pdl == 2 && (cu_pdl_small & bit)), kern, grid, block, smem, s,
+                         static_cast<A &&>(args)...);
 }
 
 /* A kernel that streams wbytes of weights of bits bits into its pipeline

@@ -120,6 +120,8 @@ const tune_key tune_keys[] = {
     { "gemv_sk", TUNE_DI(gemv_sk), true, true, 0, {}, 0, 0, "" },
     { "gemv_mb", TUNE_DI(gemv_mb), false, true, 0, {}, 0, 2, "0 = by shape, 1 or 2" },
     { "pdl", TUNE_GLOBAL(cu_pdl), false, true, 0, {}, 0, 2, "0 off, 1 every kernel, 2 weight-prefetching kernels" },
+    { "pdl_small", TUNE_GLOBAL(cu_pdl_small), false, true, 0, {}, 0, 31,
+      "0 to 31 (bits: 1 gated norm, 2 attention, 4 combine, 8 GDN step, 16 attention prep)" },
     { "fuse", [](cuda_be *c) { return &c->fuse; }, true, true, 0, {}, 0, 0, "" },
     { "fuse_gate", [](cuda_be *c) { return &c->fuse_gate; }, true, true, 0, {}, 0, 0, "" },
     { "fuse_conv", [](cuda_be *c) { return &c->fuse_conv; }, true, true, 0, {}, 0, 0, "" },

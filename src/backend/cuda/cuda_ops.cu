@@ -1487,7 +1487,8 @@ sn_status cu_gated_rmsnorm(cudaStream_t s, const float *o, const float *z, const
     if (rows <= 0)
         return SN_OK;
     if (n % 4 == 0 && n <= 4096 && (((uintptr_t)o | (uintptr_t)z | (uintptr_t)y) & 15) == 0)
-        (void)cu_launch(k_gated_rmsnorm_w, (unsigned)((rows + 7) / 8), 256, 0, s, o, z, w, rows, n, eps, y);
+        (void)cu_launch_small(PDL_GATED_NORM, k_gated_rmsnorm_w, (unsigned)((rows + 7) / 8), 256, 0, s, o, z, w, rows,
+                              n, eps, y);
     else
         (void)cu_launch(k_gated_rmsnorm, (unsigned)rows, norm_threads(n), 0, s, o, z, w, n, eps, y);
     CU_CHECK_LAUNCH("gated_rmsnorm");
@@ -1586,7 +1587,8 @@ sn_status cu_attn_prep(cudaStream_t s, const cu_attn_prep_args *a, const int *d_
     const unsigned nb = (unsigned)(a->T * (a->Hq + a->Hkv));
     if (!nb)
         return SN_OK;
-    (void)cu_launch(k_attn_prep, nb, norm_threads(a->D), (size_t)a->D * sizeof(float), s, *a, d_delta);
+    (void)cu_launch_small(PDL_ATTN_PREP, k_attn_prep, nb, norm_threads(a->D), (size_t)a->D * sizeof(float), s, *a,
+                          d_delta);
     CU_CHECK_LAUNCH("attention prep");
     return SN_OK;
 }
@@ -1630,12 +1632,13 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
 #define GQA_LAUNCH(E, R)                                                                                             \
     do {                                                                                                             \
         if (nw == 8)                                                                                                 \
-            (void)cu_launch(k_attn_decode_gqa<E, R, 8>, grid, 8 * 32, (size_t)8 * R * D * sizeof(float), s, q,       \
-                            kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta, scale, part);                            \
+            (void)cu_launch_small(PDL_ATTN, k_attn_decode_gqa<E, R, 8>, grid, 8 * 32,                                \
+                                  (size_t)8 * R * D * sizeof(float), s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0,    \
+                                  d_delta, scale, part);                                                             \
         else                                                                                                         \
-            (void)cu_launch(k_attn_decode_gqa<E, R, DEC_WARPS>, grid, DEC_WARPS * 32,                                \
-                            (size_t)DEC_WARPS * R * D * sizeof(float), s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0,  \
-                            d_delta, scale, part);                                                                   \
+            (void)cu_launch_small(PDL_ATTN, k_attn_decode_gqa<E, R, DEC_WARPS>, grid, DEC_WARPS * 32,                \
+                                  (size_t)DEC_WARPS * R * D * sizeof(float), s, q, kv->k, kv->v, n_q_heads, Hkv, D,  \
+                                  pos0, d_delta, scale, part);                                                       \
     } while (0)
 #define GQA_R(E)                                                                                                     \
     do {                                                                                                             \
@@ -1654,21 +1657,22 @@ sn_status cu_attention(const cu_devinfo *di, cudaStream_t s, const float *q, con
         dim3 grid((unsigned)(T * n_q_heads), (unsigned)ns);
         size_t smem = (size_t)DEC_WARPS * D * sizeof(float);
         if (epl <= 1)
-            (void)cu_launch(k_attn_decode<1>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
-                                                                 scale, part);
+            (void)cu_launch_small(PDL_ATTN, k_attn_decode<1>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads,
+                                  Hkv, D, pos0, d_delta, scale, part);
         else if (epl <= 2)
-            (void)cu_launch(k_attn_decode<2>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
-                                                                 scale, part);
+            (void)cu_launch_small(PDL_ATTN, k_attn_decode<2>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads,
+                                  Hkv, D, pos0, d_delta, scale, part);
         else if (epl <= 4)
-            (void)cu_launch(k_attn_decode<4>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
-                                                                 scale, part);
+            (void)cu_launch_small(PDL_ATTN, k_attn_decode<4>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads,
+                                  Hkv, D, pos0, d_delta, scale, part);
         else
-            (void)cu_launch(k_attn_decode<8>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads, Hkv, D, pos0, d_delta,
-                                                                 scale, part);
+            (void)cu_launch_small(PDL_ATTN, k_attn_decode<8>, grid, DEC_WARPS * 32, smem, s, q, kv->k, kv->v, n_q_heads,
+                                  Hkv, D, pos0, d_delta, scale, part);
         }
         CU_CHECK_LAUNCH("attention decode");
         const int cth = ((D > ns ? D : ns) + 31) / 32 * 32; /* D <= 256 */
-        (void)cu_launch(k_attn_combine, (unsigned)(T * n_q_heads), cth, 0, s, part, ns, D, out, gate);
+        (void)cu_launch_small(PDL_COMBINE, k_attn_combine, (unsigned)(T * n_q_heads), cth, 0, s, part, ns, D, out,
+                              gate);
         CU_CHECK_LAUNCH("attention combine");
         return SN_OK;
     }
@@ -1812,8 +1816,8 @@ sn_status cu_gdn_after_conv(cudaStream_t s, const sn_gdn_dims *d, const float *c
     const float l2eps = d->norm_eps > 0.f ? d->norm_eps : 1e-6f;
     const dim3 rgrid((unsigned)d->n_v_heads, (unsigned)((d->dv + 31) / 32));
     gdn_by_rpt(d->dk, [&](auto R) {
-        (void)cu_launch(k_gdn_after_conv<decltype(R)::value>, rgrid, 128, 0, s, c, d->n_k_heads, d->n_v_heads, d->dk,
-                        d->dv, l2eps, a, b, A_log, dt_bias, S, T, out, hS, hstride, nh);
+        (void)cu_launch_small(PDL_GDN, k_gdn_after_conv<decltype(R)::value>, rgrid, 128, 0, s, c, d->n_k_heads,
+                              d->n_v_heads, d->dk, d->dv, l2eps, a, b, A_log, dt_bias, S, T, out, hS, hstride, nh);
     });
     CU_CHECK_LAUNCH("gdn after the folded conv");
     return SN_OK;
