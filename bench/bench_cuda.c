@@ -10,6 +10,9 @@
  * weight bytes one decode token reads and the achieved GB/s against the
  * measured device copy bandwidth, prefill tok/s and time to first token
  * for a P-token prompt, GPU memory, and the per-op time of one decode step.
+ * With --ncu-decode: the graph decode step time (--vary knobs interleaved,
+ * --rows for verify passes, --timeline for one step's kernels on the GPU's
+ * clock through CUPTI), then one step in the profiler range for ncu.
  * Appends one line per run to --log with the command that reproduces it.
  *
  * Build (here, with nvcc present):
@@ -31,6 +34,7 @@
 
 #ifdef SN_HAVE_CUDA
 #include "backend/cuda/sn_cuda.h"
+#include "timeline.h"
 
 typedef struct {
     int H, L, I, Hq, Hkv, D, Hk, Hv, Dk, Dv, K, V, interval, E, topk, Im, Is, rot;
@@ -452,6 +456,108 @@ static double decode_with(model_t *m, const char *key, int val, int restore, int
     return (n - 1) / t;
 }
 
+/* --timeline (with --ncu-decode): TL_STEPS graph steps with CUPTI's kernel
+ * records on, and the last one read through bench/timeline.h: per kernel
+ * name its launches, busy and exposed microseconds (the exposed ones sum to
+ * the step's span), then every kernel of the step in stream order with its
+ * start, end and the gap after the kernels before it (negative: it started
+ * while they ran). The same steps untraced first, for tracing's cost. A
+ * machine without libcupti gets one line saying so. */
+enum { TL_STEPS = 4, TL_MAX = 1 << 15, TL_NAMES = 64 };
+
+static void timeline_report(model_t *m, int pos0, int32_t *tok)
+{
+    const double plain_ms = 1e3 / decode_with(m, NULL, 0, 0, pos0, TL_STEPS + 1, tok);
+    sn_cuda_kspan *sp = calloc(TL_MAX, sizeof *sp);
+    if (!sp) {
+        printf("  timeline: out of memory\n");
+        return;
+    }
+    if (sn_cuda_timeline_begin(B, sp, TL_MAX) != SN_OK) {
+        printf("  timeline: %s\n", sn_errmsg());
+        free(sp);
+        return;
+    }
+    const double traced_ms = 1e3 / decode_with(m, NULL, 0, 0, pos0, TL_STEPS + 1, tok);
+    int n = 0;
+    long dropped = 0;
+    if (sn_cuda_timeline_end(B, &n, &dropped) != SN_OK) {
+        printf("  timeline: %s\n", sn_errmsg());
+        free(sp);
+        return;
+    }
+    /* the last step: the kernels of the graph launch that ends last */
+    int li = -1;
+    for (int i = 0; i < n; i++)
+        if (li < 0 || sp[i].end > sp[li].end) li = i;
+    int k = 0;
+    for (int i = 0; li >= 0 && i < n; i++)
+        if (sp[i].corr == sp[li].corr) k++;
+    uint64_t *st = malloc(sizeof(uint64_t) * (k + 1)), *en = malloc(sizeof(uint64_t) * (k + 1));
+    uint64_t *ex = malloc(sizeof(uint64_t) * (k + 1));
+    int *ix = malloc(sizeof(int) * (k + 1)), *ord = malloc(sizeof(int) * (k + 1));
+    if (!st || !en || !ex || !ix || !ord || k < 1) {
+        printf("  timeline: %d kernel records, none to read (%ld dropped)\n", n, dropped);
+        free(st); free(en); free(ex); free(ix); free(ord); free(sp);
+        return;
+    }
+    k = 0;
+    for (int i = 0; i < n; i++)
+        if (sp[i].corr == sp[li].corr) {
+            st[k] = sp[i].start;
+            en[k] = sp[i].end;
+            ix[k++] = i;
+        }
+    const uint64_t span = tl_exposed(st, en, k, ex, ord);
+    printf("  timeline (CUPTI kernel records, the last of %d traced graph steps): %d kernels, span %.3f ms; "
+           "a step %.3f ms traced, %.3f ms not%s\n",
+           TL_STEPS, k, span * 1e-6, traced_ms, plain_ms,
+           k < 10 ? " (few kernels: was the step a graph?)" : "");
+    if (dropped) printf("  timeline: %ld kernel records dropped (over %d)\n", dropped, TL_MAX);
+    /* per kernel name, by exposed time */
+    char names[TL_NAMES][48];
+    int cnt[TL_NAMES] = { 0 }, nn = 0, other = 0;
+    double busy[TL_NAMES] = { 0 }, expo[TL_NAMES] = { 0 };
+    for (int j = 0; j < k; j++) {
+        char nm[48];
+        tl_short_name(sp[ix[j]].name, nm, sizeof nm);
+        int g = 0;
+        while (g < nn && strcmp(names[g], nm)) g++;
+        if (g == nn) {
+            if (nn == TL_NAMES) { other++; g = TL_NAMES - 1; }
+            else { snprintf(names[nn], sizeof names[nn], "%s", nm); nn++; }
+        }
+        cnt[g]++;
+        busy[g] += (en[j] - st[j]) * 1e-3;
+        expo[g] += ex[j] * 1e-3;
+    }
+    int by[TL_NAMES];
+    for (int g = 0; g < nn; g++) by[g] = g;
+    for (int a = 1; a < nn; a++)
+        for (int b2 = a; b2 > 0 && expo[by[b2]] > expo[by[b2 - 1]]; b2--) {
+            const int t = by[b2]; by[b2] = by[b2 - 1]; by[b2 - 1] = t;
+        }
+    printf("  %-28s %8s %10s %10s %6s\n", "kernel", "launches", "busy us", "exposed us", "share");
+    for (int a = 0; a < nn; a++) {
+        const int g = by[a];
+        printf("  %-28s %8d %10.1f %10.1f %5.1f%%\n", names[g], cnt[g], busy[g], expo[g],
+               span ? 100.0 * expo[g] * 1e3 / (double)span : 0.0);
+    }
+    if (other) printf("  (%d launches of further names counted under the last)\n", other);
+    printf("  the step's kernels in stream order, us from its start: start end busy exposed gap\n");
+    uint64_t front = st[ord[0]];
+    for (int j = 0; j < k; j++) {
+        const int i = ord[j];
+        char nm[48];
+        tl_short_name(sp[ix[i]].name, nm, sizeof nm);
+        const double gap = j ? ((double)st[i] - (double)front) * 1e-3 : 0.0;
+        printf("  %4d %-28s %9.2f %9.2f %7.2f %7.2f %8.2f\n", j, nm, (st[i] - st[ord[0]]) * 1e-3,
+               (en[i] - st[ord[0]]) * 1e-3, (en[i] - st[i]) * 1e-3, ex[i] * 1e-3, gap);
+        if (en[i] > front) front = en[i];
+    }
+    free(st); free(en); free(ex); free(ix); free(ord); free(sp);
+}
+
 static int cmp_d(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -471,6 +577,7 @@ int main(int argc, char **argv)
      * inside sn_cuda_profiler_range (for ncu --profile-from-start off
      * --graph-profiling node: every kernel of one step, alone) */
     int ncu_decode = 0;
+    int timeline = 0; /* --timeline (with --ncu-decode): timeline_report before the profiled step */
     const char *tunes[8]; /* --tune key=value: sn_cuda_tune before the run (measurements) */
     int n_tunes = 0;
     /* --vary key=value:restore (with --ncu-decode): the graph decode timed
@@ -488,20 +595,21 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--gemv-only")) gemv_only = 1;
         else if (!strcmp(argv[i], "--read-sweep")) read_sweep = 1;
         else if (!strcmp(argv[i], "--ncu-decode")) ncu_decode = 1;
+        else if (!strcmp(argv[i], "--timeline")) timeline = 1;
         else if (!strcmp(argv[i], "--tune") && i + 1 < argc && n_tunes < 8) tunes[n_tunes++] = argv[++i];
         else if (!strcmp(argv[i], "--vary") && i + 1 < argc && n_vary < 16) vary[n_vary++] = argv[++i];
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) g_rows = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s --config config.json [--prefill P] [--decode N] [--layers L] [--log F] "
-                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--read-sweep] [--ncu-decode [--rows 1..8] [--vary key=value:restore]...] "
+                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--read-sweep] [--ncu-decode [--rows 1..8] [--timeline] [--vary key=value:restore]...] "
                             "[--tune key=value]...\n", argv[0]);
             return 2;
         }
     }
     if (!cfgp || prefill < 1 || ndec < 2 || g_rows < 1 || g_rows > 8 || g_rows > prefill ||
-        (g_rows > 1 && !ncu_decode)) {
+        ((g_rows > 1 || timeline) && !ncu_decode)) {
         fprintf(stderr, "bench_cuda: --config needed; prefill >= 1, decode >= 2; --rows 1..8 (at most the "
-                        "prefill), with --ncu-decode\n");
+                        "prefill) and --timeline with --ncu-decode\n");
         return 2;
     }
     model_t m;
@@ -585,6 +693,7 @@ int main(int argc, char **argv)
                 printf("  round %d %-20s decode (graph) %.3f ms per step = %.1f tok/s\n", round,
                        v >= 0 ? vary[v] : "default", ms, 1e3 / ms);
             }
+        if (timeline) timeline_report(&m, prefill, &tok);
         TRY(sn_cuda_profiler_range(B, 1));
         TRY(O->begin_step(B));
         forward(&m, &tok, 1, pos++, &tok);

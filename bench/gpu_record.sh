@@ -15,7 +15,8 @@
 #   test_cuda_ops, test_cuda_sample and test_cuda_moe under compute-sanitizer memcheck
 #   (test_cuda_moe also twice more plain), the read sweep
 #   (bench_cuda --read-sweep), bench_cuda on the 35B-A3B
-#   and 27B configs at 4096 tokens (and their 6-row verify steps, --rows 6),
+#   and 27B configs at 4096 tokens (and their 6-row verify steps, --rows 6,
+#   and one step's kernel timeline, --timeline),
 #   then bench_cuda_gpu.sh pcache quick, and sampled bench_pld on its 1B
 #   model with the draws on the GPU and on the host (SANCTUM_SAMPLE_DEVICE);
 #   a summary is printed and the logs come back as $OUT/logs.tar.xz
@@ -69,6 +70,8 @@ run)
         step "bench_$cfg" 200 "$B/bench_cuda" --config "bench/configs/$cfg.json" --prefill 4096 --decode 64 --log "$w/results.log"
         # what a prompt-lookup verify pass of 6 rows costs there
         step "rows6_$cfg" 100 "$B/bench_cuda" --config "bench/configs/$cfg.json" --prefill 4096 --decode 16 --ncu-decode --no-profile --rows 6
+        # one step's kernels on the GPU's clock (CUPTI): busy and exposed time per kernel
+        step "timeline_$cfg" 100 "$B/bench_cuda" --config "bench/configs/$cfg.json" --prefill 4096 --decode 16 --ncu-decode --no-profile --timeline
     done
     PACK_DIR=$L SN_GPU_BUDGET_S=150 OUT=$w bash bench/bench_cuda_gpu.sh pcache quick > "$w/pcache_run.log" 2>&1
     # sampled decode on the 1B the pcache step made (vocab 151669): draws on the GPU, then on the host
@@ -86,6 +89,7 @@ run)
     grep -h "FAIL" "$w"/ops.log "$w"/ops_pdl.log "$w"/model.log "$w"/model_pdl.log "$w"/model_nopdl.log "$w"/model_pdl_small.log "$w"/moe.log "$w"/prefill.log "$w"/gemm_i8.log "$w"/sample.log | head
     grep -h "decode (graph\|prefill 4096 tokens (default\|GPU memory" "$w"/bench_*.log
     grep -h "ms per step of 6 rows" "$w"/rows6_*.log
+    for f in "$w"/timeline_*.log; do grep -h -A14 "timeline (CUPTI\|timeline:" "$f" | head -16; done
     grep -h "read .* MB:" "$w/sweep.log"
     grep -h "summary (pcache" -A3 "$w/pcache_run.log" | cut -c1-200
     (cd "$w" && tar cJf "$out/logs.tar.xz" ./*.log)

@@ -40,6 +40,21 @@ sn_status sn_cuda_profile_report(sn_backend *be, FILE *f);
 /* cudaProfilerStart / Stop (after a sync): the range an external profiler
  * started with --profile-from-start off (ncu) records. */
 sn_status sn_cuda_profiler_range(sn_backend *be, int on);
+/* A kernel timeline of what runs on the device between the two calls
+ * (CUPTI's concurrent-kernel activity records; libcupti loaded at run time,
+ * SN_E_UNSUPPORTED where it or its headers are missing): each kernel's
+ * name (mangled, cut to fit), start and end in ns on the GPU's clock, and
+ * the id of the API call that launched it (one graph launch: one step).
+ * begin takes the array the spans go to (max of them; more are counted in
+ * end's *dropped); end synchronizes, flushes and says how many came. For
+ * bench_cuda --timeline (bench/timeline.h reads a step's critical path). */
+typedef struct {
+    char name[128];
+    uint64_t start, end;
+    uint32_t corr;
+} sn_cuda_kspan;
+sn_status sn_cuda_timeline_begin(sn_backend *be, sn_cuda_kspan *out, int max);
+sn_status sn_cuda_timeline_end(sn_backend *be, int *n, long *dropped);
 /* Graph statistics: steps replayed from a graph, steps (re)captured, steps
  * that ran eagerly because something inside needed the host. */
 void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *eager);
