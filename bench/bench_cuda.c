@@ -486,33 +486,46 @@ static void timeline_report(model_t *m, int pos0, int32_t *tok)
         free(sp);
         return;
     }
-    /* the last step: the kernels of the graph launch that ends last */
-    int li = -1;
-    for (int i = 0; i < n; i++)
-        if (li < 0 || sp[i].end > sp[li].end) li = i;
-    int k = 0;
-    for (int i = 0; li >= 0 && i < n; i++)
-        if (sp[i].corr == sp[li].corr) k++;
-    uint64_t *st = malloc(sizeof(uint64_t) * (k + 1)), *en = malloc(sizeof(uint64_t) * (k + 1));
-    uint64_t *ex = malloc(sizeof(uint64_t) * (k + 1));
-    int *ix = malloc(sizeof(int) * (k + 1)), *ord = malloc(sizeof(int) * (k + 1));
-    if (!st || !en || !ex || !ix || !ord || k < 1) {
+    /* the last step: the kernels of the graph launch that ends last, or,
+     * where the records do not share their launch's id, those after the
+     * last gap of over 10 us (the host's round trip between steps) */
+    uint64_t *st = malloc(sizeof(uint64_t) * (n + 1)), *en = malloc(sizeof(uint64_t) * (n + 1));
+    uint64_t *ex = malloc(sizeof(uint64_t) * (n + 1));
+    int *ix = malloc(sizeof(int) * (n + 1)), *ord = malloc(sizeof(int) * (n + 1));
+    if (!st || !en || !ex || !ix || !ord || n < 1) {
         printf("  timeline: %d kernel records, none to read (%ld dropped)\n", n, dropped);
         free(st); free(en); free(ex); free(ix); free(ord); free(sp);
         return;
     }
-    k = 0;
+    int li = 0;
     for (int i = 0; i < n; i++)
-        if (sp[i].corr == sp[li].corr) {
-            st[k] = sp[i].start;
-            en[k] = sp[i].end;
-            ix[k++] = i;
+        if (sp[i].end > sp[li].end) li = i;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (sp[i].corr == sp[li].corr) ix[k++] = i;
+    const char *grouped = "one graph launch";
+    if (k < 10) {
+        for (int i = 0; i < n; i++) {
+            st[i] = sp[i].start;
+            en[i] = sp[i].end;
         }
+        k = tl_last_step_by_gap(st, en, n, 10000, ix, ord);
+        grouped = "the kernels after the last gap of over 10 us";
+    }
+    for (int j = 0; j < k; j++) {
+        st[j] = sp[ix[j]].start;
+        en[j] = sp[ix[j]].end;
+    }
     const uint64_t span = tl_exposed(st, en, k, ex, ord);
-    printf("  timeline (CUPTI kernel records, the last of %d traced graph steps): %d kernels, span %.3f ms; "
-           "a step %.3f ms traced, %.3f ms not%s\n",
-           TL_STEPS, k, span * 1e-6, traced_ms, plain_ms,
-           k < 10 ? " (few kernels: was the step a graph?)" : "");
+    if (!span) {
+        printf("  timeline: %d kernels in the last step (%s), but a record ends before it starts or the step "
+               "has no length\n", k, grouped);
+        free(st); free(en); free(ex); free(ix); free(ord); free(sp);
+        return;
+    }
+    printf("  timeline (CUPTI kernel records, the last of %d traced graph steps, grouped as %s): %d kernels, "
+           "span %.3f ms; a step %.3f ms traced, %.3f ms not\n",
+           TL_STEPS, grouped, k, span * 1e-6, traced_ms, plain_ms);
     if (dropped) printf("  timeline: %ld kernel records dropped (over %d)\n", dropped, TL_MAX);
     /* per kernel name, by exposed time */
     char names[TL_NAMES][48];

@@ -107,4 +107,33 @@ static inline uint64_t tl_exposed(const uint64_t *start, const uint64_t *end, in
     return last - s0;
 }
 
+/* The kernels of the last step when the records cannot be grouped by
+ * their launch (a graph launch's kernels normally share one correlation
+ * id): in order of start, a new step begins where a kernel starts more than
+ * gap ns after every kernel before it has ended (the host's round trip
+ * between steps; inside a step the kernels follow within a few us). The
+ * last step's indices into idx (order: scratch for n), returns how many. */
+static inline int tl_last_step_by_gap(const uint64_t *start, const uint64_t *end, int n, uint64_t gap, int *idx,
+                                      int *order)
+{
+    if (n < 1)
+        return 0;
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    tl_sort_key = start;
+    qsort(order, (size_t)n, sizeof *order, tl_cmp_key);
+    int first = 0;
+    uint64_t front = end[order[0]];
+    for (int j = 1; j < n; j++) {
+        const int i = order[j];
+        if (start[i] > front && start[i] - front > gap)
+            first = j;
+        if (end[i] > front)
+            front = end[i];
+    }
+    for (int j = first; j < n; j++)
+        idx[j - first] = order[j];
+    return n - first;
+}
+
 #endif

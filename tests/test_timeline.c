@@ -78,9 +78,31 @@ static void test_exposed(void)
     CHECK(tl_exposed(s6, e6, 2, ex, order) == 0);
 }
 
+/* three steps of three kernels (0-30, 100-140, 300-330), listed out of
+ * order, the last with a kernel that starts before the one ahead ends */
+static void test_last_step(void)
+{
+    const uint64_t s[] = { 300, 0, 108, 100, 10, 20, 310, 130, 305 };
+    const uint64_t e[] = { 308, 9, 125, 105, 18, 30, 330, 140, 309 };
+    int idx[9], order[9];
+    int k = tl_last_step_by_gap(s, e, 9, 20, idx, order);
+    CHECKF(k == 3, "last step of %d kernels, want 3", k);
+    if (k == 3) CHECK(idx[0] == 0 && idx[1] == 8 && idx[2] == 6);
+    /* without the ninth kernel the last step is 300-308 then 310-330: a
+     * threshold under its own launch gap of 2 splits it */
+    k = tl_last_step_by_gap(s, e, 8, 20, idx, order);
+    CHECKF(k == 2 && idx[0] == 0 && idx[1] == 6, "8 kernels, threshold 20: %d kernels", k);
+    k = tl_last_step_by_gap(s, e, 8, 1, idx, order);
+    CHECKF(k == 1 && idx[0] == 6, "8 kernels, threshold 1: %d kernels", k);
+    /* one kernel; none */
+    CHECK(tl_last_step_by_gap(s, e, 1, 20, idx, order) == 1 && idx[0] == 0);
+    CHECK(tl_last_step_by_gap(s, e, 0, 20, idx, order) == 0);
+}
+
 int main(void)
 {
     RUN(test_short_name);
     RUN(test_exposed);
+    RUN(test_last_step);
     return TEST_END();
 }
