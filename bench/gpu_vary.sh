@@ -8,8 +8,10 @@
 # each argument runs `bench_cuda --config CONFIG --prefill CTX --decode 32
 # --ncu-decode --no-profile --vary ...` (three interleaved rounds of the
 # default and each variant, ms per step); among the KEY=VALUE:RESTORE
-# items, KEY=VALUE (no colon) sets the baseline (--tune) and rows=N makes
-# the steps N-row verify passes (--rows); the rounds are printed as they
+# items, KEY=VALUE (no colon) sets the baseline (--tune), rows=N makes
+# the steps N-row verify passes (--rows) and timeline adds the baseline's
+# kernel timeline (--timeline; its table by exposed time goes into the
+# summary, the per-kernel list stays in the log); the rounds are printed as they
 # come and the logs return as $OUT/vary.tar.xz, rewritten after each
 # argument, so a call cut short keeps what it measured.
 #   e.g. bench/gpu_vary.sh 35b,bench/configs/qwen3_5_35b_a3b.json,4096,fuse_attn_prep=1:0 \
@@ -36,6 +38,7 @@ for spec in "$@"; do
     for v in "${f[@]:3}"; do
         case $v in
         rows=[1-8]) va+=(--rows "${v#rows=}") ;; # the steps carry N rows (a verify pass)
+        timeline) va+=(--timeline) ;;            # and one step's kernel timeline (CUPTI) in the log
         *:*) va+=(--vary "$v") ;;
         *) va+=(--tune "$v") ;; # the baseline's setting
         esac
@@ -45,6 +48,8 @@ for spec in "$@"; do
         > "$w/$name.log" 2>&1
     s+=("$name (rc $?, $((SECONDS - t0)) s): $cfg at $ctx")
     while read -r l; do s+=("  $l"); done < <(grep -E '^  round' "$w/$name.log" | sed -E 's/ +/ /g')
+    while read -r l; do s+=("  $l"); done < <(sed -n '/^  timeline/,/in stream order/p' "$w/$name.log" |
+        grep -v "in stream order" | head -40 | sed -E 's/ +/ /g')
     printf '%s\n' "${s[@]}" | tee "$w/summary.log" | tail -n +2 | sed -n "/^$name /,\$p"
     (cd "$w" && tar cJf "$out/vary.tar.xz" ./*.log)
 done
