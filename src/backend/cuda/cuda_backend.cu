@@ -24,7 +24,7 @@ int cu_pdl = 0; /* see cuda_internal.h; set at backend creation */
 int64_t cu_pdl_min_bytes = 0;
 thread_local int cu_pdl_skip;
 thread_local int cu_last_edge;
-int cu_pdl_small; /* set at creation: 0 unless SANCTUM_CUDA_PDL_SMALL (not yet timed, run 38) */
+int cu_pdl_small; /* set at creation: 0 unless SANCTUM_CUDA_PDL_SMALL (no bit gained in run 39) */
 
 namespace {
 
@@ -1554,10 +1554,11 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
                        "(default: for the kernels that prefetch weights)",
                        pdl);
     const char *pdls = getenv("SANCTUM_CUDA_PDL_SMALL");
+    long pdl_small = 0;
     if (pdls) {
         char *end = NULL;
-        const long v = strtol(pdls, &end, 10);
-        if (end == pdls || *end || v < 0 || v > 31)
+        pdl_small = strtol(pdls, &end, 10);
+        if (end == pdls || *end || pdl_small < 0 || pdl_small > 31)
             return SN_FAIL(SN_E_INVALID,
                            "SANCTUM_CUDA_PDL_SMALL=%s: want 0 to 31 (bits: 1 gated norm, 2 attention, 4 combine, 8 "
                            "GDN step, 16 attention prep)",
@@ -1614,9 +1615,8 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
          * s27r1: the default model (all 4-bit, all under 2 MB) 0.190 ms with every edge, 0.231 with
          * none, so the threshold holds for 8-bit weights only */
         cu_pdl_min_bytes = (int64_t)2 << 20;
-        /* SANCTUM_CUDA_PDL_SMALL (checked above): the small kernels on the edge too (tune pdl_small) */
-        const char *ps = getenv("SANCTUM_CUDA_PDL_SMALL");
-        cu_pdl_small = ps ? atoi(ps) : 0;
+        /* SANCTUM_CUDA_PDL_SMALL (parsed above): the small kernels on the edge too (tune pdl_small) */
+        cu_pdl_small = (int)pdl_small;
     }
     cb->di.n_sm = prop.multiProcessorCount;
     cb->di.smem_optin = prop.sharedMemPerBlockOptin;
