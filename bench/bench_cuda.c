@@ -491,11 +491,11 @@ static void timeline_report(model_t *m, int pos0, int32_t *tok)
      * last gap of over 10 us (the host's round trip between steps) */
     uint64_t *st = malloc(sizeof(uint64_t) * (n + 1)), *en = malloc(sizeof(uint64_t) * (n + 1));
     uint64_t *ex = malloc(sizeof(uint64_t) * (n + 1));
+    int64_t *gap = malloc(sizeof(int64_t) * (n + 1));
     int *ix = malloc(sizeof(int) * (n + 1)), *ord = malloc(sizeof(int) * (n + 1));
-    if (!st || !en || !ex || !ix || !ord || n < 1) {
+    if (!st || !en || !ex || !gap || !ix || !ord || n < 1) {
         printf("  timeline: %d kernel records, none to read (%ld dropped)\n", n, dropped);
-        free(st); free(en); free(ex); free(ix); free(ord); free(sp);
-        return;
+        goto done;
     }
     int li = 0;
     for (int i = 0; i < n; i++)
@@ -516,12 +516,11 @@ static void timeline_report(model_t *m, int pos0, int32_t *tok)
         st[j] = sp[ix[j]].start;
         en[j] = sp[ix[j]].end;
     }
-    const uint64_t span = tl_exposed(st, en, k, ex, ord);
+    const uint64_t span = tl_exposed(st, en, k, ex, gap, ord);
     if (!span) {
         printf("  timeline: %d kernels in the last step (%s), but a record ends before it starts or the step "
                "has no length\n", k, grouped);
-        free(st); free(en); free(ex); free(ix); free(ord); free(sp);
-        return;
+        goto done;
     }
     printf("  timeline (CUPTI kernel records, the last of %d traced graph steps, grouped as %s): %d kernels, "
            "span %.3f ms; a step %.3f ms traced, %.3f ms not\n",
@@ -554,21 +553,19 @@ static void timeline_report(model_t *m, int pos0, int32_t *tok)
     for (int a = 0; a < nn; a++) {
         const int g = by[a];
         printf("  %-28s %8d %10.1f %10.1f %5.1f%%\n", names[g], cnt[g], busy[g], expo[g],
-               span ? 100.0 * expo[g] * 1e3 / (double)span : 0.0);
+               100.0 * expo[g] * 1e3 / (double)span);
     }
     if (other) printf("  (%d launches of further names counted under the last)\n", other);
     printf("  the step's kernels in stream order, us from its start: start end busy exposed gap\n");
-    uint64_t front = st[ord[0]];
     for (int j = 0; j < k; j++) {
         const int i = ord[j];
         char nm[48];
         tl_short_name(sp[ix[i]].name, nm, sizeof nm);
-        const double gap = j ? ((double)st[i] - (double)front) * 1e-3 : 0.0;
         printf("  %4d %-28s %9.2f %9.2f %7.2f %7.2f %8.2f\n", j, nm, (st[i] - st[ord[0]]) * 1e-3,
-               (en[i] - st[ord[0]]) * 1e-3, (en[i] - st[i]) * 1e-3, ex[i] * 1e-3, gap);
-        if (en[i] > front) front = en[i];
+               (en[i] - st[ord[0]]) * 1e-3, (en[i] - st[i]) * 1e-3, ex[i] * 1e-3, gap[i] * 1e-3);
     }
-    free(st); free(en); free(ex); free(ix); free(ord); free(sp);
+done:
+    free(st); free(en); free(ex); free(gap); free(ix); free(ord); free(sp);
 }
 
 static int cmp_d(const void *a, const void *b)

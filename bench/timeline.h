@@ -78,28 +78,38 @@ static inline int tl_cmp_key(const void *a, const void *b)
     return *(const int *)a - *(const int *)b;
 }
 
-/* exposed[i] for the n kernels of one step (ns); returns the span, 0 when
- * n < 1 or a kernel ends before it starts. order gets the kernels by start
- * (ties: as listed). */
-static inline uint64_t tl_exposed(const uint64_t *start, const uint64_t *end, int n, uint64_t *exposed, int *order)
+/* order[0..n) = the kernels by start (ties: as listed) */
+static inline void tl_by_start(const uint64_t *start, int n, int *order)
+{
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    tl_sort_key = start;
+    qsort(order, (size_t)n, sizeof *order, tl_cmp_key);
+}
+
+/* exposed[i] for the n kernels of one step (ns), and gap[i] (NULL: not
+ * wanted) = its start - every earlier kernel's end (0 for the first;
+ * negative: it started beside them); returns the span, 0 when n < 1 or a
+ * kernel ends before it starts. order gets the kernels by start. */
+static inline uint64_t tl_exposed(const uint64_t *start, const uint64_t *end, int n, uint64_t *exposed,
+                                  int64_t *gap, int *order)
 {
     if (n < 1)
         return 0;
-    uint64_t s0 = start[0], last = end[0];
+    uint64_t last = end[0];
     for (int i = 0; i < n; i++) {
         if (end[i] < start[i])
             return 0;
-        if (start[i] < s0)
-            s0 = start[i];
         if (end[i] > last)
             last = end[i];
-        order[i] = i;
     }
-    tl_sort_key = start;
-    qsort(order, (size_t)n, sizeof *order, tl_cmp_key);
+    tl_by_start(start, n, order);
+    const uint64_t s0 = start[order[0]];
     uint64_t front = s0;
     for (int j = 0; j < n; j++) {
         const int i = order[j];
+        if (gap)
+            gap[i] = (int64_t)(start[i] - front);
         exposed[i] = end[i] > front ? end[i] - front : 0;
         if (end[i] > front)
             front = end[i];
@@ -118,10 +128,7 @@ static inline int tl_last_step_by_gap(const uint64_t *start, const uint64_t *end
 {
     if (n < 1)
         return 0;
-    for (int i = 0; i < n; i++)
-        order[i] = i;
-    tl_sort_key = start;
-    qsort(order, (size_t)n, sizeof *order, tl_cmp_key);
+    tl_by_start(start, n, order);
     int first = 0;
     uint64_t front = end[order[0]];
     for (int j = 1; j < n; j++) {

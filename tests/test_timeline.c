@@ -37,16 +37,20 @@ static void test_short_name(void)
     CHECK(small[0] == '\0');
 }
 
-/* exposed times against the expected ones; their sum must be the span */
-static void exposed_case(const uint64_t *s, const uint64_t *e, int n, const uint64_t *want, uint64_t span)
+/* exposed times and gaps against the expected ones; the exposed times
+ * must sum to the span */
+static void exposed_case(const uint64_t *s, const uint64_t *e, int n, const uint64_t *want, const int64_t *wgap,
+                         uint64_t span)
 {
     uint64_t ex[16], sum = 0;
+    int64_t gap[16];
     int order[16];
-    const uint64_t got = tl_exposed(s, e, n, ex, order);
+    const uint64_t got = tl_exposed(s, e, n, ex, gap, order);
     CHECKF(got == span, "span %llu, want %llu", (unsigned long long)got, (unsigned long long)span);
     for (int i = 0; i < n; i++) {
         CHECKF(ex[i] == want[i], "kernel %d: exposed %llu, want %llu", i, (unsigned long long)ex[i],
                (unsigned long long)want[i]);
+        CHECKF(gap[i] == wgap[i], "kernel %d: gap %lld, want %lld", i, (long long)gap[i], (long long)wgap[i]);
         sum += ex[i];
     }
     CHECKF(sum == span, "exposed times sum to %llu, span %llu", (unsigned long long)sum, (unsigned long long)span);
@@ -58,24 +62,29 @@ static void test_exposed(void)
 {
     /* a chain with launch gaps: each gap is the next kernel's */
     const uint64_t s1[] = { 100, 130, 190 }, e1[] = { 120, 180, 200 }, w1[] = { 20, 60, 20 };
-    exposed_case(s1, e1, 3, w1, 100);
+    const int64_t g1[] = { 0, 10, 10 };
+    exposed_case(s1, e1, 3, w1, g1, 100);
     /* PDL: the second starts (its prologue) before the first ends; only its tail shows */
     const uint64_t s2[] = { 0, 40, 90 }, e2[] = { 50, 80, 95 }, w2[] = { 50, 30, 15 };
-    exposed_case(s2, e2, 3, w2, 95);
+    const int64_t g2[] = { 0, -10, 10 };
+    exposed_case(s2, e2, 3, w2, g2, 95);
     /* a kernel that ends inside the one before it adds nothing */
     const uint64_t s3[] = { 10, 20, 70 }, e3[] = { 60, 30, 90 }, w3[] = { 50, 0, 30 };
-    exposed_case(s3, e3, 3, w3, 80);
+    const int64_t g3[] = { 0, -40, 10 };
+    exposed_case(s3, e3, 3, w3, g3, 80);
     /* listed out of order, equal starts and ends: the first listed takes the time */
     const uint64_t s4[] = { 50, 0, 0 }, e4[] = { 70, 40, 40 }, w4[] = { 30, 40, 0 };
-    exposed_case(s4, e4, 3, w4, 70);
+    const int64_t g4[] = { 10, 0, -40 };
+    exposed_case(s4, e4, 3, w4, g4, 70);
     /* one kernel; none; a kernel that ends before it starts */
     const uint64_t s5[] = { 5 }, e5[] = { 9 }, w5[] = { 4 };
-    exposed_case(s5, e5, 1, w5, 4);
+    const int64_t g5[] = { 0 };
+    exposed_case(s5, e5, 1, w5, g5, 4);
     uint64_t ex[2];
     int order[2];
-    CHECK(tl_exposed(s5, e5, 0, ex, order) == 0);
+    CHECK(tl_exposed(s5, e5, 0, ex, NULL, order) == 0);
     const uint64_t s6[] = { 5, 10 }, e6[] = { 9, 8 };
-    CHECK(tl_exposed(s6, e6, 2, ex, order) == 0);
+    CHECK(tl_exposed(s6, e6, 2, ex, NULL, order) == 0);
 }
 
 /* three steps of three kernels (0-30, 100-140, 300-330), listed out of
