@@ -1247,6 +1247,35 @@ static void test_graph_replay(void)
     CHECK(sn_cuda_tune(G, "pdl_small", 32) == SN_E_INVALID);
 }
 
+/* every environment knob the backend reads refuses a malformed value by
+ * name at creation (the variable is restored after: a run may set it) */
+static void test_env_knobs(void)
+{
+    static const struct { const char *name, *value; } bad[] = {
+        { "SANCTUM_CUDA_PDL", "3" },          { "SANCTUM_CUDA_PDL_SMALL", "32" },
+        { "SANCTUM_CUDA_GEMM", "fp8" },       { "SANCTUM_CUDA_GEMV", "int" },
+        { "SANCTUM_CUDA_PREFILL", "chunked" }, { "SANCTUM_CUDA_PREFILL_MIN_T", "0" },
+        { "SANCTUM_CUDA_PREFILL_MIN_T", "64x" }, { "SANCTUM_CUDA_GDN_TC", "on" },
+        { "SANCTUM_CUDA_CUBLAS", "no" },      { "SANCTUM_CUDA_MOE_REPACK", "2" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *was = getenv(bad[i].name);
+        char *keep = was ? strdup(was) : NULL;
+        setenv(bad[i].name, bad[i].value, 1);
+        sn_backend *b = NULL;
+        const sn_status st = sn_backend_cuda_new(0, &b);
+        CHECKF(st == SN_E_INVALID && !b && strstr(sn_errmsg(), bad[i].name), "%s=%s: not refused by name (%d)",
+               bad[i].name, bad[i].value, (int)st);
+        if (b)
+            sn_backend_free(b);
+        if (keep)
+            setenv(bad[i].name, keep, 1);
+        else
+            unsetenv(bad[i].name);
+        free(keep);
+    }
+}
+
 int main(void)
 {
     sn_status st = sn_backend_cuda_new(0, &G);
@@ -1284,6 +1313,7 @@ int main(void)
     RUN(test_moe);
     RUN(test_argmax);
     RUN(test_graph_replay);
+    RUN(test_env_knobs);
     if (G->ops->sync(G) != SN_OK) {
         fprintf(stderr, "final sync: %s\n", sn_errmsg());
         t_failed++;

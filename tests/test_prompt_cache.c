@@ -804,7 +804,27 @@ static void test_store_paths(void)
         setenv("SANCTUM_PCACHE_STORE", "host", 1);
         sn_pcache_opts_default(&o);
         CHECK(o.store == SN_PCACHE_STORE_HOST);
+        CHECK_OK(sn_engine_env_check());
+        /* a malformed knob is refused by name, by sn_pcache_new and sn_engine_env_check */
+        setenv("SANCTUM_PCACHE_STORE", "hots", 1);
+        sn_pcache_opts_default(&o);
+        CHECK(sn_pcache_new(pm->m, &o, &pc) == SN_E_INVALID && strstr(sn_errmsg(), "SANCTUM_PCACHE_STORE=hots"));
         unsetenv("SANCTUM_PCACHE_STORE");
+        static const struct { const char *name, *value; } bad[] = {
+            { "SANCTUM_PCACHE_MIN_FRESH", "3" }, { "SANCTUM_INVARIANT_ROWS", "0" },
+            { "SANCTUM_INVARIANT_ROWS", "8x" },  { "SANCTUM_INVARIANT_ROWS", "MAX" },
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+            setenv(bad[i].name, bad[i].value, 1);
+            CHECKF(sn_engine_env_check() == SN_E_INVALID && strstr(sn_errmsg(), bad[i].name),
+                   "%s=%s: not refused by name", bad[i].name, bad[i].value);
+            unsetenv(bad[i].name);
+        }
+        setenv("SANCTUM_INVARIANT_ROWS", "max", 1);
+        CHECK_OK(sn_engine_env_check());
+        setenv("SANCTUM_INVARIANT_ROWS", "4", 1);
+        CHECK_OK(sn_engine_env_check());
+        unsetenv("SANCTUM_INVARIANT_ROWS");
     }
     FOR_MODELS {
         if (strncmp(PM->name, "synth_", 6) != 0) continue;   /* the four architectures once */

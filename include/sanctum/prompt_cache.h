@@ -140,12 +140,18 @@ sn_status sn_pcache_prewarm(sn_pcache *pc, sn_model *m, sn_seq *seq, const int32
  * are never reused there, and prompt lookup decoding verifies at most
  * sn_engine_invariant_rows(m) rows per forward. */
 
+/* The engine's environment knobs, checked: SANCTUM_INVARIANT_ROWS (below),
+ * SANCTUM_PCACHE_MIN_FRESH and SANCTUM_PCACHE_STORE (sn_pcache_opts_default).
+ * A value set but malformed is SN_E_INVALID naming the variable and what
+ * it takes; sn_pcache_new and sn_generate check, and the server at start. */
+sn_status sn_engine_env_check(void);
+
 /* The largest number of rows one forward may have while every row's result
  * is bitwise that of a one-row forward. INT_MAX: fully batch invariant (the
  * CPU backend): any cut, any resume position. Otherwise the canonical
  * schedule above is used. The environment SANCTUM_INVARIANT_ROWS (an
  * integer >= 1, or "max") overrides it for experiments; a malformed value
- * counts as 1. The CUDA backend counts 8 (its GEMV and split-KV decode
+ * counts as 1 here (sn_engine_env_check refuses it). The CUDA backend counts 8 (its GEMV and split-KV decode
  * attention take up to 8 rows, each with one-row bits; test_cuda_pcache
  * measures it). */
 int sn_engine_invariant_rows(const sn_model *m);

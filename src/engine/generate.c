@@ -164,6 +164,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     sn_pld_opts po = p->pld_opts;
     if (p->pld && po.max_lookup == 0) po = (sn_pld_opts){ .max_lookup = 5, .ngram = 3, .adaptive = true };
     if (p->pld) SN_TRY(sn_pld_opts_check(&po));
+    SN_TRY(sn_engine_env_check());
     const sn_model_info *info = sn_model_get_info(m);
     int pos0 = sn_seq_pos(seq), max_ctx = sn_seq_max_ctx(seq);
     if (pos0 + n_prompt >= max_ctx)

@@ -145,6 +145,25 @@ static int n_attn_layers(const sn_seq *s)
 
 /* ---- batch invariance and the canonical schedule (prompt_cache.h) ------- */
 
+sn_status sn_engine_env_check(void)
+{
+    const char *e = getenv("SANCTUM_INVARIANT_ROWS");
+    if (e && *e && strcmp(e, "max")) {
+        char *end;
+        errno = 0;
+        long v = strtol(e, &end, 10);
+        if (errno || *end || v < 1 || v > (1 << 20))
+            return SN_FAIL(SN_E_INVALID, "SANCTUM_INVARIANT_ROWS=%s: want an integer from 1 to 1048576, or max", e);
+    }
+    e = getenv("SANCTUM_PCACHE_MIN_FRESH");
+    if (e && *e && strcmp(e, "1") && strcmp(e, "2"))
+        return SN_FAIL(SN_E_INVALID, "SANCTUM_PCACHE_MIN_FRESH=%s: want 1 (default) or 2", e);
+    e = getenv("SANCTUM_PCACHE_STORE");
+    if (e && *e && strcmp(e, "auto") && strcmp(e, "host") && strcmp(e, "backend"))
+        return SN_FAIL(SN_E_INVALID, "SANCTUM_PCACHE_STORE=%s: want auto (default), host or backend", e);
+    return SN_OK;
+}
+
 int sn_engine_invariant_rows(const sn_model *m)
 {
     const char *e = getenv("SANCTUM_INVARIANT_ROWS");
@@ -280,6 +299,7 @@ sn_status sn_pcache_new(sn_model *m, const sn_pcache_opts *o, sn_pcache **out)
 {
     *out = NULL;
     if (!m) return SN_FAIL(SN_E_INVALID, "prompt cache: NULL model");
+    SN_TRY(sn_engine_env_check());
     sn_pcache_opts d;
     sn_pcache_opts_default(&d);
     if (!o) o = &d;

@@ -583,7 +583,10 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    if (sn_pld_opts_from_env(&e.pld_opts) != SN_OK) { fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg()); goto out; }
+    if (sn_pld_opts_from_env(&e.pld_opts) != SN_OK || sn_engine_env_check() != SN_OK) {
+        fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg());
+        goto out;
+    }
     e.pld = c.pld;
     e.metrics = metrics;
     sn_pld_ctl_init(&e.pld_ctl, e.pld_opts.adaptive);
