@@ -24,6 +24,8 @@
  *  - a GDN layer's projections and step in a graph, its conv folded into
  *    the qkv projection's epilogue (fuse_conv=1, default) or not: bitwise
  *    equal to eager over three steps, and one graph node fewer folded.
+ *  - every SANCTUM_CUDA_* knob refuses a malformed value by name when the
+ *    backend is created.
  * On a machine without a GPU (or a build without CUDA) the test says SKIP
  * and reports 0 passed, 0 failed. */
 #include <math.h>
