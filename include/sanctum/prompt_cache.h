@@ -151,9 +151,9 @@ sn_status sn_engine_env_check(void);
  * CPU backend): any cut, any resume position. Otherwise the canonical
  * schedule above is used. The environment SANCTUM_INVARIANT_ROWS (an
  * integer >= 1, or "max") overrides it for experiments; a malformed value
- * counts as 1 here (sn_engine_env_check refuses it). The CUDA backend counts 8 (its GEMV and split-KV decode
- * attention take up to 8 rows, each with one-row bits; test_cuda_pcache
- * measures it). */
+ * counts as 1 here (sn_engine_env_check refuses it). The CUDA backend
+ * counts 8 (its GEMV and split-KV decode attention take up to 8 rows, each
+ * with one-row bits; test_cuda_pcache measures it). */
 int sn_engine_invariant_rows(const sn_model *m);
 /* The forward size the canonical schedule uses for a prefill chunk of
  * chunk tokens (<= 0: 512), capped at the model's step size. */

@@ -145,35 +145,60 @@ static int n_attn_layers(const sn_seq *s)
 
 /* ---- batch invariance and the canonical schedule (prompt_cache.h) ------- */
 
+/* SANCTUM_INVARIANT_ROWS: *rows 0 when unset, INT_MAX for max */
+static sn_status env_invariant_rows(int *rows)
+{
+    *rows = 0;
+    const char *e = getenv("SANCTUM_INVARIANT_ROWS");
+    if (!e || !*e) return SN_OK;
+    if (!strcmp(e, "max")) { *rows = INT_MAX; return SN_OK; }
+    char *end;
+    errno = 0;
+    long v = strtol(e, &end, 10);
+    if (errno || *end || v < 1 || v > (1 << 20))
+        return SN_FAIL(SN_E_INVALID, "SANCTUM_INVARIANT_ROWS=%s: want an integer from 1 to 1048576, or max", e);
+    *rows = (int)v;
+    return SN_OK;
+}
+
+/* SANCTUM_PCACHE_MIN_FRESH and SANCTUM_PCACHE_STORE into o, each when its
+ * value is one it takes (left as given otherwise); the first malformed one
+ * is the error */
+static sn_status env_pcache(sn_pcache_opts *o)
+{
+    sn_status st = SN_OK;
+    const char *e = getenv("SANCTUM_PCACHE_MIN_FRESH");
+    if (e && *e) {
+        if (!strcmp(e, "1") || !strcmp(e, "2")) o->min_fresh = e[0] - '0';
+        else st = SN_FAIL(SN_E_INVALID, "SANCTUM_PCACHE_MIN_FRESH=%s: want 1 (default) or 2", e);
+    }
+    e = getenv("SANCTUM_PCACHE_STORE");
+    if (e && *e) {
+        if (!strcmp(e, "auto")) o->store = SN_PCACHE_STORE_AUTO;
+        else if (!strcmp(e, "host")) o->store = SN_PCACHE_STORE_HOST;
+        else if (!strcmp(e, "backend")) o->store = SN_PCACHE_STORE_BACKEND;
+        else if (st == SN_OK)
+            st = SN_FAIL(SN_E_INVALID, "SANCTUM_PCACHE_STORE=%s: want auto (default), host or backend", e);
+    }
+    return st;
+}
+
 sn_status sn_engine_env_check(void)
 {
-    const char *e = getenv("SANCTUM_INVARIANT_ROWS");
-    if (e && *e && strcmp(e, "max")) {
-        char *end;
-        errno = 0;
-        long v = strtol(e, &end, 10);
-        if (errno || *end || v < 1 || v > (1 << 20))
-            return SN_FAIL(SN_E_INVALID, "SANCTUM_INVARIANT_ROWS=%s: want an integer from 1 to 1048576, or max", e);
-    }
-    e = getenv("SANCTUM_PCACHE_MIN_FRESH");
-    if (e && *e && strcmp(e, "1") && strcmp(e, "2"))
-        return SN_FAIL(SN_E_INVALID, "SANCTUM_PCACHE_MIN_FRESH=%s: want 1 (default) or 2", e);
-    e = getenv("SANCTUM_PCACHE_STORE");
-    if (e && *e && strcmp(e, "auto") && strcmp(e, "host") && strcmp(e, "backend"))
-        return SN_FAIL(SN_E_INVALID, "SANCTUM_PCACHE_STORE=%s: want auto (default), host or backend", e);
-    return SN_OK;
+    int rows;
+    SN_TRY(env_invariant_rows(&rows));
+    sn_pcache_opts o = { 0 }; /* only parsed into */
+    return env_pcache(&o);
 }
 
 int sn_engine_invariant_rows(const sn_model *m)
 {
-    const char *e = getenv("SANCTUM_INVARIANT_ROWS");
-    if (e && *e) {
-        if (!strcmp(e, "max")) return INT_MAX;
-        char *end;
-        errno = 0;
-        long v = strtol(e, &end, 10);
-        return errno || *end || v < 1 || v > (1 << 20) ? 1 : (int)v;
+    int rows;
+    if (env_invariant_rows(&rows) != SN_OK) {
+        sn_clear_error();
+        return 1; /* malformed: the safe count (sn_engine_env_check refuses it) */
     }
+    if (rows) return rows;
     const char *name = m->be->ops->name;
     if (!strncmp(name, "cpu", 3)) return INT_MAX;   /* backend.h: every CPU op is batch invariant */
     /* CUDA: the GEMV (cuda_matmul.cu, GEMM from 9 rows) and the split-KV
@@ -288,11 +313,8 @@ void sn_pcache_opts_default(sn_pcache_opts *o)
     o->min_fresh = 1;
     o->prefill_chunk = 0;
     o->store = SN_PCACHE_STORE_AUTO;
-    const char *e = getenv("SANCTUM_PCACHE_MIN_FRESH");
-    if (e && (!strcmp(e, "1") || !strcmp(e, "2"))) o->min_fresh = e[0] - '0';
-    e = getenv("SANCTUM_PCACHE_STORE");
-    if (e && !strcmp(e, "host")) o->store = SN_PCACHE_STORE_HOST;
-    else if (e && !strcmp(e, "backend")) o->store = SN_PCACHE_STORE_BACKEND;
+    if (env_pcache(o) != SN_OK)
+        sn_clear_error(); /* malformed values keep the defaults; sn_pcache_new refuses them */
 }
 
 sn_status sn_pcache_new(sn_model *m, const sn_pcache_opts *o, sn_pcache **out)

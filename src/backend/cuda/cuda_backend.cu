@@ -1575,22 +1575,10 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
                        "SANCTUM_CUDA_GEMV=%s: want fp32 (no repacked copies: decode on the fp32 GEMV), or leave it "
                        "unset",
                        gmv);
-    /* the prefill kernels' and the uploads' knobs (read where they act, so
-     * checked here: a value set is one they take, not a silent default) */
-    const char *pfm = getenv("SANCTUM_CUDA_PREFILL");
-    if (pfm && strcmp(pfm, "new") && strcmp(pfm, "old") && strcmp(pfm, "gdn") && strcmp(pfm, "attn"))
-        return SN_FAIL(SN_E_INVALID,
-                       "SANCTUM_CUDA_PREFILL=%s: want new (default: chunked GatedDeltaNet and flash attention), old, "
-                       "gdn or attn",
-                       pfm);
-    const char *pmt = getenv("SANCTUM_CUDA_PREFILL_MIN_T");
-    if (pmt) {
-        char *end = NULL;
-        const long v = strtol(pmt, &end, 10);
-        if (end == pmt || *end || v < 1 || v > INT_MAX)
-            return SN_FAIL(SN_E_INVALID, "SANCTUM_CUDA_PREFILL_MIN_T=%s: want an integer >= 1 (default 64)", pmt);
-    }
-    static const char *const onoff[] = { "SANCTUM_CUDA_GDN_TC", "SANCTUM_CUDA_CUBLAS", "SANCTUM_CUDA_MOE_REPACK" };
+    /* the prefill kernels' knobs (their parser, read where they act) and the
+     * uploads' and cuBLAS's: a value set is one they take, not a silent default */
+    SN_TRY(cu_pf_env_check());
+    static const char *const onoff[] = { "SANCTUM_CUDA_CUBLAS", "SANCTUM_CUDA_MOE_REPACK" };
     for (size_t i = 0; i < sizeof onoff / sizeof *onoff; i++) {
         const char *v = getenv(onoff[i]);
         if (v && strcmp(v, "0") && strcmp(v, "1"))

@@ -494,6 +494,8 @@ sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_
  * (gdn / attn: only that one new); sn_cuda_prefill_mode (sn_cuda.h) switches
  * at run time. ---- */
 sn_status cu_pf_init(const cu_devinfo *di); /* from cu_ops_init: raises smem limits, reads the env */
+/* SANCTUM_CUDA_PREFILL, _PREFILL_MIN_T and _GDN_TC: SN_E_INVALID naming a malformed one */
+sn_status cu_pf_env_check(void);
 bool cu_pf_gdn_use(const sn_gdn_dims *d, int T);
 size_t cu_pf_gdn_scratch_bytes(const sn_gdn_dims *d, int T); /* 0 when cu_pf_gdn_use is false */
 /* The delta rule only: c, beta, decay as k_gdn_conv wrote them; S updated; out [T, Hv*Dv]. */

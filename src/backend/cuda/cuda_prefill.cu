@@ -52,22 +52,47 @@ bool g_gdn_ok = true;
 bool g_gdn_tc_ok = false; /* kernel B's tensor-core form: shared memory limit raised */
 bool g_gdn_tc_on = true;  /* SANCTUM_CUDA_GDN_TC=0 keeps the SIMT form */
 
+/* The three variables, each into its setting when its value is one it
+ * takes (left as given otherwise); the first malformed one is the error.
+ * One parser for the backend's check at creation and the lazy read. */
+sn_status pf_parse_env(int *mode, int *min_t, bool *tc_on)
+{
+    sn_status st = SN_OK;
+    const char *e = getenv("SANCTUM_CUDA_PREFILL");
+    if (e) {
+        if (!strcmp(e, "new")) *mode = SN_CUDA_PREFILL_NEW;
+        else if (!strcmp(e, "old")) *mode = SN_CUDA_PREFILL_OLD;
+        else if (!strcmp(e, "gdn")) *mode = SN_CUDA_PREFILL_GDN;
+        else if (!strcmp(e, "attn")) *mode = SN_CUDA_PREFILL_ATTN;
+        else
+            st = SN_FAIL(SN_E_INVALID,
+                         "SANCTUM_CUDA_PREFILL=%s: want new (default: chunked GatedDeltaNet and flash attention), "
+                         "old, gdn or attn",
+                         e);
+    }
+    const char *tc = getenv("SANCTUM_CUDA_GDN_TC");
+    if (tc) {
+        if (!strcmp(tc, "0") || !strcmp(tc, "1")) *tc_on = tc[0] == '1';
+        else if (st == SN_OK) st = SN_FAIL(SN_E_INVALID, "SANCTUM_CUDA_GDN_TC=%s: want 0 or 1 (default)", tc);
+    }
+    const char *t = getenv("SANCTUM_CUDA_PREFILL_MIN_T");
+    if (t) {
+        char *end = NULL;
+        const long v = strtol(t, &end, 10);
+        if (end != t && !*end && v >= 1 && v <= INT_MAX) *min_t = (int)v;
+        else if (st == SN_OK)
+            st = SN_FAIL(SN_E_INVALID, "SANCTUM_CUDA_PREFILL_MIN_T=%s: want an integer >= 1 (default 64)", t);
+    }
+    return st;
+}
+
 void pf_read_env()
 {
     if (g_mode >= 0)
         return;
     g_mode = SN_CUDA_PREFILL_NEW;
-    const char *e = getenv("SANCTUM_CUDA_PREFILL");
-    if (e) {
-        if (!strcmp(e, "old")) g_mode = SN_CUDA_PREFILL_OLD;
-        else if (!strcmp(e, "gdn")) g_mode = SN_CUDA_PREFILL_GDN;
-        else if (!strcmp(e, "attn")) g_mode = SN_CUDA_PREFILL_ATTN;
-    }
-    const char *tc = getenv("SANCTUM_CUDA_GDN_TC");
-    g_gdn_tc_on = !(tc && !strcmp(tc, "0"));
-    const char *t = getenv("SANCTUM_CUDA_PREFILL_MIN_T");
-    if (t && atoi(t) >= 1)
-        g_min_t = atoi(t);
+    if (pf_parse_env(&g_mode, &g_min_t, &g_gdn_tc_on) != SN_OK)
+        sn_clear_error(); /* refused at the backend's creation (cu_pf_env_check) */
 }
 
 bool gdn_on() { pf_read_env(); return g_mode == SN_CUDA_PREFILL_NEW || g_mode == SN_CUDA_PREFILL_GDN; }
@@ -991,6 +1016,13 @@ extern "C" void sn_cuda_prefill_mode(int mode, int min_t)
         g_mode = mode;
     if (min_t >= 1)
         g_min_t = min_t;
+}
+
+sn_status cu_pf_env_check()
+{
+    int mode = SN_CUDA_PREFILL_NEW, min_t = 64;
+    bool tc = true;
+    return pf_parse_env(&mode, &min_t, &tc);
 }
 
 sn_status cu_pf_init(const cu_devinfo *di)
