@@ -384,11 +384,6 @@ __device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, con
  * word 2j of a chunk's 8 the digits of values 8j, 8j+2, 8j+4, 8j+6 (the
  * low nibbles of weight word j), word 2j+1 those of 8j+1, ... (the high
  * ones); then per (token, chunk) (2^-e2, 2^-e2 * sum X). */
-__host__ __device__ __forceinline__ size_t gd_stage_bytes(int TT, int nit, int64_t nch)
-{
-    return ((size_t)TT * nit * 3072 + (size_t)TT * nch * 8 + 15) / 16 * 16;
-}
-
 /* 8 consecutive floats: two 16-byte loads when p is 16-aligned */
 __device__ __forceinline__ void ld8(const float *p, bool al, float (&v)[8])
 {
@@ -521,57 +516,6 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
         }
     }
     __syncthreads();
-}
-
-/* One chunk of RPW rows against TT tokens on the digits (see above). */
-template <int TT, int RPW>
-__device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, const char *stage, int nit, int nch, int c,
-                                         float acc[RPW][TT], int T)
-{
-    const int it = c >> 5, l = c & 31;
-    const uint4 *xw = (const uint4 *)stage;
-    const float2 *xe = (const float2 *)(stage + (size_t)TT * nit * 3072);
-    int lo[RPW][4], hi[RPW][4];
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
-            lo[r][j] = (int)(w & 0x0F0F0F0Fu);
-            hi[r][j] = (int)((w >> 4) & 0x0F0F0F0Fu);
-        }
-#pragma unroll
-    for (int t = 0; t < TT; t++) {
-        if (TT > 1 && t >= T)
-            break;
-        const uint4 *xp = xw + (size_t)(t * nit + it) * 6 * 32 + l;
-        uint4 a[3][2];
-#pragma unroll
-        for (int pl = 0; pl < 3; pl++) {
-            a[pl][0] = xp[(2 * pl) * 32];
-            a[pl][1] = xp[(2 * pl + 1) * 32];
-        }
-        const float2 e = xe[(size_t)t * nch + c];
-#pragma unroll
-        for (int r = 0; r < RPW; r++) {
-            int D[3];
-#pragma unroll
-            for (int pl = 0; pl < 3; pl++) {
-                int d = __dp4a(lo[r][0], (int)a[pl][0].x, 0);
-                d = __dp4a(hi[r][0], (int)a[pl][0].y, d);
-                d = __dp4a(lo[r][1], (int)a[pl][0].z, d);
-                d = __dp4a(hi[r][1], (int)a[pl][0].w, d);
-                d = __dp4a(lo[r][2], (int)a[pl][1].x, d);
-                d = __dp4a(hi[r][2], (int)a[pl][1].y, d);
-                d = __dp4a(lo[r][3], (int)a[pl][1].z, d);
-                d = __dp4a(hi[r][3], (int)a[pl][1].w, d);
-                D[pl] = d;
-            }
-            /* 256*D1 + D2 and D0 are exact in fp32; one rounding for the sum */
-            const float qx = __fmul_rn(fmaf(65536.f, (float)D[0], (float)(D[1] * 256 + D[2])), e.x);
-            acc[r][t] = __fadd_rn(acc[r][t], fmaf(sbv[r].x, qx, __fmul_rn(sbv[r].y, e.y)));
-        }
-    }
 }
 
 /* a[i] for a run-time i without a local-memory array */

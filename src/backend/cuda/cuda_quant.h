@@ -146,6 +146,66 @@ __host__ __device__ __forceinline__ void xd_planes4(uint32_t a, uint32_t b, uint
     p2 = xd_perm(ab01, cd01, 0x5410) ^ 0x80808080u;
 }
 
+/* Bytes of the dp4a forms' staged digits: TT tokens, nit chunk steps, nch
+ * chunks (layout: cuda_gemv.cu, gd_stage_x) */
+__host__ __device__ __forceinline__ size_t gd_stage_bytes(int TT, int nit, int64_t nch)
+{
+    return ((size_t)TT * nit * 3072 + (size_t)TT * nch * 8 + 15) / 16 * 16;
+}
+
+/* One chunk of RPW rows against TT tokens on the digits staged as
+ * cuda_gemv.cu's gd_stage_x lays them out (its comment): the dp4a GEMV's
+ * and the MoE gate/up kernel's dp4a form (cuda_moe.cu). */
+template <int TT, int RPW>
+__device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, const char *stage, int nit, int nch, int c,
+                                         float acc[RPW][TT], int T)
+{
+    const int it = c >> 5, l = c & 31;
+    const uint4 *xw = (const uint4 *)stage;
+    const float2 *xe = (const float2 *)(stage + (size_t)TT * nit * 3072);
+    int lo[RPW][4], hi[RPW][4];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+            lo[r][j] = (int)(w & 0x0F0F0F0Fu);
+            hi[r][j] = (int)((w >> 4) & 0x0F0F0F0Fu);
+        }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (TT > 1 && t >= T)
+            break;
+        const uint4 *xp = xw + (size_t)(t * nit + it) * 6 * 32 + l;
+        uint4 a[3][2];
+#pragma unroll
+        for (int pl = 0; pl < 3; pl++) {
+            a[pl][0] = xp[(2 * pl) * 32];
+            a[pl][1] = xp[(2 * pl + 1) * 32];
+        }
+        const float2 e = xe[(size_t)t * nch + c];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            int D[3];
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) {
+                int d = __dp4a(lo[r][0], (int)a[pl][0].x, 0);
+                d = __dp4a(hi[r][0], (int)a[pl][0].y, d);
+                d = __dp4a(lo[r][1], (int)a[pl][0].z, d);
+                d = __dp4a(hi[r][1], (int)a[pl][0].w, d);
+                d = __dp4a(lo[r][2], (int)a[pl][1].x, d);
+                d = __dp4a(hi[r][2], (int)a[pl][1].y, d);
+                d = __dp4a(lo[r][3], (int)a[pl][1].z, d);
+                d = __dp4a(hi[r][3], (int)a[pl][1].w, d);
+                D[pl] = d;
+            }
+            /* 256*D1 + D2 and D0 are exact in fp32; one rounding for the sum */
+            const float qx = __fmul_rn(fmaf(65536.f, (float)D[0], (float)(D[1] * 256 + D[2])), e.x);
+            acc[r][t] = __fadd_rn(acc[r][t], fmaf(sbv[r].x, qx, __fmul_rn(sbv[r].y, e.y)));
+        }
+    }
+}
+
 /* The opt-in limit less the kernel's static shared memory. */
 template <typename K>
 sn_status max_smem_dyn(K kern, const cu_devinfo *di, const char *what)
