@@ -179,10 +179,20 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     CHECK_OK(sn_cuda_tune(G, "moe_pre", 3));
     CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 1));
     float *r1 = gpu_moe(x, hx, hl, T, norm);
-    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 0));
     CHECKF(memcmp(a, r1, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: one down row a warp differs",
            x->E, x->k, T);
     free(r1);
+    /* and its weights loaded 5 or 6 chunk steps ahead (moe_dn_u; Q4 only) */
+    for (int u = 5; u <= 6; u++) {
+        CHECK_OK(sn_cuda_tune(G, "moe_dn_u", u));
+        float *ru = gpu_moe(x, hx, hl, T, norm);
+        CHECKF(memcmp(a, ru, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: moe_dn_u=%d differs", x->E,
+               x->k, T, u);
+        free(ru);
+    }
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 4));
+    CHECK(sn_cuda_tune(G, "moe_dn_u", 3) != SN_OK);
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 0));
     /* the old kernels agree within the same bound */
     CHECK_OK(sn_cuda_tune(G, "moe_dec", 0));
     float *o = gpu_moe(x, hx, hl, T, norm);
@@ -527,6 +537,10 @@ static void test_moe_graph_replay(void)
     graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
     graph_case(256, 64, 4, 128, 128, 3, 3, 0, 1);
     CHECK_OK(sn_cuda_tune(G, "moe_dp", 0));
+    /* the down kernel's weights 5 chunk steps ahead (moe_dn_u): the 35B-A3B shape in one step */
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 5));
+    graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 4));
     /* the gate/up kernel after the router (moe_gu_edge 0), not on its edge,
      * and on it for every T (2; the default 1 takes it for one token) */
     for (int ge = 0; ge <= 2; ge += 2) {

@@ -71,6 +71,7 @@ int cu_moe_dn_early = 1; /* see cuda_moe.h */
  * results.log s28r7) */
 int cu_moe_gu_edge = 1;
 int cu_moe_dp = 0; /* see cuda_moe.h */
+int cu_moe_dn_u = 4; /* see cuda_moe.h: MD_DN_U, as the other forms */
 
 namespace {
 
@@ -782,7 +783,8 @@ struct md_dn_args {
     unsigned *done;     /* blocks that have read them */
 };
 
-template <int BITS, int RPW>
+/* U: chunk steps loaded ahead per lane (cu_moe_dn_u) */
+template <int BITS, int RPW, int U = MD_DN_U>
 __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
 {
     pdl_launch();
@@ -791,7 +793,6 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
     __shared__ const uint32_t *wsl[MD_MAX_K + 1];
     __shared__ const char *ssl[MD_MAX_K + 1];
     constexpr int VPC = 128 / BITS;
-    constexpr int U = MD_DN_U;
     const int t = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nce = a.nce.d;      /* chunks per expert row */
@@ -1086,7 +1087,9 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     const size_t smem2 = md_stage_bytes((int64_t)ks * I, down->bits);
     const bool edge = early || cu_pdl == 1; /* cu_launch's edge, and the early start's */
     if (down->bits == 4)
-        (void)(rpw == 1 ? cu_launch_pdl(edge, k_md_down<4, 1>, g2, MD_THREADS, smem2, s, d)
+        (void)(rpw == 1 ? (cu_moe_dn_u == 5 ? cu_launch_pdl(edge, k_md_down<4, 1, 5>, g2, MD_THREADS, smem2, s, d)
+                           : cu_moe_dn_u == 6 ? cu_launch_pdl(edge, k_md_down<4, 1, 6>, g2, MD_THREADS, smem2, s, d)
+                                              : cu_launch_pdl(edge, k_md_down<4, 1>, g2, MD_THREADS, smem2, s, d))
                         : cu_launch_pdl(edge, k_md_down<4, 2>, g2, MD_THREADS, smem2, s, d));
     else
         (void)(rpw == 1 ? cu_launch_pdl(edge, k_md_down<8, 1>, g2, MD_THREADS, smem2, s, d)
