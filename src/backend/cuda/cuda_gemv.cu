@@ -479,41 +479,7 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
                         g.xn[(size_t)t * cols + 8 * (size_t)u + k] = v[k];
             }
         }
-        float mx = 0.f;
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            mx = fmaxf(mx, fabsf(v[k]));
-        for (int o = lpg / 2; o > 0; o >>= 1)
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const int e2 = xd_exp(mx);
-        /* word h of a plane holds the digits of values h, h + 2, h + 4, h + 6 */
-        uint32_t pw[3][2], ub[8];
-        int S = 0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int X = xd_int(v[k], e2);
-            S += X;
-            ub[k] = xd_biased(X);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            xd_planes4(ub[h], ub[h + 2], ub[h + 4], ub[h + 6], pw[0][h], pw[1][h], pw[2][h]);
-        S += __shfl_xor_sync(0xffffffffu, S, 1); /* the chunk's four threads; integers: exact */
-        S += __shfl_xor_sync(0xffffffffu, S, 2);
-        if (in) {
-            const int c = u >> 2, j = u & 3, it = c >> 5, l = c & 31;
-#pragma unroll
-            for (int pl = 0; pl < 3; pl++) {
-                const int unit = ((t * nit + it) * 3 + pl) * 2 + (j >> 1);
-                uint32_t *d = xw + ((size_t)unit * 32 + l) * 4 + (j & 1) * 2;
-                d[0] = pw[pl][0];
-                d[1] = pw[pl][1];
-            }
-            if (j == 0) {
-                const float es = xd_pow2(-e2);
-                xe[(size_t)t * nch + c] = make_float2(es, __fmul_rn((float)S, es));
-            }
-        }
+        gd_digits8(v, lpg, in, u, xw + (size_t)t * nit * 768, xe + (size_t)t * nch);
     }
     __syncthreads();
 }

@@ -543,40 +543,7 @@ __device__ void md_stage_digits(char *stage, const float *__restrict__ x, int64_
             for (int k = 0; k < 8; k++)
                 v[k] = __ldg(x + 8 * (size_t)u + k);
         }
-        float mx = 0.f;
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            mx = fmaxf(mx, fabsf(v[k]));
-        for (int o = lpg / 2; o > 0; o >>= 1)
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const int e2 = xd_exp(mx);
-        uint32_t pw[3][2], ub[8];
-        int S = 0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int X = xd_int(v[k], e2);
-            S += X;
-            ub[k] = xd_biased(X);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            xd_planes4(ub[h], ub[h + 2], ub[h + 4], ub[h + 6], pw[0][h], pw[1][h], pw[2][h]);
-        S += __shfl_xor_sync(0xffffffffu, S, 1); /* the chunk's four threads; integers: exact */
-        S += __shfl_xor_sync(0xffffffffu, S, 2);
-        if (in) {
-            const int c = u >> 2, j = u & 3, it = c >> 5, l = c & 31;
-#pragma unroll
-            for (int pl = 0; pl < 3; pl++) {
-                const int unit = (it * 3 + pl) * 2 + (j >> 1);
-                uint32_t *d = xw + ((size_t)unit * 32 + l) * 4 + (j & 1) * 2;
-                d[0] = pw[pl][0];
-                d[1] = pw[pl][1];
-            }
-            if (j == 0) {
-                const float es = xd_pow2(-e2);
-                xe[c] = make_float2(es, __fmul_rn((float)S, es));
-            }
-        }
+        gd_digits8(v, lpg, in, u, xw, xe);
     }
     __syncthreads();
 }
