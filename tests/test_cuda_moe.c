@@ -9,6 +9,8 @@
  *    route/gate_up/down/sum kernels (tune moe_dec=0) within the same bound;
  *  - the parallel routing (the default) and warp 0 routing alone (tune
  *    moe_route=0), in blocks of 4 and 8 warps: the same bits;
+ *  - the gate/up kernel's dp4a form (tune moe_dp=1) within the same
+ *    bound, deterministic and batch invariant, graph equal to eager;
  *  - deterministic: the same call twice gives the same bits;
  *  - batch invariant: a token's row is bitwise the same alone (T=1) or
  *    among T tokens;
@@ -127,6 +129,24 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
                    x->I, t, T);
             free(one);
         }
+    /* the gate/up kernel's dp4a form (moe_dp; Q4 in groups of 32/64/128,
+     * else the fp32 form): within the same bound, deterministic, and each
+     * token alone gives its bits among the others */
+    CHECK_OK(sn_cuda_tune(G, "moe_dp", 1));
+    float *dp = gpu_moe(x, hx, hl, T, norm), *dp2 = gpu_moe(x, hx, hl, T, norm);
+    double errd = rel_err(dp, ref, (size_t)T * H);
+    CHECKF(errd <= 2e-5, "moe decode (moe_dp) E=%d k=%d H=%d I=%d T=%d: rel %.3g", x->E, x->k, H, x->I, T, errd);
+    CHECKF(memcmp(dp, dp2, sizeof(float) * T * H) == 0, "moe decode (moe_dp) E=%d k=%d T=%d: two runs differ", x->E,
+           x->k, T);
+    if (T > 1) {
+        float *one = gpu_moe(x, hx + (size_t)(T - 1) * H, hl + (size_t)(T - 1) * x->E, 1, norm);
+        CHECKF(memcmp(one, dp + (size_t)(T - 1) * H, sizeof(float) * H) == 0,
+               "moe decode (moe_dp) E=%d k=%d: the last token of %d differs from the same token alone", x->E, x->k, T);
+        free(one);
+    }
+    CHECK_OK(sn_cuda_tune(G, "moe_dp", 0));
+    free(dp);
+    free(dp2);
     /* the gate/up kernel in blocks of 8 warps (4 by default): the same bits */
     CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 8));
     float *w4 = gpu_moe(x, hx, hl, T, norm);
@@ -159,10 +179,20 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     CHECK_OK(sn_cuda_tune(G, "moe_pre", 3));
     CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 1));
     float *r1 = gpu_moe(x, hx, hl, T, norm);
-    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 0));
     CHECKF(memcmp(a, r1, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: one down row a warp differs",
            x->E, x->k, T);
     free(r1);
+    /* and its weights loaded 5 or 6 chunk steps ahead (moe_dn_u; Q4 only) */
+    for (int u = 5; u <= 6; u++) {
+        CHECK_OK(sn_cuda_tune(G, "moe_dn_u", u));
+        float *ru = gpu_moe(x, hx, hl, T, norm);
+        CHECKF(memcmp(a, ru, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: moe_dn_u=%d differs", x->E,
+               x->k, T, u);
+        free(ru);
+    }
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 4));
+    CHECK(sn_cuda_tune(G, "moe_dn_u", 3) != SN_OK);
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 0));
     /* the old kernels agree within the same bound */
     CHECK_OK(sn_cuda_tune(G, "moe_dec", 0));
     float *o = gpu_moe(x, hx, hl, T, norm);
@@ -502,6 +532,15 @@ static void test_moe_graph_replay(void)
     graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
     graph_case(256, 64, 4, 128, 128, 3, 3, 0, 0);
     CHECK_OK(sn_cuda_tune(G, "moe_dn_early", 1));
+    /* the gate/up kernel's dp4a form (moe_dp): graph against eager bitwise */
+    CHECK_OK(sn_cuda_tune(G, "moe_dp", 1));
+    graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
+    graph_case(256, 64, 4, 128, 128, 3, 3, 0, 1);
+    CHECK_OK(sn_cuda_tune(G, "moe_dp", 0));
+    /* the down kernel's weights 5 chunk steps ahead (moe_dn_u): the 35B-A3B shape in one step */
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 5));
+    graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 4));
     /* the gate/up kernel after the router (moe_gu_edge 0), not on its edge,
      * and on it for every T (2; the default 1 takes it for one token) */
     for (int ge = 0; ge <= 2; ge += 2) {

@@ -384,11 +384,6 @@ __device__ __forceinline__ void gv_chunk(const uint4 *wv, const float2 *sbv, con
  * word 2j of a chunk's 8 the digits of values 8j, 8j+2, 8j+4, 8j+6 (the
  * low nibbles of weight word j), word 2j+1 those of 8j+1, ... (the high
  * ones); then per (token, chunk) (2^-e2, 2^-e2 * sum X). */
-__host__ __device__ __forceinline__ size_t gd_stage_bytes(int TT, int nit, int64_t nch)
-{
-    return ((size_t)TT * nit * 3072 + (size_t)TT * nch * 8 + 15) / 16 * 16;
-}
-
 /* 8 consecutive floats: two 16-byte loads when p is 16-aligned */
 __device__ __forceinline__ void ld8(const float *p, bool al, float (&v)[8])
 {
@@ -484,94 +479,9 @@ __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int
                         g.xn[(size_t)t * cols + 8 * (size_t)u + k] = v[k];
             }
         }
-        float mx = 0.f;
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            mx = fmaxf(mx, fabsf(v[k]));
-        for (int o = lpg / 2; o > 0; o >>= 1)
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const int e2 = xd_exp(mx);
-        /* word h of a plane holds the digits of values h, h + 2, h + 4, h + 6 */
-        uint32_t pw[3][2], ub[8];
-        int S = 0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int X = xd_int(v[k], e2);
-            S += X;
-            ub[k] = xd_biased(X);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            xd_planes4(ub[h], ub[h + 2], ub[h + 4], ub[h + 6], pw[0][h], pw[1][h], pw[2][h]);
-        S += __shfl_xor_sync(0xffffffffu, S, 1); /* the chunk's four threads; integers: exact */
-        S += __shfl_xor_sync(0xffffffffu, S, 2);
-        if (in) {
-            const int c = u >> 2, j = u & 3, it = c >> 5, l = c & 31;
-#pragma unroll
-            for (int pl = 0; pl < 3; pl++) {
-                const int unit = ((t * nit + it) * 3 + pl) * 2 + (j >> 1);
-                uint32_t *d = xw + ((size_t)unit * 32 + l) * 4 + (j & 1) * 2;
-                d[0] = pw[pl][0];
-                d[1] = pw[pl][1];
-            }
-            if (j == 0) {
-                const float es = xd_pow2(-e2);
-                xe[(size_t)t * nch + c] = make_float2(es, __fmul_rn((float)S, es));
-            }
-        }
+        gd_digits8(v, lpg, in, u, xw + (size_t)t * nit * 768, xe + (size_t)t * nch);
     }
     __syncthreads();
-}
-
-/* One chunk of RPW rows against TT tokens on the digits (see above). */
-template <int TT, int RPW>
-__device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, const char *stage, int nit, int nch, int c,
-                                         float acc[RPW][TT], int T)
-{
-    const int it = c >> 5, l = c & 31;
-    const uint4 *xw = (const uint4 *)stage;
-    const float2 *xe = (const float2 *)(stage + (size_t)TT * nit * 3072);
-    int lo[RPW][4], hi[RPW][4];
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
-            lo[r][j] = (int)(w & 0x0F0F0F0Fu);
-            hi[r][j] = (int)((w >> 4) & 0x0F0F0F0Fu);
-        }
-#pragma unroll
-    for (int t = 0; t < TT; t++) {
-        if (TT > 1 && t >= T)
-            break;
-        const uint4 *xp = xw + (size_t)(t * nit + it) * 6 * 32 + l;
-        uint4 a[3][2];
-#pragma unroll
-        for (int pl = 0; pl < 3; pl++) {
-            a[pl][0] = xp[(2 * pl) * 32];
-            a[pl][1] = xp[(2 * pl + 1) * 32];
-        }
-        const float2 e = xe[(size_t)t * nch + c];
-#pragma unroll
-        for (int r = 0; r < RPW; r++) {
-            int D[3];
-#pragma unroll
-            for (int pl = 0; pl < 3; pl++) {
-                int d = __dp4a(lo[r][0], (int)a[pl][0].x, 0);
-                d = __dp4a(hi[r][0], (int)a[pl][0].y, d);
-                d = __dp4a(lo[r][1], (int)a[pl][0].z, d);
-                d = __dp4a(hi[r][1], (int)a[pl][0].w, d);
-                d = __dp4a(lo[r][2], (int)a[pl][1].x, d);
-                d = __dp4a(hi[r][2], (int)a[pl][1].y, d);
-                d = __dp4a(lo[r][3], (int)a[pl][1].z, d);
-                d = __dp4a(hi[r][3], (int)a[pl][1].w, d);
-                D[pl] = d;
-            }
-            /* 256*D1 + D2 and D0 are exact in fp32; one rounding for the sum */
-            const float qx = __fmul_rn(fmaf(65536.f, (float)D[0], (float)(D[1] * 256 + D[2])), e.x);
-            acc[r][t] = __fadd_rn(acc[r][t], fmaf(sbv[r].x, qx, __fmul_rn(sbv[r].y, e.y)));
-        }
-    }
 }
 
 /* a[i] for a run-time i without a local-memory array */

@@ -105,6 +105,8 @@ const tune_key tune_keys[] = {
     { "moe_route", TUNE_GLOBAL(cu_moe_route), true, true, 0, {}, 0, 0, "" },
     { "moe_dn_rpw", TUNE_GLOBAL(cu_moe_dn_rpw), false, true, 3, { 0, 1, 2 }, 0, 0, "0 (by T), 1 or 2" },
     { "moe_dn_early", TUNE_GLOBAL(cu_moe_dn_early), true, true, 0, {}, 0, 0, "" },
+    { "moe_dp", TUNE_GLOBAL(cu_moe_dp), true, true, 0, {}, 0, 0, "" },
+    { "moe_dn_u", TUNE_GLOBAL(cu_moe_dn_u), false, true, 3, { 4, 5, 6 }, 0, 0, "4, 5 or 6" },
     { "moe_gu_edge", TUNE_GLOBAL(cu_moe_gu_edge), false, true, 3, { 0, 1, 2 }, 0, 0,
       "0 never, 1 one token, 2 every T" },
     { "moe_pre", TUNE_GLOBAL(cu_moe_pre), false, true, 0, {}, 0, 3, "0 to 3 (bits: 1 down, 2 gate/up)" },

@@ -70,6 +70,8 @@ int cu_moe_dn_early = 1; /* see cuda_moe.h */
  * edge, but the 6-row verify step 6.644-6.647 against 6.492-6.497 (three interleaved rounds, H100,
  * results.log s28r7) */
 int cu_moe_gu_edge = 1;
+int cu_moe_dp = 0; /* see cuda_moe.h */
+int cu_moe_dn_u = 4; /* see cuda_moe.h: MD_DN_U, as the other forms */
 
 namespace {
 
@@ -485,9 +487,70 @@ __device__ __forceinline__ void md_await(const unsigned *f)
     }
 }
 
+/* The gate/up kernel's dp4a form (cu_moe_dp): x staged as the dp4a GEMV's
+ * digit planes (cuda_gemv.cu, gd_stage_x: per quant group X = round(x *
+ * 2^e2) in three int8 digits, per chunk (2^-e2, 2^-e2 sum X)) and every
+ * chunk by gd_chunk: exact int32 partials, one fp32 rounding per (chunk,
+ * row) where the fp32 form has one per value. A thread takes 8 values a
+ * pass; MD_DP_NP passes' values can be loaded into registers before the
+ * routing (md_dp_pre_load), as md_pre does for the fp32 staging. */
+constexpr int MD_DP_NP = 2; /* H <= 2048 at 4 warps */
+
+__device__ __forceinline__ bool md_dp_pre_fits(const float *x, int64_t n)
+{
+    return ((uintptr_t)x & 15) == 0 && n / 8 <= (int64_t)MD_DP_NP * blockDim.x;
+}
+
+__device__ __forceinline__ void md_dp_pre_load(float (&pv)[MD_DP_NP][8], const float *__restrict__ x, int64_t n)
+{
+    const int n8 = (int)(n / 8);
+#pragma unroll
+    for (int ps = 0; ps < MD_DP_NP; ps++) {
+        const int u = ps * blockDim.x + threadIdx.x;
+        const float4 a = u < n8 ? __ldg((const float4 *)x + 2 * u) : make_float4(0.f, 0.f, 0.f, 0.f);
+        const float4 b = u < n8 ? __ldg((const float4 *)x + 2 * u + 1) : make_float4(0.f, 0.f, 0.f, 0.f);
+        pv[ps][0] = a.x; pv[ps][1] = a.y; pv[ps][2] = a.z; pv[ps][3] = a.w;
+        pv[ps][4] = b.x; pv[ps][5] = b.y; pv[ps][6] = b.z; pv[ps][7] = b.w;
+    }
+}
+
+/* One token's x (n values, n % group == 0) into the digit planes; pre: its
+ * values are in pv already. Whole block; ends with a barrier. */
+__device__ void md_stage_digits(char *stage, const float *__restrict__ x, int64_t n, int nit, int group,
+                                const float (&pv)[MD_DP_NP][8], bool pre)
+{
+    uint32_t *xw = (uint32_t *)stage;
+    float2 *xe = (float2 *)(stage + (size_t)nit * 3072);
+    const int n8 = (int)(n / 8);
+    const int lpg = group / 8; /* threads per quant group: 4, 8 or 16, aligned in the warp */
+#pragma unroll 1
+    for (int p0 = 0, ps = 0; p0 < n8; p0 += blockDim.x, ps++) {
+        const int u = p0 + threadIdx.x;
+        const bool in = u < n8;
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = 0.f;
+        if (pre) {
+#pragma unroll
+            for (int q = 0; q < MD_DP_NP; q++)
+                if (q == ps)
+#pragma unroll
+                    for (int k = 0; k < 8; k++)
+                        v[k] = pv[q][k];
+        } else if (in) {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v[k] = __ldg(x + 8 * (size_t)u + k);
+        }
+        gd_digits8(v, lpg, in, u, xw, xe);
+    }
+    __syncthreads();
+}
+
 /* NW warps per block: 8, or 4 with at most 102 registers (five blocks per
  * SM), so that k + 1 slots of 32 row blocks still fit in one wave */
-template <int BITS, int NPL, int NW>
+template <int BITS, int NPL, int NW, bool DP = false>
 __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_args a)
 {
     pdl_launch();
@@ -504,10 +567,16 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
     const size_t sbsz = a.sf == CS_F32 ? 8 : 4;
     pdl_wait();
     const float *xt = a.x + (size_t)t * a.cols;
-    const bool pre = (a.pre & 2) && md_pre_fits<MD_GU_XR>(xt, a.cols); /* cu_moe_pre */
+    static_assert(!DP || BITS == 4, "the dp4a form is for Q4");
+    const bool pre = (a.pre & 2) && (DP ? md_dp_pre_fits(xt, a.cols) : md_pre_fits<MD_GU_XR>(xt, a.cols));
     md_pre<MD_GU_XR> xp;
-    if (pre)
-        md_pre_load(xp, xt, a.cols); /* in flight during the routing */
+    float pv[DP ? MD_DP_NP : 1][8];
+    if (pre) { /* in flight during the routing (cu_moe_pre) */
+        if constexpr (DP)
+            md_dp_pre_load(pv, xt, a.cols);
+        else
+            md_pre_load(xp, xt, a.cols);
+    }
 
     /* the routing, once per block, handed to every warp through shared
      * memory (every warp doing it was 40 % of the kernel's instructions,
@@ -601,7 +670,9 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
         }
     };
     load(0); /* in flight while x is staged */
-    if (pre)
+    if constexpr (DP)
+        md_stage_digits((char *)xs, xt, a.cols, nit, a.cpg.d * 32, pv, pre);
+    else if (pre)
         md_pre_store<BITS>(xs, xp, a.cols);
     else
         md_stage<BITS>(xs, xt, a.cols);
@@ -617,12 +688,26 @@ __global__ void __launch_bounds__(NW * 32, NW == 4 ? 5 : 1) k_md_gate_up(md_gu_a
         for (int u = 0; u < U; u++) {
             const int c = lane + 32 * (it0 + u);
             if (c < nch) {
-                float xv[VPC];
-                md_xload<BITS>(xs, c, xv);
-                const float xsum = xsums[c];
+                if constexpr (DP) {
+                    float2 sbf[NS];
+                    float ad[NS][1];
 #pragma unroll
-                for (int s = 0; s < NS; s++)
-                    acc[s] += md_chunk<BITS>(wv[u][s], sb_pair(sv[u][s], a.sf), xv, xsum);
+                    for (int s = 0; s < NS; s++) {
+                        sbf[s] = sb_pair(sv[u][s], a.sf);
+                        ad[s][0] = acc[s];
+                    }
+                    gd_chunk<1, NS>(wv[u], sbf, (const char *)xs, nit, nch, c, ad, 1);
+#pragma unroll
+                    for (int s = 0; s < NS; s++)
+                        acc[s] = ad[s][0];
+                } else {
+                    float xv[VPC];
+                    md_xload<BITS>(xs, c, xv);
+                    const float xsum = xsums[c];
+#pragma unroll
+                    for (int s = 0; s < NS; s++)
+                        acc[s] += md_chunk<BITS>(wv[u][s], sb_pair(sv[u][s], a.sf), xv, xsum);
+                }
             }
         }
         if (it0 + U < nit)
@@ -665,7 +750,8 @@ struct md_dn_args {
     unsigned *done;     /* blocks that have read them */
 };
 
-template <int BITS, int RPW>
+/* U: chunk steps loaded ahead per lane (cu_moe_dn_u) */
+template <int BITS, int RPW, int U = MD_DN_U>
 __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
 {
     pdl_launch();
@@ -674,7 +760,6 @@ __global__ void __launch_bounds__(MD_THREADS) k_md_down(md_dn_args a)
     __shared__ const uint32_t *wsl[MD_MAX_K + 1];
     __shared__ const char *ssl[MD_MAX_K + 1];
     constexpr int VPC = 128 / BITS;
-    constexpr int U = MD_DN_U;
     const int t = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int nce = a.nce.d;      /* chunks per expert row */
@@ -804,16 +889,16 @@ int md_npl(int E)
 
 int64_t md_round256(int64_t v) { return (v + 255) / 256 * 256; }
 
-template <int BITS, int W>
+template <int BITS, int W, bool DP = false>
 sn_status md_launch_gu(bool edge, cudaStream_t s, int npl, dim3 grid, size_t smem, const md_gu_args &a)
 {
     switch (npl) {
-    case 1: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 1, W>, grid, W * 32, smem, s, a); break;
-    case 2: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 2, W>, grid, W * 32, smem, s, a); break;
-    case 4: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 4, W>, grid, W * 32, smem, s, a); break;
-    case 8: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 8, W>, grid, W * 32, smem, s, a); break;
-    case 16: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 16, W>, grid, W * 32, smem, s, a); break;
-    default: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 32, W>, grid, W * 32, smem, s, a); break;
+    case 1: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 1, W, DP>, grid, W * 32, smem, s, a); break;
+    case 2: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 2, W, DP>, grid, W * 32, smem, s, a); break;
+    case 4: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 4, W, DP>, grid, W * 32, smem, s, a); break;
+    case 8: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 8, W, DP>, grid, W * 32, smem, s, a); break;
+    case 16: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 16, W, DP>, grid, W * 32, smem, s, a); break;
+    default: (void)cu_launch_pdl(edge, k_md_gate_up<BITS, 32, W, DP>, grid, W * 32, smem, s, a); break;
     }
     CU_CHECK_LAUNCH("moe decode gate/up");
     return SN_OK;
@@ -921,9 +1006,15 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
         cu_pdl == 1 || (cu_pdl == 2 && (cu_moe_gu_edge == 2 || (cu_moe_gu_edge == 1 && T == 1)) && !cu_last_edge);
     g.flag = early ? sync + 1 : NULL;
     dim3 g1((unsigned)((I + W * MD_RPW - 1) / (W * MD_RPW)), (unsigned)ks, (unsigned)T);
-    const size_t smem1 = md_stage_bytes(H, gate->bits);
+    /* the dp4a form: Q4 in groups of 32, 64 or 128 (whole groups of 4, 8 or
+     * 16 staging threads) */
+    const bool dp = cu_moe_dp && W == 4 && gate->bits == 4 &&
+                    (gate->group == 32 || gate->group == 64 || gate->group == 128);
+    const size_t smem1 = dp ? gd_stage_bytes(1, (int)((H / 32 + 31) / 32), H / 32) : md_stage_bytes(H, gate->bits);
     sn_status gs;
-    if (W == 4)
+    if (dp)
+        gs = md_launch_gu<4, 4, true>(gu_edge, s, npl, g1, smem1, g);
+    else if (W == 4)
         gs = gate->bits == 4 ? md_launch_gu<4, 4>(gu_edge, s, npl, g1, smem1, g)
                              : md_launch_gu<8, 4>(gu_edge, s, npl, g1, smem1, g);
     else
@@ -963,7 +1054,9 @@ sn_status cu_moe_dec(cudaStream_t s, const cu_weight *gate, const cu_weight *up,
     const size_t smem2 = md_stage_bytes((int64_t)ks * I, down->bits);
     const bool edge = early || cu_pdl == 1; /* cu_launch's edge, and the early start's */
     if (down->bits == 4)
-        (void)(rpw == 1 ? cu_launch_pdl(edge, k_md_down<4, 1>, g2, MD_THREADS, smem2, s, d)
+        (void)(rpw == 1 ? (cu_moe_dn_u == 5 ? cu_launch_pdl(edge, k_md_down<4, 1, 5>, g2, MD_THREADS, smem2, s, d)
+                           : cu_moe_dn_u == 6 ? cu_launch_pdl(edge, k_md_down<4, 1, 6>, g2, MD_THREADS, smem2, s, d)
+                                              : cu_launch_pdl(edge, k_md_down<4, 1>, g2, MD_THREADS, smem2, s, d))
                         : cu_launch_pdl(edge, k_md_down<4, 2>, g2, MD_THREADS, smem2, s, d));
     else
         (void)(rpw == 1 ? cu_launch_pdl(edge, k_md_down<8, 1>, g2, MD_THREADS, smem2, s, d)

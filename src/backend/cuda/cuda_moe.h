@@ -59,6 +59,18 @@ extern int cu_moe_dn_early;
  * (tune "moe_gu_edge"): 1 (default) for one token, 2 for every T, 0
  * never (launched after the router). The same bits. */
 extern int cu_moe_gu_edge;
+/* the gate/up kernel's dot products on x's int8 digits with dp4a, as the
+ * SIMT GEMV's default form (tune "moe_dp", default 0; Q4 in groups of
+ * 32/64/128, 4-warp blocks): fewer instructions per weight, exact int32
+ * partials per chunk, fp32-class; its bits differ from the fp32 form's
+ * by rounding (each form the same for graph and eager, any T). */
+extern int cu_moe_dp;
+/* chunk steps of weights the Q4 down kernel loads ahead per lane at one
+ * row a warp (tune "moe_dn_u": 4, 5 or 6): the 35B-A3B's concatenated
+ * row (9 x 512 columns) is 4.5 steps of 32 lanes, so at 4 (default) its
+ * last step's loads leave after h has come and four steps are done. The
+ * same bits. */
+extern int cu_moe_dn_u;
 /* unsigned ints of the zeroed buffer cu_moe_dec's early start keeps per
  * stream: a count, then a flag per (token, slot) */
 #define CU_MOE_SYNC 4096

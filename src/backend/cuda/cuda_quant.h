@@ -146,6 +146,111 @@ __host__ __device__ __forceinline__ void xd_planes4(uint32_t a, uint32_t b, uint
     p2 = xd_perm(ab01, cd01, 0x5410) ^ 0x80808080u;
 }
 
+/* One thread's 8 consecutive values v of a token's row (u: its index in
+ * the row in 8s) into the dp4a forms' staged digits (layout: cuda_gemv.cu,
+ * gd_stage_x): the quant group's exponent over its lpg threads (aligned
+ * in the warp), the three digit planes into xw (the token's units) and,
+ * by the chunk's first thread, (2^-e2, 2^-e2 * sum X) into xe (the
+ * token's chunks). Every lane calls it (the shuffles); in: u is in the row. */
+__device__ __forceinline__ void gd_digits8(const float (&v)[8], int lpg, bool in, int u, uint32_t *xw, float2 *xe)
+{
+    float mx = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        mx = fmaxf(mx, fabsf(v[k]));
+    for (int o = lpg / 2; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const int e2 = xd_exp(mx);
+    /* word h of a plane holds the digits of values h, h + 2, h + 4, h + 6 */
+    uint32_t pw[3][2], ub[8];
+    int S = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const int X = xd_int(v[k], e2);
+        S += X;
+        ub[k] = xd_biased(X);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        xd_planes4(ub[h], ub[h + 2], ub[h + 4], ub[h + 6], pw[0][h], pw[1][h], pw[2][h]);
+    S += __shfl_xor_sync(0xffffffffu, S, 1); /* the chunk's four threads; integers: exact */
+    S += __shfl_xor_sync(0xffffffffu, S, 2);
+    if (in) {
+        const int c = u >> 2, j = u & 3, it = c >> 5, l = c & 31;
+#pragma unroll
+        for (int pl = 0; pl < 3; pl++) {
+            const int unit = (it * 3 + pl) * 2 + (j >> 1);
+            uint32_t *d = xw + ((size_t)unit * 32 + l) * 4 + (j & 1) * 2;
+            d[0] = pw[pl][0];
+            d[1] = pw[pl][1];
+        }
+        if (j == 0) {
+            const float es = xd_pow2(-e2);
+            xe[c] = make_float2(es, __fmul_rn((float)S, es));
+        }
+    }
+}
+
+/* Bytes of the dp4a forms' staged digits: TT tokens, nit chunk steps, nch
+ * chunks (layout: cuda_gemv.cu, gd_stage_x) */
+__host__ __device__ __forceinline__ size_t gd_stage_bytes(int TT, int nit, int64_t nch)
+{
+    return ((size_t)TT * nit * 3072 + (size_t)TT * nch * 8 + 15) / 16 * 16;
+}
+
+/* One chunk of RPW rows against TT tokens on the digits staged as
+ * cuda_gemv.cu's gd_stage_x lays them out (its comment): the dp4a GEMV's
+ * and the MoE gate/up kernel's dp4a form (cuda_moe.cu). */
+template <int TT, int RPW>
+__device__ __forceinline__ void gd_chunk(const uint4 *wv, const float2 *sbv, const char *stage, int nit, int nch, int c,
+                                         float acc[RPW][TT], int T)
+{
+    const int it = c >> 5, l = c & 31;
+    const uint4 *xw = (const uint4 *)stage;
+    const float2 *xe = (const float2 *)(stage + (size_t)TT * nit * 3072);
+    int lo[RPW][4], hi[RPW][4];
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const uint32_t w = j == 0 ? wv[r].x : j == 1 ? wv[r].y : j == 2 ? wv[r].z : wv[r].w;
+            lo[r][j] = (int)(w & 0x0F0F0F0Fu);
+            hi[r][j] = (int)((w >> 4) & 0x0F0F0F0Fu);
+        }
+#pragma unroll
+    for (int t = 0; t < TT; t++) {
+        if (TT > 1 && t >= T)
+            break;
+        const uint4 *xp = xw + (size_t)(t * nit + it) * 6 * 32 + l;
+        uint4 a[3][2];
+#pragma unroll
+        for (int pl = 0; pl < 3; pl++) {
+            a[pl][0] = xp[(2 * pl) * 32];
+            a[pl][1] = xp[(2 * pl + 1) * 32];
+        }
+        const float2 e = xe[(size_t)t * nch + c];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            int D[3];
+#pragma unroll
+            for (int pl = 0; pl < 3; pl++) {
+                int d = __dp4a(lo[r][0], (int)a[pl][0].x, 0);
+                d = __dp4a(hi[r][0], (int)a[pl][0].y, d);
+                d = __dp4a(lo[r][1], (int)a[pl][0].z, d);
+                d = __dp4a(hi[r][1], (int)a[pl][0].w, d);
+                d = __dp4a(lo[r][2], (int)a[pl][1].x, d);
+                d = __dp4a(hi[r][2], (int)a[pl][1].y, d);
+                d = __dp4a(lo[r][3], (int)a[pl][1].z, d);
+                d = __dp4a(hi[r][3], (int)a[pl][1].w, d);
+                D[pl] = d;
+            }
+            /* 256*D1 + D2 and D0 are exact in fp32; one rounding for the sum */
+            const float qx = __fmul_rn(fmaf(65536.f, (float)D[0], (float)(D[1] * 256 + D[2])), e.x);
+            acc[r][t] = __fadd_rn(acc[r][t], fmaf(sbv[r].x, qx, __fmul_rn(sbv[r].y, e.y)));
+        }
+    }
+}
+
 /* The opt-in limit less the kernel's static shared memory. */
 template <typename K>
 sn_status max_smem_dyn(K kern, const cu_devinfo *di, const char *what)
