@@ -9,8 +9,11 @@
  *    route/gate_up/down/sum kernels (tune moe_dec=0) within the same bound;
  *  - the parallel routing (the default) and warp 0 routing alone (tune
  *    moe_route=0), in blocks of 4 and 8 warps: the same bits;
- *  - the gate/up kernel's dp4a form (tune moe_dp=1) within the same
- *    bound, deterministic and batch invariant, graph equal to eager;
+ *  - the gate/up kernel's dp4a form (the default for Q4 in groups of
+ *    32/64/128) and its fp32 form (tune moe_dp=0, and 8-warp blocks) each
+ *    within the same bound, deterministic and batch invariant, graph equal
+ *    to eager; the down kernel's weights 4, 5 or 6 steps ahead: the same
+ *    bits;
  *  - deterministic: the same call twice gives the same bits;
  *  - batch invariant: a token's row is bitwise the same alone (T=1) or
  *    among T tokens;
@@ -129,31 +132,33 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
                    x->I, t, T);
             free(one);
         }
-    /* the gate/up kernel's dp4a form (moe_dp; Q4 in groups of 32/64/128,
-     * else the fp32 form): within the same bound, deterministic, and each
-     * token alone gives its bits among the others */
-    CHECK_OK(sn_cuda_tune(G, "moe_dp", 1));
-    float *dp = gpu_moe(x, hx, hl, T, norm), *dp2 = gpu_moe(x, hx, hl, T, norm);
-    double errd = rel_err(dp, ref, (size_t)T * H);
-    CHECKF(errd <= 2e-5, "moe decode (moe_dp) E=%d k=%d H=%d I=%d T=%d: rel %.3g", x->E, x->k, H, x->I, T, errd);
-    CHECKF(memcmp(dp, dp2, sizeof(float) * T * H) == 0, "moe decode (moe_dp) E=%d k=%d T=%d: two runs differ", x->E,
+    /* the gate/up kernel's fp32 form (moe_dp 0; the default 1 takes the
+     * dp4a form for Q4 in groups of 32/64/128, 4-warp blocks): within the
+     * same bound, deterministic, and each token alone gives its bits among
+     * the others */
+    CHECK_OK(sn_cuda_tune(G, "moe_dp", 0));
+    float *f = gpu_moe(x, hx, hl, T, norm), *f2 = gpu_moe(x, hx, hl, T, norm);
+    double errf = rel_err(f, ref, (size_t)T * H);
+    CHECKF(errf <= 2e-5, "moe decode (moe_dp 0) E=%d k=%d H=%d I=%d T=%d: rel %.3g", x->E, x->k, H, x->I, T, errf);
+    CHECKF(memcmp(f, f2, sizeof(float) * T * H) == 0, "moe decode (moe_dp 0) E=%d k=%d T=%d: two runs differ", x->E,
            x->k, T);
     if (T > 1) {
         float *one = gpu_moe(x, hx + (size_t)(T - 1) * H, hl + (size_t)(T - 1) * x->E, 1, norm);
-        CHECKF(memcmp(one, dp + (size_t)(T - 1) * H, sizeof(float) * H) == 0,
-               "moe decode (moe_dp) E=%d k=%d: the last token of %d differs from the same token alone", x->E, x->k, T);
+        CHECKF(memcmp(one, f + (size_t)(T - 1) * H, sizeof(float) * H) == 0,
+               "moe decode (moe_dp 0) E=%d k=%d: the last token of %d differs from the same token alone", x->E, x->k,
+               T);
         free(one);
     }
-    CHECK_OK(sn_cuda_tune(G, "moe_dp", 0));
-    free(dp);
-    free(dp2);
-    /* the gate/up kernel in blocks of 8 warps (4 by default): the same bits */
+    CHECK_OK(sn_cuda_tune(G, "moe_dp", 1));
+    free(f2);
+    /* the gate/up kernel in blocks of 8 warps (4 by default): the fp32
+     * form's bits (the dp4a form is for 4-warp blocks) */
     CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 8));
-    float *w4 = gpu_moe(x, hx, hl, T, norm);
+    float *w8 = gpu_moe(x, hx, hl, T, norm);
     CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
-    CHECKF(memcmp(a, w4, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: 8-warp gate/up blocks differ",
+    CHECKF(memcmp(f, w8, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: 8-warp gate/up blocks differ",
            x->E, x->k, T);
-    free(w4);
+    free(w8);
     /* the routing by warp 0 alone (moe_route 0) against the parallel one
      * (the default 1: warps 1.. find parts' top k, warp 0 merges), in
      * blocks of 4 and of 8 warps: the same bits */
@@ -161,7 +166,7 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     for (int nw = 4; nw <= 8; nw += 4) {
         CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", nw));
         float *pr = gpu_moe(x, hx, hl, T, norm);
-        CHECKF(memcmp(a, pr, sizeof(float) * T * H) == 0,
+        CHECKF(memcmp(nw == 4 ? a : f, pr, sizeof(float) * T * H) == 0,
                "moe decode E=%d k=%d T=%d norm=%d logits=%d: warp 0 routing alone (%d warps) differs from the "
                "parallel routing", x->E, x->k, T, norm, lkind, nw);
         free(pr);
@@ -182,15 +187,16 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     CHECKF(memcmp(a, r1, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: one down row a warp differs",
            x->E, x->k, T);
     free(r1);
-    /* and its weights loaded 5 or 6 chunk steps ahead (moe_dn_u; Q4 only) */
-    for (int u = 5; u <= 6; u++) {
+    /* and its weights loaded 4 or 6 chunk steps ahead (moe_dn_u; 5 by
+     * default; Q4 only) */
+    for (int u = 4; u <= 6; u += 2) {
         CHECK_OK(sn_cuda_tune(G, "moe_dn_u", u));
         float *ru = gpu_moe(x, hx, hl, T, norm);
         CHECKF(memcmp(a, ru, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: moe_dn_u=%d differs", x->E,
                x->k, T, u);
         free(ru);
     }
-    CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 4));
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 5));
     CHECK(sn_cuda_tune(G, "moe_dn_u", 3) != SN_OK);
     CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 0));
     /* the old kernels agree within the same bound */
@@ -199,7 +205,7 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     CHECK_OK(sn_cuda_tune(G, "moe_dec", 1));
     double err0 = rel_err(o, ref, (size_t)T * H);
     CHECKF(err0 <= 2e-5, "moe (old kernels) E=%d k=%d T=%d: rel %.3g", x->E, x->k, T, err0);
-    free(hx); free(hl); free(ref); free(a); free(b); free(o);
+    free(hx); free(hl); free(ref); free(a); free(b); free(o); free(f);
 }
 
 /* ---- moe_shared: the shared expert inside the MoE launches ---- */
@@ -532,15 +538,16 @@ static void test_moe_graph_replay(void)
     graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
     graph_case(256, 64, 4, 128, 128, 3, 3, 0, 0);
     CHECK_OK(sn_cuda_tune(G, "moe_dn_early", 1));
-    /* the gate/up kernel's dp4a form (moe_dp): graph against eager bitwise */
-    CHECK_OK(sn_cuda_tune(G, "moe_dp", 1));
+    /* the gate/up kernel's fp32 form (moe_dp 0): graph against eager bitwise */
+    CHECK_OK(sn_cuda_tune(G, "moe_dp", 0));
     graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
     graph_case(256, 64, 4, 128, 128, 3, 3, 0, 1);
-    CHECK_OK(sn_cuda_tune(G, "moe_dp", 0));
-    /* the down kernel's weights 5 chunk steps ahead (moe_dn_u): the 35B-A3B shape in one step */
-    CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 5));
-    graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
+    CHECK_OK(sn_cuda_tune(G, "moe_dp", 1));
+    /* the down kernel's weights 4 chunk steps ahead (moe_dn_u; 5 by
+     * default): the 35B-A3B shape in one step */
     CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 4));
+    graph_case(2048, 256, 8, 512, 512, 2, 1, 0, 1);
+    CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 5));
     /* the gate/up kernel after the router (moe_gu_edge 0), not on its edge,
      * and on it for every T (2; the default 1 takes it for one token) */
     for (int ge = 0; ge <= 2; ge += 2) {

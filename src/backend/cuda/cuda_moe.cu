@@ -70,8 +70,8 @@ int cu_moe_dn_early = 1; /* see cuda_moe.h */
  * edge, but the 6-row verify step 6.644-6.647 against 6.492-6.497 (three interleaved rounds, H100,
  * results.log s28r7) */
 int cu_moe_gu_edge = 1;
-int cu_moe_dp = 0; /* see cuda_moe.h */
-int cu_moe_dn_u = 4; /* see cuda_moe.h: MD_DN_U, as the other forms */
+int cu_moe_dp = 1; /* see cuda_moe.h */
+int cu_moe_dn_u = 5; /* see cuda_moe.h (the other forms: MD_DN_U) */
 
 namespace {
 

@@ -60,16 +60,18 @@ extern int cu_moe_dn_early;
  * never (launched after the router). The same bits. */
 extern int cu_moe_gu_edge;
 /* the gate/up kernel's dot products on x's int8 digits with dp4a, as the
- * SIMT GEMV's default form (tune "moe_dp", default 0; Q4 in groups of
- * 32/64/128, 4-warp blocks): fewer instructions per weight, exact int32
- * partials per chunk, fp32-class; its bits differ from the fp32 form's
- * by rounding (each form the same for graph and eager, any T). */
+ * SIMT GEMV's default form (tune "moe_dp", default 1; Q4 in groups of
+ * 32/64/128, 4-warp blocks, else the fp32 form): fewer instructions per
+ * weight, exact int32 partials per chunk, fp32-class; its bits differ from
+ * the fp32 form's by rounding (each form the same for graph and eager, any
+ * T). s31r1 (H100, 35B-A3B): 1-2.6 % shorter steps at one row, 3-4 % at
+ * six. */
 extern int cu_moe_dp;
 /* chunk steps of weights the Q4 down kernel loads ahead per lane at one
- * row a warp (tune "moe_dn_u": 4, 5 or 6): the 35B-A3B's concatenated
- * row (9 x 512 columns) is 4.5 steps of 32 lanes, so at 4 (default) its
- * last step's loads leave after h has come and four steps are done. The
- * same bits. */
+ * row a warp (tune "moe_dn_u": 4, 5 (default) or 6): the 35B-A3B's
+ * concatenated row (9 x 512 columns) is 4.5 steps of 32 lanes, so at 4
+ * its last step's loads leave after h has come and four steps are done
+ * (s31r1: 5 was 0.2-1.4 % faster than 4, 6 no faster). The same bits. */
 extern int cu_moe_dn_u;
 /* unsigned ints of the zeroed buffer cu_moe_dec's early start keeps per
  * stream: a count, then a flag per (token, slot) */
