@@ -269,12 +269,21 @@ static void sh_case(const experts *x, const shared_ex *s, int T)
         CHECKF(err <= 2e-5, "moe_shared E=%d k=%d H=%d I=%d T=%d: rel %.3g", x->E, x->k, H, x->I, T, err);
         CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &b));
         CHECKF(b && memcmp(a, b, sizeof(float) * T * H) == 0, "moe_shared T=%d: two runs differ", T);
-        float *w4 = NULL;
+        /* the gate/up kernel's fp32 form (moe_dp 0) within the same bound,
+         * and in 8-warp blocks (which take it): the same bits */
+        float *f = NULL, *w8 = NULL;
+        CHECK_OK(sn_cuda_tune(G, "moe_dp", 0));
+        CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &f));
+        CHECK_OK(sn_cuda_tune(G, "moe_dp", 1));
+        const double errf = f ? rel_err(f, ref, (size_t)T * H) : 1.0;
+        CHECKF(errf <= 2e-5, "moe_shared (moe_dp 0) E=%d k=%d T=%d: rel %.3g", x->E, x->k, T, errf);
         CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 8));
-        CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &w4));
+        CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &w8));
         CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
-        CHECKF(w4 && memcmp(a, w4, sizeof(float) * T * H) == 0, "moe_shared T=%d: 8-warp gate/up blocks differ", T);
-        free(w4);
+        CHECKF(f && w8 && memcmp(f, w8, sizeof(float) * T * H) == 0, "moe_shared T=%d: 8-warp gate/up blocks differ",
+               T);
+        free(f);
+        free(w8);
         float *pr = NULL;
         CHECK_OK(sn_cuda_tune(G, "moe_route", 0));
         CHECK_OK(gpu_moe_shared(x, s, hx, hl, hsg, T, &pr));
