@@ -812,6 +812,7 @@ int main(int argc, char **argv)
     double dec_rt0 = c->E > 0 ? decode_with(&m, "moe_route", 0, 1, prefill, nv, &tok) : 0;    /* [moe] */
     double dec_dn0 = c->E > 0 ? decode_with(&m, "moe_dn_early", 0, 1, prefill, nv, &tok) : 0; /* [moe] */
     double dec_ge0 = c->E > 0 ? decode_with(&m, "moe_gu_edge", 0, 1, prefill, nv, &tok) : 0;  /* [moe] */
+    double dec_dp0 = c->E > 0 ? decode_with(&m, "moe_dp", 0, 1, prefill, nv, &tok) : 0;       /* [moe] */
     /* the one-kernel GDN step (slower), and the three kernels (the two-kernel step is the default) */
     double dec_gdn1 = decode_with(&m, "gdn_step", 1, 2, prefill, nv, &tok);
     double dec_gdn0 = decode_with(&m, "gdn_step", 0, 2, prefill, nv, &tok);
@@ -867,7 +868,8 @@ int main(int argc, char **argv)
         printf("  decode (graph) MoE variants: old route/gate_up/down/sum kernels %.1f tok/s; two-launch MoE with "
                "the L2 prefetch (moe_dec=2) %.1f; gate/up in 8-warp blocks (moe_gu_warps=8) %.1f; routing by warp 0 "
                "alone (moe_route=0) %.1f; down kernel after the gate/up kernel (moe_dn_early=0) %.1f; gate/up kernel "
-               "after the router (moe_gu_edge=0) %.1f\n", dec_moe0, dec_moe2, dec_gu8, dec_rt0, dec_dn0, dec_ge0);
+               "after the router (moe_gu_edge=0) %.1f; gate/up on fp32 FMAs, not dp4a (moe_dp=0) %.1f\n", dec_moe0,
+               dec_moe2, dec_gu8, dec_rt0, dec_dn0, dec_ge0, dec_dp0);
     printf("  decode (graph), the one-kernel GDN step (gdn_step=1): %.1f tok/s; conv, conv state and recurrence as "
            "three kernels (gdn_step=0): %.1f\n", dec_gdn1, dec_gdn0);
     printf("  decode (graph), q/k norms, RoPEs, KV write as four launches (fuse_attn_prep=0): %.1f tok/s\n", dec_prep);
