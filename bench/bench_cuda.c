@@ -664,6 +664,30 @@ int main(int argc, char **argv)
             TRY(sn_cuda_read_sweep(B, bytes, (size_t)3 << 30, mb[i] > 100 ? 20 : 200, &us));
             printf("  read %7.1f MB: %8.2f us per launch, %6.0f GB/s\n", mb[i], us, bytes / (us * 1e-6) / 1e9);
         }
+        /* the 27B step's 257 weight reads as a chain of launches: 16 times
+         * three GDN layers (qkv/z/b/a, out, gate+up, down) and one attention
+         * layer (q+gate/k/v, o, gate+up, down), then lm_head; plain, with
+         * the GEMVs' edges (wait after the first loads) and with the wait
+         * after all loads (the launch structure's own cost, no arithmetic) */
+        const double gdn[] = { 47.46, 17.70, 100.27, 50.14 }, att[] = { 41.29, 17.70, 100.27, 50.14 };
+        size_t chain[257], n = 0, total = 0;
+        for (int l = 0; l < 64; l++)
+            for (int j = 0; j < 4; j++)
+                chain[n++] = (size_t)(((l % 4 == 3) ? att[j] : gdn[j]) * 1e6) / 256 * 256;
+        chain[n++] = (size_t)(715.1e6) / 256 * 256;
+        for (size_t i = 0; i < n; i++)
+            total += chain[i];
+        const char *how[] = { "plain launches", "edges, wait after first loads", "edges, wait after all loads",
+                              "edges, first loads, SMs filled" };
+        printf("  27B step's reads as %zu launches (%.2f GB; %.3f ms at the read rate):\n", n, total / 1e9,
+               total / read_gbs / 1e6);
+        for (int round = 0; round < 2; round++)
+            for (int mode = 0; mode < 4; mode++) {
+                double us = 0;
+                TRY(sn_cuda_read_chain(B, chain, (int)n, (size_t)4 << 30, mode, 5, &us));
+                printf("    round %d %-30s %7.3f ms, %5.2f us a launch above the read rate\n", round + 1, how[mode],
+                       us / 1e3, (us - total / read_gbs / 1e3) / n);
+            }
         return 0;
     }
 

@@ -207,6 +207,44 @@ __global__ void k_read_probe(const uint4 *__restrict__ p, size_t n, unsigned *__
         *out = acc;
 }
 
+/* k_read_probe's loads as one link of a chain of launches (read_chain):
+ * mode 0 a plain launch; 1 a programmatic edge, the next launch triggered
+ * first thing and pdl_wait after each thread's first 8 loads (where a
+ * weight GEMV waits for x); 2 the edge with pdl_wait after every load (the
+ * next matrix's loads free to overlap this one's drain: what a persistent
+ * streaming kernel could reach); 3 as 1 with each block holding half the
+ * SM's shared memory, so the next launch's blocks find no room until this
+ * one's leave, as behind a GEMV whose registers fill the SM. */
+__global__ void k_read_link(const uint4 *__restrict__ p, size_t n, unsigned *__restrict__ out, int mode)
+{
+    if (mode)
+        pdl_launch();
+    unsigned acc = 0;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    bool first = true;
+    for (; i + 7 * stride < n; i += 8 * stride) {
+        uint4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            v[k] = __ldcs(p + i + k * stride);
+        if (first && (mode == 1 || mode == 3))
+            pdl_wait();
+        first = false;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    }
+    for (; i < n; i += stride) {
+        uint4 v = __ldcs(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (mode)
+        pdl_wait();
+    if (acc == 0x9e3779b9u)
+        *out = acc;
+}
+
 } // namespace
 
 /* k_read_probe over bytes (a multiple of 256) at a time, reps launches
@@ -291,6 +329,99 @@ extern "C" sn_status sn_cuda_read_bandwidth(sn_backend *b, size_t bytes, int rep
     SN_TRY(read_probe_us(cb_of(b), bytes, bytes, reps, &us, "read bandwidth"));
     *gbs = (double)bytes / (us * 1e-6) / 1e9;
     return SN_OK;
+}
+
+/* read_chain: n launches of k_read_link over bytes[i] each, the slices laid
+ * end to end through a buffer of span bytes (wrapping), captured in one
+ * graph and replayed reps times after a warm-up: *us per replay. Blocks of
+ * 512 threads, two an SM, so a launch behind an edge finds room. */
+extern "C" sn_status sn_cuda_read_chain(sn_backend *b, const size_t *bytes, int n, size_t span, int mode, int reps,
+                                        double *us)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    if (n < 1 || n > 4096 || mode < 0 || mode > 3 || reps < 1 || reps > 100)
+        return SN_FAIL(SN_E_INVALID, "read chain: %d launches, mode %d, %d reps", n, mode, reps);
+    for (int i = 0; i < n; i++)
+        if (bytes[i] < 256 || bytes[i] % 256 || bytes[i] > span)
+            return SN_FAIL(SN_E_INVALID, "read chain: launch %d reads %zu bytes (a multiple of 256, 256..%zu)", i,
+                           bytes[i], span);
+    cuda_be *cb = cb_of(b);
+    SN_TRY(host_barrier(cb));
+    cudaSetDevice(cb->dev);
+    void *buf = NULL;
+    CU_TRY(cudaMalloc(&buf, span + 16), "read chain");
+    sn_status st = SN_OK;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    cudaStream_t cs = NULL;
+    cudaError_t e = cudaMemsetAsync(buf, 1, span, cb->st);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cb->st);
+    if (e == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&e0);
+    if (e == cudaSuccess)
+        e = cudaEventCreate(&e1);
+    const unsigned grid = (unsigned)cb->di.n_sm * 2;
+    /* mode 3: two blocks fill an SM's shared memory (less 1 KB a block
+     * that the runtime reserves) */
+    int sm_smem = 0;
+    size_t smem = 0;
+    if (e == cudaSuccess && mode == 3)
+        e = cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->dev);
+    if (e == cudaSuccess && mode == 3) {
+        smem = (size_t)sm_smem / 2 - 2048;
+        e = cudaFuncSetAttribute(k_read_link, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    }
+    if (e == cudaSuccess)
+        e = cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+        size_t off = 0;
+        cudaError_t el = cudaSuccess;
+        for (int i = 0; i < n && el == cudaSuccess; i++) {
+            if (off + bytes[i] > span)
+                off = 0;
+            el = cu_launch_pdl(mode != 0 && i > 0, k_read_link, dim3(grid), dim3(512), smem, cs,
+                               (const uint4 *)((const char *)buf + off), bytes[i] / 16,
+                               (unsigned *)((char *)buf + span), mode);
+            off += bytes[i];
+        }
+        cudaError_t e2 = cudaStreamEndCapture(cs, &g);
+        e = el != cudaSuccess ? el : e2;
+    }
+    if (e == cudaSuccess)
+        e = cudaGraphInstantiate(&ge, g, 0);
+    if (e == cudaSuccess)
+        e = cudaGraphLaunch(ge, cs); /* warm-up */
+    if (e == cudaSuccess)
+        e = cudaEventRecord(e0, cs);
+    for (int r = 0; r < reps && e == cudaSuccess; r++)
+        e = cudaGraphLaunch(ge, cs);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(e1, cs);
+    if (e == cudaSuccess)
+        e = cudaEventSynchronize(e1);
+    float ms = 0;
+    if (e == cudaSuccess)
+        e = cudaEventElapsedTime(&ms, e0, e1);
+    if (e != cudaSuccess)
+        st = cu_err(e, "read chain");
+    else
+        *us = (double)ms * 1e3 / reps;
+    if (ge)
+        cudaGraphExecDestroy(ge);
+    if (g)
+        cudaGraphDestroy(g);
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    if (cs)
+        cudaStreamDestroy(cs);
+    cudaFree(buf);
+    return st;
 }
 
 extern "C" sn_status sn_cuda_read_sweep(sn_backend *b, size_t bytes, size_t span, int reps, double *us)

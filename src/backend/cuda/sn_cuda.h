@@ -69,6 +69,16 @@ sn_status sn_cuda_read_bandwidth(sn_backend *be, size_t bytes, int reps, double 
  * none of it): *us = microseconds per launch, the floor of a GEMV that
  * streams bytes of weights in one launch. */
 sn_status sn_cuda_read_sweep(sn_backend *be, size_t bytes, size_t span, int reps, double *us);
+/* n plain reads of bytes[i] each as a chain of launches in one graph (the
+ * slices end to end through a buffer of span bytes): mode 0 plain launches,
+ * 1 programmatic edges with each launch waiting after its first loads (as a
+ * weight GEMV waits for x), 2 edges with the wait after all loads (the
+ * launches' loads free to overlap), 3 as 1 with each launch's blocks
+ * filling the SMs (no room beside them for the next launch's until they
+ * leave, as behind a GEMV). *us per chain: what a step's launch
+ * structure costs a stream of weights, apart from any GEMV's arithmetic. */
+sn_status sn_cuda_read_chain(sn_backend *be, const size_t *bytes, int n, size_t span, int mode, int reps,
+                             double *us);
 
 /* Kernel choices for benchmarks: "gemv_rpw" = rows per warp of the
  * quantized GEMV (0: by shape, 1, 2 or 4); "cublas_min_t" = quantized GEMMs
