@@ -54,7 +54,7 @@ run)
     step model_pdl 150 env SANCTUM_CUDA_PDL=1 "$B/test_cuda_model"
     step model_nopdl 150 env SANCTUM_CUDA_PDL=0 "$B/test_cuda_model"
     # the small kernels on the edge too (pdl_small, not the default yet)
-    step model_pdl_small 150 env SANCTUM_CUDA_PDL_SMALL=31 "$B/test_cuda_model"
+    step model_pdl_small 150 env SANCTUM_CUDA_PDL_SMALL=63 "$B/test_cuda_model"
     SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
     step memcheck_ops 300 env SANCTUM_CUDA_CUBLAS=0 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_ops"
     step memcheck_sample 120 "$SAN" --tool memcheck --leak-check no --error-exitcode 9 "$B/test_cuda_sample"

@@ -1252,13 +1252,16 @@ static void test_graph_replay(void)
     g_mlp_dt = SN_DT_Q4;
     CHECK(sn_cuda_tune(G, "pdl_min_kb", -1) == SN_E_INVALID);
     /* the small kernels on the edge too (pdl_small, every bit): the gated
-     * norm, the decode attention and its combine, the attention prep */
-    CHECK_OK(sn_cuda_tune(G, "pdl_small", 31));
+     * norm, the decode attention and its combine, the attention prep, the
+     * stream-K GEMV's x digits (H = 5120: down and o take that GEMV) */
+    CHECK_OK(sn_cuda_tune(G, "pdl_small", 63));
     graph_case(256, 1, 0);
     graph_case(256, 4, 1);
     graph_case_g(256, 1, 1, 1);
+    graph_case(5120, 1, 0);
+    graph_case(5120, 3, 0);
     CHECK_OK(sn_cuda_tune(G, "pdl_small", 0));
-    CHECK(sn_cuda_tune(G, "pdl_small", 32) == SN_E_INVALID);
+    CHECK(sn_cuda_tune(G, "pdl_small", 64) == SN_E_INVALID);
 }
 
 /* every environment knob the backend reads refuses a malformed value by
@@ -1266,7 +1269,7 @@ static void test_graph_replay(void)
 static void test_env_knobs(void)
 {
     static const struct { const char *name, *value; } bad[] = {
-        { "SANCTUM_CUDA_PDL", "3" },          { "SANCTUM_CUDA_PDL_SMALL", "32" },
+        { "SANCTUM_CUDA_PDL", "3" },          { "SANCTUM_CUDA_PDL_SMALL", "64" },
         { "SANCTUM_CUDA_GEMM", "fp8" },       { "SANCTUM_CUDA_GEMV", "int" },
         { "SANCTUM_CUDA_PREFILL", "chunked" }, { "SANCTUM_CUDA_PREFILL_MIN_T", "0" },
         { "SANCTUM_CUDA_PREFILL_MIN_T", "64x" }, { "SANCTUM_CUDA_GDN_TC", "on" },

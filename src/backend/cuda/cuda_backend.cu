@@ -1558,10 +1558,10 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     if (pdls) {
         char *end = NULL;
         pdl_small = strtol(pdls, &end, 10);
-        if (end == pdls || *end || pdl_small < 0 || pdl_small > 31)
+        if (end == pdls || *end || pdl_small < 0 || pdl_small > 63)
             return SN_FAIL(SN_E_INVALID,
-                           "SANCTUM_CUDA_PDL_SMALL=%s: want 0 to 31 (bits: 1 gated norm, 2 attention, 4 combine, 8 "
-                           "GDN step, 16 attention prep)",
+                           "SANCTUM_CUDA_PDL_SMALL=%s: want 0 to 63 (bits: 1 gated norm, 2 attention, 4 combine, 8 "
+                           "GDN step, 16 attention prep, 32 x digits)",
                            pdls);
     }
     const char *gmm = getenv("SANCTUM_CUDA_GEMM"), *gmv = getenv("SANCTUM_CUDA_GEMV");

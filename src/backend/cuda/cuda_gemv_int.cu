@@ -1043,7 +1043,7 @@ sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, gi_seg &g, const cu_we
     gi_x xd = gi_x_at(scratch, w0->cols, w0->groups, T);
     const unsigned gk = di->gemv_sk ? gk_plan(di, g, w0->cols / 64) : 0;
     dim3 qg((unsigned)((w0->cols + 1023) / 1024), (unsigned)T);
-    (void)cu_launch(k_x_digits<GS>, qg, dim3(256), 0, s, x, (int64_t)w0->cols, (int64_t)w0->groups,
+    (void)cu_launch_small(PDL_X_DIGITS, k_x_digits<GS>, qg, dim3(256), 0, s, x, (int64_t)w0->cols, (int64_t)w0->groups,
                     norm ? norm->w : (const float *)NULL, norm ? norm->eps : 0.f, norm ? norm->threads : 0,
                     norm ? norm->xn : (float *)NULL, norm ? norm->su : (const float *)NULL,
                     norm ? norm->gz : (const float *)NULL, xd, T,
