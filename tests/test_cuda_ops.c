@@ -317,16 +317,6 @@ static void ring_forms_case(sn_dtype dt, int64_t rows, int64_t cols, int group, 
         free(y);
     }
     CHECK_OK(sn_cuda_tune(G, "gemv_pre", 1));
-    /* and the grid cut to the fewest blocks of the same groups a warp */
-    CHECK_OK(sn_cuda_tune(G, "gemv_bal", 1));
-    float *dy = dpoison((size_t)T * rows);
-    CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, T, dy));
-    float *y = tohost(dy, (size_t)T * rows);
-    dfree(dy);
-    CHECKF(memcmp(ref, y, sizeof(float) * T * rows) == 0, "%s %lldx%lld g=%d T=%d: gemv_bal=1 differs",
-           sn_dtype_name(dt), (long long)rows, (long long)cols, group, T);
-    free(y);
-    CHECK_OK(sn_cuda_tune(G, "gemv_bal", 0));
     free(x); free(ref);
     dfree(dx);
     tw_free(&w);
@@ -343,7 +333,7 @@ static void test_gemv_ring_forms(void)
         ring_forms_case(SN_DT_Q4, 48, 5120, 32, SN_DT_F16, 1, Ts[i]);
         ring_forms_case(SN_DT_Q8, 300, 2048, 64, SN_DT_BF16, 0, Ts[i]);
         ring_forms_case(SN_DT_Q4, 259, 1088, 64, SN_DT_BF16, 1, Ts[i]);
-        /* more row groups than resident warps: gemv_bal cuts the grid */
+        /* more row groups than resident warps (some warps take one more) */
         ring_forms_case(SN_DT_Q4, 10000, 1024, 64, SN_DT_BF16, 0, Ts[i]);
         ring_forms_case(SN_DT_Q4, 33, 384, 128, SN_DT_F32, 0, Ts[i]);
     }

@@ -858,15 +858,11 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
         grid = (int64_t)di->n_sm * best_per;
     if (grid < 1)
         grid = 1;
-    /* gemv_bal: a warp takes at most k row groups either way (the 27B's
-     * gate/up: 8704 over 2112 warps, 4 or 5 each); the fewest blocks with
-     * the same k leave the warps that would have had k - 1 out, so whether
-     * the launch then takes as long says whether its k-group warps run at
-     * their own pace (the tail) or share the SM's */
-    if (di->gemv_bal) {
-        const int64_t k = (G + grid * best_w - 1) / (grid * best_w);
-        grid = (G + best_w * k - 1) / (best_w * k);
-    }
+    /* every resident block, though a warp may take one row group more than
+     * another (the 27B's gate/up: 8704 groups over 2112 warps, 4 or 5):
+     * the fewest blocks that give no warp more groups (218) made that
+     * launch 4-5 % slower alone and the 27B step 1.6-1.8 % (run 42), so the
+     * warps share the SM's pace and the uneven last group is not the cost */
     (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), kern, dim3((unsigned)grid), dim3((unsigned)(best_w * 32)), gv_smem(w0, TT, RPW, best_w, DP), s, g,
                       w0->sfmt, (int64_t)w0->cols, (int64_t)w0->words, (int64_t)w0->groups, w0->group, x, T);
     CU_CHECK_LAUNCH("matmul gemv");

@@ -214,7 +214,6 @@ typedef struct {
     int gemv_rpw;         /* rows per warp of the quantized GEMV: 0 = by shape, else 1, 2 or 4 */
     int gemv_pre;         /* SIMT GEMV: ring chunks per warp issued before x's loads (0..8, 8 = all; default 1) */
     int gemv_dp;          /* Q4 SIMT GEMV on x's integer digits (dp4a) instead of fp32 FMAs (default 1) */
-    int gemv_bal;         /* SIMT GEMV grid: 1 the fewest blocks that still give no warp more row groups, 0 all resident (default) */
     int attn_splits;      /* KV splits of the decode attention: 64 (default) or 128 */
     int attn_warps;       /* warps per block of the GQA decode attention: 0 = by shape (default), 4 or 8 */
     int gemv_rpw1_rows;   /* by shape, T <= 2: a GEMV launch of fewer rows takes one row per warp */

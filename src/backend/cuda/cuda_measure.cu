@@ -117,7 +117,6 @@ const tune_key tune_keys[] = {
     { "attn_warps", TUNE_DI(attn_warps), false, true, 3, { 0, 4, 8 }, 0, 0, "0 = by shape, 4 or 8" },
     { "attn_splits", TUNE_DI(attn_splits), false, true, 2, { 64, 128 }, 0, 0, "64 or 128" },
     { "gemv_dp", TUNE_DI(gemv_dp), true, true, 0, {}, 0, 0, "" },
-    { "gemv_bal", TUNE_DI(gemv_bal), true, true, 0, {}, 0, 0, "" },
     { "gemv_pre", TUNE_DI(gemv_pre), false, true, 0, {}, 0, 8, "0 to 8" },
     { "gemv_sk_bps", TUNE_DI(gemv_sk_bps), false, true, 0, {}, 1, 2, "1 or 2" },
     { "gemv_sk", TUNE_DI(gemv_sk), true, true, 0, {}, 0, 0, "" },
