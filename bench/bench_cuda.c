@@ -433,6 +433,101 @@ static void gemv_micro(model_t *m)
     }
 }
 
+/* --stamps: one graph step with the stamped one-token SIMT GEMV
+ * (sn_cuda_gemv_stamps). Per launch, from the moment its first block's
+ * wait returned (the kernel before it done): x staged (the blocks'
+ * median, and the last block's), the first and the last block done; then
+ * the same summed by matrix (rows). */
+static int cmp_u64(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void stamps_report(model_t *m, int pos0, int32_t *tok)
+{
+    enum { CAP = 1 << 17, MAXL = 1024 };
+    TRY(sn_cuda_gemv_stamps(B, CAP));
+    for (int i = 0; i < 4; i++) { /* capture and replay the stamped graph */
+        TRY(O->begin_step(B));
+        forward(m, tok, 1, pos0 + i, tok);
+        TRY(O->end_step(B));
+    }
+    TRY(O->sync(B));
+    TRY(sn_cuda_gemv_stamps(B, CAP)); /* cleared, still on */
+    TRY(O->begin_step(B));
+    forward(m, tok, 1, pos0 + 4, tok);
+    TRY(O->end_step(B));
+    TRY(O->sync(B));
+    sn_gemv_stamp *r = malloc(sizeof *r * CAP);
+    int n = 0;
+    TRY(sn_cuda_gemv_stamps_read(B, r, CAP, &n));
+    TRY(sn_cuda_gemv_stamps(B, 0));
+    if (n > CAP) {
+        printf("  stamps: %d records, room for %d\n", n, CAP);
+        n = CAP;
+    }
+    /* the launches, by their first block's wait (each names its w0 once a step) */
+    uint64_t w0[MAXL], wait0[MAXL];
+    int64_t rows[MAXL];
+    int nl = 0;
+    for (int i = 0; i < n; i++) {
+        int l = 0;
+        while (l < nl && w0[l] != r[i].w0) l++;
+        if (l == nl) {
+            if (nl == MAXL) continue;
+            w0[nl] = r[i].w0, wait0[nl] = r[i].t[1], rows[nl] = r[i].rows;
+            nl++;
+        } else if (r[i].t[1] < wait0[l]) wait0[l] = r[i].t[1];
+    }
+    /* stream order */
+    for (int a = 1; a < nl; a++)
+        for (int b = a; b > 0 && wait0[b] < wait0[b - 1]; b--) {
+            uint64_t t = wait0[b]; wait0[b] = wait0[b - 1]; wait0[b - 1] = t;
+            t = w0[b]; w0[b] = w0[b - 1]; w0[b - 1] = t;
+            int64_t q = rows[b]; rows[b] = rows[b - 1]; rows[b - 1] = q;
+        }
+    printf("  k_gemv phase stamps (one step, %d launches, %d blocks; us from each launch's first wait return):\n", nl, n);
+    printf("  %4s %7s %6s %9s %9s %9s %9s %9s\n", "", "rows", "blocks", "resident", "staged", "staged<=", "1st done",
+           "last done");
+    uint64_t *st = malloc(sizeof *st * CAP);
+    int64_t krow[16];
+    double ks[16][4] = { { 0 } };
+    int kn[16] = { 0 }, nk = 0;
+    for (int l = 0; l < nl; l++) {
+        int nb = 0;
+        uint64_t t0min = UINT64_MAX, t2max = 0, t4min = UINT64_MAX, t4max = 0;
+        for (int i = 0; i < n; i++) {
+            if (r[i].w0 != w0[l]) continue;
+            st[nb++] = r[i].t[2] - r[i].t[1];
+            if (r[i].t[0] < t0min) t0min = r[i].t[0];
+            if (r[i].t[2] > t2max) t2max = r[i].t[2];
+            if (r[i].t[4] < t4min) t4min = r[i].t[4];
+            if (r[i].t[4] > t4max) t4max = r[i].t[4];
+        }
+        qsort(st, nb, sizeof *st, cmp_u64);
+        const double res = (double)(wait0[l] - t0min) / 1e3, med = st[nb / 2] / 1e3,
+                     smax = (double)(t2max - wait0[l]) / 1e3, d1 = (double)(t4min - wait0[l]) / 1e3,
+                     dn = (double)(t4max - wait0[l]) / 1e3;
+        if (l < 12)
+            printf("  %4d %7lld %6d %9.2f %9.2f %9.2f %9.2f %9.2f\n", l, (long long)rows[l], nb, res, med, smax, d1, dn);
+        int k = 0;
+        while (k < nk && krow[k] != rows[l]) k++;
+        if (k == nk && nk < 16) krow[nk++] = rows[l];
+        if (k < nk) {
+            ks[k][0] += med, ks[k][1] += smax, ks[k][2] += d1, ks[k][3] += dn;
+            kn[k]++;
+        }
+    }
+    printf("  by matrix (means over its launches; sum of last done):\n");
+    for (int k = 0; k < nk; k++)
+        printf("  %7lld rows x %3d: staged %.2f (last %.2f), first done %.2f, last done %.2f us; %.1f us summed\n",
+               (long long)krow[k], kn[k], ks[k][0] / kn[k], ks[k][1] / kn[k], ks[k][2] / kn[k], ks[k][3] / kn[k],
+               ks[k][3]);
+    free(st);
+    free(r);
+}
+
 /* Decode tok/s through graphs with one tuning knob set (restored after):
  * n steps from position pos0, the first (capture) not timed. */
 /* --rows N: the --ncu-decode steps carry N rows (a prompt-lookup verify
@@ -583,6 +678,7 @@ int main(int argc, char **argv)
     /* --read-sweep: after the bandwidth lines, the plain read kernel's time
      * per launch at the decode GEMVs' sizes (cold in L2), then exit */
     int read_sweep = 0;
+    int stamps = 0; /* --stamps: k_gemv's phases in one step (with --ncu-decode) */
     /* --ncu-decode: prefill, the decode graph timed, then one replayed step
      * inside sn_cuda_profiler_range (for ncu --profile-from-start off
      * --graph-profiling node: every kernel of one step, alone) */
@@ -604,6 +700,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--prefill-breakdown")) breakdown = 1; /* [prefill-breakdown] */
         else if (!strcmp(argv[i], "--gemv-only")) gemv_only = 1;
         else if (!strcmp(argv[i], "--read-sweep")) read_sweep = 1;
+        else if (!strcmp(argv[i], "--stamps")) stamps = 1;
         else if (!strcmp(argv[i], "--ncu-decode")) ncu_decode = 1;
         else if (!strcmp(argv[i], "--timeline")) timeline = 1;
         else if (!strcmp(argv[i], "--tune") && i + 1 < argc && n_tunes < 8) tunes[n_tunes++] = argv[++i];
@@ -611,7 +708,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) g_rows = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s --config config.json [--prefill P] [--decode N] [--layers L] [--log F] "
-                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--read-sweep] [--ncu-decode [--rows 1..8] [--timeline] [--vary key=value:restore]...] "
+                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--read-sweep] [--ncu-decode [--rows 1..8] [--timeline] [--stamps] [--vary key=value:restore]...] "
                             "[--tune key=value]...\n", argv[0]);
             return 2;
         }
@@ -728,6 +825,7 @@ int main(int argc, char **argv)
                        v >= 0 ? vary[v] : "default", ms, 1e3 / ms);
             }
         if (timeline) timeline_report(&m, prefill, &tok);
+        if (stamps) stamps_report(&m, prefill, &tok);
         TRY(sn_cuda_profiler_range(B, 1));
         TRY(O->begin_step(B));
         forward(&m, &tok, 1, pos++, &tok);

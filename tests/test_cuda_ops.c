@@ -346,6 +346,48 @@ static void test_gemv_ring_forms(void)
     mm_case(SN_DT_Q4, 1000, 2304, 64, SN_DT_BF16, 5, 0, 1);
 }
 
+/* The stamped one-token k_gemv (sn_cuda_gemv_stamps, a measurement hook):
+ * the plain kernel's bits, one record per block of the launch with its
+ * times in order; off again, a launch records nothing. */
+static void test_gemv_stamps(void)
+{
+    enum { R = 9000, C = 1024, CAP = 4096 };
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 0)); /* the SIMT GEMV */
+    tw w;
+    tw_make(&w, SN_DT_Q4, R, C, 64, SN_DT_BF16, 0, 0);
+    float *x = hrand(C, 1.0f), *dx = dcopy(x, C), *dy = dpoison(R);
+    CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
+    float *ref = tohost(dy, R);
+    CHECK(sn_cuda_gemv_stamps(G, -1) == SN_E_INVALID);
+    CHECK_OK(sn_cuda_gemv_stamps(G, CAP));
+    CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
+    float *y = tohost(dy, R);
+    sn_gemv_stamp *r = malloc(sizeof *r * CAP);
+    int n = 0;
+    CHECK_OK(sn_cuda_gemv_stamps_read(G, r, CAP, &n));
+    CHECK_OK(sn_cuda_gemv_stamps(G, 0));
+    CHECKF(memcmp(ref, y, sizeof(float) * R) == 0, "the stamped k_gemv's bits differ");
+    CHECKF(n >= 1 && n <= CAP && n == r[0].grid, "%d records for a grid of %d", n, n > 0 ? r[0].grid : 0);
+    char seen[CAP] = { 0 };
+    for (int i = 0; i < n && i < CAP; i++) {
+        CHECKF(r[i].rows == R && r[i].grid == r[0].grid && r[i].block >= 0 && r[i].block < r[i].grid &&
+                   !seen[r[i].block],
+               "record %d: rows %lld, block %d of %d", i, (long long)r[i].rows, r[i].block, r[i].grid);
+        if (r[i].block >= 0 && r[i].block < CAP)
+            seen[r[i].block] = 1;
+        CHECKF(r[i].t[0] > 0 && r[i].t[0] <= r[i].t[1] && r[i].t[1] <= r[i].t[2] && r[i].t[2] <= r[i].t[3] &&
+                   r[i].t[3] <= r[i].t[4],
+               "record %d: times out of order", i);
+    }
+    CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
+    CHECK_OK(sn_cuda_gemv_stamps_read(G, r, CAP, &n));
+    CHECKF(n == 0, "%d records with the stamps off", n);
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
+    free(r); free(y); free(ref); free(x);
+    dfree(dx); dfree(dy);
+    tw_free(&w);
+}
+
 static void test_matmul_dense(void)
 {
     int Ts[] = { 1, 3, 8, 21 };
@@ -1303,6 +1345,7 @@ int main(void)
     RUN(test_matmul_q4_gemv_i8);
     RUN(test_gemv_batch_invariant);
     RUN(test_gemv_ring_forms);
+    RUN(test_gemv_stamps);
     RUN(test_matmul_dense);
     RUN(test_matmul_errors);
     RUN(test_embed);

@@ -576,12 +576,31 @@ __device__ __forceinline__ void gv_conv_epi(const gemv_seg &g, float v, bool min
  * ring slots that wrap instead of 64-bit remainders, per-lane row pointers
  * set once per row group, and the chunk's quant group by a multiply-high
  * instead of a 64-bit division. */
-template <int BITS, int TT, int RPW, bool DP, bool CV = false>
+/* The phase stamps (ST, measurement only; sn_cuda_gemv_stamps): each block
+ * of a stamped launch appends its start, the return of pdl_wait, the end
+ * of x's staging, warp 0's last chunk and its own end (all warps done), on
+ * the GPU's global timer, to gv_stamp_buf. A separate instance, so the
+ * unstamped kernel's code is what it was. */
+__device__ sn_gemv_stamp *gv_stamp_buf;
+__device__ unsigned gv_stamp_n, gv_stamp_cap;
+int gv_stamping; /* host side: launch the stamped instance */
+
+__device__ __forceinline__ uint64_t gv_now()
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+template <int BITS, int TT, int RPW, bool DP, bool CV = false, bool ST = false>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
     static_assert(!DP || BITS == 4, "the dp4a form is for Q4");
     static_assert(!CV || DP, "the conv fold is for the dp4a form");
+    uint64_t ts[5] = { 0, 0, 0, 0, 0 };
+    if constexpr (ST)
+        ts[0] = gv_now();
     pdl_launch();
     extern __shared__ float4 xs[];
     constexpr int VPC = 128 / BITS, NF4 = VPC / 4, S = gv_ring<RPW>::S;
@@ -676,6 +695,8 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
         }
     }
     pdl_wait();
+    if constexpr (ST)
+        ts[1] = gv_now();
     auto rest = [&]() { /* called at up to three places: one copy of issue() each */
 #pragma unroll 1
         for (int st = npre; st < S - 1; st++) {
@@ -688,6 +709,8 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
         gd_stage_x<TT>((char *)xs, x, T, cols, nit, group, g, rest);
     else
         gv_stage_x<BITS, TT>(xs, x, T, cols, stride4, g, rest);
+    if constexpr (ST)
+        ts[2] = gv_now();
     const float *xsums = (const float *)(xs + (size_t)TT * stride4);
 
     gv_cur cc;
@@ -774,6 +797,23 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                 gv_locate(g, RPW, words, groups, sbsz, cc);
         }
     }
+    if constexpr (ST) {
+        ts[3] = gv_now();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            ts[4] = gv_now();
+            const unsigned i = atomicAdd(&gv_stamp_n, 1u);
+            if (i < gv_stamp_cap) {
+                sn_gemv_stamp *r = gv_stamp_buf + i;
+                r->w0 = (uint64_t)(uintptr_t)g.W[0];
+                for (int k = 0; k < 5; k++)
+                    r->t[k] = ts[k];
+                r->block = (int32_t)blockIdx.x;
+                r->grid = (int32_t)gridDim.x;
+                r->rows = g.rows[0];
+            }
+        }
+    }
 }
 
 /* Blocks per SM of a kernel at a block size and dynamic shared memory,
@@ -836,6 +876,9 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
                     int T)
 {
     auto kern = k_gemv<BITS, TT, RPW, DP, CV>;
+    if constexpr (TT == 1)
+        if (gv_stamping)
+            kern = k_gemv<BITS, 1, RPW, DP, CV, true>;
     int best_w = 0, best_per = 0;
     const int cand[2] = { 8, 16 };
     for (int ci = 0; ci < 2; ci++) {
@@ -1213,10 +1256,29 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
     return SN_OK;
 }
 
+sn_status cu_gv_stamps(sn_gemv_stamp *buf, int cap)
+{
+    const unsigned zero = 0, c = cap > 0 ? (unsigned)cap : 0u;
+    CU_TRY(cudaMemcpyToSymbol(gv_stamp_buf, &buf, sizeof buf), "gemv stamps");
+    CU_TRY(cudaMemcpyToSymbol(gv_stamp_cap, &c, sizeof c), "gemv stamps");
+    CU_TRY(cudaMemcpyToSymbol(gv_stamp_n, &zero, sizeof zero), "gemv stamps");
+    gv_stamping = cap > 0;
+    return SN_OK;
+}
+
+sn_status cu_gv_stamps_count(int *n)
+{
+    unsigned v = 0;
+    CU_TRY(cudaMemcpyFromSymbol(&v, gv_stamp_n, sizeof v), "gemv stamps");
+    *n = (int)v;
+    return SN_OK;
+}
+
 sn_status cu_gemv_init(const cu_devinfo *di)
 {
 #define GEMV_INIT(B, R, DP, CV)                                                                                   \
     SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP, CV>, di));                                                              \
+    SN_TRY(gv_max_smem(k_gemv<B, 1, R, DP, CV, true>, di));                                                        \
     SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP, CV>, di));                                                              \
     SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP, CV>, di));                                                              \
     SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, CV>, di));

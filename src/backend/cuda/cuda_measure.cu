@@ -9,6 +9,7 @@
 #include <cuda_profiler_api.h>
 
 #include "backend/cuda/cuda_be.h"
+#include "backend/cuda/cuda_gemv.h"
 #include "backend/cuda/cuda_moe.h"
 
 extern "C" sn_status sn_cuda_info(sn_backend *b, char *name, size_t name_len, size_t *dev_used, size_t *dev_total,
@@ -422,6 +423,50 @@ extern "C" sn_status sn_cuda_read_chain(sn_backend *b, const size_t *bytes, int 
         cudaStreamDestroy(cs);
     cudaFree(buf);
     return st;
+}
+
+/* The stamp records' device buffer: one for the process (a measurement
+ * hook; the stamped kernel writes through one device pointer). */
+static sn_gemv_stamp *g_stamps;
+static int g_stamps_cap, g_stamps_on;
+
+extern "C" sn_status sn_cuda_gemv_stamps(sn_backend *b, int cap)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    if (cap < 0 || cap > (1 << 24))
+        return SN_FAIL(SN_E_INVALID, "gemv stamps: room for %d records (0 to 2^24)", cap);
+    cuda_be *cb = cb_of(b);
+    SN_TRY(host_barrier(cb));
+    cudaSetDevice(cb->dev);
+    if (cap > g_stamps_cap) {
+        cudaFree(g_stamps);
+        g_stamps = NULL;
+        g_stamps_cap = 0;
+        CU_TRY(cudaMalloc(&g_stamps, sizeof(sn_gemv_stamp) * (size_t)cap), "gemv stamps");
+        g_stamps_cap = cap;
+    }
+    SN_TRY(cu_gv_stamps(cap ? g_stamps : NULL, cap));
+    if ((cap > 0) != g_stamps_on)
+        graphs_invalidate(cb); /* the captured launches name the other instance */
+    g_stamps_on = cap > 0;
+    return SN_OK;
+}
+
+extern "C" sn_status sn_cuda_gemv_stamps_read(sn_backend *b, sn_gemv_stamp *out, int cap, int *n)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    SN_TRY(host_barrier(cb));
+    cudaSetDevice(cb->dev);
+    int have = 0;
+    SN_TRY(cu_gv_stamps_count(&have));
+    *n = have;
+    int k = have < cap ? have : cap;
+    if (k > g_stamps_cap)
+        k = g_stamps_cap;
+    if (k > 0)
+        CU_TRY(cudaMemcpy(out, g_stamps, sizeof(sn_gemv_stamp) * (size_t)k, cudaMemcpyDeviceToHost), "gemv stamps");
+    return SN_OK;
 }
 
 extern "C" sn_status sn_cuda_read_sweep(sn_backend *b, size_t bytes, size_t span, int reps, double *us)

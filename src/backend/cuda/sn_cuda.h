@@ -77,6 +77,23 @@ sn_status sn_cuda_read_sweep(sn_backend *be, size_t bytes, size_t span, int reps
  * filling the SMs (no room beside them for the next launch's until they
  * leave, as behind a GEMV). *us per chain: what a step's launch
  * structure costs a stream of weights, apart from any GEMV's arithmetic. */
+/* One block of a one-token SIMT GEMV launch (k_gemv) under
+ * sn_cuda_gemv_stamps, on the GPU's global timer (ns): t[0] its start,
+ * t[1] the return of its wait for the kernel before, t[2] x staged (and
+ * normalised), t[3] warp 0's last chunk, t[4] all its warps done; w0 the
+ * launch's first weight matrix, which names the launch. */
+typedef struct {
+    uint64_t w0;
+    uint64_t t[5];
+    int64_t rows;
+    int32_t block, grid;
+} sn_gemv_stamp;
+/* cap > 0: one-token SIMT GEMV launches take the stamped kernel from now
+ * on (graphs are recaptured), with room for cap block records, cleared;
+ * 0: back to the plain kernel. */
+sn_status sn_cuda_gemv_stamps(sn_backend *be, int cap);
+/* The records so far (at most cap), *n of them; *n may exceed what fit. */
+sn_status sn_cuda_gemv_stamps_read(sn_backend *be, sn_gemv_stamp *out, int cap, int *n);
 sn_status sn_cuda_read_chain(sn_backend *be, const size_t *bytes, int n, size_t span, int mode, int reps,
                              double *us);
 
