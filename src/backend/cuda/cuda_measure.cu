@@ -248,12 +248,12 @@ __global__ void k_read_link(const uint4 *__restrict__ p, size_t n, unsigned *__r
 
 } // namespace
 
-/* k_read_probe over bytes (a multiple of 256) at a time, reps launches
- * back to back in one graph, each over the next slice of a buffer of span
- * bytes (wrapping; span >= bytes), after one warm-up replay: *us per
- * launch. Serves sn_cuda_read_bandwidth (span = bytes) and
- * sn_cuda_read_sweep. */
-static sn_status read_probe_us(cuda_be *cb, size_t bytes, size_t span, int reps, double *us, const char *what)
+/* The read probes' timing: a buffer of span bytes (plus 16 for the probes'
+ * output word) filled with ones, the launches enqueue(stream, buffer)
+ * queues captured as one graph, replayed reps times after a warm-up:
+ * *us per replay. */
+template <typename F>
+static sn_status graph_us(cuda_be *cb, size_t span, int reps, F enqueue, double *us, const char *what)
 {
     SN_TRY(host_barrier(cb));
     cudaSetDevice(cb->dev);
@@ -273,19 +273,12 @@ static sn_status read_probe_us(cuda_be *cb, size_t bytes, size_t span, int reps,
         e = cudaEventCreate(&e0);
     if (e == cudaSuccess)
         e = cudaEventCreate(&e1);
-    const unsigned grid = (unsigned)cb->di.n_sm * 8;
-    /* each launch over the next slice of the span, wrapping */
-    const size_t slots = span / bytes;
     if (e == cudaSuccess)
         e = cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal);
     if (e == cudaSuccess) {
-        for (int r = 0; r < reps; r++)
-            k_read_probe<<<grid, 512, 0, cs>>>((const uint4 *)((const char *)buf + (size_t)(r % slots) * bytes),
-                                               bytes / 16, (unsigned *)((char *)buf + span));
-        cudaError_t e2 = cudaStreamEndCapture(cs, &g);
-        e = cudaGetLastError();
-        if (e == cudaSuccess)
-            e = e2;
+        const cudaError_t el = enqueue(cs, (char *)buf);
+        const cudaError_t e2 = cudaStreamEndCapture(cs, &g);
+        e = el != cudaSuccess ? el : e2;
     }
     if (e == cudaSuccess)
         e = cudaGraphInstantiate(&ge, g, 0);
@@ -293,7 +286,7 @@ static sn_status read_probe_us(cuda_be *cb, size_t bytes, size_t span, int reps,
         e = cudaGraphLaunch(ge, cs); /* warm-up */
     if (e == cudaSuccess)
         e = cudaEventRecord(e0, cs);
-    if (e == cudaSuccess)
+    for (int r = 0; r < reps && e == cudaSuccess; r++)
         e = cudaGraphLaunch(ge, cs);
     if (e == cudaSuccess)
         e = cudaEventRecord(e1, cs);
@@ -318,6 +311,29 @@ static sn_status read_probe_us(cuda_be *cb, size_t bytes, size_t span, int reps,
         cudaStreamDestroy(cs);
     cudaFree(buf);
     return st;
+}
+
+/* k_read_probe over bytes (a multiple of 256) at a time, reps launches
+ * back to back in one graph, each over the next slice of a buffer of span
+ * bytes (wrapping; span >= bytes), after one warm-up replay: *us per
+ * launch. Serves sn_cuda_read_bandwidth (span = bytes) and
+ * sn_cuda_read_sweep. */
+static sn_status read_probe_us(cuda_be *cb, size_t bytes, size_t span, int reps, double *us, const char *what)
+{
+    const unsigned grid = (unsigned)cb->di.n_sm * 8;
+    const size_t slots = span / bytes; /* each launch over the next slice of the span, wrapping */
+    double per = 0;
+    SN_TRY(graph_us(
+        cb, span, 1,
+        [&](cudaStream_t cs, char *buf) {
+            for (int r = 0; r < reps; r++)
+                k_read_probe<<<grid, 512, 0, cs>>>((const uint4 *)(buf + (size_t)(r % slots) * bytes), bytes / 16,
+                                                   (unsigned *)(buf + span));
+            return cudaGetLastError();
+        },
+        &per, what));
+    *us = per / reps;
+    return SN_OK;
 }
 
 extern "C" sn_status sn_cuda_read_bandwidth(sn_backend *b, size_t bytes, int reps, double *gbs)
@@ -347,82 +363,33 @@ extern "C" sn_status sn_cuda_read_chain(sn_backend *b, const size_t *bytes, int 
             return SN_FAIL(SN_E_INVALID, "read chain: launch %d reads %zu bytes (a multiple of 256, 256..%zu)", i,
                            bytes[i], span);
     cuda_be *cb = cb_of(b);
-    SN_TRY(host_barrier(cb));
-    cudaSetDevice(cb->dev);
-    void *buf = NULL;
-    CU_TRY(cudaMalloc(&buf, span + 16), "read chain");
-    sn_status st = SN_OK;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    cudaGraph_t g = NULL;
-    cudaGraphExec_t ge = NULL;
-    cudaStream_t cs = NULL;
-    cudaError_t e = cudaMemsetAsync(buf, 1, span, cb->st);
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(cb->st);
-    if (e == cudaSuccess)
-        e = cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking);
-    if (e == cudaSuccess)
-        e = cudaEventCreate(&e0);
-    if (e == cudaSuccess)
-        e = cudaEventCreate(&e1);
     const unsigned grid = (unsigned)cb->di.n_sm * 2;
     /* mode 3: two blocks fill an SM's shared memory (less 1 KB a block
      * that the runtime reserves) */
-    int sm_smem = 0;
     size_t smem = 0;
-    if (e == cudaSuccess && mode == 3)
-        e = cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->dev);
-    if (e == cudaSuccess && mode == 3) {
+    if (mode == 3) {
+        int sm_smem = 0;
+        cudaSetDevice(cb->dev);
+        CU_TRY(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->dev), "read chain");
         smem = (size_t)sm_smem / 2 - 2048;
-        e = cudaFuncSetAttribute(k_read_link, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        CU_TRY(cudaFuncSetAttribute(k_read_link, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+               "read chain");
     }
-    if (e == cudaSuccess)
-        e = cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal);
-    if (e == cudaSuccess) {
-        size_t off = 0;
-        cudaError_t el = cudaSuccess;
-        for (int i = 0; i < n && el == cudaSuccess; i++) {
-            if (off + bytes[i] > span)
-                off = 0;
-            el = cu_launch_pdl(mode != 0 && i > 0, k_read_link, dim3(grid), dim3(512), smem, cs,
-                               (const uint4 *)((const char *)buf + off), bytes[i] / 16,
-                               (unsigned *)((char *)buf + span), mode);
-            off += bytes[i];
-        }
-        cudaError_t e2 = cudaStreamEndCapture(cs, &g);
-        e = el != cudaSuccess ? el : e2;
-    }
-    if (e == cudaSuccess)
-        e = cudaGraphInstantiate(&ge, g, 0);
-    if (e == cudaSuccess)
-        e = cudaGraphLaunch(ge, cs); /* warm-up */
-    if (e == cudaSuccess)
-        e = cudaEventRecord(e0, cs);
-    for (int r = 0; r < reps && e == cudaSuccess; r++)
-        e = cudaGraphLaunch(ge, cs);
-    if (e == cudaSuccess)
-        e = cudaEventRecord(e1, cs);
-    if (e == cudaSuccess)
-        e = cudaEventSynchronize(e1);
-    float ms = 0;
-    if (e == cudaSuccess)
-        e = cudaEventElapsedTime(&ms, e0, e1);
-    if (e != cudaSuccess)
-        st = cu_err(e, "read chain");
-    else
-        *us = (double)ms * 1e3 / reps;
-    if (ge)
-        cudaGraphExecDestroy(ge);
-    if (g)
-        cudaGraphDestroy(g);
-    if (e0)
-        cudaEventDestroy(e0);
-    if (e1)
-        cudaEventDestroy(e1);
-    if (cs)
-        cudaStreamDestroy(cs);
-    cudaFree(buf);
-    return st;
+    return graph_us(
+        cb, span, reps,
+        [&](cudaStream_t cs, char *buf) {
+            size_t off = 0;
+            cudaError_t el = cudaSuccess;
+            for (int i = 0; i < n && el == cudaSuccess; i++) {
+                if (off + bytes[i] > span)
+                    off = 0;
+                el = cu_launch_pdl(mode != 0 && i > 0, k_read_link, dim3(grid), dim3(512), smem, cs,
+                                   (const uint4 *)(buf + off), bytes[i] / 16, (unsigned *)(buf + span), mode);
+                off += bytes[i];
+            }
+            return el;
+        },
+        us, "read chain");
 }
 
 /* The stamp records' device buffer: one for the process (a measurement
