@@ -400,18 +400,6 @@ __device__ __forceinline__ void ld8(const float *p, bool al, float (&v)[8])
 constexpr int GD_PRE = 2; /* passes of the dp4a staging whose loads are issued together */
 
 
-/* out = a[ps] for a pass index known only at run time (ps < GD_PRE), without
- * indexing the register array by it (which would put it in local memory) */
-__device__ __forceinline__ void gd_pick(const float (&a)[GD_PRE][8], int ps, float (&out)[8])
-{
-#pragma unroll
-    for (int q = 0; q < GD_PRE; q++)
-        if (q == ps)
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                out[k] = a[q][k];
-}
-
 template <int TT, typename H>
 __device__ void gd_stage_x(char *stage, const float *x, int T, int64_t cols, int nit, int group, const gemv_seg &g,
                            H &&after_loads)

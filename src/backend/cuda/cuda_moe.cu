@@ -532,12 +532,7 @@ __device__ void md_stage_digits(char *stage, const float *__restrict__ x, int64_
         for (int k = 0; k < 8; k++)
             v[k] = 0.f;
         if (pre) {
-#pragma unroll
-            for (int q = 0; q < MD_DP_NP; q++)
-                if (q == ps)
-#pragma unroll
-                    for (int k = 0; k < 8; k++)
-                        v[k] = pv[q][k];
+            gd_pick(pv, ps, v);
         } else if (in) {
 #pragma unroll
             for (int k = 0; k < 8; k++)

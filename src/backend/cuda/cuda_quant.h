@@ -191,6 +191,20 @@ __device__ __forceinline__ void gd_digits8(const float (&v)[8], int lpg, bool in
     }
 }
 
+/* out = a[ps] for a pass index known only at run time (ps < N), without
+ * indexing the register array by it (which would put it in local memory):
+ * the dp4a stagings' values loaded ahead, a pass of 8 per thread */
+template <int N>
+__device__ __forceinline__ void gd_pick(const float (&a)[N][8], int ps, float (&out)[8])
+{
+#pragma unroll
+    for (int q = 0; q < N; q++)
+        if (q == ps)
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                out[k] = a[q][k];
+}
+
 /* Bytes of the dp4a forms' staged digits: TT tokens, nit chunk steps, nch
  * chunks (layout: cuda_gemv.cu, gd_stage_x) */
 __host__ __device__ __forceinline__ size_t gd_stage_bytes(int TT, int nit, int64_t nch)
