@@ -444,6 +444,18 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* a launch of the stamped step: its first weight matrix, rows, and when its
+ * first block's wait returned (launches compare by that: stream order) */
+typedef struct {
+    uint64_t w0, wait0;
+    int64_t rows;
+} stamp_launch;
+
+static int cmp_launch(const void *a, const void *b)
+{
+    return cmp_u64(&((const stamp_launch *)a)->wait0, &((const stamp_launch *)b)->wait0);
+}
+
 static void stamps_report(model_t *m, int pos0, int32_t *tok)
 {
     enum { CAP = 1 << 17, MAXL = 1024 };
@@ -467,26 +479,18 @@ static void stamps_report(model_t *m, int pos0, int32_t *tok)
         printf("  stamps: %d records, room for %d\n", n, CAP);
         n = CAP;
     }
-    /* the launches, by their first block's wait (each names its w0 once a step) */
-    uint64_t w0[MAXL], wait0[MAXL];
-    int64_t rows[MAXL];
+    /* the launches (each names its w0 once a step), in stream order */
+    stamp_launch ln[MAXL];
     int nl = 0;
     for (int i = 0; i < n; i++) {
         int l = 0;
-        while (l < nl && w0[l] != r[i].w0) l++;
+        while (l < nl && ln[l].w0 != r[i].w0) l++;
         if (l == nl) {
             if (nl == MAXL) continue;
-            w0[nl] = r[i].w0, wait0[nl] = r[i].t[1], rows[nl] = r[i].rows;
-            nl++;
-        } else if (r[i].t[1] < wait0[l]) wait0[l] = r[i].t[1];
+            ln[nl++] = (stamp_launch){ .w0 = r[i].w0, .wait0 = r[i].t[1], .rows = r[i].rows };
+        } else if (r[i].t[1] < ln[l].wait0) ln[l].wait0 = r[i].t[1];
     }
-    /* stream order */
-    for (int a = 1; a < nl; a++)
-        for (int b = a; b > 0 && wait0[b] < wait0[b - 1]; b--) {
-            uint64_t t = wait0[b]; wait0[b] = wait0[b - 1]; wait0[b - 1] = t;
-            t = w0[b]; w0[b] = w0[b - 1]; w0[b - 1] = t;
-            int64_t q = rows[b]; rows[b] = rows[b - 1]; rows[b - 1] = q;
-        }
+    qsort(ln, nl, sizeof *ln, cmp_launch);
     printf("  k_gemv phase stamps (one step, %d launches, %d blocks; us from each launch's first wait return):\n", nl, n);
     printf("  %4s %7s %6s %9s %9s %9s %9s %9s\n", "", "rows", "blocks", "resident", "staged", "staged<=", "1st done",
            "last done");
@@ -498,7 +502,7 @@ static void stamps_report(model_t *m, int pos0, int32_t *tok)
         int nb = 0;
         uint64_t t0min = UINT64_MAX, t2max = 0, t4min = UINT64_MAX, t4max = 0;
         for (int i = 0; i < n; i++) {
-            if (r[i].w0 != w0[l]) continue;
+            if (r[i].w0 != ln[l].w0) continue;
             st[nb++] = r[i].t[2] - r[i].t[1];
             if (r[i].t[0] < t0min) t0min = r[i].t[0];
             if (r[i].t[2] > t2max) t2max = r[i].t[2];
@@ -506,14 +510,14 @@ static void stamps_report(model_t *m, int pos0, int32_t *tok)
             if (r[i].t[4] > t4max) t4max = r[i].t[4];
         }
         qsort(st, nb, sizeof *st, cmp_u64);
-        const double res = (double)(wait0[l] - t0min) / 1e3, med = st[nb / 2] / 1e3,
-                     smax = (double)(t2max - wait0[l]) / 1e3, d1 = (double)(t4min - wait0[l]) / 1e3,
-                     dn = (double)(t4max - wait0[l]) / 1e3;
+        const double res = (double)(ln[l].wait0 - t0min) / 1e3, med = st[nb / 2] / 1e3,
+                     smax = (double)(t2max - ln[l].wait0) / 1e3, d1 = (double)(t4min - ln[l].wait0) / 1e3,
+                     dn = (double)(t4max - ln[l].wait0) / 1e3;
         if (l < 12)
-            printf("  %4d %7lld %6d %9.2f %9.2f %9.2f %9.2f %9.2f\n", l, (long long)rows[l], nb, res, med, smax, d1, dn);
+            printf("  %4d %7lld %6d %9.2f %9.2f %9.2f %9.2f %9.2f\n", l, (long long)ln[l].rows, nb, res, med, smax, d1, dn);
         int k = 0;
-        while (k < nk && krow[k] != rows[l]) k++;
-        if (k == nk && nk < 16) krow[nk++] = rows[l];
+        while (k < nk && krow[k] != ln[l].rows) k++;
+        if (k == nk && nk < 16) krow[nk++] = ln[l].rows;
         if (k < nk) {
             ks[k][0] += med, ks[k][1] += smax, ks[k][2] += d1, ks[k][3] += dn;
             kn[k]++;

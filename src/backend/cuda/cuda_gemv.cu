@@ -571,7 +571,7 @@ __device__ __forceinline__ void gv_conv_epi(const gemv_seg &g, float v, bool min
  * unstamped kernel's code is what it was. */
 __device__ sn_gemv_stamp *gv_stamp_buf;
 __device__ unsigned gv_stamp_n, gv_stamp_cap;
-int gv_stamping; /* host side: launch the stamped instance */
+bool gv_stamping; /* host side: launch the stamped instance */
 
 __device__ __forceinline__ uint64_t gv_now()
 {
@@ -1244,12 +1244,14 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
     return SN_OK;
 }
 
-sn_status cu_gv_stamps(sn_gemv_stamp *buf, int cap)
+sn_status cu_gv_stamps(sn_gemv_stamp *buf, int cap, bool *changed)
 {
     const unsigned zero = 0, c = cap > 0 ? (unsigned)cap : 0u;
     CU_TRY(cudaMemcpyToSymbol(gv_stamp_buf, &buf, sizeof buf), "gemv stamps");
     CU_TRY(cudaMemcpyToSymbol(gv_stamp_cap, &c, sizeof c), "gemv stamps");
     CU_TRY(cudaMemcpyToSymbol(gv_stamp_n, &zero, sizeof zero), "gemv stamps");
+    if (changed)
+        *changed = gv_stamping != (cap > 0);
     gv_stamping = cap > 0;
     return SN_OK;
 }

@@ -35,8 +35,9 @@ bool cu_gv_folds_conv(const cu_devinfo *di, const cu_weight *w0, int T);
 /* T tokens (passes of up to 8) through g's segments. */
 sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_weight *w0, const float *x, int T);
 /* The stamped k_gemv (sn_cuda_gemv_stamps): on with room for cap records
- * (buf on the device), cleared; cap 0 off. And the records' count. */
-sn_status cu_gv_stamps(sn_gemv_stamp *buf, int cap);
+ * (buf on the device), cleared; cap 0 off; *changed (may be NULL) whether
+ * that switched the kernel launched. And the records' count. */
+sn_status cu_gv_stamps(sn_gemv_stamp *buf, int cap, bool *changed);
 sn_status cu_gv_stamps_count(int *n);
 /* From cu_matmul_init: the kernels' shared memory limits. */
 sn_status cu_gemv_init(const cu_devinfo *di);

@@ -185,40 +185,17 @@ extern "C" sn_status sn_cuda_tune(sn_backend *b, const char *key, int value)
 namespace {
 
 /* Every thread sums uint4 loads of its grid-stride range, 8 in flight; the
- * sum goes to out so the loads are not dropped. */
+ * sum goes to out so the loads are not dropped. WAIT says where it waits
+ * for the kernel before it, as one link of a chain of launches
+ * (sn_cuda_read_chain): 0 nowhere (a plain launch, the bandwidth probe);
+ * 1 after each thread's first 8 loads, as a weight GEMV waits for x; 2
+ * after all its loads (the next matrix's loads free to overlap this one's
+ * drain: what a persistent streaming kernel could reach). With a wait,
+ * the next launch is triggered first thing. */
+template <int WAIT>
 __global__ void k_read_probe(const uint4 *__restrict__ p, size_t n, unsigned *__restrict__ out)
 {
-    unsigned acc = 0;
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + 7 * stride < n; i += 8 * stride) {
-        uint4 v[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            v[k] = __ldcs(p + i + k * stride);
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-    }
-    for (; i < n; i += stride) {
-        uint4 v = __ldcs(p + i);
-        acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
-    if (acc == 0x9e3779b9u)
-        *out = acc;
-}
-
-/* k_read_probe's loads as one link of a chain of launches (read_chain):
- * mode 0 a plain launch; 1 a programmatic edge, the next launch triggered
- * first thing and pdl_wait after each thread's first 8 loads (where a
- * weight GEMV waits for x); 2 the edge with pdl_wait after every load (the
- * next matrix's loads free to overlap this one's drain: what a persistent
- * streaming kernel could reach); 3 as 1 with each block holding half the
- * SM's shared memory, so the next launch's blocks find no room until this
- * one's leave, as behind a GEMV whose registers fill the SM. */
-__global__ void k_read_link(const uint4 *__restrict__ p, size_t n, unsigned *__restrict__ out, int mode)
-{
-    if (mode)
+    if constexpr (WAIT != 0)
         pdl_launch();
     unsigned acc = 0;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -229,8 +206,9 @@ __global__ void k_read_link(const uint4 *__restrict__ p, size_t n, unsigned *__r
 #pragma unroll
         for (int k = 0; k < 8; k++)
             v[k] = __ldcs(p + i + k * stride);
-        if (first && (mode == 1 || mode == 3))
-            pdl_wait();
+        if constexpr (WAIT == 1)
+            if (first)
+                pdl_wait();
         first = false;
 #pragma unroll
         for (int k = 0; k < 8; k++)
@@ -240,7 +218,7 @@ __global__ void k_read_link(const uint4 *__restrict__ p, size_t n, unsigned *__r
         uint4 v = __ldcs(p + i);
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
-    if (mode)
+    if constexpr (WAIT != 0)
         pdl_wait();
     if (acc == 0x9e3779b9u)
         *out = acc;
@@ -327,7 +305,7 @@ static sn_status read_probe_us(cuda_be *cb, size_t bytes, size_t span, int reps,
         cb, span, 1,
         [&](cudaStream_t cs, char *buf) {
             for (int r = 0; r < reps; r++)
-                k_read_probe<<<grid, 512, 0, cs>>>((const uint4 *)(buf + (size_t)(r % slots) * bytes), bytes / 16,
+                k_read_probe<0><<<grid, 512, 0, cs>>>((const uint4 *)(buf + (size_t)(r % slots) * bytes), bytes / 16,
                                                    (unsigned *)(buf + span));
             return cudaGetLastError();
         },
@@ -348,7 +326,7 @@ extern "C" sn_status sn_cuda_read_bandwidth(sn_backend *b, size_t bytes, int rep
     return SN_OK;
 }
 
-/* read_chain: n launches of k_read_link over bytes[i] each, the slices laid
+/* read_chain: n launches of k_read_probe over bytes[i] each, the slices laid
  * end to end through a buffer of span bytes (wrapping), captured in one
  * graph and replayed reps times after a warm-up: *us per replay. Blocks of
  * 512 threads, two an SM, so a launch behind an edge finds room. */
@@ -372,9 +350,11 @@ extern "C" sn_status sn_cuda_read_chain(sn_backend *b, const size_t *bytes, int 
         cudaSetDevice(cb->dev);
         CU_TRY(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, cb->dev), "read chain");
         smem = (size_t)sm_smem / 2 - 2048;
-        CU_TRY(cudaFuncSetAttribute(k_read_link, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        CU_TRY(cudaFuncSetAttribute(k_read_probe<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "read chain");
     }
+    /* mode 3 is mode 1's kernel with the SMs filled */
+    const auto kern = mode == 0 ? k_read_probe<0> : mode == 2 ? k_read_probe<2> : k_read_probe<1>;
     return graph_us(
         cb, span, reps,
         [&](cudaStream_t cs, char *buf) {
@@ -383,8 +363,8 @@ extern "C" sn_status sn_cuda_read_chain(sn_backend *b, const size_t *bytes, int 
             for (int i = 0; i < n && el == cudaSuccess; i++) {
                 if (off + bytes[i] > span)
                     off = 0;
-                el = cu_launch_pdl(mode != 0 && i > 0, k_read_link, dim3(grid), dim3(512), smem, cs,
-                                   (const uint4 *)(buf + off), bytes[i] / 16, (unsigned *)(buf + span), mode);
+                el = cu_launch_pdl(mode != 0 && i > 0, kern, dim3(grid), dim3(512), smem, cs,
+                                   (const uint4 *)(buf + off), bytes[i] / 16, (unsigned *)(buf + span));
                 off += bytes[i];
             }
             return el;
@@ -395,7 +375,7 @@ extern "C" sn_status sn_cuda_read_chain(sn_backend *b, const size_t *bytes, int 
 /* The stamp records' device buffer: one for the process (a measurement
  * hook; the stamped kernel writes through one device pointer). */
 static sn_gemv_stamp *g_stamps;
-static int g_stamps_cap, g_stamps_on;
+static int g_stamps_cap;
 
 extern "C" sn_status sn_cuda_gemv_stamps(sn_backend *b, int cap)
 {
@@ -412,10 +392,10 @@ extern "C" sn_status sn_cuda_gemv_stamps(sn_backend *b, int cap)
         CU_TRY(cudaMalloc(&g_stamps, sizeof(sn_gemv_stamp) * (size_t)cap), "gemv stamps");
         g_stamps_cap = cap;
     }
-    SN_TRY(cu_gv_stamps(cap ? g_stamps : NULL, cap));
-    if ((cap > 0) != g_stamps_on)
+    bool changed = false;
+    SN_TRY(cu_gv_stamps(cap ? g_stamps : NULL, cap, &changed));
+    if (changed)
         graphs_invalidate(cb); /* the captured launches name the other instance */
-    g_stamps_on = cap > 0;
     return SN_OK;
 }
 
