@@ -110,6 +110,17 @@ static float *gpu_moe(const experts *x, const float *hx, const float *hl, int T,
     return out;
 }
 
+/* With tune key at v (the caller restores it): want's bits */
+static void same_with(const experts *x, const float *hx, const float *hl, int T, int norm, const float *want,
+                      const char *key, int v)
+{
+    CHECK_OK(sn_cuda_tune(G, key, v));
+    float *r = gpu_moe(x, hx, hl, T, norm);
+    CHECKF(memcmp(want, r, sizeof(float) * T * x->H) == 0, "moe decode E=%d k=%d T=%d norm=%d: %s=%d differs", x->E,
+           x->k, T, norm, key, v);
+    free(r);
+}
+
 static void dec_case(const experts *x, int T, int norm, int lkind)
 {
     const int H = x->H;
@@ -153,12 +164,8 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     free(f2);
     /* the gate/up kernel in blocks of 8 warps (4 by default): the fp32
      * form's bits (the dp4a form is for 4-warp blocks) */
-    CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 8));
-    float *w8 = gpu_moe(x, hx, hl, T, norm);
+    same_with(x, hx, hl, T, norm, f, "moe_gu_warps", 8);
     CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
-    CHECKF(memcmp(f, w8, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: 8-warp gate/up blocks differ",
-           x->E, x->k, T);
-    free(w8);
     /* the routing by warp 0 alone (moe_route 0) against the parallel one
      * (the default 1: warps 1.. find parts' top k, warp 0 merges), in
      * blocks of 4 and of 8 warps: the same bits */
@@ -174,28 +181,14 @@ static void dec_case(const experts *x, int T, int norm, int lkind)
     CHECK_OK(sn_cuda_tune(G, "moe_gu_warps", 4));
     CHECK_OK(sn_cuda_tune(G, "moe_route", 1));
     /* the activations' loads issued after the weights' (moe_pre, default 3): the same bits */
-    for (int v = 0; v <= 2; v++) {
-        CHECK_OK(sn_cuda_tune(G, "moe_pre", v));
-        float *pe = gpu_moe(x, hx, hl, T, norm);
-        CHECKF(memcmp(a, pe, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: moe_pre=%d differs", x->E,
-               x->k, T, v);
-        free(pe);
-    }
+    for (int v = 0; v <= 2; v++)
+        same_with(x, hx, hl, T, norm, a, "moe_pre", v);
     CHECK_OK(sn_cuda_tune(G, "moe_pre", 3));
-    CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 1));
-    float *r1 = gpu_moe(x, hx, hl, T, norm);
-    CHECKF(memcmp(a, r1, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: one down row a warp differs",
-           x->E, x->k, T);
-    free(r1);
-    /* and its weights loaded 4 or 6 chunk steps ahead (moe_dn_u; 5 by
-     * default; Q4 only) */
-    for (int u = 4; u <= 6; u += 2) {
-        CHECK_OK(sn_cuda_tune(G, "moe_dn_u", u));
-        float *ru = gpu_moe(x, hx, hl, T, norm);
-        CHECKF(memcmp(a, ru, sizeof(float) * T * H) == 0, "moe decode E=%d k=%d T=%d: moe_dn_u=%d differs", x->E,
-               x->k, T, u);
-        free(ru);
-    }
+    /* one down row a warp, and its weights loaded 4 or 6 chunk steps
+     * ahead (moe_dn_u; 5 by default; Q4 only) */
+    same_with(x, hx, hl, T, norm, a, "moe_dn_rpw", 1);
+    for (int u = 4; u <= 6; u += 2)
+        same_with(x, hx, hl, T, norm, a, "moe_dn_u", u);
     CHECK_OK(sn_cuda_tune(G, "moe_dn_u", 5));
     CHECK(sn_cuda_tune(G, "moe_dn_u", 3) != SN_OK);
     CHECK_OK(sn_cuda_tune(G, "moe_dn_rpw", 0));
