@@ -433,11 +433,6 @@ static void gemv_micro(model_t *m)
     }
 }
 
-/* --stamps: one graph step with the stamped one-token SIMT GEMV
- * (sn_cuda_gemv_stamps). Per launch, from the moment its first block's
- * wait returned (the kernel before it done): x staged (the blocks'
- * median, and the last block's), the first and the last block done; then
- * the same summed by matrix (rows). */
 static int cmp_u64(const void *a, const void *b)
 {
     const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -456,6 +451,11 @@ static int cmp_launch(const void *a, const void *b)
     return cmp_u64(&((const stamp_launch *)a)->wait0, &((const stamp_launch *)b)->wait0);
 }
 
+/* --stamps: one graph step with the stamped one-token SIMT GEMV
+ * (sn_cuda_gemv_stamps). Per launch, from the moment its first block's
+ * wait returned (the kernel before it done): x staged (the blocks'
+ * median, and the last block's), the first and the last block done; then
+ * the same summed by matrix (rows). */
 static void stamps_report(model_t *m, int pos0, int32_t *tok)
 {
     enum { CAP = 1 << 17, MAXL = 1024 };

@@ -124,8 +124,9 @@ cudaError_t cu_launch_pdl(bool edge, void (*kern)(KP...), dim3 grid, dim3 block,
 /* With cu_pdl 2, the small kernels that take the edge anyway (tune
  * pdl_small, bits; default 0): 1 the gated RMSNorm, 2 the decode attention,
  * 4 its combine, 8 the GDN step after the folded conv, 16 the attention
- * prep, 32 the stream-K GEMV's x digits (k_x_digits). Each starts with pdl_enter, so the edge only lets its blocks sit
- * resident, waiting, while the kernel before it runs (where they fit). */
+ * prep, 32 the stream-K GEMV's x digits (k_x_digits). Each starts with
+ * pdl_enter, so the edge only lets its blocks sit resident, waiting, while
+ * the kernel before it runs (where they fit). */
 extern int cu_pdl_small;
 enum { PDL_GATED_NORM = 1, PDL_ATTN = 2, PDL_COMBINE = 4, PDL_GDN = 8, PDL_ATTN_PREP = 16, PDL_X_DIGITS = 32 };
 

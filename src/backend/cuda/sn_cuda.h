@@ -77,6 +77,8 @@ sn_status sn_cuda_read_sweep(sn_backend *be, size_t bytes, size_t span, int reps
  * filling the SMs (no room beside them for the next launch's until they
  * leave, as behind a GEMV). *us per chain: what a step's launch
  * structure costs a stream of weights, apart from any GEMV's arithmetic. */
+sn_status sn_cuda_read_chain(sn_backend *be, const size_t *bytes, int n, size_t span, int mode, int reps,
+                             double *us);
 /* One block of a one-token SIMT GEMV launch (k_gemv) under
  * sn_cuda_gemv_stamps, on the GPU's global timer (ns): t[0] its start,
  * t[1] the return of its wait for the kernel before, t[2] x staged (and
@@ -94,8 +96,6 @@ typedef struct {
 sn_status sn_cuda_gemv_stamps(sn_backend *be, int cap);
 /* The records so far (at most cap), *n of them; *n may exceed what fit. */
 sn_status sn_cuda_gemv_stamps_read(sn_backend *be, sn_gemv_stamp *out, int cap, int *n);
-sn_status sn_cuda_read_chain(sn_backend *be, const size_t *bytes, int n, size_t span, int mode, int reps,
-                             double *us);
 
 /* Kernel choices for benchmarks: "gemv_rpw" = rows per warp of the
  * quantized GEMV (0: by shape, 1, 2 or 4); "cublas_min_t" = quantized GEMMs
