@@ -346,6 +346,79 @@ static void test_gemv_ring_forms(void)
     mm_case(SN_DT_Q4, 1000, 2304, 64, SN_DT_BF16, 5, 0, 1);
 }
 
+/* The pool form of the one-token SIMT GEMV (tune gemv_dyn; gv_pool_form):
+ * each row group is still one warp's, so every form gives the dealt form's
+ * bits, launch after launch (a counter left non-zero would skip groups,
+ * whose rows keep dpoison's NaN), the launches count as pooled, and the
+ * device counters are zero after them. The shapes: the 27B's gate/up
+ * (5 ring chunks a group, 4 groups or more a warp) and a 1024-column
+ * matrix whose groups are one chunk each (the issue side then runs up to
+ * S - 1 groups ahead of the compute side: the queue between them). */
+static void pool_case(int64_t rows, int64_t cols)
+{
+    tw w;
+    tw_make(&w, SN_DT_Q4, rows, cols, 64, SN_DT_BF16, 0, 0);
+    float *x = hrand((size_t)cols, 1.0f), *dx = dcopy(x, (size_t)cols);
+    CHECK_OK(sn_cuda_tune(G, "gemv_dyn", 0));
+    float *dy = dpoison((size_t)rows);
+    long n0 = 0, n1 = 0;
+    int cnt[2];
+    CHECK_OK(sn_cuda_gemv_pool(G, &n0, cnt));
+    CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
+    CHECK_OK(sn_cuda_gemv_pool(G, &n1, cnt));
+    CHECKF(n1 == n0, "%lldx%lld: gemv_dyn=0 launched the pool form", (long long)rows, (long long)cols);
+    float *ref = tohost(dy, (size_t)rows);
+    dfree(dy);
+    static const int dyn[3] = { 50, 25, 90 };
+    for (int d = 0; d < 3; d++) {
+        CHECK_OK(sn_cuda_tune(G, "gemv_dyn", dyn[d]));
+        CHECK_OK(sn_cuda_gemv_pool(G, &n0, cnt));
+        for (int rep = 0; rep < 3; rep++) {
+            dy = dpoison((size_t)rows);
+            CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
+            float *y = tohost(dy, (size_t)rows);
+            dfree(dy);
+            CHECKF(memcmp(ref, y, sizeof(float) * rows) == 0, "%lldx%lld gemv_dyn=%d launch %d: bits differ",
+                   (long long)rows, (long long)cols, dyn[d], rep);
+            free(y);
+        }
+        CHECK_OK(sn_cuda_gemv_pool(G, &n1, cnt));
+        CHECKF(n1 == n0 + 3, "%lldx%lld gemv_dyn=%d: %ld of 3 launches pooled", (long long)rows, (long long)cols,
+               dyn[d], n1 - n0);
+        CHECKF(cnt[0] == 0 && cnt[1] == 0, "gemv_dyn=%d: pool counters %d %d after the launches", dyn[d], cnt[0],
+               cnt[1]);
+    }
+    CHECK_OK(sn_cuda_tune(G, "gemv_dyn", 50));
+    free(x); free(ref);
+    dfree(dx);
+    tw_free(&w);
+}
+
+static void test_gemv_pool(void)
+{
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 0)); /* the SIMT GEMV */
+    pool_case(34816, 5120);
+    pool_case(180000, 1024); /* gemv_dyn=25 deals 5 groups a warp here: more than S - 1 chunks */
+    /* under gemv_dyn_min groups a warp: the dealt form */
+    CHECK_OK(sn_cuda_tune(G, "gemv_dyn_min", 1000));
+    long n0 = 0, n1 = 0;
+    int cnt[2];
+    tw w;
+    tw_make(&w, SN_DT_Q4, 34816, 5120, 64, SN_DT_BF16, 0, 0);
+    float *x = hrand(5120, 1.0f), *dx = dcopy(x, 5120), *dy = dpoison(34816);
+    CHECK_OK(sn_cuda_gemv_pool(G, &n0, cnt));
+    CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
+    CHECK_OK(sn_cuda_gemv_pool(G, &n1, cnt));
+    CHECKF(n1 == n0, "gemv_dyn_min=1000: %ld launches pooled", n1 - n0);
+    CHECK(sn_cuda_tune(G, "gemv_dyn", 100) == SN_E_INVALID);
+    CHECK(sn_cuda_tune(G, "gemv_dyn_min", 0) == SN_E_INVALID);
+    CHECK_OK(sn_cuda_tune(G, "gemv_dyn_min", 2));
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
+    free(x);
+    dfree(dx); dfree(dy);
+    tw_free(&w);
+}
+
 /* The stamped one-token k_gemv (sn_cuda_gemv_stamps, a measurement hook):
  * the plain kernel's bits, one record per block of the launch with its
  * times in order; off again, a launch records nothing. */
@@ -1345,6 +1418,7 @@ int main(void)
     RUN(test_matmul_q4_gemv_i8);
     RUN(test_gemv_batch_invariant);
     RUN(test_gemv_ring_forms);
+    RUN(test_gemv_pool);
     RUN(test_gemv_stamps);
     RUN(test_matmul_dense);
     RUN(test_matmul_errors);

@@ -1598,6 +1598,10 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_mb = 0; /* by shape */
     cb->di.gemv_sk = 1;
     cb->di.gemv_sk_bps = 2;
+    /* the SIMT GEMV's pool form for launches of >= 2 row groups a warp (the
+     * 27B's gate/up): half dealt, half taken (docs/PERFORMANCE.md run 45) */
+    cb->di.gemv_dyn = 50;
+    cb->di.gemv_dyn_min = 2;
     cb->di.gemv_i8_min = -1; /* by shape */
     cb->di.gemv_dp = 1;
     cb->di.gemv_pre = 1; /* 35B-A3B 2.50-2.54 against 2.58-2.60 ms per step with 8 (results.log 07:05Z) */

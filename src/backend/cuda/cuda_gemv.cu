@@ -18,6 +18,9 @@
  * the tensor-core GEMV does not take a weight (cu_gi_size_ok, cu_gi_ok). */
 #include <string.h>
 
+#include <atomic>
+#include <mutex>
+
 #include <cuda_pipeline.h>
 
 #include "backend/cuda/cuda_gemv.h"
@@ -580,12 +583,27 @@ __device__ __forceinline__ uint64_t gv_now()
     return t;
 }
 
-template <int BITS, int TT, int RPW, bool DP, bool CV = false, bool ST = false>
+/* The pool form (DY; one token, no conv fold, gv_launch decides): a warp
+ * runs its share of the first g.gst row groups as above, then takes the
+ * others one at a time from g.pool[0] until none is left, so the warps of
+ * an SM that runs late take fewer (s34r1, H100: the same SMs are late in
+ * every launch of the 27B's gate/up, by up to 8 us of ~40). The take is in
+ * issue(), as the ring reaches the next group, and always after pdl_wait
+ * (gv_launch deals every warp more than a ring's worth of chunks, so the
+ * copies issued before it are all dealt ones): the counter the last
+ * launch zeroed is then visible. The group ids taken wait in a per-warp
+ * queue for the compute side, which runs at most S - 1 chunks behind. A
+ * row group is one warp's work either way, so the bits do not change. */
+constexpr int GV_POOL_Q = 8; /* the queue: more than S groups of >= 1 chunk */
+
+template <int BITS, int TT, int RPW, bool DP, bool CV = false, bool ST = false, bool DY = false>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
     static_assert(!DP || BITS == 4, "the dp4a form is for Q4");
     static_assert(!CV || DP, "the conv fold is for the dp4a form");
+    static_assert(!DY || (TT == 1 && !CV && !ST), "the pool form is for one token, no fold, unstamped");
+    static_assert(GV_POOL_Q > gv_ring<RPW>::S, "the pool queue holds the groups the ring runs ahead");
     uint64_t ts[5] = { 0, 0, 0, 0, 0 };
     if constexpr (ST)
         ts[0] = gv_now();
@@ -607,8 +625,11 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     uint2 *sring = (uint2 *)(rbase + (size_t)nwarps * S * RPW * 32 * sizeof(uint4)) + (size_t)warp * S * RPW * 32 + lane;
     const int64_t G = g.g0[g.n];
     const int64_t NW = (int64_t)gridDim.x * nwarps, wid = (int64_t)blockIdx.x * nwarps + warp;
-    const int64_t gb = wid * G / NW, ge = (wid + 1) * G / NW;
-    const int nf = (int)((ge - gb) * nit);
+    const int64_t GD = DY ? g.gst : G; /* the groups dealt */
+    const int64_t gb = wid * GD / NW, ge = (wid + 1) * GD / NW;
+    int nf = (int)((ge - gb) * nit); /* DY: grows by nit with each group taken */
+    __shared__ int pool_q[DY ? 16 : 1][GV_POOL_Q];
+    int qin = 0, qout = 0; /* groups taken, and consumed */
 
     /* issue side of the ring: chunk ic.it of row group ic.grp. Everything
      * the copies need is in registers (32-bit shared addresses, byte
@@ -654,7 +675,30 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
         islot = islot + 1 == S ? 0 : islot + 1;
         if (++ic.it == nit) {
             ic.it = 0;
-            if (++ic.grp < ge) {
+            bool more = ++ic.grp < ge;
+            if constexpr (DY)
+                if (!more && fi == nf) { /* the dealt groups (or the last taken) are all issued */
+                    int id = 0;
+                    if (lane == 0)
+                        id = atomicAdd(g.pool, 1);
+                    id = __shfl_sync(0xffffffffu, id, 0);
+                    if (GD + id < G) {
+                        ic.grp = GD + id;
+                        pool_q[warp][qin++ % GV_POOL_Q] = (int)ic.grp; /* every lane: each reads its own */
+                        nf += nit;
+                        more = true;
+                    } else if (lane == 0) {
+                        /* none left: this warp takes no more. The last warp
+                         * to find that zeroes the pair for the next launch
+                         * (whose takes wait behind this grid's end) */
+                        __threadfence();
+                        if (atomicAdd(g.pool + 1, 1) == (int)NW - 1) {
+                            atomicExch(g.pool, 0);
+                            atomicExch(g.pool + 1, 0);
+                        }
+                    }
+                }
+            if (more) {
                 gv_locate(g, RPW, words, groups, sbsz, ic);
                 iw = (const char *)ic.W + 16 * lane;
             }
@@ -783,6 +827,10 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             cc.it = 0;
             if (++cc.grp < ge)
                 gv_locate(g, RPW, words, groups, sbsz, cc);
+            else if (DY && qout < qin) {
+                cc.grp = pool_q[warp][qout++ % GV_POOL_Q];
+                gv_locate(g, RPW, words, groups, sbsz, cc);
+            }
         }
     }
     if constexpr (ST) {
@@ -805,25 +853,30 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
 }
 
 /* Blocks per SM of a kernel at a block size and dynamic shared memory,
- * remembered per kernel (the query costs microseconds per call). */
+ * remembered per (kernel, size) (the query costs microseconds per call;
+ * the instances of k_gemv share a type, so the kernel is in the key). */
 template <typename K>
 int occupancy(K kern, int threads, size_t smem)
 {
-    static uint64_t cache[8];
+    struct entry {
+        const void *k;
+        size_t smem;
+        int threads, per;
+    };
+    static entry cache[16];
     static int next;
-    const uint64_t key = ((uint64_t)smem << 11) | (uint64_t)threads;
-    for (int i = 0; i < 8; i++) {
-        uint64_t e = __atomic_load_n(&cache[i], __ATOMIC_RELAXED);
-        if (e && (e >> 16) == key)
-            return (int)(e & 0xffff);
-    }
+    static std::mutex mu;
+    std::lock_guard<std::mutex> lock(mu);
+    for (const entry &e : cache)
+        if (e.k == (const void *)kern && e.smem == smem && e.threads == threads)
+            return e.per;
     int per = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kern, threads, smem) != cudaSuccess) {
         cudaGetLastError(); /* a failed query must not look like a failed launch */
         per = 0;
     }
-    int slot = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED) & 7;
-    __atomic_store_n(&cache[slot], (key << 16) | (uint64_t)(per & 0xffff), __ATOMIC_RELAXED);
+    cache[next] = { (const void *)kern, smem, threads, per };
+    next = (next + 1) % 16;
     return per;
 }
 
@@ -859,14 +912,39 @@ sn_status gv_max_smem(K kern, const cu_devinfo *di)
     return SN_OK;
 }
 
+/* Whether a one-token launch of G row groups on nw resident warps takes
+ * the pool form, and how many groups it deals (*gst): gemv_dyn percent,
+ * when the launch has gemv_dyn_min groups a warp and every warp's dealt
+ * share is more than the S - 1 ring chunks it may issue before pdl_wait
+ * (a take must come after it). The 35B-A3B's launches, about one group a
+ * warp, stay on the dealt form: with every launch pooled its step was
+ * 14.6 % slower (s34r1), each warp taking from the one counter. */
+std::atomic<long> gv_pool_n; /* pool-form launches (sn_cuda_gemv_pool) */
+
+bool gv_pool_form(const cu_devinfo *di, int64_t G, int64_t nw, int nit, int S, int64_t *gst)
+{
+    if (di->gemv_dyn <= 0 || !di->gv_pool || nw <= 0 || G < (int64_t)di->gemv_dyn_min * nw || G >= INT32_MAX)
+        return false;
+    const int64_t d = G * di->gemv_dyn / 100;
+    if ((d / nw) * nit <= S || d >= G)
+        return false;
+    *gst = d;
+    return true;
+}
+
 template <int BITS, int TT, int RPW, bool DP, bool CV>
-sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, const cu_weight *w0, const float *x,
+sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &gin, const cu_weight *w0, const float *x,
                     int T)
 {
+    gemv_seg g = gin;
     auto kern = k_gemv<BITS, TT, RPW, DP, CV>;
     if constexpr (TT == 1)
         if (gv_stamping)
             kern = k_gemv<BITS, 1, RPW, DP, CV, true>;
+    /* the pool form exists for the shapes that have enough groups for it:
+     * the dp4a form at 4 rows a warp (T <= 2, at least 8192 rows) */
+    constexpr bool POOL = TT == 1 && RPW == 4 && DP && !CV;
+    const int nit = (int)((w0->words / 4 + 31) / 32);
     int best_w = 0, best_per = 0;
     const int cand[2] = { 8, 16 };
     for (int ci = 0; ci < 2; ci++) {
@@ -889,6 +967,17 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &g, con
         grid = (int64_t)di->n_sm * best_per;
     if (grid < 1)
         grid = 1;
+    if constexpr (POOL) {
+        /* the pool instance keeps the plain one's grid when as many of
+         * its blocks are resident (more registers) */
+        auto pk = k_gemv<BITS, 1, RPW, DP, CV, false, true>;
+        if (!gv_stamping && gv_pool_form(di, G, grid * best_w, nit, gv_ring<RPW>::S, &g.gst) &&
+            occupancy(pk, best_w * 32, gv_smem(w0, TT, RPW, best_w, DP)) == best_per) {
+            g.pool = di->gv_pool;
+            kern = pk;
+            gv_pool_n.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
     /* every resident block, though a warp may take one row group more than
      * another (the 27B's gate/up: 8704 groups over 2112 warps, 4 or 5):
      * the fewest blocks that give no warp more groups (218) made that
@@ -1256,6 +1345,8 @@ sn_status cu_gv_stamps(sn_gemv_stamp *buf, int cap, bool *changed)
     return SN_OK;
 }
 
+long cu_gv_pool_launches(void) { return gv_pool_n.load(std::memory_order_relaxed); }
+
 sn_status cu_gv_stamps_count(int *n)
 {
     unsigned v = 0;
@@ -1272,6 +1363,7 @@ sn_status cu_gemv_init(const cu_devinfo *di)
     SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP, CV>, di));                                                              \
     SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP, CV>, di));                                                              \
     SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, CV>, di));
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, true>, di));
     GEMV_INIT(4, 1, false, false)
     GEMV_INIT(4, 2, false, false)
     GEMV_INIT(4, 4, false, false)

@@ -28,6 +28,12 @@ struct gemv_seg {
     cu_gemv_conv cv;
     int npre;         /* ring chunks per warp issued before x is read (cu_gv_run sets it) */
     uint32_t gmag;    /* ceil(2^32 / group), for the chunk's quant group (cu_gv_run sets it) */
+    /* the pool form (k_gemv<..., DY>, gv_launch sets these): the first gst
+     * row groups are dealt to the warps as usual, the rest taken one at a
+     * time from pool[0]; pool[1] counts the warps that found it empty, and
+     * the last of them zeroes both for the next launch */
+    int64_t gst;
+    int *pool;
 };
 
 /* Whether a launch of T tokens through w0 can fold a GDN conv (g.cv). */
@@ -39,6 +45,8 @@ sn_status cu_gv_run(const cu_devinfo *di, cudaStream_t s, gemv_seg g, const cu_w
  * that switched the kernel launched. And the records' count. */
 sn_status cu_gv_stamps(sn_gemv_stamp *buf, int cap, bool *changed);
 sn_status cu_gv_stamps_count(int *n);
+/* launches of the pool form so far (sn_cuda_gemv_pool) */
+long cu_gv_pool_launches(void);
 /* From cu_matmul_init: the kernels' shared memory limits. */
 sn_status cu_gemv_init(const cu_devinfo *di);
 

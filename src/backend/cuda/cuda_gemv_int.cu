@@ -1207,7 +1207,9 @@ sn_status cu_matmul_buffers(cu_devinfo *di)
     cudaError_t e;
     if ((e = cudaMalloc(&di->gk_part, pb)) != cudaSuccess ||
         (e = cudaMalloc(&di->gk_cnt, GK_TILES * sizeof(int))) != cudaSuccess ||
-        (e = cudaMemset(di->gk_cnt, 0, GK_TILES * sizeof(int))) != cudaSuccess) {
+        (e = cudaMemset(di->gk_cnt, 0, GK_TILES * sizeof(int))) != cudaSuccess ||
+        (e = cudaMalloc(&di->gv_pool, 2 * sizeof(int))) != cudaSuccess ||
+        (e = cudaMemset(di->gv_pool, 0, 2 * sizeof(int))) != cudaSuccess) {
         cu_matmul_buffers_free(di);
         return SN_FAIL(SN_E_NOMEM, "cuda: GEMV buffers (%zu bytes): %s", pb + GK_TILES * sizeof(int),
                        cudaGetErrorString(e));
@@ -1225,8 +1227,10 @@ void cu_matmul_buffers_free(cu_devinfo *di)
 {
     cudaFree(di->gk_part);
     cudaFree(di->gk_cnt);
+    cudaFree(di->gv_pool);
     di->gk_part = NULL;
     di->gk_cnt = NULL;
+    di->gv_pool = NULL;
 }
 
 sn_status cu_gemv_int_init(const cu_devinfo *di)

@@ -228,9 +228,13 @@ typedef struct {
     int gemv_sk;          /* that GEMV in its stream-K form (1, default) or the per-block ring form (0) */
     int64_t gemv_i8_min;  /* 4-bit bytes below which a decode GEMV (or group) takes the fp32 kernel; < 0: by shape (default) */
     int gemv_sk_bps;      /* blocks per SM its split assumes: 1 or 2 (default) */
+    int gemv_dyn;         /* SIMT GEMV pool form: percent of row groups dealt statically (1..99), the rest
+                           * taken by the warps that finish first; 0 off */
+    int gemv_dyn_min;     /* ... only for launches of at least this many row groups a resident warp */
     int gk_warps;         /* warps gk_part has room for */
     float *gk_part;       /* stream-K partial tiles and per-tile counters (cu_matmul_buffers) */
     int *gk_cnt;
+    int *gv_pool;         /* k_gemv's pool counter pair (gemv_seg.pool), zero between launches */
     int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4 on the integer tensor cores: 3 digits (default), 2 (fast), 0 off */
 } cu_devinfo;
 

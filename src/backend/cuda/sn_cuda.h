@@ -97,6 +97,11 @@ sn_status sn_cuda_gemv_stamps(sn_backend *be, int cap);
 /* The records so far (at most cap), *n of them; *n may exceed what fit. */
 sn_status sn_cuda_gemv_stamps_read(sn_backend *be, sn_gemv_stamp *out, int cap, int *n);
 
+/* The SIMT GEMV's pool form (tune gemv_dyn): how many launches took it
+ * so far (host side, counted at launch or graph capture), and its counter
+ * pair on the device (both 0 between launches when it works). */
+sn_status sn_cuda_gemv_pool(sn_backend *be, long *launches, int counters[2]);
+
 /* Kernel choices for benchmarks: "gemv_rpw" = rows per warp of the
  * quantized GEMV (0: by shape, 1, 2 or 4); "cublas_min_t" = quantized GEMMs
  * of at least this many tokens go through cuBLAS (0: never; needs cuBLAS
