@@ -361,18 +361,18 @@ static void pool_case(int64_t rows, int64_t cols)
     float *x = hrand((size_t)cols, 1.0f), *dx = dcopy(x, (size_t)cols);
     CHECK_OK(sn_cuda_tune(G, "gemv_dyn", 0));
     float *dy = dpoison((size_t)rows);
-    long n0 = 0, n1 = 0;
-    int cnt[2];
-    CHECK_OK(sn_cuda_gemv_pool(G, &n0, cnt));
+    long n0[2] = { 0, 0 }, n1[2] = { 0, 0 };
+    int cnt[4];
+    CHECK_OK(sn_cuda_gemv_pool(G, n0, cnt));
     CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
-    CHECK_OK(sn_cuda_gemv_pool(G, &n1, cnt));
-    CHECKF(n1 == n0, "%lldx%lld: gemv_dyn=0 launched the pool form", (long long)rows, (long long)cols);
+    CHECK_OK(sn_cuda_gemv_pool(G, n1, cnt));
+    CHECKF(n1[0] == n0[0], "%lldx%lld: gemv_dyn=0 launched the pool form", (long long)rows, (long long)cols);
     float *ref = tohost(dy, (size_t)rows);
     dfree(dy);
     static const int dyn[3] = { 50, 25, 90 };
     for (int d = 0; d < 3; d++) {
         CHECK_OK(sn_cuda_tune(G, "gemv_dyn", dyn[d]));
-        CHECK_OK(sn_cuda_gemv_pool(G, &n0, cnt));
+        CHECK_OK(sn_cuda_gemv_pool(G, n0, cnt));
         for (int rep = 0; rep < 3; rep++) {
             dy = dpoison((size_t)rows);
             CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
@@ -382,9 +382,9 @@ static void pool_case(int64_t rows, int64_t cols)
                    (long long)rows, (long long)cols, dyn[d], rep);
             free(y);
         }
-        CHECK_OK(sn_cuda_gemv_pool(G, &n1, cnt));
-        CHECKF(n1 == n0 + 3, "%lldx%lld gemv_dyn=%d: %ld of 3 launches pooled", (long long)rows, (long long)cols,
-               dyn[d], n1 - n0);
+        CHECK_OK(sn_cuda_gemv_pool(G, n1, cnt));
+        CHECKF(n1[0] == n0[0] + 3, "%lldx%lld gemv_dyn=%d: %ld of 3 launches pooled", (long long)rows,
+               (long long)cols, dyn[d], n1[0] - n0[0]);
         CHECKF(cnt[0] == 0 && cnt[1] == 0, "gemv_dyn=%d: pool counters %d %d after the launches", dyn[d], cnt[0],
                cnt[1]);
     }
@@ -401,19 +401,104 @@ static void test_gemv_pool(void)
     pool_case(180000, 1024); /* gemv_dyn=25 deals 5 groups a warp here: more than S - 1 chunks */
     /* under gemv_dyn_min groups a warp: the dealt form */
     CHECK_OK(sn_cuda_tune(G, "gemv_dyn_min", 1000));
-    long n0 = 0, n1 = 0;
-    int cnt[2];
+    long n0[2] = { 0, 0 }, n1[2] = { 0, 0 };
+    int cnt[4];
     tw w;
     tw_make(&w, SN_DT_Q4, 34816, 5120, 64, SN_DT_BF16, 0, 0);
     float *x = hrand(5120, 1.0f), *dx = dcopy(x, 5120), *dy = dpoison(34816);
-    CHECK_OK(sn_cuda_gemv_pool(G, &n0, cnt));
+    CHECK_OK(sn_cuda_gemv_pool(G, n0, cnt));
     CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
-    CHECK_OK(sn_cuda_gemv_pool(G, &n1, cnt));
-    CHECKF(n1 == n0, "gemv_dyn_min=1000: %ld launches pooled", n1 - n0);
+    CHECK_OK(sn_cuda_gemv_pool(G, n1, cnt));
+    CHECKF(n1[0] == n0[0], "gemv_dyn_min=1000: %ld launches pooled", n1[0] - n0[0]);
     CHECK(sn_cuda_tune(G, "gemv_dyn", 100) == SN_E_INVALID);
     CHECK(sn_cuda_tune(G, "gemv_dyn_min", 0) == SN_E_INVALID);
     CHECK_OK(sn_cuda_tune(G, "gemv_dyn_min", 2));
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
+    free(x);
+    dfree(dx); dfree(dy);
+    tw_free(&w);
+}
+
+/* The stream-K GEMV's pool form (gemv_sk_vw > 1, gemv_sk_dv=1): the bits
+ * of the same split walked in a fixed order (gemv_sk_dv=0), launch after
+ * launch, the launches counted as pooled and the counters zero after them;
+ * against the oracle too. The shapes: the 27B's down and out projections
+ * and its lm_head's column count on fewer rows (17408 and 6144 columns: a
+ * row tile of 272 and 96 units cut between virtual warps), groups of 32
+ * and 128 (f16 scales), and a matrix whose virtual warps are a stage or two
+ * (a take falls due in the prologue). Each has more virtual warps than
+ * resident ones (units * vw / 16 > 2112 on 132 SMs) from vw_from on. */
+static void sk_pool_case(int64_t rows, int64_t cols, int group, sn_dtype sdt, int vw_from)
+{
+    tw w;
+    tw_make(&w, SN_DT_Q4, rows, cols, group, sdt, 0, 0);
+    float *x = hrand((size_t)cols, 1.0f), *dx = dcopy(x, (size_t)cols);
+    float *ref = malloc(sizeof(float) * rows);
+    CHECK_OK(C->ops->matmul(C, &w.w, 0, x, 1, ref));
+    long n0[2], n1[2];
+    int cnt[4];
+    for (int vw = vw_from; vw <= 4; vw++) {
+        CHECK_OK(sn_cuda_tune(G, "gemv_sk_vw", vw));
+        CHECK_OK(sn_cuda_tune(G, "gemv_sk_dv", 0));
+        float *dy = dpoison((size_t)rows);
+        CHECK_OK(sn_cuda_gemv_pool(G, n0, cnt));
+        CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
+        CHECK_OK(sn_cuda_gemv_pool(G, n1, cnt));
+        CHECKF(n1[1] == n0[1], "%lldx%lld vw=%d: the fixed walk launched the pool form", (long long)rows,
+               (long long)cols, vw);
+        float *fixed = tohost(dy, (size_t)rows);
+        dfree(dy);
+        double err = rel_err(fixed, ref, (size_t)rows);
+        CHECKF(err <= 2e-5, "%lldx%lld g=%d vw=%d: rel %.3g against the oracle", (long long)rows, (long long)cols,
+               group, vw, err);
+        CHECK_OK(sn_cuda_tune(G, "gemv_sk_dv", 1));
+        CHECK_OK(sn_cuda_gemv_pool(G, n0, cnt));
+        for (int rep = 0; rep < 3; rep++) {
+            dy = dpoison((size_t)rows);
+            CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
+            float *y = tohost(dy, (size_t)rows);
+            dfree(dy);
+            CHECKF(memcmp(fixed, y, sizeof(float) * rows) == 0, "%lldx%lld g=%d vw=%d launch %d: pool bits differ",
+                   (long long)rows, (long long)cols, group, vw, rep);
+            free(y);
+        }
+        CHECK_OK(sn_cuda_gemv_pool(G, n1, cnt));
+        CHECKF(n1[1] == n0[1] + 3, "%lldx%lld vw=%d: %ld of 3 launches pooled", (long long)rows, (long long)cols, vw,
+               n1[1] - n0[1]);
+        CHECKF(cnt[2] == 0 && cnt[3] == 0, "vw=%d: stream-K pool counters %d %d after the launches", vw, cnt[2],
+               cnt[3]);
+        free(fixed);
+    }
+    CHECK_OK(sn_cuda_tune(G, "gemv_sk_vw", 1));
+    free(x); free(ref);
+    dfree(dx);
+    tw_free(&w);
+}
+
+static void test_gemv_sk_pool(void)
+{
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0)); /* the integer GEMV for every size */
+    sk_pool_case(5120, 17408, 64, SN_DT_BF16, 2);
+    sk_pool_case(5120, 6144, 64, SN_DT_BF16, 2);
+    sk_pool_case(20000, 5120, 64, SN_DT_BF16, 2);
+    sk_pool_case(12000, 4096, 32, SN_DT_BF16, 2);
+    sk_pool_case(12000, 4096, 128, SN_DT_F16, 2);
+    sk_pool_case(9000, 1024, 64, SN_DT_BF16, 4); /* virtual warps of 4 units, one stage: takes due before pdl_wait */
+    /* a small matrix (fewer virtual warps than resident ones at any vw)
+     * stays on the fixed form */
+    CHECK_OK(sn_cuda_tune(G, "gemv_sk_vw", 4));
+    tw w;
+    tw_make(&w, SN_DT_Q4, 64, 1024, 64, SN_DT_BF16, 0, 0);
+    float *x = hrand(1024, 1.0f), *dx = dcopy(x, 1024), *dy = dpoison(64);
+    long n0[2], n1[2];
+    int cnt[4];
+    CHECK_OK(sn_cuda_gemv_pool(G, n0, cnt));
+    CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
+    CHECK_OK(sn_cuda_gemv_pool(G, n1, cnt));
+    CHECKF(n1[1] == n0[1], "64x1024 at vw=4: %ld launches pooled", n1[1] - n0[1]);
+    CHECK(sn_cuda_tune(G, "gemv_sk_vw", 5) == SN_E_INVALID);
+    CHECK_OK(sn_cuda_tune(G, "gemv_sk_vw", 1));
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", 0)); /* as the tests around this one run */
     free(x);
     dfree(dx); dfree(dy);
     tw_free(&w);
@@ -1419,6 +1504,7 @@ int main(void)
     RUN(test_gemv_batch_invariant);
     RUN(test_gemv_ring_forms);
     RUN(test_gemv_pool);
+    RUN(test_gemv_sk_pool);
     RUN(test_gemv_stamps);
     RUN(test_matmul_dense);
     RUN(test_matmul_errors);

@@ -254,7 +254,9 @@ static void test_cuda_digits(void)
  * it): the decode matrices of the two benchmark models alone and grouped,
  * the lm_head, shapes smaller than a warp per 8 units (the 16 x 256 case
  * that once left a tile a piece short), odd row counts, on an H200/H100
- * (132 SMs), an H100 PCIe (114) and tiny devices, 1 and 2 blocks an SM. */
+ * (132 SMs), an H100 PCIe (114) and tiny devices, 1 and 2 blocks an SM,
+ * 1 to 4 virtual warps a warp (gemv_sk_vw; where the pool form applies,
+ * every resident warp has a virtual warp of its own). */
 static void test_cuda_sk_split(void)
 {
 #ifndef SN_HAVE_CUDA
@@ -280,14 +282,16 @@ static void test_cuda_sk_split(void)
     int checked = 0;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (size_t m = 0; m < sizeof sms / sizeof sms[0]; m++)
-            for (int bps = 1; bps <= 2; bps++) {
-                why[0] = 0;
-                const int bad = sn_cuda_sk_split_check(cases[c].rows, cases[c].n, cases[c].cols, sms[m], bps, why,
-                                                       sizeof why);
-                CHECKF(!bad, "case %zu, %d SMs, %d blocks an SM: %s", c, sms[m], bps, why);
-                checked += !bad;
-            }
-    CHECK(checked == (int)(sizeof cases / sizeof cases[0] * sizeof sms / sizeof sms[0] * 2));
+            for (int bps = 1; bps <= 2; bps++)
+                for (int vw = 1; vw <= 4; vw++) {
+                    why[0] = 0;
+                    const int bad = sn_cuda_sk_split_check(cases[c].rows, cases[c].n, cases[c].cols, sms[m], bps, vw,
+                                                           why, sizeof why);
+                    CHECKF(!bad, "case %zu, %d SMs, %d blocks an SM, %d virtual warps a warp: %s", c, sms[m], bps, vw,
+                           why);
+                    checked += !bad;
+                }
+    CHECK(checked == (int)(sizeof cases / sizeof cases[0] * sizeof sms / sizeof sms[0] * 2 * 4));
 #endif
 }
 

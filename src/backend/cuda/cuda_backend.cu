@@ -1602,6 +1602,9 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
      * 27B's gate/up): half dealt, half taken (docs/PERFORMANCE.md run 45) */
     cb->di.gemv_dyn = 50;
     cb->di.gemv_dyn_min = 2;
+    /* the stream-K GEMV's pool: off until measured (gemv_sk_vw 2 to 4 turns it on) */
+    cb->di.gemv_sk_vw = 1;
+    cb->di.gemv_sk_dv = 1;
     cb->di.gemv_i8_min = -1; /* by shape */
     cb->di.gemv_dp = 1;
     cb->di.gemv_pre = 1; /* 35B-A3B 2.50-2.54 against 2.58-2.60 ms per step with 8 (results.log 07:05Z) */

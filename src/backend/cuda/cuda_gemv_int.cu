@@ -591,12 +591,30 @@ __device__ __forceinline__ void gk_unpack_a(const uint4 &w, uint32_t (&a0)[4], u
     a1[3] = w.w & 0xF0F0F0F0u;
 }
 
+/* The pool form (DV; one token, tune gemv_sk_vw > 1): the split has vw
+ * virtual warps a resident one; each resident warp runs virtual warp p (its
+ * own), then takes the next from the counter cnt[GK_TILES] until none is
+ * left, so an SM that streams slower runs fewer of them (s34r1, H100: the
+ * 27B's 128 stream-K launches a step end 5.5 us after their first block
+ * does, the same SMs late each time). A virtual warp's units, partials and
+ * place in its tiles' sums do not depend on which warp runs it, so the bits
+ * are those of the fixed walk of the same split (gemv_sk_dv=0). The take is
+ * the producer's, at its first issue after a virtual warp's last stage and
+ * never before pdl_wait (the counter the last launch zeroed is visible only
+ * then): a take due in the prologue holds the rest of its stages until
+ * after the wait. The virtual warps taken reach the consumer through a
+ * per-warp queue, the producer being at most GK_S stages (virtual warps)
+ * ahead. cnt[GK_TILES + 1] counts the warps that found the pool empty; the
+ * last zeroes both for the next launch. */
+constexpr int GK_VQ = 4; /* the queue: more than GK_S + 1 virtual warps */
+
 /* TC: T at compile time (1 or 2, for NT == 1), or 0: the x records' offsets
  * then fold into the shared-memory loads' immediates */
-template <int GS, int NT, int SF, int TC>
+template <int GS, int NT, int SF, int TC, bool DV = false>
 __global__ void __launch_bounds__(256, GK_BPS)
 k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__ part, int *__restrict__ cnt)
 {
+    static_assert(!DV || TC == 1, "the pool form is for one token");
     const int T = TC ? TC : T_;
     const int rec = TC ? gi_rec_bytes(TC, GS == 1 ? 2 : 1) : rec_;
     pdl_launch();
@@ -626,27 +644,77 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
         int64_t v, ua, ub, u; /* virtual warp, its units [ua, ub), the next unit */
         int n;                /* units of the stage at this cursor */
     };
-    /* move c to the next virtual warp with units (c.v >= NV: none left) */
-    auto range = [&](cursor &c) {
-        for (c.v += NWP; c.v < NV; c.v += NWP) {
-            c.s = 0;
-            while (c.s + 1 < g.n && c.v >= g.wb[c.s + 1])
-                c.s++;
-            const gk_split sp = split_of(c.s);
-            c.ua = sp.first(c.v);
-            c.ub = sp.first(c.v + 1);
-            if (c.ua < c.ub)
-                break;
-        }
+    /* c's segment and units from c.v; whether it has any */
+    auto locate = [&](cursor &c) {
+        c.s = 0;
+        while (c.s + 1 < g.n && c.v >= g.wb[c.s + 1])
+            c.s++;
+        const gk_split sp = split_of(c.s);
+        c.ua = sp.first(c.v);
+        c.ub = sp.first(c.v + 1);
+        return c.ua < c.ub;
+    };
+    __shared__ int vq[DV ? 8 : 1][GK_VQ];
+    int qin = 0, qout = 0; /* virtual warps taken by the producer, and popped by the consumer */
+    /* c's first unit, tile and k-block, once c.v (< NV) is located */
+    auto begin = [&](cursor &c) {
         c.u = c.ua;
+        c.mt = (int)((c.ua - g.u0[c.s]) / KB);
+        c.kb = (int)((c.ua - g.u0[c.s]) % KB);
+    };
+    /* DV: the producer's take, due at its next issue (c.v == -1): the next
+     * virtual warp from the pool, handed to the consumer; none left (c.v =
+     * NV): this warp's count towards the pair's reset */
+    auto take = [&](cursor &c) {
+        int id = 0;
+        if (lane == 0)
+            id = atomicAdd(cnt + GK_TILES, 1);
+        id = __shfl_sync(0xffffffffu, id, 0);
+        c.v = NWP + id < NV ? NWP + id : NV;
         if (c.v < NV) {
-            c.mt = (int)((c.ua - g.u0[c.s]) / KB);
-            c.kb = (int)((c.ua - g.u0[c.s]) % KB);
+            vq[warp][qin++ % GK_VQ] = (int)c.v; /* every lane: each reads its own */
+            locate(c); /* (gk_plan: every virtual warp has units) */
+            begin(c);
+        } else if (lane == 0) {
+            __threadfence();
+            if (atomicAdd(cnt + GK_TILES + 1, 1) == (int)NWP - 1) {
+                atomicExch(cnt + GK_TILES, 0);
+                atomicExch(cnt + GK_TILES + 1, 0);
+            }
+        }
+    };
+    /* move c to the next virtual warp with units (c.v >= NV: none left):
+     * the fixed walk, or (DV) the producer's take made due / the
+     * consumer's pop */
+    auto range = [&](cursor &c, bool prod) {
+        if constexpr (DV) {
+            if (prod) {
+                c.v = -1; /* taken at the next issue: never before pdl_wait */
+                return;
+            }
+            c.v = qout < qin ? vq[warp][qout++ % GK_VQ] : NV;
+            if (c.v < NV) {
+                locate(c);
+                begin(c);
+            }
+        } else {
+            for (c.v += NWP; c.v < NV; c.v += NWP)
+                if (locate(c))
+                    break;
+            if (c.v < NV)
+                begin(c);
         }
     };
     auto start = [&](cursor &c) {
-        c.v = p0 - NWP;
-        range(c);
+        if constexpr (DV) {
+            /* p0 < NV for every warp (gk_plan's pool: NV > NWP) */
+            c.v = p0;
+            locate(c);
+            begin(c);
+        } else {
+            c.v = p0 - NWP;
+            range(c, false);
+        }
     };
     auto size = [&](cursor &c) {
         int n = GK_SU;
@@ -656,7 +724,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
             n = (int)(c.ub - c.u);
         c.n = n;
     };
-    auto next = [&](cursor &c) {
+    auto next = [&](cursor &c, bool prod) {
         c.u += c.n;
         c.kb += c.n;
         if (c.kb == KB) {
@@ -664,7 +732,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
             c.mt++;
         }
         if (c.u == c.ub)
-            range(c);
+            range(c, prod);
     };
     cursor pc;
     start(pc);
@@ -672,6 +740,9 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
      * with them (xnow) or, for the stages issued before pdl_wait, after it */
     int xkb[GK_S], xn[GK_S];
     auto issue = [&](int k, bool xnow) {
+        if constexpr (DV)
+            if (pc.v < 0)
+                take(pc);
         if (pc.v >= NV)
             return;
         size(pc);
@@ -694,7 +765,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
             xkb[k] = pc.kb;
             xn[k] = pc.n;
         }
-        next(pc);
+        next(pc, true);
     };
     if (lane == 0) {
         for (int k = 0; k < GK_S; k++)
@@ -705,6 +776,8 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
     int pro = 0; /* stages issued before pdl_wait */
 #pragma unroll
     for (int k = 0; k < GK_S; k++) {
+        if (DV && pc.v < 0) /* a take is due: after pdl_wait */
+            break;
         const bool any = pc.v < NV;
         issue(k, false);
         pro += any;
@@ -719,6 +792,9 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
                 bulk_g2s(ring + (size_t)k * STG + GK_XOFF, (const char *)xd.planes + (size_t)xkb[k] * rec, bx,
                          bar + k);
         }
+    if constexpr (DV)
+        for (int k = pro; k < GK_S; k++)
+            issue(k, true); /* the stages a due take held back */
     /* this lane's pieces of an x record: its B words per n-tile, and per
      * column the offset of the token's esc (xsb follows SPK * T floats on) */
     int boff[NT], eoff[NT][2];
@@ -958,7 +1034,7 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
                 for (int q = 0; q < 4; q++)
                     acc[j][q] = 0.f;
         }
-        next(cc);
+        next(cc, false);
     }
 }
 
@@ -978,13 +1054,27 @@ sn_status gi_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, co
     return SN_OK;
 }
 
+long gk_pool_n; /* pool-form launches (sn_cuda_gemv_pool), host side */
+
 template <int GS, int NT, int TC>
 sn_status gk_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, const cu_weight *w0, gi_x xd, int T,
-                       unsigned grid)
+                       unsigned grid, bool pool)
 {
     const int rec = gi_rec_bytes(T, GS == 1 ? 2 : 1);
     const size_t smem = gk_smem_bytes(NT == 1);
     const int64_t cols = (int64_t)w0->cols;
+    if constexpr (TC == 1)
+        if (pool && di->gemv_sk_dv) {
+            __atomic_fetch_add(&gk_pool_n, 1, __ATOMIC_RELAXED);
+            if (w0->sfmt == CS_BF16)
+                (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_BF16, TC, true>, dim3(grid),
+                                  dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part, di->gk_cnt);
+            else
+                (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_F16, TC, true>, dim3(grid),
+                                  dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part, di->gk_cnt);
+            CU_CHECK_LAUNCH("matmul gemv i8 stream-K pool");
+            return SN_OK;
+        }
     if (w0->sfmt == CS_BF16)
         (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_BF16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
                           di->gk_cnt);
@@ -1002,9 +1092,13 @@ int gk_bps(const cu_devinfo *di)
     return di->gemv_sk_bps >= 1 && di->gemv_sk_bps <= GK_BPS ? di->gemv_sk_bps : GK_BPS;
 }
 
-/* The stream-K split of g (sets u0/t0): the grid, or 0 when the kernel
- * cannot take it (too many row tiles for the counters). */
-unsigned gk_plan(const cu_devinfo *di, gi_seg &g, int64_t KB)
+/* The stream-K split of g (sets u0/t0) with vw virtual warps a resident
+ * one (gemv_sk_vw; 1: one each): the grid, or 0 when the kernel cannot take
+ * it (too many row tiles for the counters, or virtual warps for the
+ * partials). A virtual warp has GK_MINU / vw units or more. *pool (may be
+ * NULL): whether the split suits the pool form: vw > 1 and more virtual
+ * warps than resident ones. */
+unsigned gk_plan(const cu_devinfo *di, gi_seg &g, int64_t KB, int vw, bool *pool)
 {
     g.u0[0] = 0;
     g.t0[0] = 0;
@@ -1015,7 +1109,7 @@ unsigned gk_plan(const cu_devinfo *di, gi_seg &g, int64_t KB)
         g.u0[i + 1] = g.u0[i] + W;
         g.t0[i + 1] = g.t0[i] + (int)g.mt[i];
         /* the segment's warps as if it were launched alone */
-        int64_t nw = (int64_t)di->n_sm * bps * 8, cap = W / GK_MINU;
+        int64_t nw = (int64_t)di->n_sm * bps * 8 * vw, cap = W * vw / GK_MINU;
         if (nw > cap)
             nw = cap;
         nw = nw < 8 ? 8 : nw / 8 * 8;
@@ -1033,6 +1127,8 @@ unsigned gk_plan(const cu_devinfo *di, gi_seg &g, int64_t KB)
     int64_t blocks = (g.wb[g.n] + 7) / 8;
     if (blocks > (int64_t)di->n_sm * bps)
         blocks = (int64_t)di->n_sm * bps;
+    if (pool)
+        *pool = vw > 1 && g.wb[g.n] > blocks * 8;
     return (unsigned)blocks;
 }
 
@@ -1041,7 +1137,13 @@ sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, gi_seg &g, const cu_we
                     int T, int MB, const cu_gemv_norm *norm, void *scratch)
 {
     gi_x xd = gi_x_at(scratch, w0->cols, w0->groups, T);
-    const unsigned gk = di->gemv_sk ? gk_plan(di, g, w0->cols / 64) : 0;
+    /* virtual warps (gemv_sk_vw) at one token only; a split that does not
+     * fit the partials at vw falls back to one virtual warp a warp */
+    const int vw = T == 1 && di->gemv_sk_vw > 1 ? di->gemv_sk_vw : 1;
+    bool pool = false;
+    unsigned gk = di->gemv_sk ? gk_plan(di, g, w0->cols / 64, vw, &pool) : 0;
+    if (!gk && di->gemv_sk && vw > 1)
+        gk = gk_plan(di, g, w0->cols / 64, 1, &pool); /* (pool false at vw 1) */
     dim3 qg((unsigned)((w0->cols + 1023) / 1024), (unsigned)T);
     (void)cu_launch_small(PDL_X_DIGITS, k_x_digits<GS>, qg, dim3(256), 0, s, x, (int64_t)w0->cols, (int64_t)w0->groups,
                     norm ? norm->w : (const float *)NULL, norm ? norm->eps : 0.f, norm ? norm->threads : 0,
@@ -1051,12 +1153,12 @@ sn_status gi_launch(const cu_devinfo *di, cudaStream_t s, gi_seg &g, const cu_we
     CU_CHECK_LAUNCH("matmul gemv digits");
     if (gk) {
         if (T == 1)
-            return gk_launch_nt<GS, 1, 1>(di, s, g, w0, xd, T, gk);
+            return gk_launch_nt<GS, 1, 1>(di, s, g, w0, xd, T, gk, pool);
         if (T == 2)
-            return gk_launch_nt<GS, 1, 2>(di, s, g, w0, xd, T, gk);
+            return gk_launch_nt<GS, 1, 2>(di, s, g, w0, xd, T, gk, false);
         if (T <= 5)
-            return gk_launch_nt<GS, 2, 0>(di, s, g, w0, xd, T, gk);
-        return gk_launch_nt<GS, 3, 0>(di, s, g, w0, xd, T, gk);
+            return gk_launch_nt<GS, 2, 0>(di, s, g, w0, xd, T, gk, false);
+        return gk_launch_nt<GS, 3, 0>(di, s, g, w0, xd, T, gk, false);
     }
     if (T <= 2)
         return gi_launch_nt<GS, 1>(di, s, g, w0, xd, T, MB);
@@ -1118,8 +1220,8 @@ extern "C" void sn_cuda_digits_host(const float *x, int64_t cols, int group, int
  * bps blocks an SM, checked on the host against what k_gemv_sk relies on;
  * for the CPU suite (test_quant), which has no GPU. 0 when it holds, else
  * 1 with what does not in why. */
-extern "C" int sn_cuda_sk_split_check(const int64_t *rows, int n, int64_t cols, int n_sm, int bps, char *why,
-                                      size_t why_len)
+extern "C" int sn_cuda_sk_split_check(const int64_t *rows, int n, int64_t cols, int n_sm, int bps, int vw,
+                                      char *why, size_t why_len)
 {
     cu_devinfo di;
     memset(&di, 0, sizeof di);
@@ -1136,9 +1238,13 @@ extern "C" int sn_cuda_sk_split_check(const int64_t *rows, int n, int64_t cols, 
     }
     const int64_t KB = cols / 64;
 #define SK_FAIL(...) return snprintf(why, why_len, __VA_ARGS__), 1
-    const unsigned grid = gk_plan(&di, g, KB);
+    bool pool = false;
+    const unsigned grid = gk_plan(&di, g, KB, vw, &pool);
     if (!grid)
         SK_FAIL("no plan (%d row tiles)", g.t0[n]);
+    /* the pool form: every resident warp has a virtual warp of its own */
+    if (pool && (vw < 2 || g.wb[n] <= (int64_t)grid * 8))
+        SK_FAIL("pool form at vw %d with %d virtual warps for %u x 8 warps", vw, g.wb[n], grid);
     if (grid > (unsigned)(n_sm * gk_bps(&di)))
         SK_FAIL("grid %u over %d SMs x %d blocks", grid, n_sm, bps);
     for (int s = 0; s < n; s++) {
@@ -1201,17 +1307,20 @@ sn_status cu_gi_run(const cu_devinfo *di, cudaStream_t s, gi_seg g, const cu_wei
 
 sn_status cu_matmul_buffers(cu_devinfo *di)
 {
-    /* partials for every segment of a full group split as if alone */
+    /* partials for every segment of a full group split as if alone (a
+     * split of more virtual warps than this, gemv_sk_vw > 1 on a group of
+     * several large matrices, takes one a warp instead: gi_launch) */
     di->gk_warps = di->n_sm * GK_BPS * 8 * CU_GROUP_MAX;
     const size_t pb = (size_t)di->gk_warps * 2 * GK_SLOT * sizeof(float);
     cudaError_t e;
+    /* the tile counts, then the pool form's pair (k_gemv_sk<DV>) */
     if ((e = cudaMalloc(&di->gk_part, pb)) != cudaSuccess ||
-        (e = cudaMalloc(&di->gk_cnt, GK_TILES * sizeof(int))) != cudaSuccess ||
-        (e = cudaMemset(di->gk_cnt, 0, GK_TILES * sizeof(int))) != cudaSuccess ||
+        (e = cudaMalloc(&di->gk_cnt, (GK_TILES + 2) * sizeof(int))) != cudaSuccess ||
+        (e = cudaMemset(di->gk_cnt, 0, (GK_TILES + 2) * sizeof(int))) != cudaSuccess ||
         (e = cudaMalloc(&di->gv_pool, 2 * sizeof(int))) != cudaSuccess ||
         (e = cudaMemset(di->gv_pool, 0, 2 * sizeof(int))) != cudaSuccess) {
         cu_matmul_buffers_free(di);
-        return SN_FAIL(SN_E_NOMEM, "cuda: GEMV buffers (%zu bytes): %s", pb + GK_TILES * sizeof(int),
+        return SN_FAIL(SN_E_NOMEM, "cuda: GEMV buffers (%zu bytes): %s", pb + (GK_TILES + 2) * sizeof(int),
                        cudaGetErrorString(e));
     }
     /* the memset (legacy stream) done before any kernel of the backend's
@@ -1220,6 +1329,14 @@ sn_status cu_matmul_buffers(cu_devinfo *di)
         cu_matmul_buffers_free(di);
         return SN_FAIL(SN_E_BACKEND, "cuda: GEMV buffers: %s", cudaGetErrorString(e));
     }
+    return SN_OK;
+}
+
+long cu_gk_pool_launches(void) { return __atomic_load_n(&gk_pool_n, __ATOMIC_RELAXED); }
+
+sn_status cu_gk_pool_counters(const cu_devinfo *di, int out[2])
+{
+    CU_TRY(cudaMemcpy(out, di->gk_cnt + GK_TILES, 2 * sizeof(int), cudaMemcpyDeviceToHost), "gemv pool");
     return SN_OK;
 }
 
@@ -1248,6 +1365,7 @@ sn_status cu_gemv_int_init(const cu_devinfo *di)
 #undef GI_INIT
 #define GK_INIT(GS, SF)                                                                                           \
     SN_TRY(max_smem_dyn(k_gemv_sk<GS, 1, SF, 1>, di, "gemv init"));                                                \
+    SN_TRY(max_smem_dyn(k_gemv_sk<GS, 1, SF, 1, true>, di, "gemv init"));                                          \
     SN_TRY(max_smem_dyn(k_gemv_sk<GS, 1, SF, 2>, di, "gemv init"));                                                \
     SN_TRY(max_smem_dyn(k_gemv_sk<GS, 2, SF, 0>, di, "gemv init"));                                                \
     SN_TRY(max_smem_dyn(k_gemv_sk<GS, 3, SF, 0>, di, "gemv init"));

@@ -231,6 +231,8 @@ typedef struct {
     int gemv_dyn;         /* SIMT GEMV pool form: percent of row groups dealt statically (1..99), the rest
                            * taken by the warps that finish first; 0 off */
     int gemv_dyn_min;     /* ... only for launches of at least this many row groups a resident warp */
+    int gemv_sk_vw;       /* stream-K GEMV at one token: virtual warps a resident warp (1 = off, the default; to 4) */
+    int gemv_sk_dv;       /* ... taken from a pool as warps finish (1, default) or walked in a fixed order (0) */
     int gk_warps;         /* warps gk_part has room for */
     float *gk_part;       /* stream-K partial tiles and per-tile counters (cu_matmul_buffers) */
     int *gk_cnt;
@@ -293,6 +295,10 @@ sn_status cu_matmul_init(const cu_devinfo *di);
  * cu_matmul_buffers_free. */
 sn_status cu_matmul_buffers(cu_devinfo *di);
 void cu_matmul_buffers_free(cu_devinfo *di);
+/* the stream-K GEMV's pool form: launches so far (host side), and its
+ * counter pair on the device (sn_cuda_gemv_pool) */
+long cu_gk_pool_launches(void);
+sn_status cu_gk_pool_counters(const cu_devinfo *di, int out[2]);
 sn_status cu_ops_init(const cu_devinfo *di);
 
 /* y[T, rows] = x[T, cols] @ W_e^T (+ bias). scratch: device buffer of at

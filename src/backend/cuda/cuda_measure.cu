@@ -123,6 +123,8 @@ const tune_key tune_keys[] = {
     { "gemv_sk", TUNE_DI(gemv_sk), true, true, 0, {}, 0, 0, "" },
     { "gemv_dyn", TUNE_DI(gemv_dyn), false, true, 0, {}, 0, 99, "0 off, or 1 to 99 (percent of row groups dealt)" },
     { "gemv_dyn_min", TUNE_DI(gemv_dyn_min), false, true, 0, {}, 1, 1000, "1 to 1000 (row groups a warp)" },
+    { "gemv_sk_vw", TUNE_DI(gemv_sk_vw), false, true, 0, {}, 1, 4, "1 to 4 (virtual warps a warp)" },
+    { "gemv_sk_dv", TUNE_DI(gemv_sk_dv), true, true, 0, {}, 0, 0, "" },
     { "gemv_mb", TUNE_DI(gemv_mb), false, true, 0, {}, 0, 2, "0 = by shape, 1 or 2" },
     { "pdl", TUNE_GLOBAL(cu_pdl), false, true, 0, {}, 0, 2, "0 off, 1 every kernel, 2 weight-prefetching kernels" },
     { "pdl_small", TUNE_GLOBAL(cu_pdl_small), false, true, 0, {}, 0, 63,
@@ -418,16 +420,20 @@ extern "C" sn_status sn_cuda_gemv_stamps_read(sn_backend *b, sn_gemv_stamp *out,
     return SN_OK;
 }
 
-extern "C" sn_status sn_cuda_gemv_pool(sn_backend *b, long *launches, int counters[2])
+extern "C" sn_status sn_cuda_gemv_pool(sn_backend *b, long launches[2], int counters[4])
 {
     SN_ASSERT(sn_cuda_is(b));
     cuda_be *cb = cb_of(b);
     SN_TRY(host_barrier(cb));
     cudaSetDevice(cb->dev);
-    *launches = cu_gv_pool_launches();
-    counters[0] = counters[1] = 0;
+    launches[0] = cu_gv_pool_launches();
+    launches[1] = cu_gk_pool_launches();
+    for (int i = 0; i < 4; i++)
+        counters[i] = 0;
     if (cb->di.gv_pool)
         CU_TRY(cudaMemcpy(counters, cb->di.gv_pool, 2 * sizeof(int), cudaMemcpyDeviceToHost), "gemv pool");
+    if (cb->di.gk_cnt)
+        SN_TRY(cu_gk_pool_counters(&cb->di, counters + 2));
     return SN_OK;
 }
 

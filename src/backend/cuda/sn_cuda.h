@@ -21,9 +21,11 @@ extern "C" {
  * digits int8 in planes[d * cols + i]. The kernels' own helpers; for tests. */
 void sn_cuda_digits_host(const float *x, int64_t cols, int group, int8_t *planes, int *e2);
 /* The stream-K GEMV's work split of one launch (segments of rows[i] rows,
- * cols columns, n_sm SMs, bps blocks an SM) checked on the host: 0 when it
- * holds, else 1 and the reason in why. For the CPU suite. */
-int sn_cuda_sk_split_check(const int64_t *rows, int n, int64_t cols, int n_sm, int bps, char *why, size_t why_len);
+ * cols columns, n_sm SMs, bps blocks an SM, vw virtual warps a warp)
+ * checked on the host: 0 when it holds, else 1 and the reason in why. For
+ * the CPU suite. */
+int sn_cuda_sk_split_check(const int64_t *rows, int n, int64_t cols, int n_sm, int bps, int vw, char *why,
+                           size_t why_len);
 
 /* True when be is a CUDA backend. */
 int sn_cuda_is(const sn_backend *be);
@@ -97,10 +99,12 @@ sn_status sn_cuda_gemv_stamps(sn_backend *be, int cap);
 /* The records so far (at most cap), *n of them; *n may exceed what fit. */
 sn_status sn_cuda_gemv_stamps_read(sn_backend *be, sn_gemv_stamp *out, int cap, int *n);
 
-/* The SIMT GEMV's pool form (tune gemv_dyn): how many launches took it
- * so far (host side, counted at launch or graph capture), and its counter
- * pair on the device (both 0 between launches when it works). */
-sn_status sn_cuda_gemv_pool(sn_backend *be, long *launches, int counters[2]);
+/* The decode GEMVs' pool forms (tune gemv_dyn for the SIMT GEMV,
+ * gemv_sk_vw for the stream-K one): how many launches took each so far
+ * (host side, counted at launch or graph capture: launches[0] SIMT,
+ * [1] stream-K), and their counter pairs on the device (counters[0..1]
+ * SIMT, [2..3] stream-K; all 0 between launches when they work). */
+sn_status sn_cuda_gemv_pool(sn_backend *be, long launches[2], int counters[4]);
 
 /* Kernel choices for benchmarks: "gemv_rpw" = rows per warp of the
  * quantized GEMV (0: by shape, 1, 2 or 4); "cublas_min_t" = quantized GEMMs
