@@ -1599,8 +1599,9 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_sk = 1;
     cb->di.gemv_sk_bps = 2;
     /* the SIMT GEMV's pool form for launches of >= 2 row groups a warp (the
-     * 27B's gate/up): half dealt, half taken (docs/PERFORMANCE.md run 45) */
-    cb->di.gemv_dyn = 50;
+     * 27B's gate/up): off until measured (gemv_dyn=50 deals half, the
+     * others are taken; docs/PERFORMANCE.md run 45) */
+    cb->di.gemv_dyn = 0;
     cb->di.gemv_dyn_min = 2;
     /* the stream-K GEMV's pool: off until measured (gemv_sk_vw 2 to 4 turns it on) */
     cb->di.gemv_sk_vw = 1;
