@@ -388,7 +388,7 @@ static void pool_case(int64_t rows, int64_t cols)
         CHECKF(cnt[0] == 0 && cnt[1] == 0, "gemv_dyn=%d: pool counters %d %d after the launches", dyn[d], cnt[0],
                cnt[1]);
     }
-    CHECK_OK(sn_cuda_tune(G, "gemv_dyn", 50));
+    CHECK_OK(sn_cuda_tune(G, "gemv_dyn", 0)); /* the default */
     free(x); free(ref);
     dfree(dx);
     tw_free(&w);
@@ -400,6 +400,7 @@ static void test_gemv_pool(void)
     pool_case(34816, 5120);
     pool_case(180000, 1024); /* gemv_dyn=25 deals 5 groups a warp here: more than S - 1 chunks */
     /* under gemv_dyn_min groups a warp: the dealt form */
+    CHECK_OK(sn_cuda_tune(G, "gemv_dyn", 50));
     CHECK_OK(sn_cuda_tune(G, "gemv_dyn_min", 1000));
     long n0[2] = { 0, 0 }, n1[2] = { 0, 0 };
     int cnt[4];
@@ -413,6 +414,7 @@ static void test_gemv_pool(void)
     CHECK(sn_cuda_tune(G, "gemv_dyn", 100) == SN_E_INVALID);
     CHECK(sn_cuda_tune(G, "gemv_dyn_min", 0) == SN_E_INVALID);
     CHECK_OK(sn_cuda_tune(G, "gemv_dyn_min", 2));
+    CHECK_OK(sn_cuda_tune(G, "gemv_dyn", 0));
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
     free(x);
     dfree(dx); dfree(dy);
