@@ -1599,11 +1599,13 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_sk = 1;
     cb->di.gemv_sk_bps = 2;
     /* the SIMT GEMV's pool form for launches of >= 2 row groups a warp (the
-     * 27B's gate/up): off until measured (gemv_dyn=50 deals half, the
-     * others are taken; docs/PERFORMANCE.md run 45) */
-    cb->di.gemv_dyn = 0;
+     * 27B's gate/up, the 35B-A3B's lm_head): half dealt, half taken. 27B
+     * decode 8.144 against 8.262 ms a step off, median of six interleaved
+     * rounds (won five), H100, s35r2 (docs/PERFORMANCE.md run 45) */
+    cb->di.gemv_dyn = 50;
     cb->di.gemv_dyn_min = 2;
-    /* the stream-K GEMV's pool: off until measured (gemv_sk_vw 2 to 4 turns it on) */
+    /* the stream-K GEMV's pool: off (27B decode 9.43-9.60 ms a step at
+     * gemv_sk_vw=2, 12.07-12.26 at 4, against 8.10-8.41 off, s35r1) */
     cb->di.gemv_sk_vw = 1;
     cb->di.gemv_sk_dv = 1;
     cb->di.gemv_i8_min = -1; /* by shape */
