@@ -690,7 +690,7 @@ int main(int argc, char **argv)
     int timeline = 0; /* --timeline (with --ncu-decode): timeline_report before the profiled step */
     const char *tunes[8]; /* --tune key=value: sn_cuda_tune before the run (measurements) */
     int n_tunes = 0;
-    /* --vary key=value:restore (with --ncu-decode): the graph decode timed
+    /* --vary key=value:restore[,key=value:restore]... (with --ncu-decode): the graph decode timed
      * again with that knob, interleaved with the default, 3 rounds */
     const char *vary[16];
     int n_vary = 0;
@@ -712,7 +712,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) g_rows = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s --config config.json [--prefill P] [--decode N] [--layers L] [--log F] "
-                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--read-sweep] [--ncu-decode [--rows 1..8] [--timeline] [--stamps] [--vary key=value:restore]...] "
+                            "[--no-profile] [--prefill-breakdown] [--gemv-only] [--read-sweep] [--ncu-decode [--rows 1..8] [--timeline] [--stamps] [--vary key=value:restore[,...]]...] "
                             "[--tune key=value]...\n", argv[0]);
             return 2;
         }
@@ -817,14 +817,26 @@ int main(int argc, char **argv)
                cfgp, 1e3 / tps, g_rows, g_rows > 1 ? "s" : "", ndec - 1);
         for (int round = 0; round < 3 && n_vary; round++)
             for (int v = -1; v < n_vary; v++) {
-                char key[64] = "";
-                int val = 0, restore = 0;
-                if (v >= 0 && sscanf(vary[v], "%63[^=]=%d:%d", key, &val, &restore) != 3) {
-                    fprintf(stderr, "bench_cuda: --vary %s: want key=value:restore\n", vary[v]);
-                    return 2;
+                /* key=value:restore, or several joined by commas (set in
+                 * order, restored in reverse) */
+                enum { VK = 4 };
+                char key[VK][64];
+                int val[VK], restore[VK], nk = 0;
+                for (const char *q = v >= 0 ? vary[v] : ""; *q && nk < VK;) {
+                    int used = 0;
+                    if (sscanf(q, "%63[^=,]=%d:%d%n", key[nk], &val[nk], &restore[nk], &used) != 3 ||
+                        (q[used] && q[used] != ',')) {
+                        fprintf(stderr, "bench_cuda: --vary %s: want key=value:restore[,key=value:restore]...\n",
+                                vary[v]);
+                        return 2;
+                    }
+                    nk++;
+                    q += used + (q[used] == ',');
                 }
+                for (int k = 0; k < nk; k++) TRY(sn_cuda_tune(B, key[k], val[k]));
                 /* the same positions each time (as the variants below do) */
-                double ms = 1e3 / decode_with(&m, v >= 0 ? key : NULL, val, restore, prefill, ndec, &tok);
+                double ms = 1e3 / decode_with(&m, NULL, 0, 0, prefill, ndec, &tok);
+                for (int k = nk - 1; k >= 0; k--) TRY(sn_cuda_tune(B, key[k], restore[k]));
                 printf("  round %d %-20s decode (graph) %.3f ms per step = %.1f tok/s\n", round,
                        v >= 0 ? vary[v] : "default", ms, 1e3 / ms);
             }
