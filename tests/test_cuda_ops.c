@@ -485,6 +485,12 @@ static void test_gemv_sk_pool(void)
     sk_pool_case(12000, 4096, 32, SN_DT_BF16, 2);
     sk_pool_case(12000, 4096, 128, SN_DT_F16, 2);
     sk_pool_case(9000, 1024, 64, SN_DT_BF16, 4); /* virtual warps of 4 units, one stage: takes due before pdl_wait */
+    /* virtual warps of 16 units or more at every vw (gemv_sk_minu): the
+     * down shape still has more of them than resident warps */
+    CHECK_OK(sn_cuda_tune(G, "gemv_sk_minu", 16));
+    sk_pool_case(5120, 17408, 64, SN_DT_BF16, 2);
+    CHECK(sn_cuda_tune(G, "gemv_sk_minu", -1) == SN_E_INVALID);
+    CHECK_OK(sn_cuda_tune(G, "gemv_sk_minu", 0));
     /* a small matrix (fewer virtual warps than resident ones at any vw)
      * stays on the fixed form */
     CHECK_OK(sn_cuda_tune(G, "gemv_sk_vw", 4));

@@ -1608,6 +1608,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
      * gemv_sk_vw=2, 12.07-12.26 at 4, against 8.10-8.41 off, s35r1) */
     cb->di.gemv_sk_vw = 1;
     cb->di.gemv_sk_dv = 1;
+    cb->di.gemv_sk_minu = 0; /* GK_MINU / vw units a virtual warp */
     cb->di.gemv_i8_min = -1; /* by shape */
     cb->di.gemv_dp = 1;
     cb->di.gemv_pre = 1; /* 35B-A3B 2.50-2.54 against 2.58-2.60 ms per step with 8 (results.log 07:05Z) */

@@ -1095,7 +1095,8 @@ int gk_bps(const cu_devinfo *di)
 /* The stream-K split of g (sets u0/t0) with vw virtual warps a resident
  * one (gemv_sk_vw; 1: one each): the grid, or 0 when the kernel cannot take
  * it (too many row tiles for the counters, or virtual warps for the
- * partials). A virtual warp has GK_MINU / vw units or more. *pool (may be
+ * partials). A virtual warp has GK_MINU / vw units or more, or gemv_sk_minu
+ * when that is set (the split's own cost at vw > 1, run 45). *pool (may be
  * NULL): whether the split suits the pool form: vw > 1 and more virtual
  * warps than resident ones. */
 unsigned gk_plan(const cu_devinfo *di, gi_seg &g, int64_t KB, int vw, bool *pool)
@@ -1109,7 +1110,8 @@ unsigned gk_plan(const cu_devinfo *di, gi_seg &g, int64_t KB, int vw, bool *pool
         g.u0[i + 1] = g.u0[i] + W;
         g.t0[i + 1] = g.t0[i] + (int)g.mt[i];
         /* the segment's warps as if it were launched alone */
-        int64_t nw = (int64_t)di->n_sm * bps * 8 * vw, cap = W * vw / GK_MINU;
+        int64_t nw = (int64_t)di->n_sm * bps * 8 * vw;
+        const int64_t cap = di->gemv_sk_minu > 0 ? W / di->gemv_sk_minu : W * vw / GK_MINU;
         if (nw > cap)
             nw = cap;
         nw = nw < 8 ? 8 : nw / 8 * 8;

@@ -233,6 +233,7 @@ typedef struct {
     int gemv_dyn_min;     /* ... only for launches of at least this many row groups a resident warp */
     int gemv_sk_vw;       /* stream-K GEMV at one token: virtual warps a resident warp (1 = off, the default; to 4) */
     int gemv_sk_dv;       /* ... taken from a pool as warps finish (1, default) or walked in a fixed order (0) */
+    int gemv_sk_minu;     /* units a (virtual) warp has at least: 0 = GK_MINU / vw (default), else this */
     int gk_warps;         /* warps gk_part has room for */
     float *gk_part;       /* stream-K partial tiles and per-tile counters (cu_matmul_buffers) */
     int *gk_cnt;

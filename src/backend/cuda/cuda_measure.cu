@@ -125,6 +125,7 @@ const tune_key tune_keys[] = {
     { "gemv_dyn_min", TUNE_DI(gemv_dyn_min), false, true, 0, {}, 1, 1000, "1 to 1000 (row groups a warp)" },
     { "gemv_sk_vw", TUNE_DI(gemv_sk_vw), false, true, 0, {}, 1, 4, "1 to 4 (virtual warps a warp)" },
     { "gemv_sk_dv", TUNE_DI(gemv_sk_dv), true, true, 0, {}, 0, 0, "" },
+    { "gemv_sk_minu", TUNE_DI(gemv_sk_minu), false, true, 0, {}, 0, 1024, "0 = 16 / vw, or 1 to 1024 units" },
     { "gemv_mb", TUNE_DI(gemv_mb), false, true, 0, {}, 0, 2, "0 = by shape, 1 or 2" },
     { "pdl", TUNE_GLOBAL(cu_pdl), false, true, 0, {}, 0, 2, "0 off, 1 every kernel, 2 weight-prefetching kernels" },
     { "pdl_small", TUNE_GLOBAL(cu_pdl_small), false, true, 0, {}, 0, 63,
