@@ -593,8 +593,8 @@ __device__ __forceinline__ void gk_unpack_a(const uint4 &w, uint32_t (&a0)[4], u
 
 /* The pool form (DV; one token, tune gemv_sk_vw > 1): the split has vw
  * virtual warps a resident one; each resident warp runs virtual warp p (its
- * own), then takes the next from the counter cnt[GK_TILES] until none is
- * left, so an SM that streams slower runs fewer of them (s34r1, H100: the
+ * own), then takes others from the pool until none is left, so an SM that
+ * streams slower runs fewer of them (s34r1, H100: the
  * 27B's 128 stream-K launches a step end 5.5 us after their first block
  * does, the same SMs late each time). A virtual warp's units, partials and
  * place in its tiles' sums do not depend on which warp runs it, so the bits
@@ -604,9 +604,19 @@ __device__ __forceinline__ void gk_unpack_a(const uint4 &w, uint32_t (&a0)[4], u
  * then): a take due in the prologue holds the rest of its stages until
  * after the wait. The virtual warps taken reach the consumer through a
  * per-warp queue, the producer being at most GK_S stages (virtual warps)
- * ahead. cnt[GK_TILES + 1] counts the warps that found the pool empty; the
- * last zeroes both for the next launch. */
+ * ahead.
+ * The pool is GK_SLICES slices, each with its own counter at
+ * cnt[GK_TILES + i]: a warp takes from its block's slice first, then from
+ * the others, skipping a slice whose counter a plain load shows spent. One
+ * counter for every warp lost 15 % of the 27B step at vw 2 (s35r1): the
+ * warps' equal first virtual warps end together, and 2112 takes on one
+ * address queue at L2 (then as many failed ones, then as many counts).
+ * Here a slice sees a block in GK_SLICES at once, and a block's last warp
+ * to find the pool spent counts for the block (cnt[GK_TILES + GK_SLICES]);
+ * the grid's last block zeroes the counters for the next launch. */
 constexpr int GK_VQ = 4; /* the queue: more than GK_S + 1 virtual warps */
+constexpr int GK_SLICES = 8;
+constexpr int GK_POOL_INTS = GK_SLICES + 1; /* after the tile counts */
 
 /* TC: T at compile time (1 or 2, for NT == 1), or 0: the x records' offsets
  * then fold into the shared-memory loads' immediates */
@@ -655,6 +665,12 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
         return c.ua < c.ub;
     };
     __shared__ int vq[DV ? 8 : 1][GK_VQ];
+    __shared__ int vdone; /* DV: the block's warps done taking */
+    if constexpr (DV) {
+        if (threadIdx.x == 0)
+            vdone = 0;
+        __syncthreads();
+    }
     int qin = 0, qout = 0; /* virtual warps taken by the producer, and popped by the consumer */
     /* c's first unit, tile and k-block, once c.v (< NV) is located */
     auto begin = [&](cursor &c) {
@@ -666,21 +682,33 @@ k_gemv_sk(gi_seg g, int64_t cols, gi_x xd, int T_, int rec_, float *__restrict__
      * virtual warp from the pool, handed to the consumer; none left (c.v =
      * NV): this warp's count towards the pair's reset */
     auto take = [&](cursor &c) {
-        int id = 0;
-        if (lane == 0)
-            id = atomicAdd(cnt + GK_TILES, 1);
-        id = __shfl_sync(0xffffffffu, id, 0);
-        c.v = NWP + id < NV ? NWP + id : NV;
+        int64_t v = NV;
+        if (lane == 0) {
+            const int64_t P = NV - NWP;
+            for (int j = 0; j < GK_SLICES && v == NV; j++) {
+                const int i = (int)((blockIdx.x + j) % GK_SLICES);
+                const int64_t s0 = P * i / GK_SLICES, n = P * (i + 1) / GK_SLICES - s0;
+                int *ci = cnt + GK_TILES + i;
+                if (__ldcg(ci) >= n) /* spent (the count only grows until the reset) */
+                    continue;
+                const int id = atomicAdd(ci, 1);
+                if (id < n)
+                    v = NWP + s0 + id;
+            }
+        }
+        c.v = __shfl_sync(0xffffffffu, v, 0);
         if (c.v < NV) {
             vq[warp][qin++ % GK_VQ] = (int)c.v; /* every lane: each reads its own */
             locate(c); /* (gk_plan: every virtual warp has units) */
             begin(c);
         } else if (lane == 0) {
+            /* this warp takes no more; the block's last such warp counts
+             * the block, and the grid's last block zeroes the pool */
             __threadfence();
-            if (atomicAdd(cnt + GK_TILES + 1, 1) == (int)NWP - 1) {
-                atomicExch(cnt + GK_TILES, 0);
-                atomicExch(cnt + GK_TILES + 1, 0);
-            }
+            if (atomicAdd_block(&vdone, 1) == (int)(blockDim.x >> 5) - 1 &&
+                atomicAdd(cnt + GK_TILES + GK_SLICES, 1) == (int)gridDim.x - 1)
+                for (int i = 0; i < GK_POOL_INTS; i++)
+                    atomicExch(cnt + GK_TILES + i, 0);
         }
     };
     /* move c to the next virtual warp with units (c.v >= NV: none left):
@@ -1315,14 +1343,14 @@ sn_status cu_matmul_buffers(cu_devinfo *di)
     di->gk_warps = di->n_sm * GK_BPS * 8 * CU_GROUP_MAX;
     const size_t pb = (size_t)di->gk_warps * 2 * GK_SLOT * sizeof(float);
     cudaError_t e;
-    /* the tile counts, then the pool form's pair (k_gemv_sk<DV>) */
+    /* the tile counts, then the pool form's slice counters and block count (k_gemv_sk<DV>) */
     if ((e = cudaMalloc(&di->gk_part, pb)) != cudaSuccess ||
-        (e = cudaMalloc(&di->gk_cnt, (GK_TILES + 2) * sizeof(int))) != cudaSuccess ||
-        (e = cudaMemset(di->gk_cnt, 0, (GK_TILES + 2) * sizeof(int))) != cudaSuccess ||
+        (e = cudaMalloc(&di->gk_cnt, (GK_TILES + GK_POOL_INTS) * sizeof(int))) != cudaSuccess ||
+        (e = cudaMemset(di->gk_cnt, 0, (GK_TILES + GK_POOL_INTS) * sizeof(int))) != cudaSuccess ||
         (e = cudaMalloc(&di->gv_pool, 2 * sizeof(int))) != cudaSuccess ||
         (e = cudaMemset(di->gv_pool, 0, 2 * sizeof(int))) != cudaSuccess) {
         cu_matmul_buffers_free(di);
-        return SN_FAIL(SN_E_NOMEM, "cuda: GEMV buffers (%zu bytes): %s", pb + (GK_TILES + 2) * sizeof(int),
+        return SN_FAIL(SN_E_NOMEM, "cuda: GEMV buffers (%zu bytes): %s", pb + (GK_TILES + GK_POOL_INTS) * sizeof(int),
                        cudaGetErrorString(e));
     }
     /* the memset (legacy stream) done before any kernel of the backend's
@@ -1338,7 +1366,12 @@ long cu_gk_pool_launches(void) { return __atomic_load_n(&gk_pool_n, __ATOMIC_REL
 
 sn_status cu_gk_pool_counters(const cu_devinfo *di, int out[2])
 {
-    CU_TRY(cudaMemcpy(out, di->gk_cnt + GK_TILES, 2 * sizeof(int), cudaMemcpyDeviceToHost), "gemv pool");
+    int c[GK_POOL_INTS];
+    CU_TRY(cudaMemcpy(c, di->gk_cnt + GK_TILES, sizeof c, cudaMemcpyDeviceToHost), "gemv pool");
+    out[0] = 0;
+    for (int i = 0; i < GK_SLICES; i++)
+        out[0] += c[i];
+    out[1] = c[GK_SLICES];
     return SN_OK;
 }
 

@@ -296,8 +296,8 @@ sn_status cu_matmul_init(const cu_devinfo *di);
  * cu_matmul_buffers_free. */
 sn_status cu_matmul_buffers(cu_devinfo *di);
 void cu_matmul_buffers_free(cu_devinfo *di);
-/* the stream-K GEMV's pool form: launches so far (host side), and its
- * counter pair on the device (sn_cuda_gemv_pool) */
+/* the stream-K GEMV's pool form: launches so far (host side), and on the
+ * device its slice counters' sum and its block count (sn_cuda_gemv_pool) */
 long cu_gk_pool_launches(void);
 sn_status cu_gk_pool_counters(const cu_devinfo *di, int out[2]);
 sn_status cu_ops_init(const cu_devinfo *di);

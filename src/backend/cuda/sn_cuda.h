@@ -102,8 +102,9 @@ sn_status sn_cuda_gemv_stamps_read(sn_backend *be, sn_gemv_stamp *out, int cap, 
 /* The decode GEMVs' pool forms (tune gemv_dyn for the SIMT GEMV,
  * gemv_sk_vw for the stream-K one): how many launches took each so far
  * (host side, counted at launch or graph capture: launches[0] SIMT,
- * [1] stream-K), and their counter pairs on the device (counters[0..1]
- * SIMT, [2..3] stream-K; all 0 between launches when they work). */
+ * [1] stream-K), and their counters on the device (counters[0..1] the
+ * SIMT pool's pair, [2] the sum of the stream-K pool's slice counters and
+ * [3] its block count; all 0 between launches when they work). */
 sn_status sn_cuda_gemv_pool(sn_backend *be, long launches[2], int counters[4]);
 
 /* Kernel choices for benchmarks: "gemv_rpw" = rows per warp of the
