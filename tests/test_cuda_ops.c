@@ -353,7 +353,9 @@ static void test_gemv_ring_forms(void)
  * device counters are zero after them. The shapes: the 27B's gate/up
  * (5 ring chunks a group, 4 groups or more a warp) and a 1024-column
  * matrix whose groups are one chunk each (the issue side then runs up to
- * S - 1 groups ahead of the compute side: the queue between them). */
+ * S - 1 groups ahead of the compute side: the queue between them). Each
+ * also with gemv_dyn_lean (no take a plain load shows spent, a done count
+ * a block). */
 static void pool_case(int64_t rows, int64_t cols)
 {
     tw w;
@@ -370,24 +372,27 @@ static void pool_case(int64_t rows, int64_t cols)
     float *ref = tohost(dy, (size_t)rows);
     dfree(dy);
     static const int dyn[3] = { 50, 25, 90 };
-    for (int d = 0; d < 3; d++) {
+    for (int f = 0; f < 6; f++) {
+        const int d = f % 3, lean = f / 3; /* and with gemv_dyn_lean */
         CHECK_OK(sn_cuda_tune(G, "gemv_dyn", dyn[d]));
+        CHECK_OK(sn_cuda_tune(G, "gemv_dyn_lean", lean));
         CHECK_OK(sn_cuda_gemv_pool(G, n0, cnt));
         for (int rep = 0; rep < 3; rep++) {
             dy = dpoison((size_t)rows);
             CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
             float *y = tohost(dy, (size_t)rows);
             dfree(dy);
-            CHECKF(memcmp(ref, y, sizeof(float) * rows) == 0, "%lldx%lld gemv_dyn=%d launch %d: bits differ",
-                   (long long)rows, (long long)cols, dyn[d], rep);
+            CHECKF(memcmp(ref, y, sizeof(float) * rows) == 0, "%lldx%lld gemv_dyn=%d lean=%d launch %d: bits differ",
+                   (long long)rows, (long long)cols, dyn[d], lean, rep);
             free(y);
         }
         CHECK_OK(sn_cuda_gemv_pool(G, n1, cnt));
         CHECKF(n1[0] == n0[0] + 3, "%lldx%lld gemv_dyn=%d: %ld of 3 launches pooled", (long long)rows,
                (long long)cols, dyn[d], n1[0] - n0[0]);
-        CHECKF(cnt[0] == 0 && cnt[1] == 0, "gemv_dyn=%d: pool counters %d %d after the launches", dyn[d], cnt[0],
-               cnt[1]);
+        CHECKF(cnt[0] == 0 && cnt[1] == 0, "gemv_dyn=%d lean=%d: pool counters %d %d after the launches", dyn[d],
+               lean, cnt[0], cnt[1]);
     }
+    CHECK_OK(sn_cuda_tune(G, "gemv_dyn_lean", 0));
     CHECK_OK(sn_cuda_tune(G, "gemv_dyn", 50)); /* the default */
     free(x); free(ref);
     dfree(dx);

@@ -595,8 +595,12 @@ __device__ __forceinline__ uint64_t gv_now()
  * queue for the compute side, which runs at most S - 1 chunks behind. A
  * row group is one warp's work either way, so the bits do not change. */
 constexpr int GV_POOL_Q = 8; /* the queue: more than S groups of >= 1 chunk */
+/* DY 2 (tune gemv_dyn_lean, built after s35r1, not yet run): a take that a
+ * plain load shows would fail is not made, and a block's last warp done
+ * taking counts the block, not each warp: fewer atomics on the two hot
+ * addresses as the launch ends. */
 
-template <int BITS, int TT, int RPW, bool DP, bool CV = false, bool ST = false, bool DY = false>
+template <int BITS, int TT, int RPW, bool DP, bool CV = false, bool ST = false, int DY = 0>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
@@ -629,6 +633,9 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     const int64_t gb = wid * GD / NW, ge = (wid + 1) * GD / NW;
     int nf = (int)((ge - gb) * nit); /* DY: grows by nit with each group taken */
     __shared__ int pool_q[DY ? 16 : 1][GV_POOL_Q];
+    __shared__ int pool_done; /* DY 2: the block's warps done taking (zeroed here, used after x's staging barrier) */
+    if (DY == 2 && threadIdx.x == 0)
+        pool_done = 0;
     int qin = 0, qout = 0; /* groups taken, and consumed */
 
     /* issue side of the ring: chunk ic.it of row group ic.grp. Everything
@@ -680,7 +687,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                 if (!more && fi == nf) { /* the dealt groups (or the last taken) are all issued */
                     int id = 0;
                     if (lane == 0)
-                        id = atomicAdd(g.pool, 1);
+                        id = DY == 2 && __ldcg(g.pool) >= G - GD ? (int)(G - GD) : atomicAdd(g.pool, 1);
                     id = __shfl_sync(0xffffffffu, id, 0);
                     if (GD + id < G) {
                         ic.grp = GD + id;
@@ -692,7 +699,10 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
                          * to find that zeroes the pair for the next launch
                          * (whose takes wait behind this grid's end) */
                         __threadfence();
-                        if (atomicAdd(g.pool + 1, 1) == (int)NW - 1) {
+                        const bool last = DY == 2 ? atomicAdd_block(&pool_done, 1) == nwarps - 1 &&
+                                                       atomicAdd(g.pool + 1, 1) == (int)gridDim.x - 1
+                                                 : atomicAdd(g.pool + 1, 1) == (int)NW - 1;
+                        if (last) {
                             atomicExch(g.pool, 0);
                             atomicExch(g.pool + 1, 0);
                         }
@@ -970,7 +980,7 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &gin, c
     if constexpr (POOL) {
         /* the pool instance keeps the plain one's grid when as many of
          * its blocks are resident (more registers) */
-        auto pk = k_gemv<BITS, 1, RPW, DP, CV, false, true>;
+        auto pk = di->gemv_dyn_lean ? k_gemv<BITS, 1, RPW, DP, CV, false, 2> : k_gemv<BITS, 1, RPW, DP, CV, false, 1>;
         if (!gv_stamping && gv_pool_form(di, G, grid * best_w, nit, gv_ring<RPW>::S, &g.gst) &&
             occupancy(pk, best_w * 32, gv_smem(w0, TT, RPW, best_w, DP)) == best_per) {
             g.pool = di->gv_pool;
@@ -1363,7 +1373,8 @@ sn_status cu_gemv_init(const cu_devinfo *di)
     SN_TRY(gv_max_smem(k_gemv<B, 2, R, DP, CV>, di));                                                              \
     SN_TRY(gv_max_smem(k_gemv<B, 4, R, DP, CV>, di));                                                              \
     SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, CV>, di));
-    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, true>, di));
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 1>, di));
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 2>, di));
     GEMV_INIT(4, 1, false, false)
     GEMV_INIT(4, 2, false, false)
     GEMV_INIT(4, 4, false, false)

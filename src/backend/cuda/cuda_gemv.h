@@ -31,7 +31,9 @@ struct gemv_seg {
     /* the pool form (k_gemv<..., DY>, gv_launch sets these): the first gst
      * row groups are dealt to the warps as usual, the rest taken one at a
      * time from pool[0]; pool[1] counts the warps that found it empty, and
-     * the last of them zeroes both for the next launch */
+     * the last of them zeroes both for the next launch (k_gemv<..., 2>,
+     * tune gemv_dyn_lean: a take that a plain load shows would fail is not
+     * made, and pool[1] counts blocks, not warps) */
     int64_t gst;
     int *pool;
 };
