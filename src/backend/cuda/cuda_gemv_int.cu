@@ -1091,24 +1091,15 @@ sn_status gk_launch_nt(const cu_devinfo *di, cudaStream_t s, const gi_seg &g, co
     const int rec = gi_rec_bytes(T, GS == 1 ? 2 : 1);
     const size_t smem = gk_smem_bytes(NT == 1);
     const int64_t cols = (int64_t)w0->cols;
+    const bool bf16 = w0->sfmt == CS_BF16;
+    auto kern = bf16 ? k_gemv_sk<GS, NT, CS_BF16, TC> : k_gemv_sk<GS, NT, CS_F16, TC>;
     if constexpr (TC == 1)
         if (pool && di->gemv_sk_dv) {
             __atomic_fetch_add(&gk_pool_n, 1, __ATOMIC_RELAXED);
-            if (w0->sfmt == CS_BF16)
-                (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_BF16, TC, true>, dim3(grid),
-                                  dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part, di->gk_cnt);
-            else
-                (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_F16, TC, true>, dim3(grid),
-                                  dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part, di->gk_cnt);
-            CU_CHECK_LAUNCH("matmul gemv i8 stream-K pool");
-            return SN_OK;
+            kern = bf16 ? k_gemv_sk<GS, NT, CS_BF16, TC, true> : k_gemv_sk<GS, NT, CS_F16, TC, true>;
         }
-    if (w0->sfmt == CS_BF16)
-        (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_BF16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
-                          di->gk_cnt);
-    else
-        (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), k_gemv_sk<GS, NT, CS_F16, TC>, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec, di->gk_part,
-                          di->gk_cnt);
+    (void)cu_launch_w(w0->bits, cu_seg_weight_bytes(g, w0), kern, dim3(grid), dim3(256), smem, s, g, cols, xd, T, rec,
+                      di->gk_part, di->gk_cnt);
     CU_CHECK_LAUNCH("matmul gemv i8 stream-K");
     return SN_OK;
 }
