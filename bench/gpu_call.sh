@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # One device call that is useful on whichever card comes (the device tool
-# lends H100s and H200s call by call, and often neither): main's decode and
-# prefill lines at 4096 tokens from the record pack (bench/gpu_record.sh pack:
-# .devcarry/lead) and the A/B pack's tests and rounds (bench/gpu_ab.sh pack:
-# .devcarry/ab). On an H200 the lines run first (the targets are set there
-# and no H200 record has run since run 32); on an H100 the A/B runs first.
-# Everything is appended to $OUT/call.log as it comes, so a call cut short
-# still brings back what ran.
+# lends H100s and H200s call by call, and often neither), from two packs made
+# here: the record pack (bench/gpu_record.sh pack: .devcarry/lead) and the A/B
+# pack (bench/gpu_ab.sh pack: .devcarry/ab, whose VARY and CTX it uses).
+# Steps, most important first:
+#   lines  main's bench_cuda lines for both models at 4096 tokens (lead pack);
+#          first on an H200 (the targets are set there), last on an H100
+#   ops    the change's test_cuda_ops (A/B pack)
+#   vary   the change's bench_cuda --vary of every VARY entry, per A/B config
+#   tests  the change's test_cuda_model, test_cuda_moe, test_cuda_gemm_i8
+# Each step writes its own log under $OUT as it runs and call.log gets the
+# summary lines, so a call cut short by its limit still brings back every
+# step that finished. For the full interleaved base/change rounds use
+# bench/gpu_ab.sh run instead.
 #
-# There (device tool, carry [".devcarry/ab", ".devcarry/lead"], ~300 s on
-# an H100):  bench/gpu_call.sh
+# There (device tool, carry [".devcarry/ab", ".devcarry/lead"], ~200 s on an
+# H100):  bench/gpu_call.sh
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -17,19 +23,38 @@ mkdir -p "$out"
 gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)
 echo "$gpu" | tee "$out/call.log"
 . bench/gpu_common.sh
+gpu_unpack .devcarry/lead
+gpu_unpack .devcarry/ab
+export LD_LIBRARY_PATH=$PWD/.devcarry/ab/lib:$PWD/.devcarry/lead/lib
+A=.devcarry/ab/bin L=.devcarry/lead/bin
+ctx=$(cat .devcarry/ab/ctx 2> /dev/null || echo 4096)
 lines() {
-    (
-        gpu_unpack .devcarry/lead
-        for cfg in qwen3_5_35b_a3b qwen3_5_27b; do
-            timeout 150 .devcarry/lead/bin/bench_cuda --config "bench/configs/$cfg.json" --prefill 4096 --decode 64 \
-                --log "$out/results.log" > "$out/bench_$cfg.log" 2>&1
-            echo "bench $cfg rc=$?" | tee -a "$out/call.log"
-            grep -h "decode (graph\|prefill 4096 tokens (default\|GPU memory" "$out/bench_$cfg.log" | tee -a "$out/call.log"
-        done
-    )
+    for cfg in qwen3_5_35b_a3b qwen3_5_27b; do
+        timeout 150 "$L/bench_cuda" --config "bench/configs/$cfg.json" --prefill 4096 --decode 64 \
+            --log "$out/results.log" > "$out/bench_$cfg.log" 2>&1
+        echo "lines $cfg rc=$?" | tee -a "$out/call.log"
+        grep -h "decode (graph\|prefill 4096 tokens (default\|GPU memory" "$out/bench_$cfg.log" | tee -a "$out/call.log"
+    done
 }
-ab() { bench/gpu_ab.sh run 1 2>&1 | tail -45 | tee -a "$out/call.log"; }
-case "$gpu" in
-*H200*) lines; ab ;;
-*) ab; lines ;;
-esac
+tst() {
+    timeout 150 "$A/$1" > "$out/$1.log" 2>&1
+    echo "$1 rc=$? $(grep -E '^[0-9]+ passed' "$out/$1.log" | tail -n1)" | tee -a "$out/call.log"
+    grep -h FAIL "$out/$1.log" | head -5 | tee -a "$out/call.log"
+}
+vary() {
+    local va=()
+    while read -r v; do va+=(--vary "$v"); done < .devcarry/ab/vary
+    [ ${#va[@]} -gt 0 ] || return 0
+    while read -r cfg; do
+        name=$(basename "$cfg" .json)
+        timeout 200 "$A/bench_cuda" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile "${va[@]}" \
+            > "$out/vary_$name.log" 2>&1
+        echo "vary $name rc=$?" | tee -a "$out/call.log"
+        grep -E '^  round' "$out/vary_$name.log" | sed -E 's/ +/ /g' | tee -a "$out/call.log"
+    done < .devcarry/ab/configs
+}
+case "$gpu" in *H200*) lines ;; esac
+tst test_cuda_ops
+vary
+for t in test_cuda_model test_cuda_moe test_cuda_gemm_i8; do tst "$t"; done
+case "$gpu" in *H200*) ;; *) lines ;; esac
