@@ -1,0 +1,84 @@
+/* A host model of three ways to form one quant group's sum(q * x), q the
+ * 4-bit weights (exact), x fp32 activations, against a long double
+ * reference: the prefill GEMM's 3 int8 digits (x as a 23-bit integer per
+ * group), fp16 x alone, and x split into fp16 hi + lo parts summed in IEEE
+ * fp32 (the fp16 MMA candidate of PERFORMANCE run 46). IEEE order only: the
+ * tensor cores' own fp32 accumulation is not modelled.
+ *
+ * Standalone: cc -O2 -std=c17 -o /tmp/prec_hilo bench/prec_hilo.c -lm &&
+ * /tmp/prec_hilo [GROUPS] */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+
+static uint64_t st = 88172645463325252ull;
+static double urand(void)
+{
+    st ^= st << 13; st ^= st >> 7; st ^= st << 17;
+    return (double)(st >> 11) / 9007199254740992.0;
+}
+static double nrand(void)
+{
+    double u = urand() + 1e-300, v = urand();
+    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
+}
+
+int main(int argc, char **argv)
+{
+    const int NG = argc > 1 ? atoi(argv[1]) : 200000, G = 64;
+    double worst[3] = { 0 }, mean[3] = { 0 };
+    for (int gi = 0; gi < NG; gi++) {
+        float x[64];
+        int q[64];
+        const double scale = pow(2.0, (int)(urand() * 40) - 20); /* groups from 2^-20 to 2^20 */
+        for (int i = 0; i < G; i++) {
+            double v = nrand() * scale;
+            if (urand() < 0.01)
+                v *= 100; /* outliers */
+            x[i] = (float)v;
+            q[i] = (int)(urand() * 16);
+        }
+        long double ref = 0, mag = 0;
+        float mx = 0;
+        for (int i = 0; i < G; i++) {
+            ref += (long double)q[i] * x[i];
+            mag += fabsl((long double)q[i] * x[i]);
+            mx = fmaxf(mx, fabsf(x[i]));
+        }
+        if (mag == 0)
+            continue;
+        /* int8, 3 digits: X = rint(x * 2^e), |X| < 2^22 */
+        int e2;
+        frexpf(mx, &e2);
+        const int e = 22 - e2;
+        int64_t P = 0;
+        for (int i = 0; i < G; i++)
+            P += (int64_t)q[i] * (int64_t)rint(ldexp(x[i], e));
+        const float r_i8 = (float)ldexp((double)P, -e); /* one rounding (the kernel has two) */
+        /* fp16 alone and hi + lo, x pre-scaled per group so max |x'| is about 1 */
+        const int es = -e2;
+        float s16 = 0, shl = 0;
+        for (int i = 0; i < G; i++) {
+            const float xs = ldexpf(x[i], es);
+            const _Float16 h = (_Float16)xs;
+            const _Float16 l = (_Float16)(xs - (float)h);
+            s16 = fmaf((float)q[i], (float)h, s16);
+            shl = fmaf((float)q[i], (float)h, shl);
+            shl = fmaf((float)q[i], (float)l, shl);
+        }
+        const float r_16 = ldexpf(s16, -es), r_hl = ldexpf(shl, -es);
+        const float r[3] = { r_i8, r_16, r_hl };
+        for (int k = 0; k < 3; k++) {
+            const double err = (double)(fabsl((long double)r[k] - ref) / mag);
+            if (err > worst[k])
+                worst[k] = err;
+            mean[k] += err / NG;
+        }
+    }
+    const char *name[3] = { "int8 x 3 digits (today)", "fp16 x", "fp16 hi + lo, fp32 sums" };
+    printf("%d groups of 64: |result - exact| / sum|q x|, mean and worst\n", NG);
+    for (int k = 0; k < 3; k++)
+        printf("  %-26s %.3e  %.3e  (2^%.1f worst)\n", name[k], mean[k], worst[k], log2(worst[k]));
+    return 0;
+}
