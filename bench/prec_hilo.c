@@ -2,8 +2,13 @@
  * 4-bit weights (exact), x fp32 activations, against a long double
  * reference: the prefill GEMM's 3 int8 digits (x as a 23-bit integer per
  * group), fp16 x alone, and x split into fp16 hi + lo parts summed in IEEE
- * fp32 (the fp16 MMA candidate of PERFORMANCE run 46). IEEE order only: the
- * tensor cores' own fp32 accumulation is not modelled.
+ * fp32 (the fp16 MMA candidate of PERFORMANCE run 46), the last also with
+ * the hi and lo planes as two m16n8k16 MMAs per 16 columns under a
+ * block-truncation model of the tensor cores' fp32 accumulation (an
+ * assumption, not a measurement: each MMA aligns its 16 products and the
+ * accumulator to the largest exponent, keeps 24 bits below it toward zero,
+ * adds exactly and truncates the sum to fp32, as published for earlier
+ * NVIDIA tensor cores).
  *
  * Standalone: cc -O2 -std=c17 -o /tmp/prec_hilo bench/prec_hilo.c -lm &&
  * /tmp/prec_hilo [GROUPS] */
@@ -11,6 +16,35 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
+
+/* v toward zero to a multiple of 2^q */
+static long double trunc_to(long double v, int q) { return truncl(ldexpl(v, -q)) * ldexpl(1.0L, q); }
+
+/* one MMA's dot of 16 exact products plus the accumulator c, under the model */
+static float mma16(float c, const float *p)
+{
+    int emax = -1000, e;
+    if (c != 0.f) {
+        frexpf(c, &e);
+        emax = e;
+    }
+    for (int i = 0; i < 16; i++)
+        if (p[i] != 0.f) {
+            frexpf(p[i], &e);
+            emax = e > emax ? e : emax;
+        }
+    if (emax == -1000)
+        return 0.f;
+    const int q = emax - 24;
+    long double sum = trunc_to(c, q);
+    for (int i = 0; i < 16; i++)
+        sum += trunc_to(p[i], q);
+    /* to fp32 toward zero */
+    float r = (float)sum;
+    if (fabsl((long double)r) > fabsl(sum))
+        r = nextafterf(r, 0.f);
+    return r;
+}
 
 static uint64_t st = 88172645463325252ull;
 static double urand(void)
@@ -27,7 +61,7 @@ static double nrand(void)
 int main(int argc, char **argv)
 {
     const int NG = argc > 1 ? atoi(argv[1]) : 200000, G = 64;
-    double worst[3] = { 0 }, mean[3] = { 0 };
+    double worst[4] = { 0 }, mean[4] = { 0 };
     for (int gi = 0; gi < NG; gi++) {
         float x[64];
         int q[64];
@@ -67,18 +101,33 @@ int main(int argc, char **argv)
             shl = fmaf((float)q[i], (float)h, shl);
             shl = fmaf((float)q[i], (float)l, shl);
         }
-        const float r_16 = ldexpf(s16, -es), r_hl = ldexpf(shl, -es);
-        const float r[3] = { r_i8, r_16, r_hl };
-        for (int k = 0; k < 3; k++) {
+        /* the same split as two MMAs per 16 columns: hi, then lo, into one accumulator */
+        float acc = 0.f;
+        for (int k0 = 0; k0 < G; k0 += 16) {
+            float ph[16], pl[16];
+            for (int i = 0; i < 16; i++) {
+                const float xs = ldexpf(x[k0 + i], es);
+                const _Float16 h = (_Float16)xs;
+                const _Float16 l = (_Float16)(xs - (float)h);
+                ph[i] = (float)q[k0 + i] * (float)h; /* exact: 4 x 11 bits */
+                pl[i] = (float)q[k0 + i] * (float)l;
+            }
+            acc = mma16(acc, ph);
+            acc = mma16(acc, pl);
+        }
+        const float r_16 = ldexpf(s16, -es), r_hl = ldexpf(shl, -es), r_tc = ldexpf(acc, -es);
+        const float r[4] = { r_i8, r_16, r_hl, r_tc };
+        for (int k = 0; k < 4; k++) {
             const double err = (double)(fabsl((long double)r[k] - ref) / mag);
             if (err > worst[k])
                 worst[k] = err;
             mean[k] += err / NG;
         }
     }
-    const char *name[3] = { "int8 x 3 digits (today)", "fp16 x", "fp16 hi + lo, fp32 sums" };
+    const char *name[4] = { "int8 x 3 digits (today)", "fp16 x", "fp16 hi + lo, fp32 sums",
+                            "fp16 hi + lo, MMA model" };
     printf("%d groups of 64: |result - exact| / sum|q x|, mean and worst\n", NG);
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
         printf("  %-26s %.3e  %.3e  (2^%.1f worst)\n", name[k], mean[k], worst[k], log2(worst[k]));
     return 0;
 }
