@@ -1,5 +1,5 @@
 /* Shared by the standalone GPU probes of bench/ (mma_int4_probe.cu,
- * wgmma_probe.cu), each built alone with nvcc: a CUDA call that fails ends
+ * wgmma_probe.cu, mma_f16_probe.cu), each built alone with nvcc: a CUDA call that fails ends
  * main with 1 after naming the call and the error. */
 #ifndef SANCTUM_BENCH_CUDA_PROBE_H
 #define SANCTUM_BENCH_CUDA_PROBE_H
