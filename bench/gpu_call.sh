@@ -9,13 +9,15 @@
 #   ops    the change's test_cuda_ops (A/B pack)
 #   vary   the change's bench_cuda --vary of every VARY entry, per A/B config
 #   tests  the change's test_cuda_model, test_cuda_moe, test_cuda_gemm_i8
+# and first of all, when carried, build/mma_f16_probe (bench/mma_f16_probe.cu,
+# under a second).
 # Each step writes its own log under $OUT as it runs and call.log gets the
 # summary lines, so a call cut short by its limit still brings back every
 # step that finished. For the full interleaved base/change rounds use
 # bench/gpu_ab.sh run instead.
 #
-# There (device tool, carry [".devcarry/ab", ".devcarry/lead"], ~200 s on an
-# H100):  bench/gpu_call.sh
+# There (device tool, carry [".devcarry/ab", ".devcarry/lead"] and, for the
+# probe, "build/mma_f16_probe"; ~200 s on an H100):  bench/gpu_call.sh
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/out}
@@ -53,6 +55,11 @@ vary() {
         grep -E '^  round' "$out/vary_$name.log" | sed -E 's/ +/ /g' | tee -a "$out/call.log"
     done < .devcarry/ab/configs
 }
+if [ -x build/mma_f16_probe ]; then
+    timeout 60 build/mma_f16_probe > "$out/mma_f16_probe.log" 2>&1
+    echo "mma_f16_probe rc=$?" | tee -a "$out/call.log"
+    tee -a "$out/call.log" < "$out/mma_f16_probe.log"
+fi
 case "$gpu" in *H200*) lines ;; esac
 tst test_cuda_ops
 vary
