@@ -6,9 +6,9 @@
  * probe runs that chain on the GPU for random groups (the same data model
  * as prec_hilo: groups scaled 2^-20..2^20, 1 % outliers) and compares each
  * result with the exact sum, with IEEE fp32 sums in the same order, and
- * bitwise with prec_hilo's block-truncation model (each MMA: the products
- * and the accumulator kept to 24 bits below the largest, toward zero, the
- * sum truncated to fp32).
+ * bitwise with the block-truncation model of bench/prec_model.h (each
+ * MMA: the products and the accumulator kept to 24 bits below the largest,
+ * toward zero, the sum truncated to fp32).
  *
  * First a layout check: small integers, whose every sum is exact in any
  * order, must come back exactly (else the fragment layout below is wrong
@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_probe.h"
+#include "prec_model.h"
 
 constexpr int G = 64;     /* a quant group's columns */
 constexpr int TR = 16;    /* rows a tile (the MMA's M) */
@@ -72,45 +73,6 @@ __global__ void k_chain(const __half *__restrict__ A, const __half *__restrict__
     o[g * TN + 2 * c + 1] = d[1];
     o[(g + 8) * TN + 2 * c] = d[2];
     o[(g + 8) * TN + 2 * c + 1] = d[3];
-}
-
-static uint64_t st = 88172645463325252ull;
-static double urand(void)
-{
-    st ^= st << 13;
-    st ^= st >> 7;
-    st ^= st << 17;
-    return (double)(st >> 11) / 9007199254740992.0;
-}
-static double nrand(void)
-{
-    const double u = urand() + 1e-300, v = urand();
-    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
-}
-
-/* prec_hilo's model of one MMA: 16 exact products plus the accumulator */
-static long double trunc_to(long double v, int q) { return truncl(ldexpl(v, -q)) * ldexpl(1.0L, q); }
-static float mma16(float c, const float *p)
-{
-    int emax = -1000, e;
-    if (c != 0.f) {
-        frexpf(c, &e);
-        emax = e;
-    }
-    for (int i = 0; i < 16; i++)
-        if (p[i] != 0.f) {
-            frexpf(p[i], &e);
-            emax = e > emax ? e : emax;
-        }
-    if (emax == -1000)
-        return 0.f;
-    long double sum = trunc_to(c, emax - 24);
-    for (int i = 0; i < 16; i++)
-        sum += trunc_to(p[i], emax - 24);
-    float r = (float)sum;
-    if (fabsl((long double)r) > fabsl(sum))
-        r = nextafterf(r, 0.f);
-    return r;
 }
 
 int main(void)

@@ -15,48 +15,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <stdint.h>
 
-/* v toward zero to a multiple of 2^q */
-static long double trunc_to(long double v, int q) { return truncl(ldexpl(v, -q)) * ldexpl(1.0L, q); }
-
-/* one MMA's dot of 16 exact products plus the accumulator c, under the model */
-static float mma16(float c, const float *p)
-{
-    int emax = -1000, e;
-    if (c != 0.f) {
-        frexpf(c, &e);
-        emax = e;
-    }
-    for (int i = 0; i < 16; i++)
-        if (p[i] != 0.f) {
-            frexpf(p[i], &e);
-            emax = e > emax ? e : emax;
-        }
-    if (emax == -1000)
-        return 0.f;
-    const int q = emax - 24;
-    long double sum = trunc_to(c, q);
-    for (int i = 0; i < 16; i++)
-        sum += trunc_to(p[i], q);
-    /* to fp32 toward zero */
-    float r = (float)sum;
-    if (fabsl((long double)r) > fabsl(sum))
-        r = nextafterf(r, 0.f);
-    return r;
-}
-
-static uint64_t st = 88172645463325252ull;
-static double urand(void)
-{
-    st ^= st << 13; st ^= st >> 7; st ^= st << 17;
-    return (double)(st >> 11) / 9007199254740992.0;
-}
-static double nrand(void)
-{
-    double u = urand() + 1e-300, v = urand();
-    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
-}
+#include "prec_model.h"
 
 int main(int argc, char **argv)
 {
