@@ -84,8 +84,7 @@ run)
                 bin=$B/bench_cuda
                 [ "$who" = base ] && bin=$B/bench_cuda_base
                 log="$w/${name}_${who}_$r.log"
-                timeout 120 "$bin" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile "${rarg[@]}" \
-                    > "$log" 2>&1
+                gpu_decode "$bin" "$cfg" "$ctx" 120 "${rarg[@]}" > "$log" 2>&1
                 ms=$(gpu_step_ms "$log")
                 if [ "$who" = base ]; then base_ms+=("${ms:-fail}"); else new_ms+=("${ms:-fail}"); fi
             done
@@ -95,14 +94,12 @@ run)
       done
     done < "$L/configs"
     if [ -s "$L/vary" ]; then
-        va=()
-        while read -r v; do va+=(--vary "$v"); done < "$L/vary"
+        gpu_vary_args "$L/vary"
         while read -r cfg; do
             name=$(basename "$cfg" .json)
-            timeout 200 "$B/bench_cuda" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile "${va[@]}" \
-                > "$w/${name}_vary.log" 2>&1
+            gpu_decode "$B/bench_cuda" "$cfg" "$ctx" 200 "${va[@]}" > "$w/${name}_vary.log" 2>&1
             s+=("$name --vary (change's binary), ms per step:")
-            while read -r l; do s+=("  $l"); done < <(grep -E '^  round' "$w/${name}_vary.log" | sed -E 's/ +/ /g')
+            while read -r l; do s+=("  $l"); done < <(gpu_rounds "$w/${name}_vary.log")
         done < "$L/configs"
     fi
     echo "==== summary"

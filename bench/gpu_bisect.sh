@@ -71,8 +71,7 @@ run)
                 c=${names[$k]}
                 [ $((r % 2)) -eq 1 ] && c=${names[$((n - 1 - k))]}
                 log="$w/${name}_${c}_$r.log"
-                timeout 120 "$B/bench_cuda_$c" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile \
-                    > "$log" 2>&1
+                gpu_decode "$B/bench_cuda_$c" "$cfg" "$ctx" 120 > "$log" 2>&1
                 m=$(gpu_step_ms "$log")
                 ms[$c]="${ms[$c]:-} ${m:-fail}"
             done

@@ -44,15 +44,13 @@ tst() {
     grep -h FAIL "$out/$1.log" | head -5 | tee -a "$out/call.log"
 }
 vary() {
-    local va=()
-    while read -r v; do va+=(--vary "$v"); done < .devcarry/ab/vary
+    gpu_vary_args .devcarry/ab/vary
     [ ${#va[@]} -gt 0 ] || return 0
     while read -r cfg; do
         name=$(basename "$cfg" .json)
-        timeout 200 "$A/bench_cuda" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile "${va[@]}" \
-            > "$out/vary_$name.log" 2>&1
+        gpu_decode "$A/bench_cuda" "$cfg" "$ctx" 200 "${va[@]}" > "$out/vary_$name.log" 2>&1
         echo "vary $name rc=$?" | tee -a "$out/call.log"
-        grep -E '^  round' "$out/vary_$name.log" | sed -E 's/ +/ /g' | tee -a "$out/call.log"
+        gpu_rounds "$out/vary_$name.log" | tee -a "$out/call.log"
     done < .devcarry/ab/configs
 }
 if [ -x build/mma_f16_probe ]; then

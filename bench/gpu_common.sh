@@ -1,4 +1,4 @@
-# Sourced by bench/gpu_ab.sh, gpu_bisect.sh, gpu_record.sh and gpu_vary.sh: the pieces every
+# Sourced by bench/gpu_ab.sh, gpu_bisect.sh, gpu_call.sh, gpu_record.sh and gpu_vary.sh: the pieces every
 # "pack here, run on the GPU box" script shares. The box builds nothing and
 # lacks a few shared libraries, so binaries travel as one xz tar (one
 # dictionary over all of them: each carries the same ~12 MB of device code)
@@ -41,4 +41,23 @@ gpu_run_begin() {
 # a bench_cuda --ncu-decode log's ms per decode step (empty if it failed)
 gpu_step_ms() {
     grep -oE 'decode \(graph\) [0-9.]+ ms per step' "$1" | head -1 | grep -oE '[0-9.]+ ms' | cut -d' ' -f1
+}
+
+# bench_cuda's timed decode steps, as every A/B, bisect and vary run takes
+# them: BIN CONFIG CTX LIMIT_S [more bench_cuda arguments...], under timeout
+gpu_decode() {
+    local bin=$1 cfg=$2 ctx=$3 lim=$4
+    shift 4
+    timeout "$lim" "$bin" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile "$@"
+}
+
+# a --vary log's round lines ("round R KNOB decode (graph) MS ms per step ..."), spaces squeezed
+gpu_rounds() {
+    grep -E '^  round' "$1" | sed -E 's/ +/ /g'
+}
+
+# a pack's vary file (one key=value:restore[,...] a line) as --vary arguments, into the array va
+gpu_vary_args() {
+    va=()
+    while read -r v; do va+=(--vary "$v"); done < "$1"
 }

@@ -44,10 +44,9 @@ for spec in "$@"; do
         esac
     done
     t0=$SECONDS
-    timeout 240 "$B/bench_cuda" --config "$cfg" --prefill "$ctx" --decode 32 --ncu-decode --no-profile "${va[@]}" \
-        > "$w/$name.log" 2>&1
+    gpu_decode "$B/bench_cuda" "$cfg" "$ctx" 240 "${va[@]}" > "$w/$name.log" 2>&1
     s+=("$name (rc $?, $((SECONDS - t0)) s): $cfg at $ctx")
-    while read -r l; do s+=("  $l"); done < <(grep -E '^  round' "$w/$name.log" | sed -E 's/ +/ /g')
+    while read -r l; do s+=("  $l"); done < <(gpu_rounds "$w/$name.log")
     while read -r l; do s+=("  $l"); done < <(sed -n '/^  timeline/,/in stream order/p' "$w/$name.log" |
         grep -v "in stream order" | head -40 | sed -E 's/ +/ /g')
     printf '%s\n' "${s[@]}" | tee "$w/summary.log" | tail -n +2 | sed -n "/^$name /,\$p"
