@@ -20,7 +20,14 @@
 
 int main(int argc, char **argv)
 {
-    const int NG = argc > 1 ? atoi(argv[1]) : 200000, G = 64;
+    char *end = NULL;
+    const long ng = argc > 1 ? strtol(argv[1], &end, 10) : 200000;
+    if (argc > 2 || (argc > 1 && (end == argv[1] || *end)) || ng < 1 || ng > 100000000) {
+        fprintf(stderr, "usage: %s [GROUPS]: GROUPS is a whole number from 1 to 100000000 (default 200000)%s%s\n",
+                argv[0], argc > 1 ? ", not " : "", argc > 1 ? argv[1] : "");
+        return 2;
+    }
+    const int NG = (int)ng, G = 64;
     double worst[4] = { 0 }, mean[4] = { 0 };
     for (int gi = 0; gi < NG; gi++) {
         float x[64];
