@@ -14,6 +14,9 @@
  * order, must come back exactly (else the fragment layout below is wrong
  * and nothing after it means anything).
  *
+ * Last, whether the weights can be fp16 subnormals (q's bits as they are
+ * in the packed word, see the end of main).
+ *
  * Build here: nvcc -O3 -std=c++17 -arch=sm_90 -o build/mma_f16_probe
  * bench/mma_f16_probe.cu; run it on the GPU box (a second at most). Built
  * in run 46, not yet run. */
@@ -178,5 +181,37 @@ int main(void)
         printf("  |result - exact| / sum|q x|: GPU mean %.3e worst %.3e; IEEE sums mean %.3e\n", err_hw / n, worst_hw,
                err_ieee / n);
     }
+    /* The weights as fp16 subnormals: a nibble's bits q (or 16 q for the
+     * high nibble) read as the fp16 value q * 2^-24, so A is one AND of the
+     * packed word, with no magic-number subtraction. Exact only if the
+     * tensor cores take subnormal inputs as they are (no flush to zero):
+     * then every result is the normal-A result times 2^-24, bitwise (the
+     * products and sums scale by a power of two, fp32 stays normal here). */
+    float *hO2 = (float *)malloc(no * sizeof(float));
+    if (!hO2)
+        return 1;
+    for (int sub = 0; sub < 2; sub++) {
+        for (size_t i = 0; i < na; i++) {
+            const int row = (int)(i / G % TR), v = row < 8 ? q[i] : 16 * q[i];
+            uint16_t bits = (uint16_t)v;
+            if (!sub) {
+                const __half h = __float2half_rn((float)v);
+                memcpy(&bits, &h, 2);
+            }
+            memcpy(hA + i, &bits, 2);
+        }
+        CK(cudaMemcpy(dA, hA, na * sizeof(__half), cudaMemcpyHostToDevice));
+        k_chain<<<TILES / 8, 256>>>(dA, dBh, dBl, dO);
+        CK(cudaGetLastError());
+        CK(cudaMemcpy(sub ? hO2 : hO, dO, no * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    long same = 0, zero = 0;
+    for (size_t i = 0; i < no; i++) {
+        same += hO2[i] == ldexpf(hO[i], -24);
+        zero += hO2[i] == 0.f && hO[i] != 0.f;
+    }
+    printf("subnormal weights (bits q, 16 q as fp16): %ld of %zu results bitwise 2^-24 x the normal ones, %ld "
+           "flushed to 0%s\n",
+           same, no, zero, same == (long)no ? "" : "  <- subnormal A is not exact here");
     return 0;
 }
