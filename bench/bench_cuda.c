@@ -877,16 +877,36 @@ int main(int argc, char **argv)
     /* [gemm_i8] the integer tensor-core GEMM (3 digits, 2 digits), then the split fp16x3 GEMM with
      * cuBLAS as it loaded; the creation default (SANCTUM_CUDA_GEMM) is restored */
     const char *gemm_env = getenv("SANCTUM_CUDA_GEMM");
-    double ttft_i8[3];
-    for (int v = 0; v < 3; v++) {
-        TRY(sn_cuda_tune(B, "gemm_i8", v == 0 ? 3 : v == 1 ? 2 : 0));
+    /* v 3: x as fp16 hi + lo on the fp16 tensor cores (gemm_i8 = 4); each form's last-token logits
+     * against the 3-digit form's: max |difference| over max |logit| */
+    static const int i8_modes[4] = { 3, 2, 0, 4 };
+    double ttft_i8[4], dlog[4] = { 0, 0, 0, 0 };
+    float *lg0 = malloc(sizeof(float) * c->V), *lgv = malloc(sizeof(float) * c->V);
+    if (!lg0 || !lgv) {
+        fprintf(stderr, "bench_cuda: out of host memory for the logits\n");
+        return 1;
+    }
+    for (int v = 0; v < 4; v++) {
+        TRY(sn_cuda_tune(B, "gemm_i8", i8_modes[v]));
         reset_state(&m);
         TRY(O->sync(B));
         double t1 = now();
         forward(&m, ids, prefill, 0, &tok);
         ttft_i8[v] = now() - t1;
+        TRY(O->to_host(B, v ? lgv : lg0, m.logits, sizeof(float) * c->V));
+        if (v) {
+            double mx = 0, md = 0;
+            for (int i = 0; i < c->V; i++) {
+                mx = fmax(mx, fabs(lg0[i]));
+                md = fmax(md, fabs((double)lgv[i] - lg0[i]));
+            }
+            dlog[v] = mx > 0 ? md / mx : md;
+        }
     }
-    TRY(sn_cuda_tune(B, "gemm_i8", !gemm_env || !strcmp(gemm_env, "i8") ? 3 : !strcmp(gemm_env, "i8fast") ? 2 : 0));
+    free(lg0);
+    free(lgv);
+    TRY(sn_cuda_tune(B, "gemm_i8", !gemm_env || !strcmp(gemm_env, "i8") ? 3 : !strcmp(gemm_env, "i8fast") ? 2
+                                   : !strcmp(gemm_env, "hilo") ? 4 : 0));
     /* [gemm_i8] end */
     reset_state(&m);
     forward(&m, ids, prefill, 0, &tok);
@@ -986,8 +1006,10 @@ int main(int argc, char **argv)
     /* [gemm_i8] */
     printf("  prefill %d tokens, integer tensor-core GEMM (repacked Q4), 3 digits (fp32-class, i8): %.3f s = %.0f tok/s\n",
            prefill, ttft_i8[0], prefill / ttft_i8[0]);
-    printf("  prefill %d tokens, integer tensor-core GEMM, 2 digits (16-bit x, i8fast): %.3f s = %.0f tok/s\n", prefill,
-           ttft_i8[1], prefill / ttft_i8[1]);
+    printf("  prefill %d tokens, integer tensor-core GEMM, 2 digits (16-bit x, i8fast): %.3f s = %.0f tok/s "
+           "(logits off the 3 digits' by %.2e of their largest)\n", prefill, ttft_i8[1], prefill / ttft_i8[1], dlog[1]);
+    printf("  prefill %d tokens, fp16 hi/lo GEMM (22-bit x, hilo): %.3f s = %.0f tok/s (logits off the 3 digits' by "
+           "%.2e of their largest)\n", prefill, ttft_i8[3], prefill / ttft_i8[3], dlog[3]);
     printf("  prefill %d tokens, fp32-class split fp16x3 GEMM%s (split): %.3f s = %.0f tok/s\n", prefill,
            have_blas ? " via cuBLAS" : ", own kernel", ttft_i8[2], prefill / ttft_i8[2]);
     printf("  decode (graph): %.1f tok/s (median step %.3f ms), %.0f GB/s = %.0f%% of copy bandwidth, %.0f%% of "

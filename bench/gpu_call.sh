@@ -6,9 +6,11 @@
 # Steps, most important first:
 #   lines  main's bench_cuda lines for both models at 4096 tokens (lead pack);
 #          first on an H200 (the targets are set there), last on an H100
+#   gemm   the change's test_cuda_gemm_i8 with each prefill GEMM form timed
+#          alone on the 27B's shapes (SANCTUM_TEST_GEMM_I8_TIME=1)
 #   ops    the change's test_cuda_ops (A/B pack)
 #   vary   the change's bench_cuda --vary of every VARY entry, per A/B config
-#   tests  the change's test_cuda_model, test_cuda_moe, test_cuda_gemm_i8
+#   tests  the change's test_cuda_model, test_cuda_moe
 # and first of all, when carried, build/mma_f16_probe (bench/mma_f16_probe.cu,
 # under a second).
 # Each step writes its own log under $OUT as it runs and call.log gets the
@@ -35,13 +37,20 @@ lines() {
         timeout 150 "$L/bench_cuda" --config "bench/configs/$cfg.json" --prefill 4096 --decode 64 \
             --log "$out/results.log" > "$out/bench_$cfg.log" 2>&1
         echo "lines $cfg rc=$?" | tee -a "$out/call.log"
-        grep -h "decode (graph\|prefill 4096 tokens (default\|GPU memory" "$out/bench_$cfg.log" | tee -a "$out/call.log"
+        grep -h "decode (graph\|prefill 4096 tokens (default\|hilo\|GPU memory" "$out/bench_$cfg.log" | tee -a "$out/call.log"
     done
 }
 tst() {
     timeout 150 "$A/$1" > "$out/$1.log" 2>&1
     echo "$1 rc=$? $(grep -E '^[0-9]+ passed' "$out/$1.log" | tail -n1)" | tee -a "$out/call.log"
     grep -h FAIL "$out/$1.log" | head -5 | tee -a "$out/call.log"
+}
+# the prefill GEMMs: correctness, then each form timed alone on the 27B's shapes at T = 4096
+gemm() {
+    SANCTUM_TEST_GEMM_I8_TIME=1 timeout 200 "$A/test_cuda_gemm_i8" > "$out/test_cuda_gemm_i8.log" 2>&1
+    echo "test_cuda_gemm_i8 rc=$? $(grep -E '^[0-9]+ passed' "$out/test_cuda_gemm_i8.log" | tail -n1)" |
+        tee -a "$out/call.log"
+    grep -h "FAIL\|vs scalar cpu\|emulated vs\|  time " "$out/test_cuda_gemm_i8.log" | head -20 | tee -a "$out/call.log"
 }
 vary() {
     gpu_vary_args .devcarry/ab/vary
@@ -59,7 +68,8 @@ if [ -x build/mma_f16_probe ]; then
     tee -a "$out/call.log" < "$out/mma_f16_probe.log"
 fi
 case "$gpu" in *H200*) lines ;; esac
+gemm
 tst test_cuda_ops
 vary
-for t in test_cuda_model test_cuda_moe test_cuda_gemm_i8; do tst "$t"; done
+for t in test_cuda_model test_cuda_moe; do tst "$t"; done
 case "$gpu" in *H200*) ;; *) lines ;; esac

@@ -1623,9 +1623,10 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
         const char *g = getenv("SANCTUM_CUDA_GEMM");
         cb->di.gemm_fast = g && !strcmp(g, "fast");
-        /* [gemm_i8] SANCTUM_CUDA_GEMM=i8 (default: 3 digits) | i8fast (2 digits) | split | fast: the
-         * integer tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every weight */
-        cb->di.gemm_i8 = !g || !strcmp(g, "i8") ? 3 : !strcmp(g, "i8fast") ? 2 : 0;
+        /* [gemm_i8] SANCTUM_CUDA_GEMM=i8 (default: 3 digits) | i8fast (2 digits) | hilo (x as fp16
+         * hi + lo on the fp16 tensor cores, dense weights; MoE experts keep 3 digits) | split | fast:
+         * the tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every weight */
+        cb->di.gemm_i8 = !g || !strcmp(g, "i8") ? 3 : !strcmp(g, "i8fast") ? 2 : !strcmp(g, "hilo") ? 4 : 0;
         /* SANCTUM_CUDA_PDL=0|1|2 (checked above): which kernels may start before the previous
          * one ends; by default (2) those that prefetch weights (cuda_internal.h) */
         const char *p = getenv("SANCTUM_CUDA_PDL");

@@ -200,6 +200,67 @@ __device__ __forceinline__ void imma_u8_z(int (&d)[4], const uint32_t (&a)[4], u
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(z));
 }
 
+/* The grouped raster of a plain launch: I8_GT token blocks side by side,
+ * row blocks in turn, so the blocks resident at once share their weight
+ * tiles and x planes in L2. nrb / ntb: row / token blocks. */
+__device__ __forceinline__ void i8_raster(int64_t nrb, int64_t ntb, int64_t bid, int64_t &rb, int64_t &tb)
+{
+    const int64_t grp = bid / (nrb * I8_GT), loc = bid - grp * nrb * I8_GT;
+    const int64_t gsz = ntb - grp * I8_GT < I8_GT ? ntb - grp * I8_GT : I8_GT;
+    tb = grp * I8_GT + loc % gsz;
+    rb = loc / gsz;
+}
+
+/* A row's (scale, bias) pair as stored by the repack: bf16 or f16 halves */
+template <bool F16>
+__device__ __forceinline__ void i8_sb(uint32_t pr, float &s, float &b)
+{
+    if (!F16) {
+        s = __uint_as_float(pr << 16);
+        b = __uint_as_float(pr & 0xffff0000u);
+    } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&pr));
+        s = f.x;
+        b = f.y;
+    }
+}
+
+/* The 4-stage cp.async pipeline of 64-column blocks: the first stages'
+ * weights before the wait (they are constant), their activations after,
+ * then per block its wait, the refill of the slot freed by the block before
+ * and the block's two 32-column k-tiles. */
+template <typename LW, typename LX, typename KT>
+__device__ __forceinline__ void i8_pipeline(int KB, LW &&load_w, LX &&load_x, KT &&ktile)
+{
+#pragma unroll
+    for (int s = 0; s < I8_STAGES - 1; s++) {
+        if (s < KB)
+            load_w(s, s);
+        cp_commit();
+    }
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < I8_STAGES - 1; s++) {
+        if (s < KB)
+            load_x(s, s);
+        cp_commit();
+    }
+    for (int kb = 0; kb < KB; kb++) {
+        cp_wait<I8_STAGES - 2>();
+        __syncthreads(); /* stage kb landed for all; the slot refilled below is free */
+        {
+            const int kn = kb + I8_STAGES - 1;
+            if (kn < KB) {
+                load_w(kn, kn % I8_STAGES);
+                load_x(kn, kn % I8_STAGES);
+            }
+            cp_commit();
+        }
+        ktile(kb, 0);
+        ktile(kb, 1);
+    }
+}
+
 /* The expert-grouped form (MoE prefill): plane rows are token/expert pairs
  * sorted by expert, expert e's run [seg_off[e], seg_off[e] + cnt[e]);
  * blk_off[e] = token blocks before expert e's (prefix of ceil(cnt / BT)),
@@ -234,8 +295,6 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(i8_smem);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
     const int wm = warp / I8_WN, wn = warp % I8_WN;
-    /* grouped raster: I8_GT token blocks side by side, row blocks in turn, so
-     * the blocks resident at once share their weight tiles and x planes in L2 */
     int64_t rb, tb;
     int tbase = 0, tend = T; /* the block's plane rows lie in [tbase, tend) */
     const int KB = (int)(cols / 64);
@@ -261,11 +320,7 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         qr += (size_t)lo * MT * KB * 32;
         sr += (size_t)lo * MT * groups * 16;
     } else {
-        const int64_t nrb = (MT + I8_BMT - 1) / I8_BMT, ntb = (T + BT - 1) / BT, bid = blockIdx.x;
-        const int64_t grp = bid / (nrb * I8_GT), loc = bid - grp * nrb * I8_GT;
-        const int64_t gsz = ntb - grp * I8_GT < I8_GT ? ntb - grp * I8_GT : I8_GT;
-        tb = grp * I8_GT + loc % gsz;
-        rb = loc / gsz;
+        i8_raster((MT + I8_BMT - 1) / I8_BMT, (T + BT - 1) / BT, blockIdx.x, rb, tb);
     }
     const int64_t mt0 = rb * I8_BMT;
     const int t0 = tbase + (int)(tb * BT);
@@ -331,20 +386,6 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         }
     };
 
-    /* weights before the wait (they are constant), activations after */
-#pragma unroll
-    for (int s = 0; s < I8_STAGES - 1; s++) {
-        if (s < KB)
-            load_w(s, s);
-        cp_commit();
-    }
-    pdl_wait();
-#pragma unroll
-    for (int s = 0; s < I8_STAGES - 1; s++) {
-        if (s < KB)
-            load_x(s, s);
-        cp_commit();
-    }
 
     /* per lane: the plane row and 16-byte half its ldmatrix address names,
      * for each pair of n-tiles (lanes 0-7: tile 2p, k 0-15; 8-15: 2p, k
@@ -395,14 +436,7 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
             for (int h = 0; h < 2; h++) {
                 const uint32_t pr = Ss[m * 16 + gq + 8 * h];
                 float s, b;
-                if (!F16) {
-                    s = __uint_as_float(pr << 16);
-                    b = __uint_as_float(pr & 0xffff0000u);
-                } else {
-                    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&pr));
-                    s = f.x;
-                    b = f.y;
-                }
+                i8_sb<F16>(pr, s, b);
                 if (HI16 && h)
                     s = __fmul_rn(s, 0.0625f);
 #pragma unroll
@@ -476,20 +510,7 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
             flush(st, 0);
     };
 
-    for (int kb = 0; kb < KB; kb++) {
-        cp_wait<I8_STAGES - 2>();
-        __syncthreads(); /* stage kb landed for all; the slot refilled below is free */
-        {
-            const int kn = kb + I8_STAGES - 1;
-            if (kn < KB) {
-                load_w(kn, kn % I8_STAGES);
-                load_x(kn, kn % I8_STAGES);
-            }
-            cp_commit();
-        }
-        ktile(kb, 0);
-        ktile(kb, 1);
-    }
+    i8_pipeline(KB, load_w, load_x, ktile);
 
 #pragma unroll
     for (int m = 0; m < MTW; m++)
@@ -510,6 +531,362 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
                     }
                 }
         }
+}
+
+/* ---- The fp16 hi/lo form (gemm_i8 = 4; PERFORMANCE runs 46-47) ----
+ *
+ * The same repacked weights, on the fp16 tensor cores: x is scaled per
+ * token by a power of two 2^e (its largest |x| lands in [2^13, 2^14)) and
+ * split into fp16 hi = fp16(x 2^e) and lo = fp16(x 2^e - hi), 22 bits of
+ * each value; A is the weights' nibbles read as fp16 subnormals (the bits
+ * q are the value q 2^-24, 16 q for a high nibble: one AND a register, no
+ * conversion), B the hi and lo planes, and per quant group one fp32
+ * accumulator takes hi then lo for each 16 columns (mma.sync m16n8k16).
+ * Per (row, token, group) the epilogue is 2 FMAs (acc += s u; acc += b xs,
+ * xs = 2^-24 sum x 2^e) where the digit form spends 5, and the power of
+ * two 2^(24 - e) is applied once per output.
+ *
+ * Fragments: the repacked word W of lane (g, t) holds row g's columns
+ * 4t..4t+3 in its low nibbles (bytes 0..3) and row g+8's in the high ones.
+ * An m16n8k16 A register holds 2 halves; taking bytes {0, 2} for the k
+ * slots 2t, 2t+1 and bytes {1, 3} for 2t+8, 2t+9 gives
+ *   a0 = W & 0x000F000F, a1 = W & 0x00F000F0 (row g+8, 16 q),
+ *   a2 = (W >> 8) & 0x000F000F, a3 = (W >> 8) & 0x00F000F0,
+ * so B must hold x at columns (4t, 4t+2) in b0 and (4t+1, 4t+3) in b1: the
+ * staging stores each 16 columns as their 8 even columns, then the 8 odd
+ * ones, and one ldmatrix.x4 of a token tile gives b0, b1 for both 16-column
+ * halves of a 32-column k-tile.
+ *
+ * Block 256 rows x 64 tokens (8 warps of 64 x 32), 4-stage cp.async
+ * pipeline of 64-column blocks. Deterministic and batch invariant as the
+ * digit form (per output the same instruction sequence at any T; a token's
+ * scale depends on its own row only). Limits: |x| >= 2^114 overflows fp16
+ * (inf/NaN out), a token holding NaN/inf gives NaN for that token. */
+constexpr int HL_NTW = 4;                      /* 8-token tiles per warp */
+constexpr int HL_BT = I8_WN * HL_NTW * 8;      /* tokens per block */
+constexpr int HL_BROW = 144;                   /* bytes per staged x row: 64 halves + 16 (ldmatrix conflict-free) */
+constexpr int HL_A = I8_BMT * 512;
+constexpr int HL_B = 2 * HL_BT * HL_BROW;      /* hi then lo rows */
+constexpr int HL_S = 2 * I8_BMT * 16 * 4;
+constexpr int HL_C = 2 * HL_BT * 4;            /* xs per (group, token) */
+constexpr int HL_STAGE = HL_A + HL_B + HL_S + HL_C;
+constexpr int HL_SMEM = I8_STAGES * HL_STAGE;
+constexpr int HL_XTOP = 14;                    /* a token's largest |x| 2^e lies in [2^13, 2^14) */
+static_assert(HL_STAGE % 128 == 0, "stages stay aligned");
+
+/* scratch of the hi/lo form: planes [2][T][cols] halves, xs [groups][Tp]
+ * (Tp = T rounded up to 4: the GEMM copies xs in 4-token chunks), ts [T] */
+struct hl_scr {
+    size_t xs, ts, total;
+    int64_t Tp;
+};
+hl_scr hl_scr_of(const cu_weight *w, int T)
+{
+    hl_scr m;
+    m.Tp = ((int64_t)T + 3) / 4 * 4;
+    m.xs = ((size_t)4 * T * w->cols + 255) / 256 * 256;
+    m.ts = m.xs + ((size_t)w->groups * m.Tp * 4 + 255) / 256 * 256;
+    m.total = m.ts + (size_t)T * 4 + 256;
+    return m;
+}
+
+/* x -> hi/lo planes, per token (one block): the row's largest |x| sets e,
+ * then each thread splits 4 columns (16 consecutive columns stored as the
+ * evens, then the odds) and a group's lanes sum their x 2^e in a fixed
+ * tree. G: quant group (32, 64, 128). */
+template <int G>
+__global__ void __launch_bounds__(256) k_hl_stage(const float *__restrict__ x, int T, int64_t cols, int64_t Tp,
+                                                 __half *__restrict__ planes, float *__restrict__ xs,
+                                                 float *__restrict__ ts)
+{
+    pdl_enter();
+    constexpr int L = G / 4;
+    __shared__ float red[8];
+    __shared__ int redb[8];
+    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *xr = x + (size_t)t * cols;
+    const int64_t n4 = cols / 4;
+    float mx = 0.f;
+    int bad = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        mx = fmaxf(mx, fabsf(xr[c]));
+        bad |= !isfinite(xr[c]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+    }
+    if (lane == 0) {
+        red[warp] = mx;
+        redb[warp] = bad;
+    }
+    __syncthreads();
+    mx = 0.f;
+    bad = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        mx = fmaxf(mx, red[i]);
+        bad |= redb[i];
+    }
+    int e2 = 0;
+    if (mx > 0.f && !bad) {
+        int e;
+        frexpf(mx, &e); /* mx < 2^e */
+        e2 = max(-100, min(100, HL_XTOP - e));
+    }
+    const float sc = __int_as_float((127 + e2) << 23);
+    if (threadIdx.x == 0)
+        ts[t] = __int_as_float((127 + 24 - e2) << 23); /* 2^(24 - e), a normal float for |e| <= 100 */
+    __half *hi = planes + (size_t)t * cols, *lo = planes + ((size_t)T + t) * cols;
+    /* warp-uniform trip count: every lane takes part in the shuffles */
+    for (int64_t q0 = 0; q0 < n4; q0 += blockDim.x) {
+        const int64_t q = q0 + threadIdx.x;
+        const bool live = q < n4;
+        __half h[4], l[4];
+        float s[4], sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            s[j] = live ? xr[4 * q + j] * sc : 0.f; /* exact: a power of two */
+            h[j] = __float2half_rn(s[j]);
+            l[j] = __float2half_rn(s[j] - __half2float(h[j])); /* the difference is exact */
+            sum += s[j];
+        }
+#pragma unroll
+        for (int o = 1; o < L; o <<= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (live) {
+            /* columns c0..c0+3 (c0 = 4q): evens at c16 + (c0 % 16) / 2, odds 8 further */
+            const int64_t c0 = 4 * q, base = c0 & ~(int64_t)15, ev = base + (c0 & 15) / 2, od = ev + 8;
+            *(__half2 *)(hi + ev) = __halves2half2(h[0], h[2]);
+            *(__half2 *)(hi + od) = __halves2half2(h[1], h[3]);
+            *(__half2 *)(lo + ev) = __halves2half2(l[0], l[2]);
+            *(__half2 *)(lo + od) = __halves2half2(l[1], l[3]);
+            if (lane % L == 0)
+                xs[(size_t)(c0 / G) * Tp + t] = bad ? __int_as_float(0x7fc00000) : __fmul_rn(sum, 5.9604645e-8f); /* 2^-24 */
+        }
+    }
+}
+
+__device__ __forceinline__ void hmma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                     uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+/* a quant group's first MMA: C = 0, so the accumulators need no reset */
+__device__ __forceinline__ void hmma_z(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
+}
+
+/* GS: 32-column k-tiles per quant group (1, 2, 4); F16: f16 scale pairs */
+template <int GS, bool F16>
+__global__ void __launch_bounds__(I8_THREADS, 1)
+k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const float *__restrict__ bias, int64_t rows,
+          int64_t MT, int64_t cols, int64_t groups, const __half *__restrict__ planes, const float *__restrict__ xs,
+          int64_t Tp, const float *__restrict__ ts, int T, float *__restrict__ y)
+{
+    constexpr int SUB = GS == 1 ? 2 : 1, NTW = HL_NTW, BT = HL_BT, MTW = I8_MTW;
+    pdl_launch();
+    extern __shared__ __align__(128) unsigned char hl_smem[];
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(hl_smem);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
+    const int wm = warp / I8_WN, wn = warp % I8_WN;
+    const int KB = (int)(cols / 64);
+    int64_t rb, tb;
+    i8_raster((MT + I8_BMT - 1) / I8_BMT, (T + BT - 1) / BT, blockIdx.x, rb, tb);
+    const int64_t mt0 = rb * I8_BMT;
+    const int t0 = (int)(tb * BT);
+
+    /* copy sources for k-block 0: A tiles as the digit form; hi and lo rows
+     * (128 bytes a token and k-block, 8 chunks); scale pairs; xs in 4-token
+     * chunks (Tp covers the last chunk) */
+    constexpr int NA = I8_BMT * 32 / I8_THREADS, NB = 2 * BT * 8 / I8_THREADS;
+    static_assert(2 * BT * 8 % I8_THREADS == 0, "B chunks split evenly");
+    static_assert(SUB * I8_BMT * 4 <= I8_THREADS && SUB * BT / 4 <= I8_THREADS, "one chunk per thread at most");
+    const uint4 *srcA[NA];
+    bool okA[NA];
+#pragma unroll
+    for (int r = 0; r < NA; r++) {
+        const int i = tid + r * I8_THREADS;
+        const int64_t mt = mt0 + (i >> 5);
+        okA[r] = mt < MT;
+        srcA[r] = qr + (okA[r] ? mt * KB * 32 + (i & 31) : 0);
+    }
+    const __half *srcB[NB];
+    bool okB[NB];
+#pragma unroll
+    for (int r = 0; r < NB; r++) {
+        const int i = tid + r * I8_THREADS, row = i >> 3, c = i & 7, p = row / BT, t = t0 + row % BT;
+        okB[r] = t < T;
+        srcB[r] = planes + (okB[r] ? ((size_t)p * T + t) * cols + c * 8 : 0);
+    }
+    const bool hasS = tid < SUB * I8_BMT * 4;
+    const int subS = tid / (I8_BMT * 4);
+    const bool okS = hasS && mt0 + (tid / 4) % I8_BMT < MT;
+    const uint32_t *srcS = sr + (okS ? (mt0 + (tid / 4) % I8_BMT) * groups * 16 + 4 * (tid & 3) : 0);
+    const bool hasC = tid < SUB * BT / 4;
+    const int subC = tid / (BT / 4);
+    const bool okC = hasC && t0 + 4 * (tid % (BT / 4)) < T;
+    const float *srcC = xs + (okC ? t0 + 4 * (tid % (BT / 4)) : 0);
+
+    auto load_w = [&](int kb, int slot) {
+        const uint32_t st = sbase + slot * HL_STAGE;
+#pragma unroll
+        for (int r = 0; r < NA; r++)
+            cp16(st + (tid + r * I8_THREADS) * 16, srcA[r] + (okA[r] ? kb * 32 : 0), okA[r]);
+        if ((GS < 4 || (kb & 1)) && hasS) {
+            const int64_t g = (kb * 2 + subS) / GS;
+            cp16(st + HL_A + HL_B + tid * 16, srcS + (okS ? g * 16 : 0), okS);
+        }
+    };
+    auto load_x = [&](int kb, int slot) {
+        const uint32_t st = sbase + slot * HL_STAGE;
+#pragma unroll
+        for (int r = 0; r < NB; r++) {
+            const int i = tid + r * I8_THREADS;
+            cp16(st + HL_A + (i >> 3) * HL_BROW + (i & 7) * 16, srcB[r] + (okB[r] ? kb * 64 : 0), okB[r]);
+        }
+        if ((GS < 4 || (kb & 1)) && hasC) {
+            const int64_t g = (kb * 2 + subC) / GS;
+            cp16(st + HL_A + HL_B + HL_S + tid * 16, srcC + (okC ? g * Tp : 0), okC);
+        }
+    };
+
+
+    /* per lane: its ldmatrix row address of token tile j, plane p (lanes
+     * 8 i + r: token r of the tile, 16-byte chunk i of the k-tile) */
+    uint32_t boff[2][NTW];
+#pragma unroll
+    for (int p = 0; p < 2; p++)
+#pragma unroll
+        for (int j = 0; j < NTW; j++)
+            boff[p][j] = HL_A + (p * BT + wn * NTW * 8 + j * 8 + (lane & 7)) * HL_BROW + (lane >> 3) * 16;
+
+    float acc_u[MTW][NTW][4], acc[MTW][NTW][4];
+#pragma unroll
+    for (int m = 0; m < MTW; m++)
+#pragma unroll
+        for (int j = 0; j < NTW; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                acc_u[m][j][i] = 0.f;
+                acc[m][j][i] = 0.f;
+            }
+
+    /* end of a quant group: acc += s u + b xs */
+    auto flush = [&](const unsigned char *st, int sub) {
+        const uint32_t *Ss = (const uint32_t *)(st + HL_A + HL_B) + (sub * I8_BMT + wm * MTW) * 16;
+        const float *Cs = (const float *)(st + HL_A + HL_B + HL_S) + sub * BT + wn * NTW * 8 + 2 * tq;
+        float2 xv[NTW];
+#pragma unroll
+        for (int j = 0; j < NTW; j++)
+            xv[j] = *(const float2 *)(Cs + j * 8);
+#pragma unroll
+        for (int m = 0; m < MTW; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t pr = Ss[m * 16 + gq + 8 * h];
+                float s, b;
+                i8_sb<F16>(pr, s, b);
+                if (h)
+                    s = __fmul_rn(s, 0.0625f); /* rows g+8 summed 16 q */
+#pragma unroll
+                for (int j = 0; j < NTW; j++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int i = 2 * h + c;
+                        acc[m][j][i] = __fmaf_rn(s, acc_u[m][j][i], acc[m][j][i]);
+                        acc[m][j][i] = __fmaf_rn(b, c ? xv[j].y : xv[j].x, acc[m][j][i]);
+                    }
+            }
+    };
+
+    auto ktile = [&](int kb, int kt) {
+        const int slot = kb % I8_STAGES;
+        const unsigned char *st = hl_smem + slot * HL_STAGE;
+        const uint32_t stb = sbase + slot * HL_STAGE;
+        uint32_t b[2][NTW][4];
+#pragma unroll
+        for (int p = 0; p < 2; p++)
+#pragma unroll
+            for (int j = 0; j < NTW; j++)
+                cu_ldsm_x4(b[p][j], stb + boff[p][j] + kt * 64);
+        const bool z = GS == 1 || (GS == 2 ? kt == 0 : (kt == 0 && !(kb & 1))); /* the group's first k-tile */
+#pragma unroll
+        for (int m = 0; m < MTW; m++) {
+            const uint2 W = ((const uint2 *)st)[((wm * MTW + m) * 32 + lane) * 2 + kt];
+            const uint32_t xh = W.x >> 8, yh = W.y >> 8;
+            const uint32_t a[2][4] = { { W.x & 0x000F000Fu, W.x & 0x00F000F0u, xh & 0x000F000Fu, xh & 0x00F000F0u },
+                                       { W.y & 0x000F000Fu, W.y & 0x00F000F0u, yh & 0x000F000Fu, yh & 0x00F000F0u } };
+#pragma unroll
+            for (int j = 0; j < NTW; j++) {
+                float(&d)[4] = acc_u[m][j];
+                /* columns 0-15 of the k-tile: hi, then lo; then 16-31 */
+                if (z)
+                    hmma_z(d, a[0][0], a[0][1], a[0][2], a[0][3], b[0][j][0], b[0][j][1]);
+                else
+                    hmma(d, a[0][0], a[0][1], a[0][2], a[0][3], b[0][j][0], b[0][j][1]);
+                hmma(d, a[0][0], a[0][1], a[0][2], a[0][3], b[1][j][0], b[1][j][1]);
+                hmma(d, a[1][0], a[1][1], a[1][2], a[1][3], b[0][j][2], b[0][j][3]);
+                hmma(d, a[1][0], a[1][1], a[1][2], a[1][3], b[1][j][2], b[1][j][3]);
+            }
+        }
+        if (GS == 1)
+            flush(st, kt);
+        else if (GS == 2 ? kt == 1 : (kt == 1 && (kb & 1)))
+            flush(st, 0);
+    };
+
+    i8_pipeline(KB, load_w, load_x, ktile);
+
+#pragma unroll
+    for (int j = 0; j < NTW; j++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int t = t0 + (wn * NTW + j) * 8 + 2 * tq + c;
+            if (t >= T)
+                continue;
+            const float tsv = __ldg(ts + t);
+#pragma unroll
+            for (int m = 0; m < MTW; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int64_t r = (mt0 + wm * MTW + m) * 16 + gq + 8 * h;
+                    if (r >= rows)
+                        continue;
+                    const float v = __fmul_rn(acc[m][j][2 * h + c], tsv);
+                    y[(size_t)t * rows + r] = bias ? __fadd_rn(v, __ldg(bias + r)) : v;
+                }
+        }
+}
+
+template <int GS>
+sn_status hl_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, float *y, void *scratch, bool staged)
+{
+    const hl_scr m = hl_scr_of(w, T);
+    __half *planes = (__half *)scratch;
+    float *xs = (float *)((char *)scratch + m.xs), *ts = (float *)((char *)scratch + m.ts);
+    if (!staged) {
+        (void)cu_launch(k_hl_stage<32 * GS>, dim3((unsigned)T), dim3(256), 0, s, x, T, (int64_t)w->cols, m.Tp, planes,
+                        xs, ts);
+        CU_CHECK_LAUNCH("matmul gemm hi/lo stage");
+    }
+    const int64_t nblk = (w->mt + I8_BMT - 1) / I8_BMT * ((T + HL_BT - 1) / HL_BT);
+    if (nblk > INT32_MAX)
+        return SN_FAIL(SN_E_UNSUPPORTED, "matmul gemm hi/lo: %lld blocks", (long long)nblk);
+    auto kern = w->sfmt != CS_BF16 ? k_gemm_hl<GS, true> : k_gemm_hl<GS, false>;
+    (void)cu_launch_w(w->bits, w->rows * w->words * 4, kern, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)HL_SMEM, s,
+                      (const uint4 *)w->qr, (const uint32_t *)w->sr, (const float *)w->bias, (int64_t)w->rows,
+                      (int64_t)w->mt, (int64_t)w->cols, (int64_t)w->groups, (const __half *)planes, (const float *)xs,
+                      m.Tp, (const float *)ts, T, y);
+    CU_CHECK_LAUNCH("matmul gemm hi/lo");
+    return SN_OK;
 }
 
 size_t planes_bytes(const cu_weight *w, int T, int D)
@@ -643,6 +1020,12 @@ sn_status cu_gemm_i8_init(const cu_devinfo *di)
     SN_TRY(i8_smem(k_gemm_i8<2, 4, false, true>, i8cfg<2>::SMEM, di));
     SN_TRY(i8_smem(k_gemm_i8<2, 4, true, false>, i8cfg<2>::SMEM, di));
     SN_TRY(i8_smem(k_gemm_i8<2, 4, true, true>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, false>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, true>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, false>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, true>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, false>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, true>, HL_SMEM, di));
     return SN_OK;
 }
 
@@ -650,6 +1033,8 @@ size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits)
 {
     if (T <= 0)
         return 0;
+    if (digits == 4)
+        return hl_scr_of(w, T).total;
     const int D = digits == 2 ? 2 : 3;
     return planes_bytes(w, T, D) + (size_t)w->groups * T * sizeof(float4) + 256;
 }
@@ -663,6 +1048,13 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
     if (!cu_repacked_plain(w) || w->cols % 64 || (w->group != 32 && w->group != 64 && w->group != 128) ||
         w->sfmt == CS_F32)
         return SN_FAIL(SN_E_INVALID, "matmul gemm i8: weight is not a repacked Q4 matrix");
+    if (digits == 4) {
+        switch (w->group) {
+        case 32: return hl_launch<1>(s, w, x, T, y, scratch, staged);
+        case 64: return hl_launch<2>(s, w, x, T, y, scratch, staged);
+        default: return hl_launch<4>(s, w, x, T, y, scratch, staged);
+        }
+    }
     return i8_dispatch(digits, w->group, [&](auto D, auto GS) {
         return i8_launch<decltype(D)::value, decltype(GS)::value>(s, w, x, T, y, scratch, staged);
     });

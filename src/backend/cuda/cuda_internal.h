@@ -239,7 +239,8 @@ typedef struct {
     float *gk_part;       /* stream-K partial tiles and per-tile counters (cu_matmul_buffers) */
     int *gk_cnt;
     int *gv_pool;         /* k_gemv's pool counter pair (gemv_seg.pool), zero between launches */
-    int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4 on the integer tensor cores: 3 digits (default), 2 (fast), 0 off */
+    int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4 on the integer tensor cores: 3 digits (default), 2 (fast),
+                           * 4 x as fp16 hi + lo on the fp16 ones (dense weights; MoE stacks take 3), 0 off */
 } cu_devinfo;
 
 /* ---- optional cuBLAS (cuda_blas.cu), loaded with dlopen ---- */
@@ -260,8 +261,10 @@ sn_status cu_repack_q4(cudaStream_t s, cu_weight *w, size_t *bytes);
 /* [gemm_i8] Prefill GEMM (T >= 9) of a repacked Q4 weight (w->qr) on the
  * integer tensor cores (cuda_gemm_i8.cu): x split per (token, quant group)
  * into `digits` 8-bit digit planes (3: 24-bit x, fp32-class; 2: 16-bit x),
- * exact int32 MMAs, per-group fp32 scaling. Deterministic, and a token's
- * row does not depend on T. scratch: cu_gemm_i8_scratch_bytes(w, T, digits). */
+ * exact int32 MMAs, per-group fp32 scaling; digits 4: x per token as fp16
+ * hi + lo on the fp16 tensor cores (22 bits a value, fp32 accumulation).
+ * Deterministic, and a token's row does not depend on T. scratch:
+ * cu_gemm_i8_scratch_bytes(w, T, digits). */
 sn_status cu_gemm_i8_init(const cu_devinfo *di); /* from cu_matmul_init: shared memory limits */
 size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits);
 /* staged: scratch already holds this x's planes (the previous call's, same

@@ -118,8 +118,10 @@ sn_status sn_cuda_gemv_pool(sn_backend *be, long launches[2], int counters[4]);
  * 32+ tokens as expert-grouped GEMMs (1, default) or per-token GEMVs (0);
  * [gemm_i8] "gemm_i8" = prefill GEMMs (T >= 9) of repacked Q4 weights on the
  * integer tensor cores with x as 3 byte digits (3, default: fp32-class), 2
- * digits (2: 16-bit x) or not at all (0: the fp16 GEMMs above); env at
- * creation SANCTUM_CUDA_GEMM=i8 | i8fast | split | fast (the last two: 0). */
+ * digits (2: 16-bit x), x as fp16 hi + lo parts on the fp16 tensor cores
+ * (4: dense weights only, MoE stacks take 3) or not at all (0: the fp16
+ * GEMMs above); env at creation SANCTUM_CUDA_GEMM=i8 | i8fast | hilo |
+ * split | fast (the last two: 0). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
 /* The optional table entries argmax, sample, moe, begin_step and end_step of
