@@ -4,10 +4,12 @@
 # here: the record pack (bench/gpu_record.sh pack: .devcarry/lead) and the A/B
 # pack (bench/gpu_ab.sh pack: .devcarry/ab, whose VARY and CTX it uses).
 # Steps, most important first:
-#   lines  main's bench_cuda lines for both models at 4096 tokens (lead pack);
-#          first on an H200 (the targets are set there), last on an H100
 #   gemm   the change's test_cuda_gemm_i8 with each prefill GEMM form timed
-#          alone on the 27B's shapes (SANCTUM_TEST_GEMM_I8_TIME=1)
+#          alone on the 27B's shapes (SANCTUM_TEST_GEMM_I8_TIME=1; half a
+#          minute); if it fails, the lines leave the hi/lo prefill out
+#   lines  main's bench_cuda lines for both models at 4096 tokens (lead pack);
+#          on an H200 right after gemm (the targets are set there), last on
+#          an H100
 #   ops    the change's test_cuda_ops (A/B pack)
 #   vary   the change's bench_cuda --vary of every VARY entry, per A/B config
 #   tests  the change's test_cuda_model, test_cuda_moe
@@ -48,7 +50,9 @@ tst() {
 # the prefill GEMMs: correctness, then each form timed alone on the 27B's shapes at T = 4096
 gemm() {
     SANCTUM_TEST_GEMM_I8_TIME=1 timeout 200 "$A/test_cuda_gemm_i8" > "$out/test_cuda_gemm_i8.log" 2>&1
-    echo "test_cuda_gemm_i8 rc=$? $(grep -E '^[0-9]+ passed' "$out/test_cuda_gemm_i8.log" | tail -n1)" |
+    local rc=$?
+    [ $rc -eq 0 ] || export SANCTUM_BENCH_HILO=0 # the lines then leave the hi/lo prefill out
+    echo "test_cuda_gemm_i8 rc=$rc $(grep -E '^[0-9]+ passed' "$out/test_cuda_gemm_i8.log" | tail -n1)" |
         tee -a "$out/call.log"
     grep -h "FAIL\|vs scalar cpu\|emulated vs\|  time " "$out/test_cuda_gemm_i8.log" | head -20 | tee -a "$out/call.log"
 }
@@ -67,8 +71,8 @@ if [ -x build/mma_f16_probe ]; then
     echo "mma_f16_probe rc=$?" | tee -a "$out/call.log"
     tee -a "$out/call.log" < "$out/mma_f16_probe.log"
 fi
-case "$gpu" in *H200*) lines ;; esac
 gemm
+case "$gpu" in *H200*) lines ;; esac
 tst test_cuda_ops
 vary
 for t in test_cuda_model test_cuda_moe; do tst "$t"; done
