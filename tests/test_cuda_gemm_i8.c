@@ -519,7 +519,19 @@ static void emu_hmma(float (*d)[4], const uint32_t (*a)[4], const uint32_t *b0, 
     }
 }
 
-static float *emu_gemm_hl(const hq4 *w, const float *x, int T)
+/* two nibbles (mask 0x000F000F or 0x00F000F0) as the kernel's fp16 pair: their bits as subnormals (sub), or
+ * 1024 + q less 1024 (exact in fp16 either way) */
+static uint32_t emu_nib(uint32_t v, uint32_t mask, int sub)
+{
+    if (sub) return v & mask;
+    const uint32_t h = (v & mask) | 0x64006400u;
+    const uint32_t lo = sn_f32_to_f16(sn_f16_to_f32((uint16_t)(h & 0xffff)) - 1024.f);
+    const uint32_t hi = sn_f32_to_f16(sn_f16_to_f32((uint16_t)(h >> 16)) - 1024.f);
+    return lo | hi << 16;
+}
+
+/* sub: tune gemm_hl_sub (the nibbles as subnormals, or by the magic number) */
+static float *emu_gemm_hl(const hq4 *w, const float *x, int T, int sub)
 {
     const int G = w->group, GS = G / 32;
     const int64_t cols = w->cols, rows = w->rows, groups = cols / G, KB = cols / 64;
@@ -560,10 +572,10 @@ static float *emu_gemm_hl(const hq4 *w, const float *x, int T)
                             for (int l = 0; l < 32; l++)
                                 for (int h = 0; h < 2; h++) {
                                     const uint32_t W = qr[((mt * KB + kb) * 32 + l) * 4 + 2 * kt + h], Wh = W >> 8;
-                                    a[h][l][0] = W & 0x000F000Fu;
-                                    a[h][l][1] = W & 0x00F000F0u;
-                                    a[h][l][2] = Wh & 0x000F000Fu;
-                                    a[h][l][3] = Wh & 0x00F000F0u;
+                                    a[h][l][0] = emu_nib(W, 0x000F000Fu, sub);
+                                    a[h][l][1] = emu_nib(W, 0x00F000F0u, sub);
+                                    a[h][l][2] = emu_nib(Wh, 0x000F000Fu, sub);
+                                    a[h][l][3] = emu_nib(Wh, 0x00F000F0u, sub);
                                 }
                             const int z = GS == 1 || (GS == 2 ? kt == 0 : (kt == 0 && !(kb & 1)));
                             emu_hmma(u, (const uint32_t (*)[4])a[0], b[0][0], b[0][1], z);
@@ -587,6 +599,7 @@ static float *emu_gemm_hl(const hq4 *w, const float *x, int T)
                                         bb = sn_f16_to_f32((uint16_t)(pr >> 16));
                                     }
                                     if (i >= 2) s = s * 0.0625f;
+                                    if (!sub) s = s * 0x1p-24f;
                                     const float xv = t < T ? xs[(size_t)grp * T + t] : 0.f;
                                     acc[l][i] = fmaf(s, u[l][i], acc[l][i]);
                                     acc[l][i] = fmaf(bb, xv, acc[l][i]);
@@ -667,12 +680,14 @@ static void test_emulated(void)
                    (long long)c->rows, (long long)c->cols, c->group, c->f16 ? "f16" : "bf16", c->T, c->xkind, e, tol);
             free(y);
         }
-        float *yh = emu_gemm_hl(&w, x, c->T);
-        const double eh = rel_err(yh, ref, (size_t)c->T * c->rows);
-        if (eh > worst_hl) worst_hl = eh;
-        CHECKF(eh <= 1e-6, "emulated hi/lo rows=%lld cols=%lld g=%d %s T=%d x%d: rel %.3g > 1e-6", (long long)c->rows,
-               (long long)c->cols, c->group, c->f16 ? "f16" : "bf16", c->T, c->xkind, eh);
-        free(yh);
+        for (int sub = 1; sub >= 0; sub--) {
+            float *yh = emu_gemm_hl(&w, x, c->T, sub);
+            const double eh = rel_err(yh, ref, (size_t)c->T * c->rows);
+            if (eh > worst_hl) worst_hl = eh;
+            CHECKF(eh <= 1e-6, "emulated hi/lo (sub %d) rows=%lld cols=%lld g=%d %s T=%d x%d: rel %.3g > 1e-6", sub,
+                   (long long)c->rows, (long long)c->cols, c->group, c->f16 ? "f16" : "bf16", c->T, c->xkind, eh);
+            free(yh);
+        }
         free(x);
         free(ref);
         hq4_free(&w);
@@ -753,7 +768,7 @@ static void gpu_case(const gcase *c, int with_emu)
         free(y2);
         if (with_emu && D == 4) {
             /* the tensor cores' fp32 accumulation is not the emulation's model: close, not bitwise */
-            float *ye = emu_gemm_hl(&w, x, c->T);
+            float *ye = emu_gemm_hl(&w, x, c->T, 1);
             double *yd = malloc(sizeof(double) * n);
             for (size_t i = 0; i < n; i++) yd[i] = ye[i];
             const double ee = rel_err(y, yd, n);
@@ -769,6 +784,21 @@ static void gpu_case(const gcase *c, int with_emu)
                    "(first: token %zu row %zu, %.9g vs %.9g)", D, (long long)c->rows, (long long)c->cols, c->group,
                    c->T, nd, n, f / (size_t)c->rows, f % (size_t)c->rows, nd ? y[f] : 0.0, nd ? ye[f] : 0.0);
             free(ye);
+        }
+        if (D == 4) {
+            /* the magic-number form of the nibbles: the same products, so the same bits if the tensor cores take
+             * subnormal inputs as they are (a difference here says they flush them) */
+            CHECK_OK(sn_cuda_tune(G, "gemm_hl_sub", 0));
+            float *ym = gpu_mm(&wg, dx, c->T, 4);
+            CHECK_OK(sn_cuda_tune(G, "gemm_hl_sub", 1));
+            const double em = rel_err(ym, cd, n);
+            if (em > worst_gpu[0]) worst_gpu[0] = em;
+            CHECKF(em <= tol, "gpu hi/lo (magic-number nibbles) rows=%lld cols=%lld g=%d T=%d vs cpu: rel %.3g > %.3g",
+                   (long long)c->rows, (long long)c->cols, c->group, c->T, em, tol);
+            const size_t nd = n_diff(y, ym, n);
+            if (nd) fprintf(stderr, "  hi/lo: subnormal and magic-number nibbles differ in %zu of %zu outputs "
+                            "(rows=%lld T=%d)\n", nd, n, (long long)c->rows, c->T);
+            free(ym);
         }
         /* row invariance: tokens [t0, t0 + 9) alone give the same bits */
         if (c->T >= 18) {
@@ -907,16 +937,17 @@ static void time_gemm(void)
         CHECK_OK(G->ops->buf_alloc(G, sizeof(float) * (size_t)T * w.rows, &p));
         dy = p;
         fprintf(stderr, "  time %5lld x %5lld, T=%d:", (long long)w.rows, (long long)w.cols, T);
-        static const int modes[4] = { 3, 2, 4, 0 };
-        for (int mi = 0; mi < 4; mi++) {
+        static const int modes[5] = { 3, 2, 4, 4, 0 }; /* the second 4: the magic-number nibbles */
+        for (int mi = 0; mi < 5; mi++) {
             CHECK_OK(sn_cuda_tune(G, "gemm_i8", modes[mi]));
+            CHECK_OK(sn_cuda_tune(G, "gemm_hl_sub", mi != 3));
             CHECK_OK(G->ops->matmul(G, &wg, 0, dx, T, dy)); /* warm-up (scratch growth) */
             CHECK_OK(G->ops->sync(G));
             double t0 = now_s();
             for (int r = 0; r < reps; r++) CHECK_OK(G->ops->matmul(G, &wg, 0, dx, T, dy));
             CHECK_OK(G->ops->sync(G));
             double dt = (now_s() - t0) / reps;
-            fprintf(stderr, "  %s %.3f ms %.0f TFLOP/s", modes[mi] == 3 ? "i8" : modes[mi] == 2 ? "i8fast" : modes[mi] == 4 ? "hilo" : "split",
+            fprintf(stderr, "  %s %.3f ms %.0f TFLOP/s", modes[mi] == 3 ? "i8" : modes[mi] == 2 ? "i8fast" : mi == 2 ? "hilo" : mi == 3 ? "hilo-magic" : "split",
                     dt * 1e3, 2.0 * w.rows * w.cols * T / dt / 1e12);
         }
         fprintf(stderr, "\n");

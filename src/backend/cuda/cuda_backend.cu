@@ -1627,6 +1627,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
          * hi + lo on the fp16 tensor cores, dense weights; MoE experts keep 3 digits) | split | fast:
          * the tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every weight */
         cb->di.gemm_i8 = !g || !strcmp(g, "i8") ? 3 : !strcmp(g, "i8fast") ? 2 : !strcmp(g, "hilo") ? 4 : 0;
+        cb->di.gemm_hl_sub = 1;
         /* SANCTUM_CUDA_PDL=0|1|2 (checked above): which kernels may start before the previous
          * one ends; by default (2) those that prefetch weights (cuda_internal.h) */
         const char *p = getenv("SANCTUM_CUDA_PDL");

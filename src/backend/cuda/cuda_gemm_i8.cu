@@ -540,7 +540,9 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
  * split into fp16 hi = fp16(x 2^e) and lo = fp16(x 2^e - hi), 22 bits of
  * each value; A is the weights' nibbles read as fp16 subnormals (the bits
  * q are the value q 2^-24, 16 q for a high nibble: one AND a register, no
- * conversion), B the hi and lo planes, and per quant group one fp32
+ * conversion; tune gemm_hl_sub=0: the magic-number form, 1024 + q as a
+ * normal fp16 less 1024, one HSUB2 more a register, in case the tensor
+ * cores flush subnormal inputs), B the hi and lo planes, and per quant group one fp32
  * accumulator takes hi then lo for each 16 columns (mma.sync m16n8k16).
  * Per (row, token, group) the epilogue is 2 FMAs (acc += s u; acc += b xs,
  * xs = 2^-24 sum x 2^e) where the digit form spends 5, and the power of
@@ -675,6 +677,18 @@ __device__ __forceinline__ void hmma(float (&d)[4], uint32_t a0, uint32_t a1, ui
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+/* Two nibbles of a repacked word (mask 0x000F000F or 0x00F000F0) as an
+ * fp16 pair: their bits as subnormals (q 2^-24), or 1024 + q less 1024 */
+template <bool SUBN>
+__device__ __forceinline__ uint32_t hl_nib(uint32_t v, uint32_t mask)
+{
+    if (SUBN)
+        return v & mask;
+    const uint32_t h = (v & mask) | 0x64006400u;
+    const __half2 r = __hsub2(*reinterpret_cast<const __half2 *>(&h), __half2half2(__ushort_as_half(0x6400u)));
+    return *reinterpret_cast<const uint32_t *>(&r);
+}
+
 /* a quant group's first MMA: C = 0, so the accumulators need no reset */
 __device__ __forceinline__ void hmma_z(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                        uint32_t b1)
@@ -684,8 +698,9 @@ __device__ __forceinline__ void hmma_z(float (&d)[4], uint32_t a0, uint32_t a1, 
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.f));
 }
 
-/* GS: 32-column k-tiles per quant group (1, 2, 4); F16: f16 scale pairs */
-template <int GS, bool F16>
+/* GS: 32-column k-tiles per quant group (1, 2, 4); F16: f16 scale pairs;
+ * SUBN: the nibbles as fp16 subnormals (else 1024 + q less 1024) */
+template <int GS, bool F16, bool SUBN>
 __global__ void __launch_bounds__(I8_THREADS, 1)
 k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const float *__restrict__ bias, int64_t rows,
           int64_t MT, int64_t cols, int64_t groups, const __half *__restrict__ planes, const float *__restrict__ xs,
@@ -796,6 +811,8 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
                 i8_sb<F16>(pr, s, b);
                 if (h)
                     s = __fmul_rn(s, 0.0625f); /* rows g+8 summed 16 q */
+                if (!SUBN)
+                    s = __fmul_rn(s, 5.9604645e-8f); /* q, not q 2^-24: 2^-24 */
 #pragma unroll
                 for (int j = 0; j < NTW; j++)
 #pragma unroll
@@ -822,8 +839,10 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         for (int m = 0; m < MTW; m++) {
             const uint2 W = ((const uint2 *)st)[((wm * MTW + m) * 32 + lane) * 2 + kt];
             const uint32_t xh = W.x >> 8, yh = W.y >> 8;
-            const uint32_t a[2][4] = { { W.x & 0x000F000Fu, W.x & 0x00F000F0u, xh & 0x000F000Fu, xh & 0x00F000F0u },
-                                       { W.y & 0x000F000Fu, W.y & 0x00F000F0u, yh & 0x000F000Fu, yh & 0x00F000F0u } };
+            const uint32_t a[2][4] = { { hl_nib<SUBN>(W.x, 0x000F000Fu), hl_nib<SUBN>(W.x, 0x00F000F0u),
+                                         hl_nib<SUBN>(xh, 0x000F000Fu), hl_nib<SUBN>(xh, 0x00F000F0u) },
+                                       { hl_nib<SUBN>(W.y, 0x000F000Fu), hl_nib<SUBN>(W.y, 0x00F000F0u),
+                                         hl_nib<SUBN>(yh, 0x000F000Fu), hl_nib<SUBN>(yh, 0x00F000F0u) } };
 #pragma unroll
             for (int j = 0; j < NTW; j++) {
                 float(&d)[4] = acc_u[m][j];
@@ -867,7 +886,8 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
 }
 
 template <int GS>
-sn_status hl_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, float *y, void *scratch, bool staged)
+sn_status hl_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, float *y, void *scratch, bool staged,
+                    bool sub)
 {
     const hl_scr m = hl_scr_of(w, T);
     __half *planes = (__half *)scratch;
@@ -880,7 +900,8 @@ sn_status hl_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, f
     const int64_t nblk = (w->mt + I8_BMT - 1) / I8_BMT * ((T + HL_BT - 1) / HL_BT);
     if (nblk > INT32_MAX)
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul gemm hi/lo: %lld blocks", (long long)nblk);
-    auto kern = w->sfmt != CS_BF16 ? k_gemm_hl<GS, true> : k_gemm_hl<GS, false>;
+    auto kern = w->sfmt != CS_BF16 ? (sub ? k_gemm_hl<GS, true, true> : k_gemm_hl<GS, true, false>)
+                                   : (sub ? k_gemm_hl<GS, false, true> : k_gemm_hl<GS, false, false>);
     (void)cu_launch_w(w->bits, w->rows * w->words * 4, kern, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)HL_SMEM, s,
                       (const uint4 *)w->qr, (const uint32_t *)w->sr, (const float *)w->bias, (int64_t)w->rows,
                       (int64_t)w->mt, (int64_t)w->cols, (int64_t)w->groups, (const __half *)planes, (const float *)xs,
@@ -1020,12 +1041,18 @@ sn_status cu_gemm_i8_init(const cu_devinfo *di)
     SN_TRY(i8_smem(k_gemm_i8<2, 4, false, true>, i8cfg<2>::SMEM, di));
     SN_TRY(i8_smem(k_gemm_i8<2, 4, true, false>, i8cfg<2>::SMEM, di));
     SN_TRY(i8_smem(k_gemm_i8<2, 4, true, true>, i8cfg<2>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<1, false>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<1, true>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<2, false>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<2, true>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<4, false>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<4, true>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, false, true>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, false, false>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, true, true>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, true, false>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, false, true>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, false, false>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, true, true>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, true, false>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, false, true>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, false, false>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, true, true>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, true, false>, HL_SMEM, di));
     return SN_OK;
 }
 
@@ -1042,7 +1069,6 @@ size_t cu_gemm_i8_scratch_bytes(const cu_weight *w, int T, int digits)
 sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, const float *x, int T, float *y,
                      void *scratch, int digits, bool staged)
 {
-    (void)di;
     if (T <= 0)
         return SN_OK;
     if (!cu_repacked_plain(w) || w->cols % 64 || (w->group != 32 && w->group != 64 && w->group != 128) ||
@@ -1050,9 +1076,9 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
         return SN_FAIL(SN_E_INVALID, "matmul gemm i8: weight is not a repacked Q4 matrix");
     if (digits == 4) {
         switch (w->group) {
-        case 32: return hl_launch<1>(s, w, x, T, y, scratch, staged);
-        case 64: return hl_launch<2>(s, w, x, T, y, scratch, staged);
-        default: return hl_launch<4>(s, w, x, T, y, scratch, staged);
+        case 32: return hl_launch<1>(s, w, x, T, y, scratch, staged, di->gemm_hl_sub != 0);
+        case 64: return hl_launch<2>(s, w, x, T, y, scratch, staged, di->gemm_hl_sub != 0);
+        default: return hl_launch<4>(s, w, x, T, y, scratch, staged, di->gemm_hl_sub != 0);
         }
     }
     return i8_dispatch(digits, w->group, [&](auto D, auto GS) {
