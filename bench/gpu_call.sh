@@ -13,6 +13,7 @@
 #   ops    the change's test_cuda_ops (A/B pack)
 #   vary   the change's bench_cuda --vary of every VARY entry, per A/B config
 #   tests  the change's test_cuda_model, test_cuda_moe
+#   prof   ncu sections of the 3-digit and hi/lo prefill GEMMs
 # and first of all, when carried, build/mma_f16_probe (bench/mma_f16_probe.cu,
 # under a second).
 # Each step writes its own log under $OUT as it runs and call.log gets the
@@ -76,4 +77,18 @@ case "$gpu" in *H200*) lines ;; esac
 tst test_cuda_ops
 vary
 for t in test_cuda_model test_cuda_moe; do tst "$t"; done
+# last: ncu on the 3-digit and hi/lo GEMMs (17408 x 5120 at T = 4096, the timing's first shape, its second
+# launch) for where each one's time goes
+prof() {
+    local k
+    for k in k_gemm_i8 k_gemm_hl; do
+        SANCTUM_TEST_GEMM_I8_TIME=only timeout 120 ncu -k "regex:$k" --launch-skip 1 --launch-count 1 \
+            --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
+            --section LaunchStats "$A/test_cuda_gemm_i8" > "$out/ncu_$k.log" 2>&1
+        echo "ncu $k rc=$?" | tee -a "$out/call.log"
+        grep -E "Duration|Executed Ipc A|Issue Slots Busy|Compute \(SM\) Throughput|Registers Per|Achieved Occ|Stall" \
+            "$out/ncu_$k.log" | head -12 | tee -a "$out/call.log"
+    done
+}
+command -v ncu > /dev/null && prof
 case "$gpu" in *H200*) ;; *) lines ;; esac
