@@ -225,6 +225,18 @@ __device__ __forceinline__ void i8_sb(uint32_t pr, float &s, float &b)
     }
 }
 
+/* After k-tile kt (0, 1) of 64-column block kb: flush(sub) for the quant
+ * group that ends there, if one does (GS = 32-column k-tiles per group;
+ * groups of 32 are two a block, sub = kt) */
+template <int GS, typename F>
+__device__ __forceinline__ void i8_group_end(int kb, int kt, F &&flush)
+{
+    if (GS == 1)
+        flush(kt);
+    else if (GS == 2 ? kt == 1 : (kt == 1 && (kb & 1)))
+        flush(0);
+}
+
 /* The 4-stage cp.async pipeline of 64-column blocks: the first stages'
  * weights before the wait (they are constant), their activations after,
  * then per block its wait, the refill of the slot freed by the block before
@@ -504,10 +516,7 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
                         imma_u8(dj, a[m], b0, b1);
                 }
         }
-        if (GS == 1)
-            flush(st, kt);
-        else if (GS == 2 ? kt == 1 : (kt == 1 && (kb & 1)))
-            flush(st, 0);
+        i8_group_end<GS>(kb, kt, [&](int sub) { flush(st, sub); });
     };
 
     i8_pipeline(KB, load_w, load_x, ktile);
@@ -856,10 +865,7 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
                 hmma(d, a[1][0], a[1][1], a[1][2], a[1][3], b[1][j][2], b[1][j][3]);
             }
         }
-        if (GS == 1)
-            flush(st, kt);
-        else if (GS == 2 ? kt == 1 : (kt == 1 && (kb & 1)))
-            flush(st, 0);
+        i8_group_end<GS>(kb, kt, [&](int sub) { flush(st, sub); });
     };
 
     i8_pipeline(KB, load_w, load_x, ktile);
