@@ -79,15 +79,17 @@ vary
 for t in test_cuda_model test_cuda_moe; do tst "$t"; done
 # last: ncu on the 3-digit and hi/lo GEMMs (17408 x 5120 at T = 4096, the timing's first shape, its second
 # launch) for where each one's time goes
+# (the hi/lo kernel's launches: 1 warm-up + 10 timed at 8 warps, then the same at 16)
 prof() {
-    local k
-    for k in k_gemm_i8 k_gemm_hl; do
-        SANCTUM_TEST_GEMM_I8_TIME=only timeout 120 ncu -k "regex:$k" --launch-skip 1 --launch-count 1 \
+    local k skip
+    for k in k_gemm_i8:1 k_gemm_hl:1 k_gemm_hl:12; do
+        skip=${k#*:} k=${k%:*}
+        SANCTUM_TEST_GEMM_I8_TIME=only timeout 120 ncu -k "regex:$k" --launch-skip "$skip" --launch-count 1 \
             --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
-            --section LaunchStats "$A/test_cuda_gemm_i8" > "$out/ncu_$k.log" 2>&1
-        echo "ncu $k rc=$?" | tee -a "$out/call.log"
+            --section LaunchStats "$A/test_cuda_gemm_i8" > "$out/ncu_${k}_$skip.log" 2>&1
+        echo "ncu $k (launch $skip) rc=$?" | tee -a "$out/call.log"
         grep -E "Duration|Executed Ipc A|Issue Slots Busy|Compute \(SM\) Throughput|Registers Per|Achieved Occ|Stall" \
-            "$out/ncu_$k.log" | head -12 | tee -a "$out/call.log"
+            "$out/ncu_${k}_$skip.log" | head -12 | tee -a "$out/call.log"
     done
 }
 command -v ncu > /dev/null && prof

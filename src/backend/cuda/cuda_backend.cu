@@ -1627,7 +1627,10 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
          * hi + lo on the fp16 tensor cores, dense weights; MoE experts keep 3 digits) | split | fast:
          * the tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every weight */
         cb->di.gemm_i8 = !g || !strcmp(g, "i8") ? 3 : !strcmp(g, "i8fast") ? 2 : !strcmp(g, "hilo") ? 4 : 0;
-        cb->di.gemm_hl_sub = 1;
+        /* the hi/lo form's nibbles by the magic number: as subnormals its results were 1.19x the
+         * 3-digit GEMM's speed against 1.11x, but 4e-6 off its host emulation (s37r1, H100) */
+        cb->di.gemm_hl_sub = 0;
+        cb->di.gemm_hl_warps = 8;
         /* SANCTUM_CUDA_PDL=0|1|2 (checked above): which kernels may start before the previous
          * one ends; by default (2) those that prefetch weights (cuda_internal.h) */
         const char *p = getenv("SANCTUM_CUDA_PDL");

@@ -549,9 +549,11 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
  * split into fp16 hi = fp16(x 2^e) and lo = fp16(x 2^e - hi), 22 bits of
  * each value; A is the weights' nibbles read as fp16 subnormals (the bits
  * q are the value q 2^-24, 16 q for a high nibble: one AND a register, no
- * conversion; tune gemm_hl_sub=0: the magic-number form, 1024 + q as a
- * normal fp16 less 1024, one HSUB2 more a register, in case the tensor
- * cores flush subnormal inputs), B the hi and lo planes, and per quant group one fp32
+ * conversion; on the H100 that form ran 1.19x the 3-digit GEMM's speed but
+ * its results were 4e-6 off the host emulation: the tensor cores do not
+ * take subnormal inputs exactly (s37r1). So by default (gemm_hl_sub=0) a
+ * nibble is 1024 + q as a normal fp16 less 1024, one HSUB2 more a register:
+ * 1.11x), B the hi and lo planes, and per quant group one fp32
  * accumulator takes hi then lo for each 16 columns (mma.sync m16n8k16).
  * Per (row, token, group) the epilogue is 2 FMAs (acc += s u; acc += b xs,
  * xs = 2^-24 sum x 2^e) where the digit form spends 5, and the power of
@@ -568,13 +570,12 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
  * ones, and one ldmatrix.x4 of a token tile gives b0, b1 for both 16-column
  * halves of a 32-column k-tile.
  *
- * Block 256 rows x 64 tokens (8 warps of 64 x 32), 4-stage cp.async
- * pipeline of 64-column blocks. Deterministic and batch invariant as the
+ * Block 256 rows x 64 tokens (8 warps of 64 x 32, or 16 of 64 x 16:
+ * gemm_hl_warps), 4-stage cp.async pipeline of 64-column blocks. Deterministic and batch invariant as the
  * digit form (per output the same instruction sequence at any T; a token's
  * scale depends on its own row only). Limits: |x| >= 2^114 overflows fp16
  * (inf/NaN out), a token holding NaN/inf gives NaN for that token. */
-constexpr int HL_NTW = 4;                      /* 8-token tiles per warp */
-constexpr int HL_BT = I8_WN * HL_NTW * 8;      /* tokens per block */
+constexpr int HL_BT = 64;                      /* tokens per block */
 constexpr int HL_BROW = 144;                   /* bytes per staged x row: 64 halves + 16 (ldmatrix conflict-free) */
 constexpr int HL_A = I8_BMT * 512;
 constexpr int HL_B = 2 * HL_BT * HL_BROW;      /* hi then lo rows */
@@ -708,19 +709,23 @@ __device__ __forceinline__ void hmma_z(float (&d)[4], uint32_t a0, uint32_t a1, 
 }
 
 /* GS: 32-column k-tiles per quant group (1, 2, 4); F16: f16 scale pairs;
- * SUBN: the nibbles as fp16 subnormals (else 1024 + q less 1024) */
-template <int GS, bool F16, bool SUBN>
-__global__ void __launch_bounds__(I8_THREADS, 1)
+ * SUBN: the nibbles as fp16 subnormals (else 1024 + q less 1024); W: warps
+ * (8: 64 x 32 each, 255 registers; 16: 64 x 16, more warps to hide the
+ * latency that bounds the 8-warp form, s37r1). Any W gives the same bits:
+ * an output's instruction sequence does not depend on which warp runs it. */
+template <int GS, bool F16, bool SUBN, int W>
+__global__ void __launch_bounds__(32 * W, 1)
 k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const float *__restrict__ bias, int64_t rows,
           int64_t MT, int64_t cols, int64_t groups, const __half *__restrict__ planes, const float *__restrict__ xs,
           int64_t Tp, const float *__restrict__ ts, int T, float *__restrict__ y)
 {
-    constexpr int SUB = GS == 1 ? 2 : 1, NTW = HL_NTW, BT = HL_BT, MTW = I8_MTW;
+    constexpr int SUB = GS == 1 ? 2 : 1, BT = HL_BT, MTW = I8_MTW, THR = 32 * W, WN = W / I8_WM, NTW = BT / (8 * WN);
+    static_assert(W % I8_WM == 0 && BT % (8 * WN) == 0, "warps tile the block");
     pdl_launch();
     extern __shared__ __align__(128) unsigned char hl_smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(hl_smem);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, tq = lane & 3;
-    const int wm = warp / I8_WN, wn = warp % I8_WN;
+    const int wm = warp / WN, wn = warp % WN;
     const int KB = (int)(cols / 64);
     int64_t rb, tb;
     i8_raster((MT + I8_BMT - 1) / I8_BMT, (T + BT - 1) / BT, blockIdx.x, rb, tb);
@@ -730,14 +735,14 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
     /* copy sources for k-block 0: A tiles as the digit form; hi and lo rows
      * (128 bytes a token and k-block, 8 chunks); scale pairs; xs in 4-token
      * chunks (Tp covers the last chunk) */
-    constexpr int NA = I8_BMT * 32 / I8_THREADS, NB = 2 * BT * 8 / I8_THREADS;
-    static_assert(2 * BT * 8 % I8_THREADS == 0, "B chunks split evenly");
-    static_assert(SUB * I8_BMT * 4 <= I8_THREADS && SUB * BT / 4 <= I8_THREADS, "one chunk per thread at most");
+    constexpr int NA = I8_BMT * 32 / THR, NB = 2 * BT * 8 / THR;
+    static_assert(2 * BT * 8 % THR == 0, "B chunks split evenly");
+    static_assert(SUB * I8_BMT * 4 <= THR && SUB * BT / 4 <= THR, "one chunk per thread at most");
     const uint4 *srcA[NA];
     bool okA[NA];
 #pragma unroll
     for (int r = 0; r < NA; r++) {
-        const int i = tid + r * I8_THREADS;
+        const int i = tid + r * THR;
         const int64_t mt = mt0 + (i >> 5);
         okA[r] = mt < MT;
         srcA[r] = qr + (okA[r] ? mt * KB * 32 + (i & 31) : 0);
@@ -746,7 +751,7 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
     bool okB[NB];
 #pragma unroll
     for (int r = 0; r < NB; r++) {
-        const int i = tid + r * I8_THREADS, row = i >> 3, c = i & 7, p = row / BT, t = t0 + row % BT;
+        const int i = tid + r * THR, row = i >> 3, c = i & 7, p = row / BT, t = t0 + row % BT;
         okB[r] = t < T;
         srcB[r] = planes + (okB[r] ? ((size_t)p * T + t) * cols + c * 8 : 0);
     }
@@ -763,7 +768,7 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         const uint32_t st = sbase + slot * HL_STAGE;
 #pragma unroll
         for (int r = 0; r < NA; r++)
-            cp16(st + (tid + r * I8_THREADS) * 16, srcA[r] + (okA[r] ? kb * 32 : 0), okA[r]);
+            cp16(st + (tid + r * THR) * 16, srcA[r] + (okA[r] ? kb * 32 : 0), okA[r]);
         if ((GS < 4 || (kb & 1)) && hasS) {
             const int64_t g = (kb * 2 + subS) / GS;
             cp16(st + HL_A + HL_B + tid * 16, srcS + (okS ? g * 16 : 0), okS);
@@ -773,7 +778,7 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         const uint32_t st = sbase + slot * HL_STAGE;
 #pragma unroll
         for (int r = 0; r < NB; r++) {
-            const int i = tid + r * I8_THREADS;
+            const int i = tid + r * THR;
             cp16(st + HL_A + (i >> 3) * HL_BROW + (i & 7) * 16, srcB[r] + (okB[r] ? kb * 64 : 0), okB[r]);
         }
         if ((GS < 4 || (kb & 1)) && hasC) {
@@ -891,7 +896,7 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         }
 }
 
-template <int GS>
+template <int GS, int W>
 sn_status hl_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, float *y, void *scratch, bool staged,
                     bool sub)
 {
@@ -906,9 +911,9 @@ sn_status hl_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, f
     const int64_t nblk = (w->mt + I8_BMT - 1) / I8_BMT * ((T + HL_BT - 1) / HL_BT);
     if (nblk > INT32_MAX)
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul gemm hi/lo: %lld blocks", (long long)nblk);
-    auto kern = w->sfmt != CS_BF16 ? (sub ? k_gemm_hl<GS, true, true> : k_gemm_hl<GS, true, false>)
-                                   : (sub ? k_gemm_hl<GS, false, true> : k_gemm_hl<GS, false, false>);
-    (void)cu_launch_w(w->bits, w->rows * w->words * 4, kern, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)HL_SMEM, s,
+    auto kern = w->sfmt != CS_BF16 ? (sub ? k_gemm_hl<GS, true, true, W> : k_gemm_hl<GS, true, false, W>)
+                                   : (sub ? k_gemm_hl<GS, false, true, W> : k_gemm_hl<GS, false, false, W>);
+    (void)cu_launch_w(w->bits, w->rows * w->words * 4, kern, dim3((unsigned)nblk), dim3(32 * W), (size_t)HL_SMEM, s,
                       (const uint4 *)w->qr, (const uint32_t *)w->sr, (const float *)w->bias, (int64_t)w->rows,
                       (int64_t)w->mt, (int64_t)w->cols, (int64_t)w->groups, (const __half *)planes, (const float *)xs,
                       m.Tp, (const float *)ts, T, y);
@@ -1047,18 +1052,30 @@ sn_status cu_gemm_i8_init(const cu_devinfo *di)
     SN_TRY(i8_smem(k_gemm_i8<2, 4, false, true>, i8cfg<2>::SMEM, di));
     SN_TRY(i8_smem(k_gemm_i8<2, 4, true, false>, i8cfg<2>::SMEM, di));
     SN_TRY(i8_smem(k_gemm_i8<2, 4, true, true>, i8cfg<2>::SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<1, false, true>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<1, false, false>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<1, true, true>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<1, true, false>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<2, false, true>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<2, false, false>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<2, true, true>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<2, true, false>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<4, false, true>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<4, false, false>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<4, true, true>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<4, true, false>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, false, true, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, false, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, false, false, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, false, false, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, true, true, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, true, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, true, false, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, true, false, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, false, true, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, false, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, false, false, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, false, false, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, true, true, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, true, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, true, false, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, true, false, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, false, true, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, false, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, false, false, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, false, false, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, true, true, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, true, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, true, false, 8>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, true, false, 16>, HL_SMEM, di));
     return SN_OK;
 }
 
@@ -1081,10 +1098,11 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
         w->sfmt == CS_F32)
         return SN_FAIL(SN_E_INVALID, "matmul gemm i8: weight is not a repacked Q4 matrix");
     if (digits == 4) {
+        const bool sub = di->gemm_hl_sub != 0, w16 = di->gemm_hl_warps == 16;
         switch (w->group) {
-        case 32: return hl_launch<1>(s, w, x, T, y, scratch, staged, di->gemm_hl_sub != 0);
-        case 64: return hl_launch<2>(s, w, x, T, y, scratch, staged, di->gemm_hl_sub != 0);
-        default: return hl_launch<4>(s, w, x, T, y, scratch, staged, di->gemm_hl_sub != 0);
+        case 32: return (w16 ? hl_launch<1, 16> : hl_launch<1, 8>)(s, w, x, T, y, scratch, staged, sub);
+        case 64: return (w16 ? hl_launch<2, 16> : hl_launch<2, 8>)(s, w, x, T, y, scratch, staged, sub);
+        default: return (w16 ? hl_launch<4, 16> : hl_launch<4, 8>)(s, w, x, T, y, scratch, staged, sub);
         }
     }
     return i8_dispatch(digits, w->group, [&](auto D, auto GS) {

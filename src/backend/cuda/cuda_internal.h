@@ -241,7 +241,9 @@ typedef struct {
     int *gv_pool;         /* k_gemv's pool counter pair (gemv_seg.pool), zero between launches */
     int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4 on the integer tensor cores: 3 digits (default), 2 (fast),
                            * 4 x as fp16 hi + lo on the fp16 ones (dense weights; MoE stacks take 3), 0 off */
-    int gemm_hl_sub;      /* ... 4: the nibbles as fp16 subnormals (1, default) or 1024 + q less 1024 (0) */
+    int gemm_hl_sub;      /* ... 4: the nibbles as fp16 subnormals (1) or 1024 + q less 1024 (0, default: subnormal
+                           * inputs cost the H100's tensor cores accuracy, s37r1) */
+    int gemm_hl_warps;    /* ... 4: warps a block, 8 (default) or 16 */
 } cu_devinfo;
 
 /* ---- optional cuBLAS (cuda_blas.cu), loaded with dlopen ---- */

@@ -122,9 +122,9 @@ sn_status sn_cuda_gemv_pool(sn_backend *be, long launches[2], int counters[4]);
  * (4: dense weights only, MoE stacks take 3) or not at all (0: the fp16
  * GEMMs above); env at creation SANCTUM_CUDA_GEMM=i8 | i8fast | hilo |
  * split | fast (the last two: 0); "gemm_hl_sub" = in the hi/lo form the
- * weights' nibbles as fp16 subnormals (1, default) or as 1024 + q less 1024
- * (0: one more instruction a register, for tensor cores that flush
- * subnormals). */
+ * weights' nibbles as fp16 subnormals (1: one instruction a register fewer,
+ * less accurate on the H100) or as 1024 + q less 1024 (0, default);
+ * "gemm_hl_warps" = its warps a block, 8 (default) or 16 (same bits). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
 /* The optional table entries argmax, sample, moe, begin_step and end_step of
