@@ -91,6 +91,15 @@ prof() {
         grep -E "Duration|Executed Ipc A|Issue Slots Busy|Compute \(SM\) Throughput|Registers Per|Achieved Occ|Stall" \
             "$out/ncu_${k}_$skip.log" | head -12 | tee -a "$out/call.log"
     done
+    # where the 8-warp hi/lo kernel's warps wait: cycles per issued instruction by stall reason
+    local m=smsp__average_warps_issue_stalled r
+    local ms=""
+    for r in barrier long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait not_selected selected \
+        dispatch_stall lg_throttle no_instruction branch_resolving; do ms+="${ms:+,}${m}_${r}_per_issue_active.ratio"; done
+    SANCTUM_TEST_GEMM_I8_TIME=only timeout 120 ncu -k regex:k_gemm_hl --launch-skip 1 --launch-count 1 --metrics "$ms" \
+        "$A/test_cuda_gemm_i8" > "$out/ncu_stalls_hl.log" 2>&1
+    echo "ncu stalls k_gemm_hl rc=$?" | tee -a "$out/call.log"
+    grep -E "stalled" "$out/ncu_stalls_hl.log" | sed 's/smsp__average_warps_issue_stalled_//' | tee -a "$out/call.log"
 }
 command -v ncu > /dev/null && prof
 case "$gpu" in *H200*) ;; *) lines ;; esac
