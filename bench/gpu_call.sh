@@ -79,7 +79,7 @@ vary
 for t in test_cuda_model test_cuda_moe; do tst "$t"; done
 # last: ncu on the 3-digit and hi/lo GEMMs (17408 x 5120 at T = 4096, the timing's first shape, its second
 # launch) for where each one's time goes
-# (the hi/lo kernel's launches: 1 warm-up + 10 timed at 8 warps, then the same at 16)
+# (the hi/lo kernel's launches: 1 warm-up + 10 timed with warps of 64 rows, then the same with 32)
 prof() {
     local k skip
     for k in k_gemm_i8:1 k_gemm_hl:1 k_gemm_hl:12; do

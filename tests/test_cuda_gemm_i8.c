@@ -800,12 +800,12 @@ static void gpu_case(const gcase *c, int with_emu)
             if (nd) fprintf(stderr, "  hi/lo: subnormal and magic-number nibbles differ in %zu of %zu outputs "
                             "(rows=%lld T=%d)\n", nd, n, (long long)c->rows, c->T);
             free(ym);
-            /* 16 warps a block: the same instruction sequence per output, so the same bits */
-            CHECK_OK(sn_cuda_tune(G, "gemm_hl_warps", 16));
+            /* warps of 32 rows x 64 tokens: the same instruction sequence per output, so the same bits */
+            CHECK_OK(sn_cuda_tune(G, "gemm_hl_rows", 32));
             float *yw = gpu_mm(&wg, dx, c->T, 4);
-            CHECK_OK(sn_cuda_tune(G, "gemm_hl_warps", 8));
-            CHECKF(n_diff(y, yw, n) == 0, "gpu hi/lo rows=%lld T=%d: 16 warps differ from 8 in %zu of %zu outputs",
-                   (long long)c->rows, c->T, n_diff(y, yw, n), n);
+            CHECK_OK(sn_cuda_tune(G, "gemm_hl_rows", 64));
+            CHECKF(n_diff(y, yw, n) == 0, "gpu hi/lo rows=%lld T=%d: warps of 32 rows differ from 64 in %zu of %zu "
+                   "outputs", (long long)c->rows, c->T, n_diff(y, yw, n), n);
             free(yw);
         }
         /* row invariance: tokens [t0, t0 + 9) alone give the same bits */
@@ -947,13 +947,13 @@ static void time_gemm(void)
         fprintf(stderr, "  time %5lld x %5lld, T=%d:", (long long)w.rows, (long long)w.cols, T);
         static const struct {
             const char *name;
-            int gemm_i8, hl_sub, hl_warps;
-        } modes[] = { { "i8", 3, 0, 8 }, { "i8fast", 2, 0, 8 }, { "hilo", 4, 0, 8 }, { "hilo-w16", 4, 0, 16 },
-                      { "hilo-sub", 4, 1, 8 }, { "hilo-sub-w16", 4, 1, 16 }, { "split", 0, 0, 8 } };
+            int gemm_i8, hl_sub, hl_rows;
+        } modes[] = { { "i8", 3, 0, 64 }, { "i8fast", 2, 0, 64 }, { "hilo", 4, 0, 64 }, { "hilo-r32", 4, 0, 32 },
+                      { "hilo-sub", 4, 1, 64 }, { "hilo-sub-r32", 4, 1, 32 }, { "split", 0, 0, 64 } };
         for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
             CHECK_OK(sn_cuda_tune(G, "gemm_i8", modes[mi].gemm_i8));
             CHECK_OK(sn_cuda_tune(G, "gemm_hl_sub", modes[mi].hl_sub));
-            CHECK_OK(sn_cuda_tune(G, "gemm_hl_warps", modes[mi].hl_warps));
+            CHECK_OK(sn_cuda_tune(G, "gemm_hl_rows", modes[mi].hl_rows));
             CHECK_OK(G->ops->matmul(G, &wg, 0, dx, T, dy)); /* warm-up (scratch growth) */
             CHECK_OK(G->ops->sync(G));
             double t0 = now_s();

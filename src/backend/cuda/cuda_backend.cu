@@ -1630,7 +1630,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
         /* the hi/lo form's nibbles by the magic number: as subnormals its results were 1.19x the
          * 3-digit GEMM's speed against 1.11x, but 4e-6 off its host emulation (s37r1, H100) */
         cb->di.gemm_hl_sub = 0;
-        cb->di.gemm_hl_warps = 8;
+        cb->di.gemm_hl_rows = 64; /* 16 warps of 64 x 16 lost to these 8 of 64 x 32 (s37r2) */
         /* SANCTUM_CUDA_PDL=0|1|2 (checked above): which kernels may start before the previous
          * one ends; by default (2) those that prefetch weights (cuda_internal.h) */
         const char *p = getenv("SANCTUM_CUDA_PDL");

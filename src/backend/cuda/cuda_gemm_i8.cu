@@ -570,8 +570,8 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
  * ones, and one ldmatrix.x4 of a token tile gives b0, b1 for both 16-column
  * halves of a 32-column k-tile.
  *
- * Block 256 rows x 64 tokens (8 warps of 64 x 32, or 16 of 64 x 16:
- * gemm_hl_warps), 4-stage cp.async pipeline of 64-column blocks. Deterministic and batch invariant as the
+ * Block 256 rows x 64 tokens (8 warps of 64 x 32, or of 32 x 64:
+ * gemm_hl_rows), 4-stage cp.async pipeline of 64-column blocks. Deterministic and batch invariant as the
  * digit form (per output the same instruction sequence at any T; a token's
  * scale depends on its own row only). Limits: |x| >= 2^114 overflows fp16
  * (inf/NaN out), a token holding NaN/inf gives NaN for that token. */
@@ -709,18 +709,21 @@ __device__ __forceinline__ void hmma_z(float (&d)[4], uint32_t a0, uint32_t a1, 
 }
 
 /* GS: 32-column k-tiles per quant group (1, 2, 4); F16: f16 scale pairs;
- * SUBN: the nibbles as fp16 subnormals (else 1024 + q less 1024); W: warps
- * (8: 64 x 32 each, 255 registers; 16: 64 x 16, more warps to hide the
- * latency that bounds the 8-warp form, s37r1). Any W gives the same bits:
- * an output's instruction sequence does not depend on which warp runs it. */
-template <int GS, bool F16, bool SUBN, int W>
-__global__ void __launch_bounds__(32 * W, 1)
+ * SUBN: the nibbles as fp16 subnormals (else 1024 + q less 1024); WM: warps
+ * along the rows (4: 4 x 2 warps of 64 rows x 32 tokens, each A tile
+ * converted by both warps of its rows; 8: 8 x 1 warps of 32 x 64, each A
+ * tile converted once, twice the B fragment loads). Either gives the same
+ * bits: an output's instruction sequence does not depend on which warp runs
+ * it. (A 16-warp form of 64 x 16 tiles ran slower, s37r2.) */
+template <int GS, bool F16, bool SUBN, int WM>
+__global__ void __launch_bounds__(I8_THREADS, 1)
 k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const float *__restrict__ bias, int64_t rows,
           int64_t MT, int64_t cols, int64_t groups, const __half *__restrict__ planes, const float *__restrict__ xs,
           int64_t Tp, const float *__restrict__ ts, int T, float *__restrict__ y)
 {
-    constexpr int SUB = GS == 1 ? 2 : 1, BT = HL_BT, MTW = I8_MTW, THR = 32 * W, WN = W / I8_WM, NTW = BT / (8 * WN);
-    static_assert(W % I8_WM == 0 && BT % (8 * WN) == 0, "warps tile the block");
+    constexpr int SUB = GS == 1 ? 2 : 1, BT = HL_BT, THR = I8_THREADS, MTW = I8_BMT / WM, WN = THR / 32 / WM,
+                  NTW = BT / (8 * WN);
+    static_assert(I8_BMT % WM == 0 && THR / 32 % WM == 0 && BT % (8 * WN) == 0, "warps tile the block");
     pdl_launch();
     extern __shared__ __align__(128) unsigned char hl_smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(hl_smem);
@@ -842,13 +845,49 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         const int slot = kb % I8_STAGES;
         const unsigned char *st = hl_smem + slot * HL_STAGE;
         const uint32_t stb = sbase + slot * HL_STAGE;
+        const bool z = GS == 1 || (GS == 2 ? kt == 0 : (kt == 0 && !(kb & 1))); /* the group's first k-tile */
+        if constexpr (WN == 1) {
+            /* every m-tile's A registers once, then a token tile's B at a time */
+            uint32_t a[MTW][2][4];
+#pragma unroll
+            for (int m = 0; m < MTW; m++) {
+                const uint2 W = ((const uint2 *)st)[((wm * MTW + m) * 32 + lane) * 2 + kt];
+                const uint32_t xh = W.x >> 8, yh = W.y >> 8;
+                a[m][0][0] = hl_nib<SUBN>(W.x, 0x000F000Fu);
+                a[m][0][1] = hl_nib<SUBN>(W.x, 0x00F000F0u);
+                a[m][0][2] = hl_nib<SUBN>(xh, 0x000F000Fu);
+                a[m][0][3] = hl_nib<SUBN>(xh, 0x00F000F0u);
+                a[m][1][0] = hl_nib<SUBN>(W.y, 0x000F000Fu);
+                a[m][1][1] = hl_nib<SUBN>(W.y, 0x00F000F0u);
+                a[m][1][2] = hl_nib<SUBN>(yh, 0x000F000Fu);
+                a[m][1][3] = hl_nib<SUBN>(yh, 0x00F000F0u);
+            }
+#pragma unroll
+            for (int j = 0; j < NTW; j++) {
+                uint32_t bh[4], bl[4];
+                cu_ldsm_x4(bh, stb + boff[0][j] + kt * 64);
+                cu_ldsm_x4(bl, stb + boff[1][j] + kt * 64);
+#pragma unroll
+                for (int m = 0; m < MTW; m++) {
+                    float(&d)[4] = acc_u[m][j];
+                    if (z)
+                        hmma_z(d, a[m][0][0], a[m][0][1], a[m][0][2], a[m][0][3], bh[0], bh[1]);
+                    else
+                        hmma(d, a[m][0][0], a[m][0][1], a[m][0][2], a[m][0][3], bh[0], bh[1]);
+                    hmma(d, a[m][0][0], a[m][0][1], a[m][0][2], a[m][0][3], bl[0], bl[1]);
+                    hmma(d, a[m][1][0], a[m][1][1], a[m][1][2], a[m][1][3], bh[2], bh[3]);
+                    hmma(d, a[m][1][0], a[m][1][1], a[m][1][2], a[m][1][3], bl[2], bl[3]);
+                }
+            }
+            i8_group_end<GS>(kb, kt, [&](int sub) { flush(st, sub); });
+            return;
+        }
         uint32_t b[2][NTW][4];
 #pragma unroll
         for (int p = 0; p < 2; p++)
 #pragma unroll
             for (int j = 0; j < NTW; j++)
                 cu_ldsm_x4(b[p][j], stb + boff[p][j] + kt * 64);
-        const bool z = GS == 1 || (GS == 2 ? kt == 0 : (kt == 0 && !(kb & 1))); /* the group's first k-tile */
 #pragma unroll
         for (int m = 0; m < MTW; m++) {
             const uint2 W = ((const uint2 *)st)[((wm * MTW + m) * 32 + lane) * 2 + kt];
@@ -896,7 +935,7 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         }
 }
 
-template <int GS, int W>
+template <int GS, int WM>
 sn_status hl_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, float *y, void *scratch, bool staged,
                     bool sub)
 {
@@ -911,9 +950,9 @@ sn_status hl_launch(cudaStream_t s, const cu_weight *w, const float *x, int T, f
     const int64_t nblk = (w->mt + I8_BMT - 1) / I8_BMT * ((T + HL_BT - 1) / HL_BT);
     if (nblk > INT32_MAX)
         return SN_FAIL(SN_E_UNSUPPORTED, "matmul gemm hi/lo: %lld blocks", (long long)nblk);
-    auto kern = w->sfmt != CS_BF16 ? (sub ? k_gemm_hl<GS, true, true, W> : k_gemm_hl<GS, true, false, W>)
-                                   : (sub ? k_gemm_hl<GS, false, true, W> : k_gemm_hl<GS, false, false, W>);
-    (void)cu_launch_w(w->bits, w->rows * w->words * 4, kern, dim3((unsigned)nblk), dim3(32 * W), (size_t)HL_SMEM, s,
+    auto kern = w->sfmt != CS_BF16 ? (sub ? k_gemm_hl<GS, true, true, WM> : k_gemm_hl<GS, true, false, WM>)
+                                   : (sub ? k_gemm_hl<GS, false, true, WM> : k_gemm_hl<GS, false, false, WM>);
+    (void)cu_launch_w(w->bits, w->rows * w->words * 4, kern, dim3((unsigned)nblk), dim3(I8_THREADS), (size_t)HL_SMEM, s,
                       (const uint4 *)w->qr, (const uint32_t *)w->sr, (const float *)w->bias, (int64_t)w->rows,
                       (int64_t)w->mt, (int64_t)w->cols, (int64_t)w->groups, (const __half *)planes, (const float *)xs,
                       m.Tp, (const float *)ts, T, y);
@@ -1052,30 +1091,30 @@ sn_status cu_gemm_i8_init(const cu_devinfo *di)
     SN_TRY(i8_smem(k_gemm_i8<2, 4, false, true>, i8cfg<2>::SMEM, di));
     SN_TRY(i8_smem(k_gemm_i8<2, 4, true, false>, i8cfg<2>::SMEM, di));
     SN_TRY(i8_smem(k_gemm_i8<2, 4, true, true>, i8cfg<2>::SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, false, true, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<1, false, true, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<1, false, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, false, false, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<1, false, false, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<1, false, false, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, true, true, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<1, true, true, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<1, true, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<1, true, false, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<1, true, false, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<1, true, false, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, false, true, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<2, false, true, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<2, false, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, false, false, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<2, false, false, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<2, false, false, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, true, true, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<2, true, true, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<2, true, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<2, true, false, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<2, true, false, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<2, true, false, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, false, true, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<4, false, true, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<4, false, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, false, false, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<4, false, false, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<4, false, false, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, true, true, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<4, true, true, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<4, true, true, 16>, HL_SMEM, di));
+    SN_TRY(i8_smem(k_gemm_hl<4, true, false, 4>, HL_SMEM, di));
     SN_TRY(i8_smem(k_gemm_hl<4, true, false, 8>, HL_SMEM, di));
-    SN_TRY(i8_smem(k_gemm_hl<4, true, false, 16>, HL_SMEM, di));
     return SN_OK;
 }
 
@@ -1098,11 +1137,11 @@ sn_status cu_gemm_i8(const cu_devinfo *di, cudaStream_t s, const cu_weight *w, c
         w->sfmt == CS_F32)
         return SN_FAIL(SN_E_INVALID, "matmul gemm i8: weight is not a repacked Q4 matrix");
     if (digits == 4) {
-        const bool sub = di->gemm_hl_sub != 0, w16 = di->gemm_hl_warps == 16;
+        const bool sub = di->gemm_hl_sub != 0, r32 = di->gemm_hl_rows == 32;
         switch (w->group) {
-        case 32: return (w16 ? hl_launch<1, 16> : hl_launch<1, 8>)(s, w, x, T, y, scratch, staged, sub);
-        case 64: return (w16 ? hl_launch<2, 16> : hl_launch<2, 8>)(s, w, x, T, y, scratch, staged, sub);
-        default: return (w16 ? hl_launch<4, 16> : hl_launch<4, 8>)(s, w, x, T, y, scratch, staged, sub);
+        case 32: return (r32 ? hl_launch<1, 8> : hl_launch<1, 4>)(s, w, x, T, y, scratch, staged, sub);
+        case 64: return (r32 ? hl_launch<2, 8> : hl_launch<2, 4>)(s, w, x, T, y, scratch, staged, sub);
+        default: return (r32 ? hl_launch<4, 8> : hl_launch<4, 4>)(s, w, x, T, y, scratch, staged, sub);
         }
     }
     return i8_dispatch(digits, w->group, [&](auto D, auto GS) {

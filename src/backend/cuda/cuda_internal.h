@@ -243,7 +243,7 @@ typedef struct {
                            * 4 x as fp16 hi + lo on the fp16 ones (dense weights; MoE stacks take 3), 0 off */
     int gemm_hl_sub;      /* ... 4: the nibbles as fp16 subnormals (1) or 1024 + q less 1024 (0, default: subnormal
                            * inputs cost the H100's tensor cores accuracy, s37r1) */
-    int gemm_hl_warps;    /* ... 4: warps a block, 8 (default) or 16 */
+    int gemm_hl_rows;     /* ... 4: rows a warp, 64 (default: 4 x 2 warps of 64 x 32) or 32 (8 x 1 of 32 x 64) */
 } cu_devinfo;
 
 /* ---- optional cuBLAS (cuda_blas.cu), loaded with dlopen ---- */

@@ -98,7 +98,7 @@ const tune_key tune_keys[] = {
     { "gemm_i8", TUNE_DI(gemm_i8), false, false, 4, { 0, 2, 3, 4 }, 0, 0, "0 off, 2 or 3 digits, 4 fp16 hi/lo" },
     { "gemm_fast", TUNE_DI(gemm_fast), true, false, 0, {}, 0, 0, "" },
     { "gemm_hl_sub", TUNE_DI(gemm_hl_sub), true, false, 0, {}, 0, 0, "" },
-    { "gemm_hl_warps", TUNE_DI(gemm_hl_warps), false, false, 2, { 8, 16 }, 0, 0, "8 or 16" },
+    { "gemm_hl_rows", TUNE_DI(gemm_hl_rows), false, false, 2, { 32, 64 }, 0, 0, "32 or 64" },
     { "moe_dec", TUNE_GLOBAL(cu_moe_dec_mode), false, true, 0, {}, 0, 2, "0 off, 1 on, 2 on with the L2 prefetch" },
     { "fuse_attn_prep", TUNE_GLOBAL(cu_fuse_attn_prep), true, true, 0, {}, 0, 0, "" },
     { "gdn_step", TUNE_GLOBAL(cu_gdn_step_mode), false, true, 3, { 0, 1, 2 }, 0, 0,

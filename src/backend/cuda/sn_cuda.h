@@ -124,7 +124,8 @@ sn_status sn_cuda_gemv_pool(sn_backend *be, long launches[2], int counters[4]);
  * split | fast (the last two: 0); "gemm_hl_sub" = in the hi/lo form the
  * weights' nibbles as fp16 subnormals (1: one instruction a register fewer,
  * less accurate on the H100) or as 1024 + q less 1024 (0, default);
- * "gemm_hl_warps" = its warps a block, 8 (default) or 16 (same bits). */
+ * "gemm_hl_rows" = its rows a warp, 64 (default: warps of 64 x 32) or 32
+ * (warps of 32 x 64; same bits). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
 /* The optional table entries argmax, sample, moe, begin_step and end_step of
