@@ -36,7 +36,7 @@ pack)
     [ ${#cfgs[@]} -gt 0 ] || cfgs=(bench/configs/qwen3_5_35b_a3b.json bench/configs/qwen3_5_27b.json)
     git rev-parse --verify -q "$base^{commit}" > /dev/null || { echo "pack: $base is not a commit" >&2; exit 2; }
     rm -rf "${L:?}" && mkdir -p "$L/bin" "$L/lib"
-    tests=(test_cuda_ops test_cuda_model test_cuda_moe test_cuda_gemm_i8)
+    tests=(test_cuda_ops test_cuda_model test_cuda_moe test_cuda_gemm_i8 test_cuda_prefill)
     make -j2 build/libsanctum.a "${tests[@]/#/build/tests/}" > /tmp/gpu_ab_make.log 2>&1 ||
         { tail -20 /tmp/gpu_ab_make.log; exit 1; }
     gpu_bench_cc . "$L/bin/bench_cuda"

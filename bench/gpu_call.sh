@@ -7,6 +7,8 @@
 #   gemm   the change's test_cuda_gemm_i8 with each prefill GEMM form timed
 #          alone on the 27B's shapes (SANCTUM_TEST_GEMM_I8_TIME=1; half a
 #          minute); if it fails, the lines leave the hi/lo prefill out
+#   hilo   the change's test_cuda_model and test_cuda_prefill with
+#          SANCTUM_CUDA_GEMM=hilo (whether the hi/lo GEMM can be the default)
 #   lines  main's bench_cuda lines for both models at 4096 tokens (lead pack);
 #          on an H200 right after gemm (the targets are set there), last on
 #          an H100
@@ -73,6 +75,20 @@ if [ -x build/mma_f16_probe ]; then
     tee -a "$out/call.log" < "$out/mma_f16_probe.log"
 fi
 gemm
+# the model fixtures and the prefill tests with the hi/lo GEMM for every dense prefill matmul: what
+# making it the default needs (skipped when the GEMM test failed or the pack has no test_cuda_prefill)
+hilo_models() {
+    local t
+    [ "${SANCTUM_BENCH_HILO:-1}" != 0 ] || return 0
+    for t in test_cuda_model test_cuda_prefill; do
+        [ -x "$A/$t" ] || continue
+        SANCTUM_CUDA_GEMM=hilo timeout 150 "$A/$t" > "$out/${t}_hilo.log" 2>&1
+        echo "$t (SANCTUM_CUDA_GEMM=hilo) rc=$? $(grep -E '^[0-9]+ passed' "$out/${t}_hilo.log" | tail -n1)" |
+            tee -a "$out/call.log"
+        grep -h FAIL "$out/${t}_hilo.log" | head -5 | tee -a "$out/call.log"
+    done
+}
+hilo_models
 case "$gpu" in *H200*) lines ;; esac
 tst test_cuda_ops
 vary
