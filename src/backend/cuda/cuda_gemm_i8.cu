@@ -879,34 +879,34 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
                     hmma(d, a[m][1][0], a[m][1][1], a[m][1][2], a[m][1][3], bl[2], bl[3]);
                 }
             }
-            i8_group_end<GS>(kb, kt, [&](int sub) { flush(st, sub); });
-            return;
-        }
-        uint32_t b[2][NTW][4];
+        } else {
+            /* every token tile's B registers once, then an m-tile's A at a time */
+            uint32_t b[2][NTW][4];
 #pragma unroll
-        for (int p = 0; p < 2; p++)
+            for (int p = 0; p < 2; p++)
 #pragma unroll
-            for (int j = 0; j < NTW; j++)
-                cu_ldsm_x4(b[p][j], stb + boff[p][j] + kt * 64);
+                for (int j = 0; j < NTW; j++)
+                    cu_ldsm_x4(b[p][j], stb + boff[p][j] + kt * 64);
 #pragma unroll
-        for (int m = 0; m < MTW; m++) {
-            const uint2 W = ((const uint2 *)st)[((wm * MTW + m) * 32 + lane) * 2 + kt];
-            const uint32_t xh = W.x >> 8, yh = W.y >> 8;
-            const uint32_t a[2][4] = { { hl_nib<SUBN>(W.x, 0x000F000Fu), hl_nib<SUBN>(W.x, 0x00F000F0u),
-                                         hl_nib<SUBN>(xh, 0x000F000Fu), hl_nib<SUBN>(xh, 0x00F000F0u) },
-                                       { hl_nib<SUBN>(W.y, 0x000F000Fu), hl_nib<SUBN>(W.y, 0x00F000F0u),
-                                         hl_nib<SUBN>(yh, 0x000F000Fu), hl_nib<SUBN>(yh, 0x00F000F0u) } };
+            for (int m = 0; m < MTW; m++) {
+                const uint2 W = ((const uint2 *)st)[((wm * MTW + m) * 32 + lane) * 2 + kt];
+                const uint32_t xh = W.x >> 8, yh = W.y >> 8;
+                const uint32_t a[2][4] = { { hl_nib<SUBN>(W.x, 0x000F000Fu), hl_nib<SUBN>(W.x, 0x00F000F0u),
+                                             hl_nib<SUBN>(xh, 0x000F000Fu), hl_nib<SUBN>(xh, 0x00F000F0u) },
+                                           { hl_nib<SUBN>(W.y, 0x000F000Fu), hl_nib<SUBN>(W.y, 0x00F000F0u),
+                                             hl_nib<SUBN>(yh, 0x000F000Fu), hl_nib<SUBN>(yh, 0x00F000F0u) } };
 #pragma unroll
-            for (int j = 0; j < NTW; j++) {
-                float(&d)[4] = acc_u[m][j];
-                /* columns 0-15 of the k-tile: hi, then lo; then 16-31 */
-                if (z)
-                    hmma_z(d, a[0][0], a[0][1], a[0][2], a[0][3], b[0][j][0], b[0][j][1]);
-                else
-                    hmma(d, a[0][0], a[0][1], a[0][2], a[0][3], b[0][j][0], b[0][j][1]);
-                hmma(d, a[0][0], a[0][1], a[0][2], a[0][3], b[1][j][0], b[1][j][1]);
-                hmma(d, a[1][0], a[1][1], a[1][2], a[1][3], b[0][j][2], b[0][j][3]);
-                hmma(d, a[1][0], a[1][1], a[1][2], a[1][3], b[1][j][2], b[1][j][3]);
+                for (int j = 0; j < NTW; j++) {
+                    float(&d)[4] = acc_u[m][j];
+                    /* columns 0-15 of the k-tile: hi, then lo; then 16-31 */
+                    if (z)
+                        hmma_z(d, a[0][0], a[0][1], a[0][2], a[0][3], b[0][j][0], b[0][j][1]);
+                    else
+                        hmma(d, a[0][0], a[0][1], a[0][2], a[0][3], b[0][j][0], b[0][j][1]);
+                    hmma(d, a[0][0], a[0][1], a[0][2], a[0][3], b[1][j][0], b[1][j][1]);
+                    hmma(d, a[1][0], a[1][1], a[1][2], a[1][3], b[0][j][2], b[0][j][3]);
+                    hmma(d, a[1][0], a[1][1], a[1][2], a[1][3], b[1][j][2], b[1][j][3]);
+                }
             }
         }
         i8_group_end<GS>(kb, kt, [&](int sub) { flush(st, sub); });
