@@ -544,25 +544,26 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
 
 /* ---- The fp16 hi/lo form (gemm_i8 = 4; PERFORMANCE runs 46-47) ----
  *
- * The same repacked weights, on the fp16 tensor cores: x is scaled per
+ * The same repacked weights on the fp16 tensor cores. x is scaled per
  * token by a power of two 2^e (its largest |x| lands in [2^13, 2^14)) and
- * split into fp16 hi = fp16(x 2^e) and lo = fp16(x 2^e - hi), 22 bits of
- * each value; A is the weights' nibbles read as fp16 subnormals (the bits
- * q are the value q 2^-24, 16 q for a high nibble: one AND a register, no
- * conversion; on the H100 that form ran 1.19x the 3-digit GEMM's speed but
- * its results were 4e-6 off the host emulation: the tensor cores do not
- * take subnormal inputs exactly (s37r1). So by default (gemm_hl_sub=0) a
- * nibble is 1024 + q as a normal fp16 less 1024, one HSUB2 more a register:
- * 1.11x), B the hi and lo planes, and per quant group one fp32
- * accumulator takes hi then lo for each 16 columns (mma.sync m16n8k16).
- * Per (row, token, group) the epilogue is 2 FMAs (acc += s u; acc += b xs,
- * xs = 2^-24 sum x 2^e) where the digit form spends 5, and the power of
- * two 2^(24 - e) is applied once per output.
+ * split into fp16 hi = fp16(x 2^e) and lo = fp16(x 2^e - hi): 22 bits of
+ * each value. A is the weights' nibbles as fp16: 1024 + q as a normal fp16
+ * less 1024 (one LOP3 and one HSUB2 a register; gemm_hl_sub=0, the
+ * default), or the bits q read as the subnormal q 2^-24 (one AND;
+ * gemm_hl_sub=1: 1.19x the 3-digit GEMM on the H100 against 1.11x, but its
+ * results were 4e-6 off the host emulation: the tensor cores do not take
+ * subnormal inputs exactly, s37r1). B is the hi and lo planes; per quant
+ * group one fp32 accumulator takes hi, then lo, for each 16 columns
+ * (mma.sync m16n8k16). Per (row, token, group) the epilogue is 2 FMAs
+ * (acc += s u; acc += b xs, xs = 2^-24 sum x 2^e) where the digit form
+ * spends 5, and 2^(24 - e) is applied once per output (the normal-fp16
+ * nibbles' u is 2^24 larger: their s carries the 2^-24).
  *
  * Fragments: the repacked word W of lane (g, t) holds row g's columns
  * 4t..4t+3 in its low nibbles (bytes 0..3) and row g+8's in the high ones.
  * An m16n8k16 A register holds 2 halves; taking bytes {0, 2} for the k
- * slots 2t, 2t+1 and bytes {1, 3} for 2t+8, 2t+9 gives
+ * slots 2t, 2t+1 and bytes {1, 3} for 2t+8, 2t+9 gives (before the
+ * conversion above)
  *   a0 = W & 0x000F000F, a1 = W & 0x00F000F0 (row g+8, 16 q),
  *   a2 = (W >> 8) & 0x000F000F, a3 = (W >> 8) & 0x00F000F0,
  * so B must hold x at columns (4t, 4t+2) in b0 and (4t+1, 4t+3) in b1: the
@@ -571,10 +572,11 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
  * halves of a 32-column k-tile.
  *
  * Block 256 rows x 64 tokens (8 warps of 64 x 32, or of 32 x 64:
- * gemm_hl_rows), 4-stage cp.async pipeline of 64-column blocks. Deterministic and batch invariant as the
- * digit form (per output the same instruction sequence at any T; a token's
- * scale depends on its own row only). Limits: |x| >= 2^114 overflows fp16
- * (inf/NaN out), a token holding NaN/inf gives NaN for that token. */
+ * gemm_hl_rows), the digit form's 4-stage cp.async pipeline of 64-column
+ * blocks. Deterministic and batch invariant as the digit form (per output
+ * the same instruction sequence at any T; a token's scale depends on its
+ * own row only). Limits: |x| >= 2^114 overflows fp16 (inf/NaN out), a
+ * token holding NaN/inf gives NaN for that token. */
 constexpr int HL_BT = 64;                      /* tokens per block */
 constexpr int HL_BROW = 144;                   /* bytes per staged x row: 64 halves + 16 (ldmatrix conflict-free) */
 constexpr int HL_A = I8_BMT * 512;
