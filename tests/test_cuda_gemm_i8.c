@@ -37,6 +37,8 @@
  * the digit staging) gives the bits of a freshly staged call, and x
  * changed by an op in between, by the previous matmul writing over it,
  * another group size or another T each make it stage again.
+ * A token holding inf or NaN gives NaN in all its outputs and leaves the
+ * other tokens' bits alone, in both forms.
  * Without a GPU part 2 says SKIP. */
 #include <math.h>
 #include <stdint.h>
@@ -919,6 +921,44 @@ static void test_gpu_staging_reuse(void)
     hq4_free(&a.h); hq4_free(&b.h); hq4_free(&sq.h); hq4_free(&g32.h);
 }
 
+/* A token holding inf or NaN gives NaN in every output of that token (the documented limit of both
+ * forms), and the other tokens the bits of the same x without it */
+static void test_gpu_nonfinite(void)
+{
+    enum { T = 20, K = 1088 };
+    hq4 w;
+    hq4_make(&w, 130, K, 64, 0, 0, 0);
+    sn_weight wg = host_view(&w);
+    CHECK_OK(G->ops->upload_weight(G, &wg));
+    float *x = make_x(T, K, 64, 0), *xb = malloc(sizeof(float) * T * K);
+    memcpy(xb, x, sizeof(float) * T * K);
+    xb[5 * K + 17] = INFINITY;
+    xb[9 * K + 300] = NAN;
+    float *dx = dcopy(x, (size_t)T * K), *dxb = dcopy(xb, (size_t)T * K);
+    static const int modes[] = { 3, 4 };
+    for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
+        float *y = gpu_mm(&wg, dx, T, modes[mi]), *yb = gpu_mm(&wg, dxb, T, modes[mi]);
+        size_t not_nan = 0, differ = 0;
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < 130; r++) {
+                const float v = yb[(size_t)t * 130 + r];
+                if (t == 5 || t == 9) not_nan += !isnan(v);
+                else differ += memcmp(&v, y + (size_t)t * 130 + r, 4) != 0;
+            }
+        CHECKF(not_nan == 0, "gemm_i8=%d: %zu outputs of the tokens holding inf / NaN are not NaN", modes[mi], not_nan);
+        CHECKF(differ == 0, "gemm_i8=%d: %zu outputs of the other tokens differ from the run without them", modes[mi],
+               differ);
+        free(y);
+        free(yb);
+    }
+    CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
+    G->ops->buf_free(G, dx);
+    G->ops->buf_free(G, dxb);
+    free(x);
+    free(xb);
+    hq4_free(&w);
+}
+
 /* SANCTUM_TEST_GEMM_I8_TIME=1: the GEMM alone on the 27B prefill shapes (T = 4096), 3 and 2 digits, hi/lo and
  * the split fp16x3 GEMM (gemm_i8 = 0, cuBLAS if it loaded); ms per call and nominal TFLOP/s (2 rows cols T) */
 static double now_s(void)
@@ -992,6 +1032,7 @@ int main(void)
         RUN(test_gpu_vs_emulation);
         RUN(test_gpu_vs_cpu);
         RUN(test_gpu_staging_reuse);
+        RUN(test_gpu_nonfinite);
     }
     RUN(time_gemm);
     if (G->ops->sync(G) != SN_OK) {
