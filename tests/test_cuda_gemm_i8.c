@@ -175,6 +175,22 @@ static void emu_repack(const hq4 *w, uint32_t **qr_out, uint32_t **sr_out, int64
     *mt_out = MT;
 }
 
+/* The staging kernels' power of two for n values v: e2 with max |v| 2^e2 < 2^top (at most 2^100; 0 for
+ * all zeros), and whether a value is inf or NaN (then e2 is 0) */
+static int emu_scale_exp(const float *v, int64_t n, int top, int *bad)
+{
+    float mx = 0.f;
+    *bad = 0;
+    for (int64_t j = 0; j < n; j++) {
+        mx = fmaxf(mx, fabsf(v[j]));
+        *bad |= !isfinite(v[j]);
+    }
+    if (mx == 0.f || *bad) return 0;
+    int e;
+    frexpf(mx, &e);
+    return top - e < 100 ? top - e : 100;
+}
+
 /* k_i8_stage: planes [D][T][cols] (bytes of X, top byte first), gc [groups][T][4] = {2^-e, K, 2^-e sum X, 0} */
 static void emu_stage(int D, int G, const float *x, int T, int64_t cols, int8_t *planes, float *gc)
 {
@@ -183,18 +199,8 @@ static void emu_stage(int D, int G, const float *x, int T, int64_t cols, int8_t 
     for (int t = 0; t < T; t++)
         for (int64_t g0 = 0; g0 < cols; g0 += G) {
             const float *v = x + (size_t)t * cols + g0;
-            float mx = 0.f;
-            int bad = 0;
-            for (int j = 0; j < G; j++) {
-                mx = fmaxf(mx, fabsf(v[j]));
-                bad |= !isfinite(v[j]);
-            }
-            int e2 = 0;
-            if (mx > 0.f && !bad) {
-                int e;
-                frexpf(mx, &e);
-                e2 = XBITS - e < 100 ? XBITS - e : 100;
-            }
+            int bad;
+            const int e2 = emu_scale_exp(v, G, XBITS, &bad);
             const float sc = ldexpf(1.f, e2), es = ldexpf(1.f, -e2);
             int sum = 0;
             for (int j = 0; j < G; j++) {
@@ -455,19 +461,9 @@ static void emu_stage_hl(int G, const float *x, int T, int64_t cols, uint16_t *p
 {
     for (int t = 0; t < T; t++) {
         const float *v = x + (size_t)t * cols;
-        float mx = 0.f;
-        int bad = 0;
-        for (int64_t k = 0; k < cols; k++) {
-            mx = fmaxf(mx, fabsf(v[k]));
-            bad |= !isfinite(v[k]);
-        }
-        int e2 = 0;
-        if (mx > 0.f && !bad) {
-            int e;
-            frexpf(mx, &e);
-            e2 = H_XTOP - e;
-            e2 = e2 < -100 ? -100 : e2 > 100 ? 100 : e2;
-        }
+        int bad;
+        int e2 = emu_scale_exp(v, cols, H_XTOP, &bad);
+        if (e2 < -100) e2 = -100; /* the hi/lo form clamps both ways */
         ts[t] = ldexpf(1.f, 24 - e2);
         const int L = G / 4;
         float lane_sum[32];
