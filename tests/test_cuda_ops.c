@@ -1467,7 +1467,8 @@ static void test_graph_replay(void)
 }
 
 /* every environment knob the backend reads refuses a malformed value by
- * name at creation (the variable is restored after: a run may set it) */
+ * name at creation, and SANCTUM_CUDA_GEMM takes each of its values (the
+ * variables are restored after: a run may set them) */
 static void test_env_knobs(void)
 {
     static const struct { const char *name, *value; } bad[] = {
@@ -1493,6 +1494,23 @@ static void test_env_knobs(void)
             unsetenv(bad[i].name);
         free(keep);
     }
+    /* and takes every value it documents */
+    static const char *gemm[] = { "i8", "i8fast", "hilo", "split", "fast" };
+    const char *was = getenv("SANCTUM_CUDA_GEMM");
+    char *keep = was ? strdup(was) : NULL;
+    for (size_t i = 0; i < sizeof gemm / sizeof *gemm; i++) {
+        setenv("SANCTUM_CUDA_GEMM", gemm[i], 1);
+        sn_backend *b = NULL;
+        const sn_status st = sn_backend_cuda_new(0, &b);
+        CHECKF(st == SN_OK && b, "SANCTUM_CUDA_GEMM=%s: refused (%d: %s)", gemm[i], (int)st, sn_errmsg());
+        if (b)
+            sn_backend_free(b);
+    }
+    if (keep)
+        setenv("SANCTUM_CUDA_GEMM", keep, 1);
+    else
+        unsetenv("SANCTUM_CUDA_GEMM");
+    free(keep);
 }
 
 int main(void)

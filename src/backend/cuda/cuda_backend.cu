@@ -1565,10 +1565,11 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
                            pdls);
     }
     const char *gmm = getenv("SANCTUM_CUDA_GEMM"), *gmv = getenv("SANCTUM_CUDA_GEMV");
-    if (gmm && strcmp(gmm, "i8") && strcmp(gmm, "i8fast") && strcmp(gmm, "split") && strcmp(gmm, "fast"))
+    if (gmm && strcmp(gmm, "i8") && strcmp(gmm, "i8fast") && strcmp(gmm, "hilo") && strcmp(gmm, "split") &&
+        strcmp(gmm, "fast"))
         return SN_FAIL(SN_E_INVALID,
                        "SANCTUM_CUDA_GEMM=%s: want i8 (default: integer tensor cores on 3 digits of x), i8fast "
-                       "(2 digits), split (fp16 split GEMM) or fast (single-pass fp16)",
+                       "(2 digits), hilo (x as fp16 hi + lo), split (fp16 split GEMM) or fast (single-pass fp16)",
                        gmm);
     if (gmv && strcmp(gmv, "fp32"))
         return SN_FAIL(SN_E_INVALID,
