@@ -1018,8 +1018,9 @@ int main(int argc, char **argv)
            "(logits off the 3 digits' by %.2e of their largest)\n", prefill, ttft_i8[1], prefill / ttft_i8[1], dlog[1]);
     printf("  prefill %d tokens, fp16 hi/lo GEMM (22-bit x, hilo): %.3f s = %.0f tok/s (logits off the 3 digits' by "
            "%.2e of their largest)\n", prefill, ttft_i8[3], prefill / ttft_i8[3], dlog[3]);
-    printf("  prefill %d tokens, fp32-class split fp16x3 GEMM%s (split): %.3f s = %.0f tok/s\n", prefill,
-           have_blas ? " via cuBLAS" : ", own kernel", ttft_i8[2], prefill / ttft_i8[2]);
+    printf("  prefill %d tokens, fp32-class split fp16x3 GEMM%s (split): %.3f s = %.0f tok/s (logits off the 3 digits' "
+           "by %.2e of their largest)\n", prefill, have_blas ? " via cuBLAS" : ", own kernel", ttft_i8[2],
+           prefill / ttft_i8[2], dlog[2]);
     printf("  decode (graph): %.1f tok/s (median step %.3f ms), %.0f GB/s = %.0f%% of copy bandwidth, %.0f%% of "
            "read-only\n", dec_graph, med * 1e3, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs);
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
