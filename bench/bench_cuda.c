@@ -913,8 +913,8 @@ int main(int argc, char **argv)
     }
     free(lg0);
     free(lgv);
-    TRY(sn_cuda_tune(B, "gemm_i8", !gemm_env || !strcmp(gemm_env, "i8") ? 3 : !strcmp(gemm_env, "i8fast") ? 2
-                                   : !strcmp(gemm_env, "hilo") ? 4 : 0));
+    TRY(sn_cuda_tune(B, "gemm_i8", !gemm_env || !strcmp(gemm_env, "hilo") ? 4 : !strcmp(gemm_env, "i8") ? 3
+                                   : !strcmp(gemm_env, "i8fast") ? 2 : 0));
     /* [gemm_i8] end */
     reset_state(&m);
     forward(&m, ids, prefill, 0, &tok);
@@ -1002,7 +1002,7 @@ int main(int argc, char **argv)
     printf("  copy bandwidth (d2d, read+write): %.0f GB/s; read-only streaming kernel: %.0f GB/s\n", copy_gbs,
            read_gbs);
     printf("  prefill %d tokens (default GEMM, SANCTUM_CUDA_GEMM=%s): %.3f s = %.0f tok/s (TTFT %.1f ms)%s\n", /* [gemm_i8] */
-           prefill, gemm_env ? gemm_env : "i8 (unset)", ttft, prefill / ttft, ttft * 1e3, finite ? "" : "  [non-finite logits!]");
+           prefill, gemm_env ? gemm_env : "hilo (unset)", ttft, prefill / ttft, ttft * 1e3, finite ? "" : "  [non-finite logits!]");
     if (have_blas)
         printf("  prefill %d tokens, fp32-class GEMM, own kernel (no cuBLAS): %.3f s = %.0f tok/s\n", prefill,
                ttft_own, prefill / ttft_own);

@@ -7,14 +7,14 @@
 #   gemm   the change's test_cuda_gemm_i8 with each prefill GEMM form timed
 #          alone on the 27B's shapes (SANCTUM_TEST_GEMM_I8_TIME=1; half a
 #          minute); if it fails, the lines leave the hi/lo prefill out
-#   hilo   the change's test_cuda_model and test_cuda_prefill with
-#          SANCTUM_CUDA_GEMM=hilo (whether the hi/lo GEMM can be the default)
+#   i8     the change's test_cuda_model and test_cuda_prefill with
+#          SANCTUM_CUDA_GEMM=i8 (the 3 digits; hi/lo is the default)
 #   lines  main's bench_cuda lines for both models at 4096 tokens (lead pack);
 #          on an H200 right after gemm (the targets are set there), last on
 #          an H100
 #   ops    the change's test_cuda_ops (A/B pack)
 #   vary   the change's bench_cuda --vary of every VARY entry, per A/B config
-#   tests  the change's test_cuda_model, test_cuda_moe
+#   tests  the change's test_cuda_model, test_cuda_prefill, test_cuda_moe
 #   prof   ncu sections of the 3-digit and hi/lo prefill GEMMs
 # and first of all, when carried, build/mma_f16_probe (bench/mma_f16_probe.cu,
 # under a second).
@@ -54,7 +54,8 @@ tst() {
 gemm() {
     SANCTUM_TEST_GEMM_I8_TIME=1 timeout 200 "$A/test_cuda_gemm_i8" > "$out/test_cuda_gemm_i8.log" 2>&1
     local rc=$?
-    [ $rc -eq 0 ] || export SANCTUM_BENCH_HILO=0 # the lines then leave the hi/lo prefill out
+    # the lines then leave the hi/lo prefill out, and prefill on 3 digits by default
+    [ $rc -eq 0 ] || export SANCTUM_BENCH_HILO=0 SANCTUM_CUDA_GEMM=i8
     echo "test_cuda_gemm_i8 rc=$rc $(grep -E '^[0-9]+ passed' "$out/test_cuda_gemm_i8.log" | tail -n1)" |
         tee -a "$out/call.log"
     grep -h "FAIL\|vs scalar cpu\|emulated vs\|  time " "$out/test_cuda_gemm_i8.log" | head -20 | tee -a "$out/call.log"
@@ -75,24 +76,23 @@ if [ -x build/mma_f16_probe ]; then
     tee -a "$out/call.log" < "$out/mma_f16_probe.log"
 fi
 gemm
-# the model fixtures and the prefill tests with the hi/lo GEMM for every dense prefill matmul: what
-# making it the default needs (skipped when the GEMM test failed or the pack has no test_cuda_prefill)
-hilo_models() {
+# the model fixtures and the prefill tests with the 3-digit GEMM for every dense prefill matmul (the hi/lo
+# form is the default since s38r1; the later steps run it)
+i8_models() {
     local t
-    [ "${SANCTUM_BENCH_HILO:-1}" != 0 ] || return 0
     for t in test_cuda_model test_cuda_prefill; do
         [ -x "$A/$t" ] || continue
-        SANCTUM_CUDA_GEMM=hilo timeout 150 "$A/$t" > "$out/${t}_hilo.log" 2>&1
-        echo "$t (SANCTUM_CUDA_GEMM=hilo) rc=$? $(grep -E '^[0-9]+ passed' "$out/${t}_hilo.log" | tail -n1)" |
+        SANCTUM_CUDA_GEMM=i8 timeout 150 "$A/$t" > "$out/${t}_i8.log" 2>&1
+        echo "$t (SANCTUM_CUDA_GEMM=i8) rc=$? $(grep -E '^[0-9]+ passed' "$out/${t}_i8.log" | tail -n1)" |
             tee -a "$out/call.log"
-        grep -h FAIL "$out/${t}_hilo.log" | head -5 | tee -a "$out/call.log"
+        grep -h FAIL "$out/${t}_i8.log" | head -5 | tee -a "$out/call.log"
     done
 }
-hilo_models
+i8_models
 case "$gpu" in *H200*) lines ;; esac
 tst test_cuda_ops
 vary
-for t in test_cuda_model test_cuda_moe; do tst "$t"; done
+for t in test_cuda_model test_cuda_prefill test_cuda_moe; do tst "$t"; done
 # last: ncu on the 3-digit and hi/lo GEMMs (17408 x 5120 at T = 4096, the timing's first shape, its second
 # launch) for where each one's time goes
 # (the hi/lo kernel's launches: 1 warm-up + 10 timed with warps of 64 rows, then the same with 32)

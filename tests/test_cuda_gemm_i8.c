@@ -798,11 +798,11 @@ static void gpu_case(const gcase *c, int with_emu)
             if (nd) fprintf(stderr, "  hi/lo: subnormal and magic-number nibbles differ in %zu of %zu outputs "
                             "(rows=%lld T=%d)\n", nd, n, (long long)c->rows, c->T);
             free(ym);
-            /* warps of 32 rows x 64 tokens: the same instruction sequence per output, so the same bits */
-            CHECK_OK(sn_cuda_tune(G, "gemm_hl_rows", 32));
-            float *yw = gpu_mm(&wg, dx, c->T, 4);
+            /* warps of 64 rows x 32 tokens: the same instruction sequence per output, so the same bits */
             CHECK_OK(sn_cuda_tune(G, "gemm_hl_rows", 64));
-            CHECKF(n_diff(y, yw, n) == 0, "gpu hi/lo rows=%lld T=%d: warps of 32 rows differ from 64 in %zu of %zu "
+            float *yw = gpu_mm(&wg, dx, c->T, 4);
+            CHECK_OK(sn_cuda_tune(G, "gemm_hl_rows", 32));
+            CHECKF(n_diff(y, yw, n) == 0, "gpu hi/lo rows=%lld T=%d: warps of 64 rows differ from 32 in %zu of %zu "
                    "outputs", (long long)c->rows, c->T, n_diff(y, yw, n), n);
             free(yw);
         }
@@ -846,7 +846,7 @@ static void test_gpu_vs_cpu(void)
             worst_gpu[1], worst_gpu[2], worst_gpu[0], worst_hl_sub);
     CHECK(sn_cuda_tune(G, "gemm_i8", 1) == SN_E_INVALID);
     sn_clear_error();
-    CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
+    CHECK_OK(sn_cuda_tune(G, "gemm_i8", 4)); /* the default */
 }
 
 /* one uploaded Q4 weight of the staging test */
@@ -909,7 +909,7 @@ static void test_gpu_staging_reuse(void)
     CHECK_OK(G->ops->matmul(G, &b.wg, 0, dx, T, dyb));
     float *yb4 = out_of(&b, dyb, T);
     CHECKF(n_diff(yb4, rb4, (size_t)T * 130) == 0, "staging reuse (hi/lo): b after a differs from b alone");
-    CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
+    CHECK_OK(sn_cuda_tune(G, "gemm_i8", 4)); /* the default */
     free(rb4); free(yb4);
     free(rb); free(rg); free(rb9); free(yb); free(yg); free(yb9); free(yb2); free(rb2); free(yb3); free(rb3);
     free(x); free(z);
@@ -947,7 +947,7 @@ static void test_gpu_nonfinite(void)
         free(y);
         free(yb);
     }
-    CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
+    CHECK_OK(sn_cuda_tune(G, "gemm_i8", 4)); /* the default */
     G->ops->buf_free(G, dx);
     G->ops->buf_free(G, dxb);
     free(x);
@@ -1000,7 +1000,8 @@ static void time_gemm(void)
                     dt * 1e3, 2.0 * w.rows * w.cols * T / dt / 1e12);
         }
         fprintf(stderr, "\n");
-        CHECK_OK(sn_cuda_tune(G, "gemm_i8", 3));
+        CHECK_OK(sn_cuda_tune(G, "gemm_i8", 4)); /* the defaults */
+        CHECK_OK(sn_cuda_tune(G, "gemm_hl_rows", 32));
         G->ops->buf_free(G, dx);
         G->ops->buf_free(G, dy);
         free(x);

@@ -1568,8 +1568,8 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     if (gmm && strcmp(gmm, "i8") && strcmp(gmm, "i8fast") && strcmp(gmm, "hilo") && strcmp(gmm, "split") &&
         strcmp(gmm, "fast"))
         return SN_FAIL(SN_E_INVALID,
-                       "SANCTUM_CUDA_GEMM=%s: want i8 (default: integer tensor cores on 3 digits of x), i8fast "
-                       "(2 digits), hilo (x as fp16 hi + lo), split (fp16 split GEMM) or fast (single-pass fp16)",
+                       "SANCTUM_CUDA_GEMM=%s: want hilo (default: x as fp16 hi + lo), i8 (integer tensor cores on 3 "
+                       "digits of x), i8fast (2 digits), split (fp16 split GEMM) or fast (single-pass fp16)",
                        gmm);
     if (gmv && strcmp(gmv, "fp32"))
         return SN_FAIL(SN_E_INVALID,
@@ -1624,14 +1624,18 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
         /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
         const char *g = getenv("SANCTUM_CUDA_GEMM");
         cb->di.gemm_fast = g && !strcmp(g, "fast");
-        /* [gemm_i8] SANCTUM_CUDA_GEMM=i8 (default: 3 digits) | i8fast (2 digits) | hilo (x as fp16
-         * hi + lo on the fp16 tensor cores, dense weights; MoE experts keep 3 digits) | split | fast:
-         * the tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every weight */
-        cb->di.gemm_i8 = !g || !strcmp(g, "i8") ? 3 : !strcmp(g, "i8fast") ? 2 : !strcmp(g, "hilo") ? 4 : 0;
+        /* [gemm_i8] SANCTUM_CUDA_GEMM=hilo (default: x as fp16 hi + lo on the fp16 tensor cores,
+         * dense weights; MoE experts take 3 digits) | i8 (3 digits) | i8fast (2 digits) | split |
+         * fast: the tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every
+         * weight. hi/lo is the default since s38r1: the model and prefill tests pass with it, its
+         * GEMM is 1.16x the 3 digits' (H100, warps of 32 rows) and 5.6e-7 off the CPU (6.7e-7) */
+        cb->di.gemm_i8 = !g || !strcmp(g, "hilo") ? 4 : !strcmp(g, "i8") ? 3 : !strcmp(g, "i8fast") ? 2 : 0;
         /* the hi/lo form's nibbles by the magic number: as subnormals its results were 1.19x the
          * 3-digit GEMM's speed against 1.11x, but 4e-6 off its host emulation (s37r1, H100) */
         cb->di.gemm_hl_sub = 0;
-        cb->di.gemm_hl_rows = 64; /* 16 warps of 64 x 16 lost to these 8 of 64 x 32 (s37r2) */
+        /* warps of 32 rows x 64 tokens convert each A tile once: 165 against 159 TFLOP/s for warps
+         * of 64 x 32 on 17408 x 5120 at T = 4096 (s38r1, H100), the same bits */
+        cb->di.gemm_hl_rows = 32;
         /* SANCTUM_CUDA_PDL=0|1|2 (checked above): which kernels may start before the previous
          * one ends; by default (2) those that prefetch weights (cuda_internal.h) */
         const char *p = getenv("SANCTUM_CUDA_PDL");

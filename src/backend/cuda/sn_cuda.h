@@ -116,16 +116,16 @@ sn_status sn_cuda_gemv_pool(sn_backend *be, long launches[2], int counters[4]);
  * fp16x3 form with fp32-class accuracy (0, the default; env
  * SANCTUM_CUDA_GEMM=fast sets 1 at creation); "moe_gemm" = MoE calls of
  * 32+ tokens as expert-grouped GEMMs (1, default) or per-token GEMVs (0);
- * [gemm_i8] "gemm_i8" = prefill GEMMs (T >= 9) of repacked Q4 weights on the
- * integer tensor cores with x as 3 byte digits (3, default: fp32-class), 2
- * digits (2: 16-bit x), x as fp16 hi + lo parts on the fp16 tensor cores
- * (4: dense weights only, MoE stacks take 3) or not at all (0: the fp16
- * GEMMs above); env at creation SANCTUM_CUDA_GEMM=i8 | i8fast | hilo |
- * split | fast (the last two: 0); "gemm_hl_sub" = in the hi/lo form the
- * weights' nibbles as fp16 subnormals (1: one instruction a register fewer,
- * less accurate on the H100) or as 1024 + q less 1024 (0, default);
- * "gemm_hl_rows" = its rows a warp, 64 (default: warps of 64 x 32) or 32
- * (warps of 32 x 64; same bits). */
+ * [gemm_i8] "gemm_i8" = prefill GEMMs (T >= 9) of repacked Q4 weights with
+ * x as fp16 hi + lo parts on the fp16 tensor cores (4, default: fp32-class;
+ * dense weights only, MoE stacks take 3), on the integer tensor cores with
+ * x as 3 byte digits (3: fp32-class), 2 digits (2: 16-bit x) or not at all
+ * (0: the fp16 GEMMs above); env at creation SANCTUM_CUDA_GEMM=hilo | i8 |
+ * i8fast | split | fast (the last two: 0); "gemm_hl_sub" = in the hi/lo
+ * form the weights' nibbles as fp16 subnormals (1: one instruction a
+ * register fewer, less accurate on the H100) or as 1024 + q less 1024 (0,
+ * default); "gemm_hl_rows" = its rows a warp, 32 (default: warps of 32 x
+ * 64) or 64 (warps of 64 x 32; same bits). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
 
 /* The optional table entries argmax, sample, moe, begin_step and end_step of
