@@ -940,6 +940,24 @@ int main(int argc, char **argv)
     double med = lat[1 + (ndec - 1) / 2];
     long rep, cap, eag;
     sn_cuda_graph_stats(B, &rep, &cap, &eag);
+    /* the same steps again, split: the host's op calls (begin_step and the model's ops, recorded
+     * not run), end_step's record match and graph launch, and the graph on the GPU (events around
+     * its launch); wall less GPU is what the host adds to a step */
+    double rec_s = 0, wall_s = 0;
+    TRY(sn_cuda_step_timing(B, 1));
+    pos = prefill; /* the cache holds prefill + ndec positions */
+    for (int i = 0; i < ndec; i++) {
+        double t0 = now();
+        TRY(O->begin_step(B));
+        forward(&m, &tok, 1, pos++, &tok);
+        double t1 = now();
+        TRY(O->end_step(B));
+        rec_s += t1 - t0;
+        wall_s += now() - t0;
+    }
+    sn_cuda_step_time stt;
+    sn_cuda_step_times(B, &stt);
+    TRY(sn_cuda_step_timing(B, 0));
     /* graph without the GEMV grouping / add folding */
     TRY(sn_cuda_tune(B, "fuse", 0));
     int nnf = ndec / 2 < 8 ? 8 : ndec / 2;
@@ -1023,6 +1041,10 @@ int main(int argc, char **argv)
            prefill / ttft_i8[2], dlog[2]);
     printf("  decode (graph): %.1f tok/s (median step %.3f ms), %.0f GB/s = %.0f%% of copy bandwidth, %.0f%% of "
            "read-only\n", dec_graph, med * 1e3, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs);
+    printf("  decode step split (graph, %d steps, us a step): wall %.1f = the model's op calls %.1f + end_step %.1f "
+           "(record match %.1f, graph launch %.1f); the graph on the GPU %.1f, so the host adds %.1f\n", ndec,
+           wall_s / ndec * 1e6, rec_s / ndec * 1e6, stt.end_us, stt.match_us, stt.launch_us, stt.gpu_us,
+           wall_s / ndec * 1e6 - stt.gpu_us);
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
     printf("  decode (graph) variants: PDL for every kernel %.1f tok/s, PDL off %.1f; fp32 GEMV "

@@ -17,6 +17,7 @@
  * stays eager. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cuda/cuda_be.h"
 
@@ -761,6 +762,10 @@ void cuda_destroy(sn_backend *b)
         cudaEventDestroy(cb->evs[k].a);
         cudaEventDestroy(cb->evs[k].b);
     }
+    if (cb->stime.a) {
+        cudaEventDestroy(cb->stime.a);
+        cudaEventDestroy(cb->stime.b);
+    }
     free(cb->evs);
     cudaFree(cb->scratch);
     cudaFree(cb->d_zero);
@@ -1391,6 +1396,41 @@ extern "C" sn_status sn_cuda_moe(sn_backend *b, const sn_weight *gate, const sn_
     return moe_submit(b, gate, up, down, logits, top_k, norm_topk, NULL, x, T, out);
 }
 
+static double host_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+extern "C" sn_status sn_cuda_step_timing(sn_backend *b, int on)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (on && !cb->stime.a) {
+        CU_TRY(cudaEventCreate(&cb->stime.a), "step timing event");
+        CU_TRY(cudaEventCreate(&cb->stime.b), "step timing event");
+    }
+    cb->stime.on = on != 0;
+    if (on) {
+        cb->stime.n = 0;
+        cb->stime.match_s = cb->stime.launch_s = cb->stime.end_s = cb->stime.gpu_ms = 0;
+    }
+    return SN_OK;
+}
+
+extern "C" void sn_cuda_step_times(sn_backend *b, sn_cuda_step_time *out)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    const cuda_be *cb = cb_of(b);
+    const double n = cb->stime.n ? (double)cb->stime.n : 1.0;
+    out->steps = cb->stime.n;
+    out->match_us = cb->stime.match_s / n * 1e6;
+    out->launch_us = cb->stime.launch_s / n * 1e6;
+    out->end_us = cb->stime.end_s / n * 1e6;
+    out->gpu_us = cb->stime.gpu_ms / n * 1e3;
+}
+
 extern "C" sn_status sn_cuda_begin_step(sn_backend *b)
 {
     SN_ASSERT(sn_cuda_is(b));
@@ -1417,6 +1457,8 @@ extern "C" sn_status sn_cuda_end_step(sn_backend *b)
         return SN_FAIL(SN_E_INVALID, "end_step: no step is open");
     stg_forget(cb);
     sn_status st = SN_OK;
+    const double t_end = cb->stime.on ? host_s() : 0;
+    const long n_rep = cb->n_replayed;
     if (!cb->broken) {
         int delta;
         /* the previous replay may still be reading h_sp */
@@ -1428,10 +1470,18 @@ extern "C" sn_status sn_cuda_end_step(sn_backend *b)
             for (int i = 0; i < GRAPH_SLOTS && !hit; i++)
                 if (records_match(cb, &cb->gs[i], &delta))
                     hit = &cb->gs[i];
+            const double t_match = cb->stime.on ? host_s() : 0;
             if (hit) {
                 cb->h_sp->delta = delta;
                 memcpy(cb->h_sp->ids, cb->pend_ids, sizeof(int32_t) * cb->n_ids);
+                if (cb->stime.on)
+                    cudaEventRecord(cb->stime.a, cb->st);
                 e = cudaGraphLaunch(hit->exec, cb->st);
+                if (cb->stime.on) {
+                    cudaEventRecord(cb->stime.b, cb->st);
+                    cb->stime.launch_s += host_s() - t_match;
+                    cb->stime.match_s += t_match - t_end;
+                }
                 if (e != cudaSuccess)
                     st = cu_err(e, "graph replay");
                 hit->used = ++cb->g_clock;
@@ -1464,6 +1514,13 @@ extern "C" sn_status sn_cuda_end_step(sn_backend *b)
                 st = cu_err(e, "end_step");
             else
                 deliver_outs(cb);
+        }
+        float ms = 0;
+        if (st == SN_OK && cb->stime.on && n_rep != cb->n_replayed &&
+            cudaEventElapsedTime(&ms, cb->stime.a, cb->stime.b) == cudaSuccess) {
+            cb->stime.gpu_ms += ms;
+            cb->stime.end_s += host_s() - t_end;
+            cb->stime.n++;
         }
     }
     cb->in_step = false;

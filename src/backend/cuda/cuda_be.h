@@ -94,6 +94,14 @@ struct cuda_be {
     long g_clock;
     long n_replayed, n_captured, n_eager;
     long last_nodes; /* nodes of the graph captured last */
+    /* sn_cuda_step_timing: where a replayed step's wall time goes (host seconds, GPU ms summed
+     * over the replays timed; events around the graph launch only while on) */
+    struct {
+        bool on;
+        cudaEvent_t a, b;
+        long n;
+        double match_s, launch_s, end_s, gpu_ms;
+    } stime;
 
     int fuse;               /* group decode GEMVs and fold residual adds inside graphs */
     int fuse_gate;          /* and the gates: a GDN layer's gated norm into its out projection, the

@@ -60,6 +60,16 @@ sn_status sn_cuda_timeline_end(sn_backend *be, int *n, long *dropped);
 /* Graph statistics: steps replayed from a graph, steps (re)captured, steps
  * that ran eagerly because something inside needed the host. */
 void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *eager);
+/* Where a replayed decode step's time goes: while on, end_step times its
+ * record match and its graph launch on the host, and the graph on the GPU
+ * by events recorded around the launch. Turning it on clears the sums;
+ * sn_cuda_step_times gives the means per replayed step since (microseconds). */
+typedef struct {
+    long steps;
+    double match_us, launch_us, end_us, gpu_us;
+} sn_cuda_step_time;
+sn_status sn_cuda_step_timing(sn_backend *be, int on);
+void sn_cuda_step_times(sn_backend *be, sn_cuda_step_time *out);
 /* Nodes (kernels, copies) of the step graph captured last: what a fusion saves. */
 long sn_cuda_graph_nodes(sn_backend *be);
 /* Read-only streaming bandwidth of the device: reps passes of a plain
