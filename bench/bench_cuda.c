@@ -555,6 +555,31 @@ static double decode_with(model_t *m, const char *key, int val, int restore, int
     return (n - 1) / t;
 }
 
+/* n graph decode steps from pos0, split: the host's op calls (begin_step and the model's ops,
+ * recorded not run), end_step's record match and graph launch, and the graph on the GPU (events
+ * around its launch); wall less GPU is what the host adds to a step */
+static void step_split(model_t *m, int pos0, int n, int32_t *tok)
+{
+    double rec_s = 0, wall_s = 0;
+    TRY(sn_cuda_step_timing(B, 1));
+    for (int i = 0; i < n; i++) {
+        double t0 = now();
+        TRY(O->begin_step(B));
+        forward(m, tok, 1, pos0 + i, tok);
+        double t1 = now();
+        TRY(O->end_step(B));
+        rec_s += t1 - t0;
+        wall_s += now() - t0;
+    }
+    sn_cuda_step_time stt;
+    sn_cuda_step_times(B, &stt);
+    TRY(sn_cuda_step_timing(B, 0));
+    printf("  decode step split (graph, %d steps, us a step): wall %.1f = the model's op calls %.1f + end_step %.1f "
+           "(record match %.1f, graph launch %.1f); the graph on the GPU %.1f, so the host adds %.1f\n", n,
+           wall_s / n * 1e6, rec_s / n * 1e6, stt.end_us, stt.match_us, stt.launch_us, stt.gpu_us,
+           wall_s / n * 1e6 - stt.gpu_us);
+}
+
 /* --timeline (with --ncu-decode): TL_STEPS graph steps with CUPTI's kernel
  * records on, and the last one read through bench/timeline.h: per kernel
  * name its launches, busy and exposed microseconds (the exposed ones sum to
@@ -815,6 +840,7 @@ int main(int argc, char **argv)
         int pos = prefill + ndec;
         printf("bench_cuda %s --ncu-decode: decode (graph) %.3f ms per step of %d row%s over %d steps; profiled step next\n",
                cfgp, 1e3 / tps, g_rows, g_rows > 1 ? "s" : "", ndec - 1);
+        if (g_rows == 1) step_split(&m, prefill, ndec, &tok);
         for (int round = 0; round < 3 && n_vary; round++)
             for (int v = -1; v < n_vary; v++) {
                 /* key=value:restore, or several joined by commas (set in
@@ -940,24 +966,6 @@ int main(int argc, char **argv)
     double med = lat[1 + (ndec - 1) / 2];
     long rep, cap, eag;
     sn_cuda_graph_stats(B, &rep, &cap, &eag);
-    /* the same steps again, split: the host's op calls (begin_step and the model's ops, recorded
-     * not run), end_step's record match and graph launch, and the graph on the GPU (events around
-     * its launch); wall less GPU is what the host adds to a step */
-    double rec_s = 0, wall_s = 0;
-    TRY(sn_cuda_step_timing(B, 1));
-    pos = prefill; /* the cache holds prefill + ndec positions */
-    for (int i = 0; i < ndec; i++) {
-        double t0 = now();
-        TRY(O->begin_step(B));
-        forward(&m, &tok, 1, pos++, &tok);
-        double t1 = now();
-        TRY(O->end_step(B));
-        rec_s += t1 - t0;
-        wall_s += now() - t0;
-    }
-    sn_cuda_step_time stt;
-    sn_cuda_step_times(B, &stt);
-    TRY(sn_cuda_step_timing(B, 0));
     /* graph without the GEMV grouping / add folding */
     TRY(sn_cuda_tune(B, "fuse", 0));
     int nnf = ndec / 2 < 8 ? 8 : ndec / 2;
@@ -1041,10 +1049,7 @@ int main(int argc, char **argv)
            prefill / ttft_i8[2], dlog[2]);
     printf("  decode (graph): %.1f tok/s (median step %.3f ms), %.0f GB/s = %.0f%% of copy bandwidth, %.0f%% of "
            "read-only\n", dec_graph, med * 1e3, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs);
-    printf("  decode step split (graph, %d steps, us a step): wall %.1f = the model's op calls %.1f + end_step %.1f "
-           "(record match %.1f, graph launch %.1f); the graph on the GPU %.1f, so the host adds %.1f\n", ndec,
-           wall_s / ndec * 1e6, rec_s / ndec * 1e6, stt.end_us, stt.match_us, stt.launch_us, stt.gpu_us,
-           wall_s / ndec * 1e6 - stt.gpu_us);
+    step_split(&m, prefill, ndec, &tok);
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);
     printf("  decode (graph) variants: PDL for every kernel %.1f tok/s, PDL off %.1f; fp32 GEMV "
