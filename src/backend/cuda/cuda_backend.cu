@@ -657,7 +657,9 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
     memcpy(cb->h_sp->ids, cb->pend_ids, sizeof(int32_t) * cb->n_ids);
     CU_TRY(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "graph capture");
     sn_status st = SN_OK;
-    cudaError_t e = cudaMemcpyAsync(cb->d_sp, cb->h_sp, sizeof(step_params), cudaMemcpyHostToDevice, s);
+    /* the delta and this step's ids only (the whole block is 16 KB of ids; a decode step has one) */
+    const size_t sp_bytes = offsetof(step_params, ids) + sizeof(int32_t) * cb->n_ids;
+    cudaError_t e = cudaMemcpyAsync(cb->d_sp, cb->h_sp, sp_bytes, cudaMemcpyHostToDevice, s);
     cu_pdl_skip = 1; /* the next kernel follows a copy: no PDL edge */
     if (e != cudaSuccess)
         st = cu_err(e, "graph params");
