@@ -42,7 +42,7 @@ lines() {
         timeout 150 "$L/bench_cuda" --config "bench/configs/$cfg.json" --prefill 4096 --decode 64 \
             --log "$out/results.log" > "$out/bench_$cfg.log" 2>&1
         echo "lines $cfg rc=$?" | tee -a "$out/call.log"
-        grep -h "decode (graph\|prefill 4096 tokens (default\|hilo\|GPU memory" "$out/bench_$cfg.log" | tee -a "$out/call.log"
+        grep -h "decode (graph\|step split\|prefill 4096 tokens (default\|hilo\|GPU memory" "$out/bench_$cfg.log" | tee -a "$out/call.log"
     done
 }
 tst() {
