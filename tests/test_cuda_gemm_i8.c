@@ -223,6 +223,18 @@ enum { E_WM = 4, E_WN = 2, E_MTW = 4, E_BMT = 16, E_BROW = 80, E_GT = 8 };
 #define E_MAGIC 0x4B400000u
 
 static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* a row's (scale, bias) pair as the repack stores it: bf16 halves (scale low) or f16 halves (i8_sb) */
+static void emu_sb(uint32_t pr, int f16, float *s, float *b)
+{
+    if (!f16) {
+        *s = u2f(pr << 16);
+        *b = u2f(pr & 0xffff0000u);
+    } else {
+        *s = sn_f16_to_f32((uint16_t)(pr & 0xffff));
+        *b = sn_f16_to_f32((uint16_t)(pr >> 16));
+    }
+}
 static uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
 /* mma.sync.aligned.m16n8k32.row.col.s32.u8.{s8,u8}.s32 over a warp, from the PTX fragment layout */
@@ -386,13 +398,7 @@ static float *emu_gemm(int D, const hq4 *w, const float *x, int T)
                                 for (int h = 0; h < 2; h++) {
                                     const uint32_t pr = rd32(Sb + (m * 16 + gq + 8 * h) * 4);
                                     float s, bb;
-                                    if (!w->f16) {
-                                        s = u2f(pr << 16);
-                                        bb = u2f(pr & 0xffff0000u);
-                                    } else {
-                                        s = sn_f16_to_f32((uint16_t)(pr & 0xffff));
-                                        bb = sn_f16_to_f32((uint16_t)(pr >> 16));
-                                    }
+                                    emu_sb(pr, w->f16, &s, &bb);
                                     if (HI16 && h) s = s * 0.0625f;
                                     for (int tt = 0; tt < TTW; tt++)
                                         for (int c = 0; c < 2; c++) {
@@ -589,13 +595,7 @@ static float *emu_gemm_hl(const hq4 *w, const float *x, int T, int sub)
                                     const int64_t t = t0 + wn * 32 + j * 8 + 2 * (l & 3) + (i & 1);
                                     const uint32_t pr = sr[(mt * groups + grp) * 16 + r];
                                     float s, bb;
-                                    if (!w->f16) {
-                                        s = u2f(pr << 16);
-                                        bb = u2f(pr & 0xffff0000u);
-                                    } else {
-                                        s = sn_f16_to_f32((uint16_t)(pr & 0xffff));
-                                        bb = sn_f16_to_f32((uint16_t)(pr >> 16));
-                                    }
+                                    emu_sb(pr, w->f16, &s, &bb);
                                     if (i >= 2) s = s * 0.0625f;
                                     if (!sub) s = s * 0x1p-24f;
                                     const float xv = t < T ? xs[(size_t)grp * T + t] : 0.f;
