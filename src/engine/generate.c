@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "sanctum/clock.h"
 #include "sanctum/prompt_cache.h"
 #include "sanctum/stop.h"
 
@@ -18,13 +19,6 @@ const char *sn_finish_name(sn_finish f)
     case SN_FINISH_CANCELLED: return "cancelled";
     }
     return "stop";
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static bool is_eos(const sn_model_info *info, int32_t id)
@@ -124,7 +118,7 @@ static sn_status emit(gen *g, float *logits, int32_t *id, int *what)
     res->completion_tokens++;
     g->since_flush++;
     if (res->completion_tokens == 1) {
-        g->t_first = now_s();
+        g->t_first = sn_now_s();
         res->first_token_s = g->t_first - g->t0;
     }
     if (is_eos(g->info, *id)) { res->finish = SN_FINISH_STOP; return SN_OK; }
@@ -227,7 +221,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
     if (g.n_unusable == vocab) { st = SN_FAIL(SN_E_INVALID, "generate: the tokenizer decodes none of the model's %d ids", vocab); goto out; }
     if ((st = sn_stop_new(p->stops, p->n_stops, &g.stop)) != SN_OK) goto out;
 
-    g.t0 = now_s();
+    g.t0 = sn_now_s();
     int cached = 0;
     if (p->pcache && pos0 == 0) {
         if ((st = sn_pcache_begin_ex(p->pcache, seq, prompt, n_prompt, p->msg_bounds, p->n_msg_bounds, chunk, &pcr,
@@ -251,7 +245,7 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
         i = end;
         if (!last && p->cancelled && p->cancelled(p->ud)) { res->finish = SN_FINISH_CANCELLED; goto done; }
     }
-    res->prefill_s = now_s() - g.t0;
+    res->prefill_s = sn_now_s() - g.t0;
 
     sn_pld_ctl own, *ctl = p->pld_ctl ? p->pld_ctl : &own;
     if (!p->pld_ctl) sn_pld_ctl_init(&own, po.adaptive);
@@ -278,10 +272,10 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
         /* the verify pass records the recurrent state after each of its
          * tokens, so a rejection costs no recompute */
         if (nd && (st = sn_rewind_track(rw, seq, nf + nd)) != SN_OK) goto out;
-        double tf = now_s();
+        double tf = sn_now_s();
         if ((st = gen_forward(&g, seq, feed, nf + nd, true, nd, logits, gids)) != SN_OK) goto out;
         res->forward_calls++;
-        tf = now_s() - tf;
+        tf = sn_now_s() - tf;
         /* row nf-1 predicts the token after the fed ones; row nf-1+i the
          * one after draft i-1: keep going while the sample is the draft */
         int acc = 0;
@@ -316,14 +310,14 @@ sn_status sn_generate(sn_model *m, const sn_tokenizer *tok, sn_seq *seq, const i
         if ((st = sn_stop_push(g.stop, g.dtext, g.dlen, &g.otext, &g.olen, &g.ocap, &g.stopped)) != SN_OK) goto out;
         if (!g.stopped && (st = sn_stop_flush(g.stop, &g.otext, &g.olen, &g.ocap)) != SN_OK) goto out;
     }
-    res->decode_s = now_s() - g.t_first;
+    res->decode_s = sn_now_s() - g.t_first;
     if (cb) {
         st = cb(p->ud, g.otext ? g.otext : "", g.olen, res->completion_tokens);
         if (st == SN_E_CANCELLED) { st = SN_OK; res->finish = SN_FINISH_CANCELLED; }
     }
     goto store;
 done:
-    if (g.t_first > 0) res->decode_s = now_s() - g.t_first;
+    if (g.t_first > 0) res->decode_s = sn_now_s() - g.t_first;
 store:
     /* The state covers hist[0, pos - pos0): leave it for the next request. */
     if (st == SN_OK && pcr) st = sn_pcache_commit(pcr, seq, g.hist, g.n_hist);

@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "models/model_impl.h"
+#include "sanctum/clock.h"
 
 #define PC_DEFAULT_BUDGET ((size_t)512 << 20)
 #define PC_DEFAULT_EVERY 256
@@ -45,13 +46,6 @@ static int n_gdn_layers(const sn_seq *s)
 static size_t gdn_layer_bytes(const sn_seq *s) { return (s->conv_floats + s->S_floats) * sizeof(float); }
 
 static size_t gdn_state_bytes(const sn_seq *s) { return (size_t)n_gdn_layers(s) * gdn_layer_bytes(s); }
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- pool buffers -------------------------------------------------------
  *
@@ -581,7 +575,7 @@ sn_status sn_pcache_begin_ex(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, 
     }
 
     pthread_mutex_lock(&pc->lock);
-    double t0 = now_s();
+    double t0 = sn_now_s();
     pc_entry *best = NULL;
     int best_pos = 0;
     for (pc_entry *e = pc->head; e; e = e->next) {
@@ -591,7 +585,7 @@ sn_status sn_pcache_begin_ex(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, 
             best_pos = pos;
         }
     }
-    double t1 = now_s();
+    double t1 = sn_now_s();
     pc->lookup_s += t1 - t0;
     if (best) {
         /* the segments below best_pos, the last one cut there */
@@ -610,7 +604,7 @@ sn_status sn_pcache_begin_ex(sn_pcache *pc, sn_seq *seq, const int32_t *prompt, 
             st = ck ? gdn_load(seq, ck) : SN_FAIL(SN_E_INVALID, "prompt cache: no checkpoint at %d (internal)", best_pos);
         }
         MUNLOCK(seq->m);
-        pc->restore_s += now_s() - t1;
+        pc->restore_s += sn_now_s() - t1;
         if (st == SN_OK) {
             for (int i = 0; i <= k; i++) {
                 r->segs[i] = best->segs[i];
@@ -670,7 +664,7 @@ static sn_status capture_now(sn_pcache_req *r, const sn_seq *seq)
         r->cap_ck = nc;
     }
     sn_pcache *pc = r->pc;
-    double t0 = now_s();
+    double t0 = sn_now_s();
     pc_buf b;
     MLOCK(seq->m);
     sn_status st = pcb_alloc(seq->m, pc->dev, r->gdn_bytes, &b, &pc->fallbacks);
@@ -679,7 +673,7 @@ static sn_status capture_now(sn_pcache_req *r, const sn_seq *seq)
     if (st != SN_OK) return st;
     r->ck[r->n_ck] = b;
     r->ck_pos[r->n_ck++] = seq->pos;
-    double dt = now_s() - t0;
+    double dt = sn_now_s() - t0;
     pthread_mutex_lock(&pc->lock);
     pc->capture_s += dt;
     pthread_mutex_unlock(&pc->lock);
@@ -729,7 +723,7 @@ sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *t
                                      n, n_tokens);
     if (n < r->start) return SN_FAIL(SN_E_INVALID, "prompt cache: the sequence went back below its resume point");
     bool recurrent = r->gdn_bytes > 0;
-    double t_start = now_s();
+    double t_start = sn_now_s();
     {
         /* what this request adds must fit the budget on its own */
         size_t add = (size_t)n_attn_layers(seq) * 2 * (size_t)(n - r->start) * seq->kv_row_floats * sizeof(float) +
@@ -838,7 +832,7 @@ sn_status sn_pcache_commit(sn_pcache_req *r, const sn_seq *seq, const int32_t *t
     } else {
         lru_push_front(pc, e);
     }
-    pc->commit_s += now_s() - t_start;
+    pc->commit_s += sn_now_s() - t_start;
     pthread_mutex_unlock(&pc->lock);
     e = NULL;
 out:

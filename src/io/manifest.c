@@ -25,17 +25,12 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 
+#include "sanctum/clock.h"
+
 #define HASH_BUF_BYTES (1u << 20)   /* per-thread streaming buffer */
 #define MAX_PATH_BYTES 4096
 #define MAX_DIR_DEPTH 8
 #define MAX_THREADS 64
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* The OpenSSL error queue as one line (drained), or `fallback` when empty:
  * callers put it in messages so an operator sees the library's own reason. */
@@ -1090,7 +1085,7 @@ static sn_status gate(const char *model_dir, const sn_manifest_opts *opts, sn_ma
     size_t text_len = 0, sig_len = 0;
     sn_manifest *m = NULL;
     char *sig_default = NULL;
-    double t0 = now_s();
+    double t0 = sn_now_s();
     sn_manifest_report rep = { 0 };
     if (!model_dir || !opts || !opts->manifest_path)
         return SN_FAIL(SN_E_INVALID, "manifest gate: model dir and manifest path are required");
@@ -1151,14 +1146,14 @@ static sn_status gate(const char *model_dir, const sn_manifest_opts *opts, sn_ma
     st = sn_manifest_parse((const char *)text, text_len, mpath, &m);
     if (st != SN_OK)
         goto out;
-    double th = now_s();
+    double th = sn_now_s();
     int progress = opts->quiet ? 0 : isatty(STDERR_FILENO) ? 1 : 2;
     st = verify_dir(m, model_dir, opts->n_threads, progress, &rep.bytes, pins);
-    rep.hash_seconds = now_s() - th;
+    rep.hash_seconds = sn_now_s() - th;
     if (st != SN_OK)
         goto out;
     rep.n_files = m->n;
-    rep.seconds = now_s() - t0;
+    rep.seconds = sn_now_s() - t0;
     if (!opts->quiet)
         fprintf(stderr, "manifest: %s verified: %zu files, %.2f GB in %.2f s (%.2f GB/s), signature %s\n", mpath,
                 rep.n_files, (double)rep.bytes / 1e9, rep.seconds,

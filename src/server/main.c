@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "sanctum/chat.h"
+#include "sanctum/clock.h"
 #include "sanctum/generate.h"
 #include "sanctum/manifest.h"
 #include "sanctum/model.h"
@@ -85,13 +86,6 @@ typedef struct {
     sn_tls *tls;
     const cli *c;
 } hooks;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- engine: runs on the worker thread ---- */
 
@@ -542,7 +536,7 @@ int main(int argc, char **argv)
         goto out;
     }
 
-    double t0 = now_s();
+    double t0 = sn_now_s();
     sn_load_opts lo = {.backend = c.backend, .gpu = c.gpu, .n_threads = c.threads,
                        .memory_limit_mb = c.memory_limit_mb, .weights = c.weights, .pins = pins};
     fprintf(stderr, "sanctum-mlx: loading %s\n", c.model_dir);
@@ -601,7 +595,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "sanctum-mlx: %s\n", sn_errmsg());
         goto out;
     }
-    double load_s = now_s() - t0;
+    double load_s = sn_now_s() - t0;
     srv_metrics_startup(metrics, "model_load", load_s);
     snprintf(model_id, sizeof model_id, "%s", e.info->name && e.info->name[0] ? e.info->name : base_name(c.model_dir));
     {

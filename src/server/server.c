@@ -39,6 +39,8 @@
 
 #include <fcntl.h>
 
+#include "sanctum/clock.h"
+
 #define SRV_MAX_HTTP 8
 #define SRV_MAX_BOUND 32
 /* libevent's evhttp listens with a backlog of 128: a burst of more new
@@ -144,13 +146,6 @@ struct srv {
 static void conn_touch(srv *s, struct evhttp_connection *evcon);
 static struct bufferevent *conn_bevcb(struct event_base *base, void *arg);
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static const char *method_name(enum evhttp_cmd_type m)
 {
     switch (m) {
@@ -244,7 +239,7 @@ static void finish_sync(srv *s, struct evhttp_request *req, route_id r, double t
     char client[80];
     peer_of(req, client, sizeof client);
     const char *cn = s->o.client_id ? s->o.client_id(s->o.hook_ud, req) : NULL;
-    double dt = now_s() - t0;
+    double dt = sn_now_s() - t0;
     srv_metrics_http(s->o.metrics, k_route_names[r], method, status, dt);
     log_line(s, NULL, k_route_names[r], method, client, cn, status, dt);
 }
@@ -428,7 +423,7 @@ static void job_complete(srv *s, srv_job *j)
         }
         j->req = NULL;
     }
-    j->t_done = now_s();
+    j->t_done = sn_now_s();
     srv_metrics_http(s->o.metrics, k_route_names[j->route], j->method, status, j->t_done - j->t_accept);
     srv_metrics_inflight(s->o.metrics, -1);
     if (j->t_start > 0 && (ok || j->result == SN_E_CANCELLED)) {
@@ -559,7 +554,7 @@ sn_status srv_job_emit(srv_job *j, const char *text, size_t len, int n_tokens)
     srv *s = j->s;
     sn_status st = SN_OK;
     pthread_mutex_lock(&s->mu);
-    if (n_tokens > 0 && j->t_first == 0) j->t_first = now_s();
+    if (n_tokens > 0 && j->t_first == 0) j->t_first = sn_now_s();
     j->completion_tokens = n_tokens;
     st = buf_append(&j->out, &j->out_len, &j->out_cap, text, len);
     if (len > 0 || n_tokens > 0) notify_locked(s, j);
@@ -583,7 +578,7 @@ static void *worker_main(void *arg)
         s->q_head = j->q_next;
         if (!s->q_head) s->q_tail = NULL;
         atomic_fetch_sub(&s->q_len, 1);
-        j->t_start = now_s();
+        j->t_start = sn_now_s();
         atomic_store(&s->busy, 1);
         pthread_mutex_unlock(&s->mu);
 
@@ -736,7 +731,7 @@ static void serve(srv *s, struct evhttp_request *req, const char *path, double t
 static void on_request(struct evhttp_request *req, void *arg)
 {
     srv *s = arg;
-    double t0 = now_s();
+    double t0 = sn_now_s();
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *raw = uri ? evhttp_uri_get_path(uri) : NULL;
     size_t n = 0;
@@ -900,7 +895,7 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
         }
     }
     s->accept_shed += shed;
-    double now = now_s();
+    double now = sn_now_s();
     if (now - s->accept_warned_at >= 5.0) {
         s->accept_warned_at = now;
         fprintf(stderr, "sanctum-mlx: accept failed: %s; %llu connection(s) refused with 503 so far; pausing accepts "
@@ -913,7 +908,7 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
 
 static void resume_accepting(srv *s)
 {
-    if (!s->accept_paused || now_s() < s->paused_until) return;
+    if (!s->accept_paused || sn_now_s() < s->paused_until) return;
     if (s->reserve_fd < 0) s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     for (int i = 0; i < s->n_bound; i++) evconnlistener_enable(evhttp_bound_socket_get_listener(s->bound[i]));
     s->accept_paused = false;
@@ -978,13 +973,13 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     (void)what;
     if (s->draining) {
         fprintf(stderr, "sanctum-mlx: signal %d again while draining; cancelling in-flight work\n", (int)sig);
-        s->drain_deadline = now_s();
+        s->drain_deadline = sn_now_s();
         return;
     }
     fprintf(stderr, "sanctum-mlx: signal %d: draining (%d in flight, grace %.0fs)\n", (int)sig, s->n_live,
             s->o.shutdown_grace_s);
     s->draining = true;
-    s->drain_deadline = now_s() + s->o.shutdown_grace_s;
+    s->drain_deadline = sn_now_s() + s->o.shutdown_grace_s;
     stop_accepting(s);
 }
 
@@ -1048,7 +1043,7 @@ static void conn_touch(srv *s, struct evhttp_connection *evcon)
 {
     struct bufferevent *bev = evcon ? evhttp_connection_get_bufferevent(evcon) : NULL;
     struct conn_ent *e = conn_find(s, bev);
-    if (e) e->since = now_s();
+    if (e) e->since = sn_now_s();
 }
 
 static struct bufferevent *conn_bevcb(struct event_base *base, void *arg)
@@ -1061,7 +1056,7 @@ static struct bufferevent *conn_bevcb(struct event_base *base, void *arg)
     size_t k = conn_slot(s, bev);
     while (s->conns[k].bev) k = (k + 1) & (s->conns_cap - 1);
     bufferevent_incref(bev);
-    s->conns[k] = (struct conn_ent){bev, now_s(), false};
+    s->conns[k] = (struct conn_ent){bev, sn_now_s(), false};
     s->n_conns++;
     return bev;
 }
@@ -1075,7 +1070,7 @@ static bool conn_has_job(srv *s, struct bufferevent *bev)
 
 static void conn_sweep(srv *s, bool release_all)
 {
-    double now = now_s();
+    double now = sn_now_s();
     size_t dead = 0, reaped = 0;
     for (size_t i = 0; i < s->conns_cap; i++) {
         struct conn_ent *e = &s->conns[i];
@@ -1124,12 +1119,12 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         return;
     }
     if (s->n_live == 0) {
-        double now = now_s();
+        double now = sn_now_s();
         if (s->flush_deadline == 0) s->flush_deadline = now + 2.0;
         if (s->flushing <= 0 || now >= s->flush_deadline) event_base_loopexit(s->base, NULL);
         return;
     }
-    if (!s->grace_expired && now_s() >= s->drain_deadline) {
+    if (!s->grace_expired && sn_now_s() >= s->drain_deadline) {
         s->grace_expired = true;
         fprintf(stderr, "sanctum-mlx: shutdown grace over; cancelling %d request(s)\n", s->n_live);
         for (srv_job *j = s->live; j; j = j->live_next) atomic_store(&j->cancel, 1);

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "backend/cuda/cuda_be.h"
+#include "sanctum/clock.h"
 
 int cu_pdl = 0; /* see cuda_internal.h; set at backend creation */
 int64_t cu_pdl_min_bytes = 0;
@@ -1409,13 +1410,6 @@ extern "C" sn_status sn_cuda_moe(sn_backend *b, const sn_weight *gate, const sn_
     return moe_submit(b, gate, up, down, logits, top_k, norm_topk, NULL, x, T, out);
 }
 
-static double host_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 extern "C" sn_status sn_cuda_step_timing(sn_backend *b, int on)
 {
     SN_ASSERT(sn_cuda_is(b));
@@ -1470,7 +1464,7 @@ extern "C" sn_status sn_cuda_end_step(sn_backend *b)
         return SN_FAIL(SN_E_INVALID, "end_step: no step is open");
     stg_forget(cb);
     sn_status st = SN_OK;
-    const double t_end = cb->stime.on ? host_s() : 0;
+    const double t_end = cb->stime.on ? sn_now_s() : 0;
     const long n_rep = cb->n_replayed;
     if (!cb->broken) {
         int delta;
@@ -1483,7 +1477,7 @@ extern "C" sn_status sn_cuda_end_step(sn_backend *b)
             for (int i = 0; i < GRAPH_SLOTS && !hit; i++)
                 if (records_match(cb, &cb->gs[i], &delta))
                     hit = &cb->gs[i];
-            const double t_match = cb->stime.on ? host_s() : 0;
+            const double t_match = cb->stime.on ? sn_now_s() : 0;
             if (hit) {
                 cb->h_sp->delta = delta;
                 memcpy(cb->h_sp->ids, cb->pend_ids, sizeof(int32_t) * cb->n_ids);
@@ -1492,7 +1486,7 @@ extern "C" sn_status sn_cuda_end_step(sn_backend *b)
                 e = cudaGraphLaunch(hit->exec, cb->st);
                 if (cb->stime.on) {
                     cudaEventRecord(cb->stime.b, cb->st);
-                    cb->stime.launch_s += host_s() - t_match;
+                    cb->stime.launch_s += sn_now_s() - t_match;
                     cb->stime.match_s += t_match - t_end;
                 }
                 if (e != cudaSuccess)
@@ -1532,7 +1526,7 @@ extern "C" sn_status sn_cuda_end_step(sn_backend *b)
         if (st == SN_OK && cb->stime.on && n_rep != cb->n_replayed &&
             cudaEventElapsedTime(&ms, cb->stime.a, cb->stime.b) == cudaSuccess) {
             cb->stime.gpu_ms += ms;
-            cb->stime.end_s += host_s() - t_end;
+            cb->stime.end_s += sn_now_s() - t_end;
             cb->stime.n++;
         }
     }
