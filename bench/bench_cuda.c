@@ -939,8 +939,7 @@ int main(int argc, char **argv)
     }
     free(lg0);
     free(lgv);
-    TRY(sn_cuda_tune(B, "gemm_i8", !gemm_env || !strcmp(gemm_env, "hilo") ? 4 : !strcmp(gemm_env, "i8") ? 3
-                                   : !strcmp(gemm_env, "i8fast") ? 2 : 0));
+    TRY(sn_cuda_tune(B, "gemm_i8", sn_cuda_gemm_i8_of(gemm_env)));
     /* [gemm_i8] end */
     reset_state(&m);
     forward(&m, ids, prefill, 0, &tok);

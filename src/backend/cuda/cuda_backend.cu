@@ -18,7 +18,6 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/cuda/cuda_be.h"
 #include "sanctum/clock.h"
@@ -1410,6 +1409,17 @@ extern "C" sn_status sn_cuda_moe(sn_backend *b, const sn_weight *gate, const sn_
     return moe_submit(b, gate, up, down, logits, top_k, norm_topk, NULL, x, T, out);
 }
 
+extern "C" int sn_cuda_gemm_i8_of(const char *env)
+{
+    if (!env || !strcmp(env, "hilo"))
+        return 4;
+    if (!strcmp(env, "i8"))
+        return 3;
+    if (!strcmp(env, "i8fast"))
+        return 2;
+    return !strcmp(env, "split") || !strcmp(env, "fast") ? 0 : -1;
+}
+
 extern "C" sn_status sn_cuda_step_timing(sn_backend *b, int on)
 {
     SN_ASSERT(sn_cuda_is(b));
@@ -1629,8 +1639,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
                            pdls);
     }
     const char *gmm = getenv("SANCTUM_CUDA_GEMM"), *gmv = getenv("SANCTUM_CUDA_GEMV");
-    if (gmm && strcmp(gmm, "i8") && strcmp(gmm, "i8fast") && strcmp(gmm, "hilo") && strcmp(gmm, "split") &&
-        strcmp(gmm, "fast"))
+    if (sn_cuda_gemm_i8_of(gmm) < 0)
         return SN_FAIL(SN_E_INVALID,
                        "SANCTUM_CUDA_GEMM=%s: want hilo (default: x as fp16 hi + lo), i8 (integer tensor cores on 3 "
                        "digits of x), i8fast (2 digits), split (fp16 split GEMM) or fast (single-pass fp16)",
@@ -1693,7 +1702,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
          * fast: the tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every
          * weight. hi/lo is the default since s38r1: the model and prefill tests pass with it, its
          * GEMM is 1.16x the 3 digits' (H100, warps of 32 rows) and 5.6e-7 off the CPU (6.7e-7) */
-        cb->di.gemm_i8 = !g || !strcmp(g, "hilo") ? 4 : !strcmp(g, "i8") ? 3 : !strcmp(g, "i8fast") ? 2 : 0;
+        cb->di.gemm_i8 = sn_cuda_gemm_i8_of(g);
         /* the hi/lo form's nibbles by the magic number: as subnormals its results were 1.19x the
          * 3-digit GEMM's speed against 1.11x, but 4e-6 off its host emulation (s37r1, H100) */
         cb->di.gemm_hl_sub = 0;

@@ -239,11 +239,11 @@ typedef struct {
     float *gk_part;       /* stream-K partial tiles and per-tile counters (cu_matmul_buffers) */
     int *gk_cnt;
     int *gv_pool;         /* k_gemv's pool counter pair (gemv_seg.pool), zero between launches */
-    int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4 on the integer tensor cores: 3 digits (default), 2 (fast),
-                           * 4 x as fp16 hi + lo on the fp16 ones (dense weights; MoE stacks take 3), 0 off */
+    int gemm_i8;          /* [gemm_i8] prefill GEMM of repacked Q4: 4 x as fp16 hi + lo on the fp16 tensor cores (default;
+                           * dense weights, MoE stacks take 3), on the integer ones 3 digits or 2 (fast), 0 off */
     int gemm_hl_sub;      /* ... 4: the nibbles as fp16 subnormals (1) or 1024 + q less 1024 (0, default: subnormal
                            * inputs cost the H100's tensor cores accuracy, s37r1) */
-    int gemm_hl_rows;     /* ... 4: rows a warp, 64 (default: 4 x 2 warps of 64 x 32) or 32 (8 x 1 of 32 x 64) */
+    int gemm_hl_rows;     /* ... 4: rows a warp, 32 (default: 8 x 1 warps of 32 x 64) or 64 (4 x 2 of 64 x 32) */
 } cu_devinfo;
 
 /* ---- optional cuBLAS (cuda_blas.cu), loaded with dlopen ---- */

@@ -137,6 +137,10 @@ sn_status sn_cuda_gemv_pool(sn_backend *be, long launches[2], int counters[4]);
  * default); "gemm_hl_rows" = its rows a warp, 32 (default: warps of 32 x
  * 64) or 64 (warps of 64 x 32; same bits). */
 sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
+/* The "gemm_i8" value a SANCTUM_CUDA_GEMM value selects at creation (NULL,
+ * unset: the default, 4), or -1 for a value it does not take: the one
+ * mapping for the backend and for benchmarks that restore the default. */
+int sn_cuda_gemm_i8_of(const char *env);
 
 /* The optional table entries argmax, sample, moe, begin_step and end_step of
  * backend.h are these functions (callers normally use the table). */
