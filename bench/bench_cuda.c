@@ -532,6 +532,41 @@ static void stamps_report(model_t *m, int pos0, int32_t *tok)
     free(r);
 }
 
+/* One graph decode step at pos from *tok (its argmax into *tok), as the
+ * engine's forward takes a plain greedy step (forward.c): with recording
+ * ahead (g_ahead, SANCTUM_RECORD_AHEAD unset or 1) the step parked by the
+ * one before is launched with the real token, and the next step is recorded
+ * (this token standing in) and parked while this one runs; without, the
+ * step is recorded, then run. */
+static int g_ahead = 1, g_parked_pos = -1;
+
+static void decode_step(model_t *m, int pos, int32_t *tok)
+{
+    if (!g_ahead) {
+        TRY(O->begin_step(B));
+        forward(m, tok, 1, pos, tok);
+        TRY(O->end_step(B));
+        return;
+    }
+    sn_status e = SN_E_MISSING;
+    if (g_parked_pos == pos) {
+        e = O->step_launch_parked(B, m, tok, 1);
+        if (e == SN_E_MISSING) sn_clear_error();
+        else TRY(e);
+    }
+    if (e != SN_OK) {
+        TRY(O->begin_step(B));
+        forward(m, tok, 1, pos, tok);
+        TRY(O->step_launch(B));
+    }
+    const int32_t stand_in = *tok;
+    TRY(O->begin_ahead(B));
+    forward(m, &stand_in, 1, pos + 1, tok);
+    TRY(O->step_park(B, m));
+    g_parked_pos = pos + 1;
+    TRY(O->step_wait(B));
+}
+
 /* Decode tok/s through graphs with one tuning knob set (restored after):
  * n steps from position pos0, the first (capture) not timed. */
 /* --rows N: the --ncu-decode steps carry N rows (a prompt-lookup verify
@@ -544,11 +579,15 @@ static double decode_with(model_t *m, const char *key, int val, int restore, int
     double t = 0;
     for (int i = 0; i < n; i++) {
         double t0 = now();
-        int32_t ids[8];
-        for (int r = 0; r < g_rows; r++) ids[r] = *tok;
-        TRY(O->begin_step(B));
-        forward(m, ids, g_rows, pos0 + i, tok);
-        TRY(O->end_step(B));
+        if (g_rows == 1) {
+            decode_step(m, pos0 + i, tok);
+        } else {
+            int32_t ids[8];
+            for (int r = 0; r < g_rows; r++) ids[r] = *tok;
+            TRY(O->begin_step(B));
+            forward(m, ids, g_rows, pos0 + i, tok);
+            TRY(O->end_step(B));
+        }
         if (i) t += now() - t0;
     }
     if (key) TRY(sn_cuda_tune(B, key, restore));
@@ -574,10 +613,27 @@ static void step_split(model_t *m, int pos0, int n, int32_t *tok)
     sn_cuda_step_time stt;
     sn_cuda_step_times(B, &stt);
     TRY(sn_cuda_step_timing(B, 0));
-    printf("  decode step split (graph, %d steps, us a step): wall %.1f = the model's op calls %.1f + end_step %.1f "
-           "(record match %.1f, graph launch %.1f); the graph on the GPU %.1f, so the host adds %.1f\n", n,
-           wall_s / n * 1e6, rec_s / n * 1e6, stt.end_us, stt.match_us, stt.launch_us, stt.gpu_us,
+    printf("  decode step split (graph, recorded in turn, %d steps, us a step): wall %.1f = the model's op calls %.1f "
+           "+ end_step %.1f (record match %.1f, graph launch %.1f); the graph on the GPU %.1f, so the host adds %.1f\n",
+           n, wall_s / n * 1e6, rec_s / n * 1e6, stt.end_us, stt.match_us, stt.launch_us, stt.gpu_us,
            wall_s / n * 1e6 - stt.gpu_us);
+    /* the same steps as the engine takes them, the next recorded while one runs: only the match and the
+     * launch (and the wait's return) are left between two graphs */
+    wall_s = 0;
+    TRY(sn_cuda_step_timing(B, 1));
+    const int keep = g_ahead;
+    g_ahead = 1;
+    for (int i = 0; i < n; i++) {
+        double t0 = now();
+        decode_step(m, pos0 + i, tok);
+        wall_s += now() - t0;
+    }
+    g_ahead = keep;
+    sn_cuda_step_times(B, &stt);
+    TRY(sn_cuda_step_timing(B, 0));
+    printf("  decode step split (graph, recorded ahead, %d steps, us a step): wall %.1f (record match %.1f, graph "
+           "launch %.1f); the graph on the GPU %.1f, so the host adds %.1f\n", n, wall_s / n * 1e6, stt.match_us,
+           stt.launch_us, stt.gpu_us, wall_s / n * 1e6 - stt.gpu_us);
 }
 
 /* --timeline (with --ncu-decode): TL_STEPS graph steps with CUPTI's kernel
@@ -719,6 +775,14 @@ int main(int argc, char **argv)
      * again with that knob, interleaved with the default, 3 rounds */
     const char *vary[16];
     int n_vary = 0;
+    const char *ahead_env = getenv("SANCTUM_RECORD_AHEAD");
+    if (ahead_env && *ahead_env) {
+        if (strcmp(ahead_env, "0") && strcmp(ahead_env, "1")) {
+            fprintf(stderr, "bench_cuda: SANCTUM_RECORD_AHEAD=%s: want 1 (default) or 0\n", ahead_env);
+            return 2;
+        }
+        g_ahead = *ahead_env == '1';
+    }
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config") && i + 1 < argc) cfgp = argv[++i];
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);
@@ -953,9 +1017,7 @@ int main(int argc, char **argv)
     int pos = prefill;
     for (int i = 0; i < ndec; i++) {
         double t0 = now();
-        TRY(O->begin_step(B));
-        forward(&m, &tok, 1, pos++, &tok);
-        TRY(O->end_step(B));
+        decode_step(&m, pos++, &tok);
         lat[i] = now() - t0;
     }
     double tot = 0;
@@ -963,6 +1025,18 @@ int main(int argc, char **argv)
     double dec_graph = (ndec - 1) / tot;
     qsort(lat + 1, ndec - 1, sizeof(double), cmp_d);
     double med = lat[1 + (ndec - 1) / 2];
+    /* the same steps recorded in turn (SANCTUM_RECORD_AHEAD=0), from the same positions */
+    const int keep_ahead = g_ahead;
+    g_ahead = !keep_ahead;
+    pos = prefill;
+    double t_other = 0;
+    for (int i = 0; i < ndec; i++) {
+        double t0 = now();
+        decode_step(&m, pos++, &tok);
+        if (i) t_other += now() - t0;
+    }
+    g_ahead = keep_ahead;
+    const double dec_other = (ndec - 1) / t_other;
     long rep, cap, eag;
     sn_cuda_graph_stats(B, &rep, &cap, &eag);
     /* graph without the GEMV grouping / add folding */
@@ -1047,7 +1121,11 @@ int main(int argc, char **argv)
            "by %.2e of their largest)\n", prefill, have_blas ? " via cuBLAS" : ", own kernel", ttft_i8[2],
            prefill / ttft_i8[2], dlog[2]);
     printf("  decode (graph): %.1f tok/s (median step %.3f ms), %.0f GB/s = %.0f%% of copy bandwidth, %.0f%% of "
-           "read-only\n", dec_graph, med * 1e3, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs);
+           "read-only (%s)\n", dec_graph, med * 1e3, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / read_gbs,
+           g_ahead ? "each step recorded while the one before runs" : "SANCTUM_RECORD_AHEAD=0: steps recorded in turn");
+    printf("  decode (graph), %s: %.1f tok/s\n",
+           g_ahead ? "steps recorded in turn (SANCTUM_RECORD_AHEAD=0)" : "each step recorded ahead (the default)",
+           dec_other);
     step_split(&m, prefill, ndec, &tok);
     printf("  decode (graph, no GEMV grouping): %.1f tok/s; (eager): %.1f tok/s; graphs captured %ld, replayed %ld, "
            "eager steps %ld\n", dec_nofuse, dec_eager, cap, rep, eag);

@@ -20,8 +20,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#ifdef SN_HAVE_CUDA
+#include "backend/cuda/sn_cuda.h"
+#endif
 #include "harness.h"
 #include "logit_cmp.h"
+#include "models/model_impl.h" /* the model's backend, for its recording-ahead counts */
 #include "sanctum/model.h"
 #include "sanctum/safetensors.h"
 
@@ -171,6 +175,77 @@ static void test_greedy(void)
     }
 }
 
+/* Greedy steps of one prompt on seqs[0..ns) taken in turn (ns > 1: every
+ * step follows another sequence's, so a parked record never fits), with a
+ * sequence made and freed after step churn (a buffer freed drops the parked
+ * record); the ids of seqs[0] into out[NGREEDY]. */
+static void greedy_ids(int i, int ns, int churn, int32_t out[NGREEDY])
+{
+    int L = cur->len[i];
+    sn_seq *s[2] = { NULL, NULL };
+    int32_t id[2] = { -1, -1 };
+    for (int k = 0; k < ns; k++) {
+        CHECK_OK(sn_seq_new(cur->gpu, L + NGREEDY + 1, &s[k]));
+        CHECK_OK(sn_forward_greedy(cur->gpu, s[k], cur->prompt[i], L, &id[k]));
+    }
+    for (int t = 0; t < NGREEDY; t++) {
+        out[t] = id[0];
+        for (int k = 0; k < ns && t + 1 < NGREEDY; k++) {
+            int32_t in = id[k];
+            CHECK_OK(sn_forward_greedy(cur->gpu, s[k], &in, 1, &id[k]));
+            if (k == 1) CHECKF(id[1] == id[0], "%s prompt %d step %d: the two sequences differ", cur->arch, i, t);
+        }
+        if (t == churn) {
+            sn_seq *x = NULL;
+            CHECK_OK(sn_seq_new(cur->gpu, 8, &x));
+            sn_seq_free(x);
+        }
+    }
+    for (int k = 0; k < ns; k++) sn_seq_free(s[k]);
+}
+
+/* Recording ahead (forward.c): the next decode step recorded while one runs,
+ * its stand-in token replaced at launch. Its greedy ids must be the
+ * fixture's and those of steps recorded in turn, alone, beside another
+ * sequence (no parked record fits) and across a freed buffer; and it must
+ * have launched parked steps at all. */
+static void test_greedy_ahead(void)
+{
+    NEED();
+    long parked0 = 0, launched0 = 0, parked1 = 0, launched1 = 0;
+#ifdef SN_HAVE_CUDA
+    sn_cuda_ahead_stats(cur->gpu->be, &parked0, &launched0);
+#endif
+    for (int i = 0; i < cur->n; i++) {
+        int32_t turn[NGREEDY], ahead[NGREEDY], two[NGREEDY], churn[NGREEDY];
+        setenv("SANCTUM_RECORD_AHEAD", "0", 1);
+        greedy_ids(i, 1, -1, turn);
+        setenv("SANCTUM_RECORD_AHEAD", "1", 1);
+        greedy_ids(i, 1, -1, ahead);
+        greedy_ids(i, 2, -1, two);
+        greedy_ids(i, 1, NGREEDY / 2, churn);
+        unsetenv("SANCTUM_RECORD_AHEAD");
+        for (int t = 0; t < NGREEDY; t++) {
+            CHECKF(turn[t] == cur->greedy[i][t], "%s prompt %d: in turn, step %d: %d, want %d", cur->arch, i, t,
+                   turn[t], cur->greedy[i][t]);
+            CHECKF(ahead[t] == turn[t], "%s prompt %d: ahead, step %d: %d, in turn %d", cur->arch, i, t, ahead[t],
+                   turn[t]);
+            CHECKF(two[t] == turn[t], "%s prompt %d: two sequences, step %d: %d, in turn %d", cur->arch, i, t, two[t],
+                   turn[t]);
+            CHECKF(churn[t] == turn[t], "%s prompt %d: buffer freed, step %d: %d, in turn %d", cur->arch, i, t,
+                   churn[t], turn[t]);
+        }
+    }
+#ifdef SN_HAVE_CUDA
+    sn_cuda_ahead_stats(cur->gpu->be, &parked1, &launched1);
+#endif
+    fprintf(stderr, "  %s: %ld steps parked, %ld launched from the park\n", cur->arch, parked1 - parked0,
+            launched1 - launched0);
+    /* alone, all but the first decode step of each prompt come from the park */
+    CHECKF(launched1 - launched0 >= (long)cur->n * (NGREEDY - 4), "%s: only %ld parked steps launched", cur->arch,
+           launched1 - launched0);
+}
+
 static void test_decode_after_prefill(void)
 {
     NEED();
@@ -217,6 +292,7 @@ int main(void)
         RUN(test_logits_vs_ref);
         RUN(test_cuda_vs_cpu);
         RUN(test_greedy);
+        RUN(test_greedy_ahead);
         RUN(test_decode_after_prefill);
         sn_model_free(cur->gpu);
         sn_model_free(cur->cpu);

@@ -192,6 +192,25 @@ typedef struct sn_backend_ops {
      * positions moved by one common delta (a decode step at the next pos). */
     sn_status (*begin_step)(sn_backend *);
     sn_status (*end_step)(sn_backend *);
+    /* Recording ahead (CUDA; all five or none): the host records step n+1
+     * while the GPU runs step n, whose token it does not know yet.
+     * step_launch closes the open step as end_step does but returns once the
+     * step is queued; its results are valid after step_wait. begin_ahead
+     * opens a step that is only recorded, never run (anything that would
+     * run it, such as to_host, fails instead), and may be opened while a
+     * launched step runs; step_park closes it and keeps its record (one at
+     * most) under owner (the caller's key: models may share a backend).
+     * step_launch_parked queues that record as step_launch would, with its
+     * first n embed ids replaced by ids (ids are data to a record); with
+     * none parked under owner it fails with SN_E_MISSING and changes
+     * nothing. Freeing a buffer drops the parked record (it holds
+     * pointers), as does step_drop. */
+    sn_status (*step_launch)(sn_backend *);
+    sn_status (*step_wait)(sn_backend *);
+    sn_status (*begin_ahead)(sn_backend *);
+    sn_status (*step_park)(sn_backend *, const void *owner);
+    sn_status (*step_launch_parked)(sn_backend *, const void *owner, const int32_t *ids, int n);
+    void (*step_drop)(sn_backend *);
 } sn_backend_ops;
 
 struct sn_backend {

@@ -11,6 +11,7 @@
 #include "models/model_impl.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -283,6 +284,80 @@ static void hist_disarm(sn_seq *q, int from, int rows)
     }
 }
 
+/* SANCTUM_RECORD_AHEAD: 1 (default) records a plain greedy decode step's
+ * successor while the backend runs the step; 0 records each step in turn.
+ * Read at every step, as SANCTUM_GRAPH_ROWS is. */
+static sn_status record_ahead_env(bool *out)
+{
+    const char *e = getenv("SANCTUM_RECORD_AHEAD");
+    *out = true;
+    if (!e || !*e) return SN_OK;
+    if (strcmp(e, "0") && strcmp(e, "1"))
+        return SN_FAIL(SN_E_INVALID, "SANCTUM_RECORD_AHEAD=%s: want 1 (default: record the next decode step while "
+                       "this one runs) or 0", e);
+    *out = *e == '1';
+    return SN_OK;
+}
+
+/* Recording ahead (backend.h): a plain greedy decode step (one sequence,
+ * one row, its argmax id wanted and nothing else) is what the generation
+ * loop repeats, so while the backend runs it the next one is recorded with
+ * this step's token standing in for the one not yet known (ids are data to
+ * a record) and parked; the next forward launches it with the real token
+ * if it is that step: the same sequence at the next position, made from the
+ * same views (an equal record). The op calls then overlap the GPU's work
+ * instead of sitting between two steps. */
+static bool ahead_fits(const sn_model *m, const step *st, const head_row *rows, int nr, bool graph)
+{
+    const sn_backend_ops *o = m->be->ops;
+    if (!graph || !o->step_launch || !o->step_wait || !o->begin_ahead || !o->step_park || !o->step_launch_parked ||
+        !o->step_drop || !o->argmax)
+        return false;
+    const step_item *it = &st->it[0];
+    return st->n_items == 1 && it->n == 1 && nr == 1 && rows[0].id && !rows[0].dst && !rows[0].smp &&
+           !it->seq->hist_armed && it->seq->pos + 2 <= it->seq->max_ctx;
+}
+
+/* Is the parked record the one this step would record? */
+static bool ahead_matches(const sn_model *m, const sn_seq *q)
+{
+    const size_t nl = (size_t)m->n_layers;
+    return m->ahead.valid && m->ahead.seq == q && m->ahead.pos == q->pos &&
+           !memcmp(m->ahead.kv, q->kv, nl * sizeof *q->kv) && !memcmp(m->ahead.gdn, q->gdn, nl * sizeof *q->gdn) &&
+           !memcmp(&m->ahead.ws, &m->ws, offsetof(sn_workspace, head_ids));
+}
+
+/* Records and parks the step after st (the same sequence one position on,
+ * st's token standing in). A failure only means nothing is parked. */
+static void record_ahead(sn_model *m, const step *st, const head_row *rows, int nr)
+{
+    sn_seq *q = st->it[0].seq;
+    const size_t nl = (size_t)m->n_layers;
+    if (!m->ahead.kv) m->ahead.kv = malloc(nl * sizeof *m->ahead.kv);
+    if (!m->ahead.gdn) m->ahead.gdn = malloc(nl * sizeof *m->ahead.gdn);
+    if (!m->ahead.kv || !m->ahead.gdn) return;
+    q->pos++; /* the next step's position: the ops read it from the sequence */
+    sn_status s = OPS->begin_ahead(BE);
+    if (s == SN_OK) {
+        bool have_ids;
+        s = run_layers(m, st);
+        if (s == SN_OK) s = head_compute(m, rows, nr, m->ws.head_ids, &have_ids);
+        sn_status e = OPS->step_park(BE, m);
+        if (s == SN_OK) s = e;
+    }
+    q->pos--;
+    if (s != SN_OK) {
+        sn_clear_error();
+        return;
+    }
+    m->ahead.seq = q;
+    m->ahead.pos = q->pos + 1;
+    memcpy(m->ahead.kv, q->kv, nl * sizeof *q->kv);
+    memcpy(m->ahead.gdn, q->gdn, nl * sizeof *q->gdn);
+    memcpy(&m->ahead.ws, &m->ws, offsetof(sn_workspace, head_ids));
+    m->ahead.valid = true;
+}
+
 /* A decode step (one token per sequence) runs inside begin_step/end_step
  * when the backend has them, so CUDA can replay it as one graph; logits and
  * ids reach the host only after end_step. */
@@ -308,10 +383,11 @@ static sn_status run_step(sn_model *m, const step *st)
             rows[nr++] = (head_row){ it->row0 + r, dst, id, it->banned, it->n_banned, NULL };
         }
     }
-    int32_t ids[SN_LOGIT_ROWS];
-    bool have_ids = false, one_head = nr <= SN_LOGIT_ROWS, decode = true;
+    int32_t *ids = m->ws.head_ids;
+    bool have_ids = false, one_head = nr <= SN_LOGIT_ROWS, decode = true, ahead_on;
     int grows;
     SN_TRY(graph_rows(&grows));
+    SN_TRY(record_ahead_env(&ahead_on));
     for (int i = 0; i < st->n_items; i++) decode = decode && st->it[i].n <= grows;
     /* only decode steps: they repeat with positions shifted, which is what
      * a recorded graph can replay; a prefill chunk would be captured once
@@ -320,13 +396,37 @@ static sn_status run_step(sn_model *m, const step *st)
      * SANCTUM_GRAPH_ROWS rows per sequence (default 8; 1 = one-row steps
      * only) go into graphs. */
     bool graph = decode && one_head && OPS->begin_step && OPS->end_step;
-    if (graph) SN_TRY(OPS->begin_step(BE));
-    sn_status s = run_layers(m, st);
-    if (s == SN_OK && one_head && nr) s = head_compute(m, rows, nr, ids, &have_ids);
-    if (graph) {
-        /* close the step even after a failure, or the next begin_step refuses */
-        sn_status e = OPS->end_step(BE);
+    const bool ahead = ahead_on && ahead_fits(m, st, rows, nr, graph);
+    /* the step parked ahead, launched with its real token; whatever else
+     * runs, a parked record is stale from here on */
+    bool launched = false, match = ahead && ahead_matches(m, st->it[0].seq);
+    if (m->ahead.valid && !match) OPS->step_drop(BE);
+    m->ahead.valid = false;
+    if (match) {
+        sn_status e = OPS->step_launch_parked(BE, m, st->it[0].tokens, 1);
+        if (e == SN_OK) launched = have_ids = true;
+        else if (e == SN_E_MISSING) sn_clear_error(); /* dropped by the backend (a buffer freed): record anew */
+        else return e;
+    }
+    sn_status s = SN_OK;
+    if (!launched) {
+        if (graph) SN_TRY(OPS->begin_step(BE));
+        s = run_layers(m, st);
+        if (s == SN_OK && one_head && nr) s = head_compute(m, rows, nr, ids, &have_ids);
+        if (graph) {
+            /* close the step even after a failure, or the next begin_step refuses */
+            sn_status e = ahead ? OPS->step_launch(BE) : OPS->end_step(BE);
+            if (s == SN_OK) s = e;
+        }
+    }
+    if (ahead) {
+        if (s == SN_OK) record_ahead(m, st, rows, nr);
+        sn_status e = OPS->step_wait(BE);
         if (s == SN_OK) s = e;
+        if (s != SN_OK && m->ahead.valid) {
+            OPS->step_drop(BE);
+            m->ahead.valid = false;
+        }
     }
     /* a tracked forward records the gdn history once (sn_rewind_track) */
     for (int i = 0; i < st->n_items; i++)

@@ -814,6 +814,8 @@ void sn_model_free(sn_model *m)
         if (m->own_be) sn_backend_free(m->be);
     }
     free(m->be_blocks);
+    free(m->ahead.kv);
+    free(m->ahead.gdn);
     for (size_t i = 0; i < m->n_host; i++) free(m->host_blocks[i]);
     free(m->host_blocks);
     free(m->layers);

@@ -142,6 +142,9 @@ typedef struct {
     int32_t *h_count;        /* [E+1] start of each expert's group in h_sel */
     float *zero_freq;        /* [max(H, Hq*D)/2] zeros in backend memory, for sn_scale_row */
     int32_t *h_ids;          /* [T] host copy of the step's token ids */
+    /* the argmax ids of a step's head rows: here, not on a caller's stack,
+     * because a record parked ahead (forward.c) names where its ids go */
+    int32_t head_ids[SN_LOGIT_ROWS];
 } sn_workspace;
 
 struct sn_model {
@@ -179,6 +182,17 @@ struct sn_model {
 
     pthread_mutex_t lock;    /* one step at a time through the workspace */
     sn_workspace ws;
+    /* the decode step recorded ahead and parked on the backend (forward.c):
+     * for seq at pos, with copies of what the record's pointers came from
+     * (the sequence's KV and GatedDeltaNet views, the workspace) */
+    struct {
+        bool valid;
+        const sn_seq *seq;
+        int pos;
+        sn_kv_view *kv;   /* [n_layers], made on first use */
+        sn_gdn_view *gdn; /* [n_layers] */
+        sn_workspace ws;
+    } ahead;
 };
 
 /* Per-sequence state. Attention layers have a KV cache, GatedDeltaNet layers

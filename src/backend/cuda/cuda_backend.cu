@@ -14,7 +14,14 @@
  * memcmp per op instead of a launch, and the GPU runs the step without
  * launch gaps. Anything inside a step that needs the host (to_host, sync,
  * from_host, free) first runs the pending record eagerly; that step then
- * stays eager. */
+ * stays eager.
+ *
+ * Recording ahead (step_launch, begin_ahead, step_park, step_launch_parked):
+ * the generation loop records step n+1 while the GPU runs step n, with a
+ * stand-in token; once token n is known, the parked record is launched with
+ * it (ids are data). The op calls then no longer sit between two steps'
+ * graphs on the GPU. A step begun ahead is never run: an op that would run
+ * it (a host barrier) is refused and the park fails. */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,11 +231,44 @@ void deliver_outs(cuda_be *cb)
     cb->n_outs = 0;
 }
 
+/* The launched step (step_launch) to its end: its argmax rows delivered
+ * and, when it replayed a graph with the step timing on, its times added.
+ * Anything that writes h_outs first calls this. */
+sn_status finish_launched(cuda_be *cb)
+{
+    if (!cb->launched)
+        return SN_OK;
+    cb->launched = false;
+    CU_TRY(cudaStreamSynchronize(cb->st), "step wait");
+    for (int k = 0; k < cb->l_n_outs; k++)
+        *cb->l_out_ptrs[k] = cb->h_outs[k];
+    cb->l_n_outs = 0;
+    float ms = 0;
+    if (cb->stime.on && cb->l_rep != cb->n_replayed &&
+        cudaEventElapsedTime(&ms, cb->stime.a, cb->stime.b) == cudaSuccess) {
+        cb->stime.gpu_ms += ms;
+        cb->stime.end_s += sn_now_s() - cb->l_t_end;
+        cb->stime.n++;
+    }
+    return SN_OK;
+}
+
+/* A step begun ahead must never run: whatever would run it spoils the
+ * record instead (step_park then fails) and is refused. */
+sn_status ahead_refuse(cuda_be *cb, const char *what)
+{
+    cb->ahead_bad = true;
+    return SN_FAIL(SN_E_INVALID, "%s inside a step recorded ahead (it is parked, never run)", what);
+}
+
 /* Run the pending record eagerly and leave the step in eager mode. */
 sn_status flush_step(cuda_be *cb)
 {
     if (!cb->in_step || cb->broken)
         return SN_OK;
+    if (cb->ahead)
+        return ahead_refuse(cb, "a host barrier");
+    SN_TRY(finish_launched(cb)); /* the eager argmax copies land in h_outs */
     cb->broken = true;
     cb->n_eager++;
     for (int k = 0; k < cb->n_recs; k++) {
@@ -796,6 +836,7 @@ void cuda_destroy(sn_backend *b)
     if (cb->st)
         cudaStreamDestroy(cb->st);
     free(cb->recs);
+    free(cb->park.recs);
     free(cb);
 }
 
@@ -821,6 +862,9 @@ void cuda_buf_free(sn_backend *b, void *p)
         return;
     host_barrier(cb); /* a pending step may still use p */
     stg_forget(cb);
+    cb->park.valid = false; /* its record may hold p */
+    if (cb->in_step && cb->ahead)
+        cb->ahead_bad = true; /* and so may the one being recorded */
     cudaFree(p);
 }
 
@@ -1342,6 +1386,7 @@ extern "C" sn_status sn_cuda_argmax(sn_backend *b, const float *x, int rows, int
         return submit(cb, r, cu_argmax_scratch_bytes(rows));
     }
     r.i[2] = 0;
+    SN_TRY(finish_launched(cb)); /* its rows are still to come out of h_outs */
     SN_TRY(ensure_scratch(cb, cu_argmax_scratch_bytes(rows)));
     SN_TRY(run_eager(cb, r));
     CU_TRY(cudaMemcpyAsync(cb->h_outs, cb->d_outs, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost, cb->st),
@@ -1448,16 +1493,18 @@ extern "C" void sn_cuda_step_times(sn_backend *b, sn_cuda_step_time *out)
     out->gpu_us = cb->stime.gpu_ms / n * 1e3;
 }
 
-extern "C" sn_status sn_cuda_begin_step(sn_backend *b)
+namespace {
+
+sn_status open_step(cuda_be *cb, bool ahead)
 {
-    SN_ASSERT(sn_cuda_is(b));
-    cuda_be *cb = cb_of(b);
     if (cb->in_step)
         return SN_FAIL(SN_E_INVALID, "begin_step: a step is already open");
     cudaSetDevice(cb->dev);
     stg_forget(cb); /* a step's kernels use scratch too */
     cb->in_step = true;
-    cb->broken = cb->prof; /* profiling times ops one by one: no graph */
+    cb->ahead = ahead;
+    cb->ahead_bad = false;
+    cb->broken = !ahead && cb->prof; /* profiling times ops one by one: no graph */
     if (cb->broken)
         cb->n_eager++;
     cb->n_recs = 0;
@@ -1466,17 +1513,27 @@ extern "C" sn_status sn_cuda_begin_step(sn_backend *b)
     return SN_OK;
 }
 
-extern "C" sn_status sn_cuda_end_step(sn_backend *b)
+void close_step(cuda_be *cb)
 {
-    SN_ASSERT(sn_cuda_is(b));
-    cuda_be *cb = cb_of(b);
-    if (!cb->in_step)
-        return SN_FAIL(SN_E_INVALID, "end_step: no step is open");
+    cb->in_step = false;
+    cb->broken = false;
+    cb->ahead = false;
+    cb->n_recs = 0;
+    cb->n_ids = 0;
+    cb->n_outs = 0;
+}
+
+/* The open step queued: its graph replayed (or captured and run, or, when
+ * that fails, the step run eagerly); its argmax rows become the launched
+ * step's, delivered by finish_launched. */
+sn_status launch_step(cuda_be *cb)
+{
     stg_forget(cb);
-    sn_status st = SN_OK;
+    /* the step before must have delivered its rows: this one's copy lands in h_outs too */
+    sn_status st = finish_launched(cb);
     const double t_end = cb->stime.on ? sn_now_s() : 0;
     const long n_rep = cb->n_replayed;
-    if (!cb->broken) {
+    if (st == SN_OK && !cb->broken) {
         int delta;
         /* the previous replay may still be reading h_sp */
         cudaError_t e = cudaStreamSynchronize(cb->st);
@@ -1526,26 +1583,134 @@ extern "C" sn_status sn_cuda_end_step(sn_backend *b)
             }
         }
         if (st == SN_OK && !cb->broken) {
-            e = cudaStreamSynchronize(cb->st);
-            if (e != cudaSuccess)
-                st = cu_err(e, "end_step");
-            else
-                deliver_outs(cb);
-        }
-        float ms = 0;
-        if (st == SN_OK && cb->stime.on && n_rep != cb->n_replayed &&
-            cudaEventElapsedTime(&ms, cb->stime.a, cb->stime.b) == cudaSuccess) {
-            cb->stime.gpu_ms += ms;
-            cb->stime.end_s += sn_now_s() - t_end;
-            cb->stime.n++;
+            memcpy(cb->l_out_ptrs, cb->out_ptrs, sizeof(int32_t *) * cb->n_outs);
+            cb->l_n_outs = cb->n_outs;
+            cb->l_rep = n_rep;
+            cb->l_t_end = t_end;
+            cb->launched = true;
         }
     }
-    cb->in_step = false;
-    cb->broken = false;
-    cb->n_recs = 0;
-    cb->n_ids = 0;
-    cb->n_outs = 0;
+    close_step(cb);
     return st;
+}
+
+} // namespace
+
+extern "C" sn_status sn_cuda_begin_step(sn_backend *b)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    return open_step(cb_of(b), false);
+}
+
+extern "C" sn_status sn_cuda_step_launch(sn_backend *b)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (!cb->in_step)
+        return SN_FAIL(SN_E_INVALID, "end_step: no step is open");
+    if (cb->ahead) {
+        close_step(cb);
+        return SN_FAIL(SN_E_INVALID, "end_step: the step open was begun ahead: park it, do not run it");
+    }
+    return launch_step(cb);
+}
+
+extern "C" sn_status sn_cuda_step_wait(sn_backend *b)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    return finish_launched(cb_of(b));
+}
+
+extern "C" sn_status sn_cuda_end_step(sn_backend *b)
+{
+    sn_status st = sn_cuda_step_launch(b);
+    sn_status st2 = sn_cuda_step_wait(b);
+    return st != SN_OK ? st : st2;
+}
+
+extern "C" sn_status sn_cuda_begin_ahead(sn_backend *b)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (cb->prof)
+        return SN_FAIL(SN_E_UNSUPPORTED, "begin_ahead: profiling runs every op as it is called");
+    return open_step(cb, true);
+}
+
+extern "C" sn_status sn_cuda_step_park(sn_backend *b, const void *owner)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (!cb->in_step || !cb->ahead)
+        return SN_FAIL(SN_E_INVALID, "step_park: no step begun ahead is open");
+    cb->park.valid = false;
+    if (cb->ahead_bad) {
+        close_step(cb);
+        return SN_FAIL(SN_E_INVALID, "step_park: the step recorded ahead asked for the host; nothing parked");
+    }
+    /* the record changes hands: the parked buffer becomes the next one recorded into */
+    rec *r = cb->park.recs;
+    int cap = cb->park.cap;
+    cb->park.recs = cb->recs;
+    cb->park.cap = cb->cap_recs;
+    cb->park.n_recs = cb->n_recs;
+    cb->recs = r;
+    cb->cap_recs = cap;
+    memcpy(cb->park.ids, cb->pend_ids, sizeof(int32_t) * cb->n_ids);
+    cb->park.n_ids = cb->n_ids;
+    memcpy(cb->park.out_ptrs, cb->out_ptrs, sizeof(int32_t *) * cb->n_outs);
+    cb->park.n_outs = cb->n_outs;
+    cb->park.owner = owner;
+    cb->park.valid = true;
+    cb->n_parked++;
+    close_step(cb);
+    return SN_OK;
+}
+
+extern "C" sn_status sn_cuda_step_launch_parked(sn_backend *b, const void *owner, const int32_t *ids, int n)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (cb->in_step)
+        return SN_FAIL(SN_E_INVALID, "step_launch_parked: a step is open");
+    if (!cb->park.valid || cb->park.owner != owner)
+        return SN_FAIL(SN_E_MISSING, "step_launch_parked: no step is parked for this caller");
+    if (n < 0 || n > cb->park.n_ids || (n && !ids)) {
+        cb->park.valid = false;
+        return SN_FAIL(SN_E_INVALID, "step_launch_parked: %d ids for a step of %d", n, cb->park.n_ids);
+    }
+    SN_TRY(open_step(cb, false));
+    const bool eager = cb->broken; /* profiling turned on since the park: run the record op by op */
+    cb->broken = false;
+    rec *r = cb->recs;
+    int cap = cb->cap_recs;
+    cb->recs = cb->park.recs;
+    cb->cap_recs = cb->park.cap;
+    cb->n_recs = cb->park.n_recs;
+    cb->park.recs = r;
+    cb->park.cap = cap;
+    cb->park.valid = false;
+    memcpy(cb->pend_ids, cb->park.ids, sizeof(int32_t) * cb->park.n_ids);
+    memcpy(cb->pend_ids, ids, sizeof(int32_t) * n);
+    cb->n_ids = cb->park.n_ids;
+    memcpy(cb->out_ptrs, cb->park.out_ptrs, sizeof(int32_t *) * cb->park.n_outs);
+    cb->n_outs = cb->park.n_outs;
+    cb->n_parked_launched++;
+    if (eager) {
+        cb->n_eager--; /* flush_step counts it */
+        sn_status st = flush_step(cb);
+        if (st != SN_OK) {
+            close_step(cb);
+            return st;
+        }
+    }
+    return launch_step(cb);
+}
+
+extern "C" void sn_cuda_step_drop(sn_backend *b)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cb_of(b)->park.valid = false;
 }
 
 namespace {
@@ -1595,6 +1760,12 @@ const sn_backend_ops g_cuda_ops = {
     .copy_n = cuda_copy_n,
     .begin_step = sn_cuda_begin_step,
     .end_step = sn_cuda_end_step,
+    .step_launch = sn_cuda_step_launch,
+    .step_wait = sn_cuda_step_wait,
+    .begin_ahead = sn_cuda_begin_ahead,
+    .step_park = sn_cuda_step_park,
+    .step_launch_parked = sn_cuda_step_launch_parked,
+    .step_drop = sn_cuda_step_drop,
 };
 
 } // namespace

@@ -87,12 +87,33 @@ struct cuda_be {
     int n_ids;
     int32_t *out_ptrs[STEP_MAX_OUTS]; /* host destinations of argmax rows */
     int n_outs;
+    /* recording ahead (backend.h): the step open is one to park, not run
+     * (ahead), and something in it asked for the host (ahead_bad) */
+    bool ahead, ahead_bad;
+    /* a step queued by step_launch whose outputs step_wait delivers */
+    bool launched;
+    int32_t *l_out_ptrs[STEP_MAX_OUTS];
+    int l_n_outs;
+    long l_rep;       /* n_replayed before its launch: timed only if it replayed */
+    double l_t_end;   /* when its end began (step timing) */
+    /* the parked record: the op records, ids and argmax destinations of a step begun ahead */
+    struct {
+        bool valid;
+        const void *owner;
+        rec *recs;
+        int n_recs, cap;
+        int32_t ids[STEP_MAX_IDS];
+        int n_ids;
+        int32_t *out_ptrs[STEP_MAX_OUTS];
+        int n_outs;
+    } park;
 
     /* the cached graphs: one per step shape seen lately (a decode step, and
      * prompt-lookup verify steps of 2..8 rows), least recently used replaced */
     gslot gs[GRAPH_SLOTS];
     long g_clock;
     long n_replayed, n_captured, n_eager;
+    long n_parked, n_parked_launched; /* recording ahead: steps parked, parked steps launched */
     long last_nodes; /* nodes of the graph captured last */
     /* sn_cuda_step_timing: where a replayed step's wall time goes (host seconds, GPU ms summed
      * over the replays timed; events around the graph launch only while on) */

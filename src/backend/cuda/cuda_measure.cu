@@ -462,6 +462,16 @@ extern "C" void sn_cuda_graph_stats(sn_backend *b, long *replayed, long *capture
         *eager = cb->n_eager;
 }
 
+extern "C" void sn_cuda_ahead_stats(sn_backend *b, long *parked, long *launched)
+{
+    SN_ASSERT(sn_cuda_is(b));
+    cuda_be *cb = cb_of(b);
+    if (parked)
+        *parked = cb->n_parked;
+    if (launched)
+        *launched = cb->n_parked_launched;
+}
+
 extern "C" long sn_cuda_graph_nodes(sn_backend *b)
 {
     SN_ASSERT(sn_cuda_is(b));

@@ -60,6 +60,8 @@ sn_status sn_cuda_timeline_end(sn_backend *be, int *n, long *dropped);
 /* Graph statistics: steps replayed from a graph, steps (re)captured, steps
  * that ran eagerly because something inside needed the host. */
 void sn_cuda_graph_stats(sn_backend *be, long *replayed, long *captured, long *eager);
+/* Recording ahead (backend.h): steps parked, and parked steps launched. */
+void sn_cuda_ahead_stats(sn_backend *be, long *parked, long *launched);
 /* Where a replayed decode step's time goes: while on, end_step times its
  * record match and its graph launch on the host, and the graph on the GPU
  * by events recorded around the launch. Turning it on clears the sums;
@@ -142,14 +144,20 @@ sn_status sn_cuda_tune(sn_backend *be, const char *key, int value);
  * mapping for the backend and for benchmarks that restore the default. */
 int sn_cuda_gemm_i8_of(const char *env);
 
-/* The optional table entries argmax, sample, moe, begin_step and end_step of
- * backend.h are these functions (callers normally use the table). */
+/* The optional table entries argmax, sample, moe, the steps' and recording
+ * ahead's of backend.h are these functions (callers normally use the table). */
 sn_status sn_cuda_argmax(sn_backend *be, const float *x, int rows, int n, int32_t *out_host);
 sn_status sn_cuda_sample(sn_backend *be, float *x, int rows, int n, const sn_sample_row *rr, int32_t *out_host);
 sn_status sn_cuda_moe(sn_backend *be, const sn_weight *gate, const sn_weight *up, const sn_weight *down,
                       const float *logits, int top_k, int norm_topk, const float *x, int T, float *out);
 sn_status sn_cuda_begin_step(sn_backend *be);
 sn_status sn_cuda_end_step(sn_backend *be);
+sn_status sn_cuda_step_launch(sn_backend *be);
+sn_status sn_cuda_step_wait(sn_backend *be);
+sn_status sn_cuda_begin_ahead(sn_backend *be);
+sn_status sn_cuda_step_park(sn_backend *be, const void *owner);
+sn_status sn_cuda_step_launch_parked(sn_backend *be, const void *owner, const int32_t *ids, int n);
+void sn_cuda_step_drop(sn_backend *be);
 
 /* Prefill kernels of cuda_prefill.cu (process-wide, not per backend):
  * SN_CUDA_PREFILL_NEW (default) runs the chunked GatedDeltaNet and the
