@@ -1,4 +1,4 @@
-# Sourced by bench/gpu_ab.sh, gpu_bisect.sh, gpu_call.sh, gpu_record.sh and gpu_vary.sh: the pieces every
+# Sourced by bench/gpu_ab.sh, gpu_bisect.sh, gpu_call.sh, gpu_engine_ab.sh, gpu_record.sh and gpu_vary.sh: the pieces every
 # "pack here, run on the GPU box" script shares. The box builds nothing and
 # lacks a few shared libraries, so binaries travel as one xz tar (one
 # dictionary over all of them: each carries the same ~12 MB of device code)
