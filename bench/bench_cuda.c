@@ -1184,11 +1184,13 @@ int main(int argc, char **argv)
             time_t tt = time(NULL);
             char ts[32];
             strftime(ts, sizeof ts, "%Y-%m-%dT%H:%MZ", gmtime(&tt));
-            fprintf(f, "%s bench_cuda %s on %s: %d layers; decode %.1f tok/s (graph; eager %.1f), %.0f GB/s of "
-                       "%.0f GB/s copy (%.0f%%); prefill %d: %.0f tok/s, TTFT %.0f ms; GPU mem %.1f GB | cmd: "
-                       "build/bench_cuda --config %s --prefill %d --decode %d%s\n",
-                    ts, cfgp, dev, c->L, dec_graph, dec_eager, gbs, copy_gbs, 100.0 * gbs / copy_gbs, prefill,
-                    prefill / ttft, ttft * 1e3, used / 1e9, cfgp, prefill, ndec, layers ? " --layers N" : "");
+            fprintf(f, "%s bench_cuda %s on %s: %d layers; decode %.1f tok/s (graph, %s; %s %.1f; eager %.1f), "
+                       "%.0f GB/s of %.0f GB/s copy (%.0f%%); prefill %d: %.0f tok/s, TTFT %.0f ms; GPU mem %.1f GB | "
+                       "cmd: %sbuild/bench_cuda --config %s --prefill %d --decode %d%s\n",
+                    ts, cfgp, dev, c->L, dec_graph, g_ahead ? "recorded ahead" : "recorded in turn",
+                    g_ahead ? "in turn" : "ahead", dec_other, dec_eager, gbs, copy_gbs, 100.0 * gbs / copy_gbs,
+                    prefill, prefill / ttft, ttft * 1e3, used / 1e9, g_ahead ? "" : "SANCTUM_RECORD_AHEAD=0 ", cfgp,
+                    prefill, ndec, layers ? " --layers N" : "");
             fclose(f);
         }
     }

@@ -779,6 +779,7 @@ sn_status capture_and_run(cuda_be *cb, gslot *gsl)
     memcpy(gsl->recs, cb->recs, sizeof(rec) * cb->n_recs);
     gsl->n = cb->n_recs;
     gsl->valid = true;
+    gsl->gen = ++cb->g_gen;
     gsl->used = ++cb->g_clock;
     cb->n_captured++;
     CU_TRY(cudaGraphLaunch(gsl->exec, s), "graph launch");
@@ -1529,6 +1530,8 @@ void close_step(cuda_be *cb)
 sn_status launch_step(cuda_be *cb)
 {
     stg_forget(cb);
+    const int hs = cb->hint_slot; /* whatever happens below, a hint is used once */
+    cb->hint_slot = -1;
     /* the step before must have delivered its rows: this one's copy lands in h_outs too */
     sn_status st = finish_launched(cb);
     const double t_end = cb->stime.on ? sn_now_s() : 0;
@@ -1541,6 +1544,10 @@ sn_status launch_step(cuda_be *cb)
             st = cu_err(e, "end_step");
         else {
             gslot *hit = NULL;
+            if (hs >= 0 && cb->gs[hs].valid && cb->gs[hs].gen == cb->hint_gen) {
+                hit = &cb->gs[hs]; /* matched when the record was parked, not recaptured since */
+                delta = cb->hint_delta;
+            }
             for (int i = 0; i < GRAPH_SLOTS && !hit; i++)
                 if (records_match(cb, &cb->gs[i], &delta))
                     hit = &cb->gs[i];
@@ -1648,6 +1655,13 @@ extern "C" sn_status sn_cuda_step_park(sn_backend *b, const void *owner)
         close_step(cb);
         return SN_FAIL(SN_E_INVALID, "step_park: the step recorded ahead asked for the host; nothing parked");
     }
+    /* the graph match too, while the GPU still runs the step before */
+    cb->park.slot = -1;
+    for (int i = 0; i < GRAPH_SLOTS && cb->park.slot < 0; i++)
+        if (records_match(cb, &cb->gs[i], &cb->park.delta)) {
+            cb->park.slot = i;
+            cb->park.gen = cb->gs[i].gen;
+        }
     /* the record changes hands: the parked buffer becomes the next one recorded into */
     rec *r = cb->park.recs;
     int cap = cb->park.cap;
@@ -1695,6 +1709,9 @@ extern "C" sn_status sn_cuda_step_launch_parked(sn_backend *b, const void *owner
     cb->n_ids = cb->park.n_ids;
     memcpy(cb->out_ptrs, cb->park.out_ptrs, sizeof(int32_t *) * cb->park.n_outs);
     cb->n_outs = cb->park.n_outs;
+    cb->hint_slot = cb->park.slot;
+    cb->hint_gen = cb->park.gen;
+    cb->hint_delta = cb->park.delta;
     cb->n_parked_launched++;
     if (eager) {
         cb->n_eager--; /* flush_step counts it */
@@ -1832,6 +1849,8 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cuda_be *cb = (cuda_be *)calloc(1, sizeof *cb);
     if (!cb)
         return SN_FAIL(SN_E_NOMEM, "CUDA backend");
+    cb->hint_slot = -1;
+    cb->park.slot = -1;
     cb->base.ops = &g_cuda_ops;
     cb->base.n_threads = 1;
     cb->dev = gpu;

@@ -50,6 +50,7 @@ struct gslot {
     size_t nodes; /* of the graph exec was made from */
     uint64_t shape; /* its graph_shape: kernels and edge kinds in order */
     long used;
+    long gen; /* which capture it holds (a record matched against it stays matched while gen does) */
 };
 constexpr int GRAPH_SLOTS = 8;
 
@@ -106,12 +107,20 @@ struct cuda_be {
         int n_ids;
         int32_t *out_ptrs[STEP_MAX_OUTS];
         int n_outs;
+        /* the graph slot it matched when parked (matched while the GPU ran
+         * the step before), its capture and delta; slot -1: none matched */
+        int slot, delta;
+        long gen;
     } park;
+    /* launch_step's match found ahead of time (park): slot -1 when none */
+    int hint_slot, hint_delta;
+    long hint_gen;
 
     /* the cached graphs: one per step shape seen lately (a decode step, and
      * prompt-lookup verify steps of 2..8 rows), least recently used replaced */
     gslot gs[GRAPH_SLOTS];
     long g_clock;
+    long g_gen; /* captures made: each slot's gen */
     long n_replayed, n_captured, n_eager;
     long n_parked, n_parked_launched; /* recording ahead: steps parked, parked steps launched */
     long last_nodes; /* nodes of the graph captured last */
