@@ -211,6 +211,43 @@ __device__ __forceinline__ void i8_raster(int64_t nrb, int64_t ntb, int64_t bid,
     rb = loc / gsz;
 }
 
+/* The weight side of a block's copies, the same in both forms. Sources for
+ * k-block 0: each thread's A chunks (16-byte chunk i of the block's tiles:
+ * tile i / 32, lane i % 32; rows past MT read nothing) and its chunk of the
+ * SUB groups' scale pairs; i8_copy_w issues them for k-block kb into a
+ * stage, A at st and the pairs (once a group) at st + s_off. */
+template <int NA, int THR, int SUB>
+__device__ __forceinline__ void i8_w_src(const uint4 *qr, const uint32_t *sr, int64_t mt0, int64_t MT, int KB,
+                                         int64_t groups, int tid, const uint4 *(&srcA)[NA], bool (&okA)[NA],
+                                         bool &hasS, int &subS, bool &okS, const uint32_t *&srcS)
+{
+#pragma unroll
+    for (int r = 0; r < NA; r++) {
+        const int i = tid + r * THR;
+        const int64_t mt = mt0 + (i >> 5);
+        okA[r] = mt < MT;
+        srcA[r] = qr + (okA[r] ? mt * KB * 32 + (i & 31) : 0);
+    }
+    hasS = tid < SUB * I8_BMT * 4;
+    subS = tid / (I8_BMT * 4);
+    okS = hasS && mt0 + (tid / 4) % I8_BMT < MT;
+    srcS = sr + (okS ? (mt0 + (tid / 4) % I8_BMT) * groups * 16 + 4 * (tid & 3) : 0);
+}
+
+template <int NA, int THR, int GS>
+__device__ __forceinline__ void i8_copy_w(uint32_t st, uint32_t s_off, int tid, int kb, const uint4 *const (&srcA)[NA],
+                                          const bool (&okA)[NA], bool hasS, int subS, bool okS,
+                                          const uint32_t *srcS)
+{
+#pragma unroll
+    for (int r = 0; r < NA; r++)
+        cp16(st + (tid + r * THR) * 16, srcA[r] + (okA[r] ? kb * 32 : 0), okA[r]);
+    if ((GS < 4 || (kb & 1)) && hasS) {
+        const int64_t g = (kb * 2 + subS) / GS;
+        cp16(st + s_off + tid * 16, srcS + (okS ? g * 16 : 0), okS);
+    }
+}
+
 /* A row's (scale, bias) pair as stored by the repack: bf16 or f16 halves */
 template <bool F16>
 __device__ __forceinline__ void i8_sb(uint32_t pr, float &s, float &b)
@@ -345,14 +382,10 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
     static_assert(I8_BMT * 32 % I8_THREADS == 0, "A chunks split evenly");
     static_assert(SUB * I8_BMT * 4 <= I8_THREADS && SUB * BT <= I8_THREADS, "one chunk per thread at most");
     const uint4 *srcA[NA];
-    bool okA[NA];
-#pragma unroll
-    for (int r = 0; r < NA; r++) {
-        const int i = tid + r * I8_THREADS;
-        const int64_t mt = mt0 + (i >> 5);
-        okA[r] = mt < MT;
-        srcA[r] = qr + (okA[r] ? mt * KB * 32 + (i & 31) : 0);
-    }
+    bool okA[NA], hasS, okS;
+    int subS;
+    const uint32_t *srcS;
+    i8_w_src<NA, I8_THREADS, SUB>(qr, sr, mt0, MT, KB, groups, tid, srcA, okA, hasS, subS, okS, srcS);
     const int8_t *srcB[NB];
     bool okB[NB], hasB[NB];
 #pragma unroll
@@ -364,10 +397,6 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         const int pr = SEG && sg.perm && okB[r] ? sg.perm[t] / sg.k : t; /* the plane row */
         srcB[r] = planes + (okB[r] ? ((size_t)d * T + pr) * cols + c * 16 : 0);
     }
-    const bool hasS = tid < SUB * I8_BMT * 4;
-    const int subS = tid / (I8_BMT * 4);
-    const bool okS = hasS && mt0 + (tid / 4) % I8_BMT < MT;
-    const uint32_t *srcS = sr + (okS ? (mt0 + (tid / 4) % I8_BMT) * groups * 16 + 4 * (tid & 3) : 0);
     const bool hasC = tid < SUB * BT;
     const int subC = tid / BT;
     const bool okC = hasC && t0 + tid % BT < tend;
@@ -375,14 +404,8 @@ k_gemm_i8(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
     const float4 *srcC = gc + (okC ? pc : 0);
 
     auto load_w = [&](int kb, int slot) {
-        const uint32_t st = sbase + slot * C::STAGE;
-#pragma unroll
-        for (int r = 0; r < NA; r++)
-            cp16(st + (tid + r * I8_THREADS) * 16, srcA[r] + (okA[r] ? kb * 32 : 0), okA[r]);
-        if ((GS < 4 || (kb & 1)) && hasS) {
-            const int64_t grp = (kb * 2 + subS) / GS;
-            cp16(st + C::A_BYTES + C::B_BYTES + tid * 16, srcS + (okS ? grp * 16 : 0), okS);
-        }
+        i8_copy_w<NA, I8_THREADS, GS>(sbase + slot * C::STAGE, C::A_BYTES + C::B_BYTES, tid, kb, srcA, okA, hasS, subS,
+                                      okS, srcS);
     };
     auto load_x = [&](int kb, int slot) {
         const uint32_t st = sbase + slot * C::STAGE;
@@ -744,14 +767,10 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
     static_assert(2 * BT * 8 % THR == 0, "B chunks split evenly");
     static_assert(SUB * I8_BMT * 4 <= THR && SUB * BT / 4 <= THR, "one chunk per thread at most");
     const uint4 *srcA[NA];
-    bool okA[NA];
-#pragma unroll
-    for (int r = 0; r < NA; r++) {
-        const int i = tid + r * THR;
-        const int64_t mt = mt0 + (i >> 5);
-        okA[r] = mt < MT;
-        srcA[r] = qr + (okA[r] ? mt * KB * 32 + (i & 31) : 0);
-    }
+    bool okA[NA], hasS, okS;
+    int subS;
+    const uint32_t *srcS;
+    i8_w_src<NA, THR, SUB>(qr, sr, mt0, MT, KB, groups, tid, srcA, okA, hasS, subS, okS, srcS);
     const __half *srcB[NB];
     bool okB[NB];
 #pragma unroll
@@ -760,24 +779,13 @@ k_gemm_hl(const uint4 *__restrict__ qr, const uint32_t *__restrict__ sr, const f
         okB[r] = t < T;
         srcB[r] = planes + (okB[r] ? ((size_t)p * T + t) * cols + c * 8 : 0);
     }
-    const bool hasS = tid < SUB * I8_BMT * 4;
-    const int subS = tid / (I8_BMT * 4);
-    const bool okS = hasS && mt0 + (tid / 4) % I8_BMT < MT;
-    const uint32_t *srcS = sr + (okS ? (mt0 + (tid / 4) % I8_BMT) * groups * 16 + 4 * (tid & 3) : 0);
     const bool hasC = tid < SUB * BT / 4;
     const int subC = tid / (BT / 4);
     const bool okC = hasC && t0 + 4 * (tid % (BT / 4)) < T;
     const float *srcC = xs + (okC ? t0 + 4 * (tid % (BT / 4)) : 0);
 
     auto load_w = [&](int kb, int slot) {
-        const uint32_t st = sbase + slot * HL_STAGE;
-#pragma unroll
-        for (int r = 0; r < NA; r++)
-            cp16(st + (tid + r * THR) * 16, srcA[r] + (okA[r] ? kb * 32 : 0), okA[r]);
-        if ((GS < 4 || (kb & 1)) && hasS) {
-            const int64_t g = (kb * 2 + subS) / GS;
-            cp16(st + HL_A + HL_B + tid * 16, srcS + (okS ? g * 16 : 0), okS);
-        }
+        i8_copy_w<NA, THR, GS>(sbase + slot * HL_STAGE, HL_A + HL_B, tid, kb, srcA, okA, hasS, subS, okS, srcS);
     };
     auto load_x = [&](int kb, int slot) {
         const uint32_t st = sbase + slot * HL_STAGE;
