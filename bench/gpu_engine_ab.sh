@@ -49,6 +49,12 @@ run)
                 env "$knob=$v" timeout 120 "$B/bench_pld" --backend cuda --model "$w/1b" \
                     --tokenizer "$w/tokenizer.json" --task random --n 2 --max-tokens 64 --reps 3 > "$log" 2>&1
                 s+=("1b $knob=$v round $r rc=$? $(grep -oE 'decode [0-9.]+ tok/s without PLD, [0-9.]+ with' "$log")")
+                # sampled, the draws on the GPU
+                log="$w/1b_sampled_${v}_$r.log"
+                env "$knob=$v" timeout 120 "$B/bench_pld" --backend cuda --model "$w/1b" \
+                    --tokenizer "$w/tokenizer.json" --task random --n 2 --max-tokens 64 --reps 3 --temperature 0.8 \
+                    --top-p 0.95 --rep-penalty 1.1 > "$log" 2>&1
+                s+=("1b sampled $knob=$v round $r rc=$? $(grep -oE 'decode [0-9.]+ tok/s without PLD, [0-9.]+ with' "$log")")
             fi
         done
     done

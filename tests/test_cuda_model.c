@@ -204,6 +204,29 @@ static void greedy_ids(int i, int ns, int churn, int32_t out[NGREEDY])
     for (int k = 0; k < ns; k++) sn_seq_free(s[k]);
 }
 
+/* NGREEDY steps of prompt i with draws on the backend (temperature 0.8,
+ * top-p 0.95, a fixed u per step); with alt, every other step greedy (a
+ * parked record of the other head then never fits). */
+static void drawn_ids(int i, bool alt, int32_t out[NGREEDY])
+{
+    int L = cur->len[i];
+    sn_seq *s = NULL;
+    CHECK_OK(sn_seq_new(cur->gpu, L + NGREEDY + 1, &s));
+    int32_t id = -1;
+    for (int t = 0; t < NGREEDY; t++) {
+        int32_t in = id;
+        sn_sample_row r = { .row = t ? 0 : L - 1, .temperature = 0.8f, .top_p = 0.95f, .u = fmod(0.137 + 0.618 * t, 1.0) };
+        sn_batch_item b = { .seq = s, .tokens = t ? &in : cur->prompt[i], .n = t ? 1 : L, .next_id = &id };
+        if (!(alt && t % 2)) {
+            b.sample = &r;
+            b.n_sample = 1;
+        }
+        CHECK_OK(sn_forward_batch(cur->gpu, &b, 1));
+        out[t] = id;
+    }
+    sn_seq_free(s);
+}
+
 /* Recording ahead (forward.c): the next decode step recorded while one runs,
  * its stand-in token replaced at launch. Its greedy ids must be the
  * fixture's and those of steps recorded in turn, alone, beside another
@@ -244,6 +267,40 @@ static void test_greedy_ahead(void)
     /* alone, all but the first decode step of each prompt come from the park */
     CHECKF(launched1 - launched0 >= (long)cur->n * (NGREEDY - 4), "%s: only %ld parked steps launched", cur->arch,
            launched1 - launched0);
+}
+
+/* The same for draws on the backend: a drawn step's successor is parked
+ * too (the draw runs after the step's graph), and a step whose head differs
+ * from the parked record's (greedy after a draw) must not take it. */
+static void test_drawn_ahead(void)
+{
+    NEED();
+    if (!sn_model_can_sample(cur->gpu)) SKIP("the backend does not draw");
+    long p0 = 0, l0 = 0, p1 = 0, l1 = 0;
+#ifdef SN_HAVE_CUDA
+    sn_cuda_ahead_stats(cur->gpu->be, &p0, &l0);
+#endif
+    for (int i = 0; i < cur->n; i++) {
+        int32_t turn[NGREEDY], ahead[NGREEDY], alt_turn[NGREEDY], alt_ahead[NGREEDY];
+        setenv("SANCTUM_RECORD_AHEAD", "0", 1);
+        drawn_ids(i, false, turn);
+        drawn_ids(i, true, alt_turn);
+        setenv("SANCTUM_RECORD_AHEAD", "1", 1);
+        drawn_ids(i, false, ahead);
+        drawn_ids(i, true, alt_ahead);
+        unsetenv("SANCTUM_RECORD_AHEAD");
+        for (int t = 0; t < NGREEDY; t++) {
+            CHECKF(ahead[t] == turn[t], "%s prompt %d: drawn ahead, step %d: %d, in turn %d", cur->arch, i, t,
+                   ahead[t], turn[t]);
+            CHECKF(alt_ahead[t] == alt_turn[t], "%s prompt %d: drawn and greedy by turns, ahead, step %d: %d, in "
+                   "turn %d", cur->arch, i, t, alt_ahead[t], alt_turn[t]);
+        }
+    }
+#ifdef SN_HAVE_CUDA
+    sn_cuda_ahead_stats(cur->gpu->be, &p1, &l1);
+#endif
+    fprintf(stderr, "  %s: drawn: %ld steps parked, %ld launched from the park\n", cur->arch, p1 - p0, l1 - l0);
+    CHECKF(l1 - l0 >= (long)cur->n * (NGREEDY - 4), "%s: only %ld parked drawn steps launched", cur->arch, l1 - l0);
 }
 
 static void test_decode_after_prefill(void)
@@ -293,6 +350,7 @@ int main(void)
         RUN(test_cuda_vs_cpu);
         RUN(test_greedy);
         RUN(test_greedy_ahead);
+        RUN(test_drawn_ahead);
         RUN(test_decode_after_prefill);
         sn_model_free(cur->gpu);
         sn_model_free(cur->cpu);

@@ -299,30 +299,31 @@ static sn_status record_ahead_env(bool *out)
     return SN_OK;
 }
 
-/* Recording ahead (backend.h): a plain greedy decode step (one sequence,
- * one row, its argmax id wanted and nothing else) is what the generation
- * loop repeats, so while the backend runs it the next one is recorded with
- * this step's token standing in for the one not yet known (ids are data to
- * a record) and parked; the next forward launches it with the real token
- * if it is that step: the same sequence at the next position, made from the
- * same views (an equal record). The op calls then overlap the GPU's work
- * instead of sitting between two steps. */
+/* Recording ahead (backend.h): a plain decode step (one sequence, one row,
+ * its argmax id or its draw on the backend wanted and nothing else) is what
+ * the generation loop repeats, so while the backend runs it the next one is
+ * recorded with this step's token standing in for the one not yet known
+ * (ids are data to a record) and parked; the next forward launches it with
+ * the real token if it is that step: the same sequence at the next
+ * position, made from the same views (an equal record). The op calls then
+ * overlap the GPU's work instead of sitting between two steps. */
 static bool ahead_fits(const sn_model *m, const step *st, const head_row *rows, int nr, bool graph)
 {
     const sn_backend_ops *o = m->be->ops;
     if (!graph || !o->step_launch || !o->step_wait || !o->begin_ahead || !o->step_park || !o->step_launch_parked ||
-        !o->step_drop || !o->argmax)
+        !o->step_drop)
         return false;
     const step_item *it = &st->it[0];
-    return st->n_items == 1 && it->n == 1 && nr == 1 && rows[0].id && !rows[0].dst && !rows[0].smp &&
+    /* a draw runs after the step (head_sample), outside its record */
+    return st->n_items == 1 && it->n == 1 && nr == 1 && rows[0].id && !rows[0].dst && (rows[0].smp || o->argmax) &&
            !it->seq->hist_armed && it->seq->pos + 2 <= it->seq->max_ctx;
 }
 
 /* Is the parked record the one this step would record? */
-static bool ahead_matches(const sn_model *m, const sn_seq *q)
+static bool ahead_matches(const sn_model *m, const sn_seq *q, const head_row *row)
 {
     const size_t nl = (size_t)m->n_layers;
-    return m->ahead.valid && m->ahead.seq == q && m->ahead.pos == q->pos &&
+    return m->ahead.valid && m->ahead.seq == q && m->ahead.pos == q->pos && m->ahead.draw == (row->smp != NULL) &&
            !memcmp(m->ahead.kv, q->kv, nl * sizeof *q->kv) && !memcmp(m->ahead.gdn, q->gdn, nl * sizeof *q->gdn) &&
            !memcmp(&m->ahead.ws, &m->ws, offsetof(sn_workspace, head_ids));
 }
@@ -352,6 +353,7 @@ static void record_ahead(sn_model *m, const step *st, const head_row *rows, int 
     }
     m->ahead.seq = q;
     m->ahead.pos = q->pos + 1;
+    m->ahead.draw = rows[0].smp != NULL;
     memcpy(m->ahead.kv, q->kv, nl * sizeof *q->kv);
     memcpy(m->ahead.gdn, q->gdn, nl * sizeof *q->gdn);
     memcpy(&m->ahead.ws, &m->ws, offsetof(sn_workspace, head_ids));
@@ -399,7 +401,7 @@ static sn_status run_step(sn_model *m, const step *st)
     const bool ahead = ahead_on && ahead_fits(m, st, rows, nr, graph);
     /* the step parked ahead, launched with its real token; whatever else
      * runs, a parked record is stale from here on */
-    bool launched = false, match = ahead && ahead_matches(m, st->it[0].seq);
+    bool launched = false, match = ahead && ahead_matches(m, st->it[0].seq, &rows[0]);
     if (m->ahead.valid && !match) OPS->step_drop(BE);
     m->ahead.valid = false;
     if (match) {

@@ -189,6 +189,7 @@ struct sn_model {
         bool valid;
         const sn_seq *seq;
         int pos;
+        bool draw;        /* its head: a draw after the step, or the argmax inside it */
         sn_kv_view *kv;   /* [n_layers], made on first use */
         sn_gdn_view *gdn; /* [n_layers] */
         sn_workspace ws;
