@@ -1451,10 +1451,16 @@ __global__ void k_argmax_final(const float2 *__restrict__ part, int split, int32
     const int lane = threadIdx.x;
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int k = lane; k < split; k += 32) {
-        float2 p = part[(size_t)blockIdx.x * ARGMAX_MAX_SPLIT + k];
-        amax_merge(best, bi, p.x, __float_as_int(p.y));
-    }
+    /* every lane's partials loaded at once, then merged in index order */
+    constexpr int PL = ARGMAX_MAX_SPLIT / 32;
+    float2 p[PL];
+#pragma unroll
+    for (int u = 0; u < PL; u++)
+        p[u] = lane + 32 * u < split ? part[(size_t)blockIdx.x * ARGMAX_MAX_SPLIT + lane + 32 * u]
+                                     : make_float2(-INFINITY, __int_as_float(0x7fffffff));
+#pragma unroll
+    for (int u = 0; u < PL; u++)
+        amax_merge(best, bi, p[u].x, __float_as_int(p[u].y));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         float ob = __shfl_xor_sync(0xffffffffu, best, o);
