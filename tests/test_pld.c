@@ -10,6 +10,7 @@
 #include "pcache_fixtures.h"
 #include "sample_ref.h"
 #include "sanctum/pld.h"
+#include "step_ref.h"
 
 #define FOR_MODELS for (int mi = 0; mi < pf_n; mi++)
 #define PM (&pf_models[mi])
@@ -225,6 +226,125 @@ static void test_identical_sampling(void)
 
 /* Limits cut a verify pass short: max_tokens 1..9 and a context that ends
  * a few tokens after the prompt give the same output as without PLD. */
+/* Recording ahead (forward.c) on step_ref.h's step ops over the CPU
+ * backend: generations with each decode step recorded while the one before
+ * "runs" (parked, launched with the real token) are the ones recorded in
+ * turn and the plain CPU backend's (greedy with and without PLD, sampled
+ * with draws on the backend); parked records are really launched; a second
+ * sequence between two steps, or a buffer freed, makes the next step record
+ * anew with the same ids; and where a forward would read the host inside a
+ * step (the MoE layer routed on the host), nothing is parked and nothing
+ * changes. Fails if a stale or wrongly keyed record is launched, or if the
+ * stand-in token is not replaced. */
+static void test_record_ahead(void)
+{
+    FOR_MODELS {
+        sn_backend *be = PM->m->be;
+        const sn_backend_ops *orig = be->ops;
+        sn_backend_ops with_draws = *orig;
+        with_draws.sample = ref_sample_op;
+        int V = PM->vocab < 500 ? PM->vocab : 500;
+        int32_t P[300];
+        int n = copy_prompt(P, 41 + (uint64_t)mi, V);
+        for (int variant = 0; variant < 3; variant++) {
+            /* 0 greedy, 1 greedy with PLD, 2 sampled with the draws on the backend */
+            sn_gen_params gp;
+            pld_params(&gp, 40, variant == 1, false);
+            if (variant == 2) {
+                gp.sample.temperature = 0.8f;
+                gp.sample.top_p = 0.9f;
+                gp.sample.has_seed = true;
+                gp.sample.seed = 9;
+            }
+            const sn_backend_ops *base = variant == 2 ? &with_draws : orig;
+            pf_out plain = { 0 }, turn = { 0 }, ahead = { 0 };
+            be->ops = base;
+            pf_gen(PM->m, 1024, P, n, &gp, &plain);
+            be->ops = sr_install(base);
+            setenv("SANCTUM_RECORD_AHEAD", "0", 1);
+            long l0 = g_sr.n_launched;
+            pf_gen(PM->m, 1024, P, n, &gp, &turn);
+            CHECKF(g_sr.n_launched == l0, "%s: variant %d: parked steps launched with SANCTUM_RECORD_AHEAD=0",
+                   PM->name, variant);
+            unsetenv("SANCTUM_RECORD_AHEAD");
+            pf_gen(PM->m, 1024, P, n, &gp, &ahead);
+            long launched = g_sr.n_launched - l0;
+            be->ops = orig;
+            CHECKF(pf_same(&plain, &turn), "%s: variant %d: steps recorded in turn differ from the plain backend",
+                   PM->name, variant);
+            CHECKF(pf_same(&plain, &ahead), "%s: variant %d: steps recorded ahead differ from the plain backend",
+                   PM->name, variant);
+            /* without PLD every plain step after the first comes from the park (with PLD most steps
+             * are verify passes, which are never parked: only the equality above is asked there) */
+            if (variant != 1)
+                CHECKF(launched >= ahead.res.completion_tokens - 3, "%s: variant %d: %ld parked steps launched for %d "
+                       "tokens", PM->name, variant, launched, ahead.res.completion_tokens);
+            pf_out_free(&plain);
+            pf_out_free(&turn);
+            pf_out_free(&ahead);
+        }
+
+        /* two sequences stepped by turns, then one with a buffer freed between steps */
+        enum { STEPS = 12 };
+        int32_t ref[STEPS], two[2][STEPS], churn[STEPS];
+        for (int form = 0; form < 3; form++) {
+            be->ops = form ? sr_install(orig) : orig;
+            int ns = form == 1 ? 2 : 1;
+            sn_seq *q[2] = { NULL, NULL };
+            int32_t id[2];
+            for (int k = 0; k < ns; k++) {
+                CHECK_OK(sn_seq_new(PM->m, n + STEPS + 2, &q[k]));
+                CHECK_OK(sn_forward_greedy(PM->m, q[k], P, n, &id[k]));
+            }
+            long l0 = g_sr.n_launched;
+            for (int t = 0; t < STEPS; t++) {
+                for (int k = 0; k < ns; k++) {
+                    (form == 0 ? ref : form == 1 ? two[k] : churn)[t] = id[k];
+                    int32_t in = id[k];
+                    CHECK_OK(sn_forward_greedy(PM->m, q[k], &in, 1, &id[k]));
+                }
+                if (form == 2 && t == STEPS / 2) {
+                    sn_seq *x = NULL;
+                    CHECK_OK(sn_seq_new(PM->m, 8, &x));
+                    sn_seq_free(x);
+                }
+            }
+            if (form == 1)
+                CHECKF(g_sr.n_launched == l0, "%s: a record parked for one sequence launched for the other", PM->name);
+            if (form == 2)
+                CHECKF(g_sr.n_launched - l0 >= STEPS - 3, "%s: %ld parked steps launched of %d", PM->name,
+                       g_sr.n_launched - l0, STEPS);
+            for (int k = 0; k < ns; k++) sn_seq_free(q[k]);
+            be->ops = orig;
+        }
+        CHECKF(!memcmp(ref, two[0], sizeof ref) && !memcmp(ref, two[1], sizeof ref),
+               "%s: two sequences by turns differ from one", PM->name);
+        CHECKF(!memcmp(ref, churn, sizeof ref), "%s: a freed buffer between steps changed the ids", PM->name);
+
+        /* the MoE layer routed on the host (no moe op): a step recorded ahead would read the host, so
+         * it is refused and nothing is parked; the ids stay the plain backend's */
+        if (orig->moe) {
+            sn_backend_ops no_moe = *orig;
+            no_moe.moe = NULL;
+            sn_gen_params gp;
+            pld_params(&gp, 24, false, false);
+            pf_out plain = { 0 }, ahead = { 0 };
+            be->ops = &no_moe;
+            pf_gen(PM->m, 1024, P, n, &gp, &plain);
+            be->ops = sr_install(&no_moe);
+            long p0 = g_sr.n_parked;
+            pf_gen(PM->m, 1024, P, n, &gp, &ahead);
+            be->ops = orig;
+            CHECKF(pf_same(&plain, &ahead), "%s: host-routed MoE: ahead differs from the plain backend", PM->name);
+            if (PM->m->cfg->arch == SN_ARCH_QWEN3_5_MOE)
+                CHECKF(g_sr.n_parked == p0, "%s: host-routed MoE: %ld steps parked, want none", PM->name,
+                       g_sr.n_parked - p0);
+            pf_out_free(&plain);
+            pf_out_free(&ahead);
+        }
+    }
+}
+
 static void test_limits(void)
 {
     FOR_MODELS {
@@ -380,6 +500,7 @@ int main(void)
     RUN(test_accept_and_reject_paths);
     RUN(test_identical_sampling);
     RUN(test_device_draws);
+    RUN(test_record_ahead);
     RUN(test_limits);
     RUN(test_with_cache);
     pf_teardown();

@@ -402,7 +402,7 @@ static sn_status run_step(sn_model *m, const step *st)
     /* the step parked ahead, launched with its real token; whatever else
      * runs, a parked record is stale from here on */
     bool launched = false, match = ahead && ahead_matches(m, st->it[0].seq, &rows[0]);
-    if (m->ahead.valid && !match) OPS->step_drop(BE);
+    if (m->ahead.valid && !match && OPS->step_drop) OPS->step_drop(BE);
     m->ahead.valid = false;
     if (match) {
         sn_status e = OPS->step_launch_parked(BE, m, st->it[0].tokens, 1);
