@@ -237,6 +237,13 @@ static void test_good_checkpoint_runs(void)
     setenv("SANCTUM_GRAPH_ROWS", "3", 1);
     CHECK_OK(sn_forward(m, s, ids, 1, lg, false));
     unsetenv("SANCTUM_GRAPH_ROWS");
+    /* and SANCTUM_RECORD_AHEAD */
+    setenv("SANCTUM_RECORD_AHEAD", "on", 1);
+    CHECK(sn_forward(m, s, ids, 1, lg, false) == SN_E_INVALID);
+    CHECK(strstr(sn_errmsg(), "SANCTUM_RECORD_AHEAD=on") != NULL);
+    setenv("SANCTUM_RECORD_AHEAD", "0", 1);
+    CHECK_OK(sn_forward(m, s, ids, 1, lg, false));
+    unsetenv("SANCTUM_RECORD_AHEAD");
     free(lg);
     sn_seq_free(s);
     sn_model_free(m);

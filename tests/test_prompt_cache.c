@@ -813,6 +813,8 @@ static void test_store_paths(void)
         static const struct { const char *name, *value; } bad[] = {
             { "SANCTUM_PCACHE_MIN_FRESH", "3" }, { "SANCTUM_INVARIANT_ROWS", "0" },
             { "SANCTUM_INVARIANT_ROWS", "8x" },  { "SANCTUM_INVARIANT_ROWS", "MAX" },
+            { "SANCTUM_GRAPH_ROWS", "9" },       { "SANCTUM_RECORD_AHEAD", "2" },
+            { "SANCTUM_RECORD_AHEAD", "yes" },
         };
         for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
             setenv(bad[i].name, bad[i].value, 1);

@@ -141,7 +141,9 @@ sn_status sn_pcache_prewarm(sn_pcache *pc, sn_model *m, sn_seq *seq, const int32
  * sn_engine_invariant_rows(m) rows per forward. */
 
 /* The engine's environment knobs, checked: SANCTUM_INVARIANT_ROWS (below),
- * SANCTUM_PCACHE_MIN_FRESH and SANCTUM_PCACHE_STORE (sn_pcache_opts_default).
+ * SANCTUM_PCACHE_MIN_FRESH and SANCTUM_PCACHE_STORE (sn_pcache_opts_default),
+ * and the forward's SANCTUM_GRAPH_ROWS and SANCTUM_RECORD_AHEAD (which every
+ * forward reads again, failing on a malformed value).
  * A value set but malformed is SN_E_INVALID naming the variable and what
  * it takes; sn_pcache_new and sn_generate check, and the server at start. */
 sn_status sn_engine_env_check(void);

@@ -299,6 +299,14 @@ static sn_status record_ahead_env(bool *out)
     return SN_OK;
 }
 
+sn_status sn_forward_env_check(void)
+{
+    int rows;
+    bool ahead;
+    SN_TRY(graph_rows(&rows));
+    return record_ahead_env(&ahead);
+}
+
 /* Recording ahead (backend.h): a plain decode step (one sequence, one row,
  * its argmax id or its draw on the backend wanted and nothing else) is what
  * the generation loop repeats, so while the backend runs it the next one is

@@ -181,6 +181,7 @@ sn_status sn_engine_env_check(void)
 {
     int rows;
     SN_TRY(env_invariant_rows(&rows));
+    SN_TRY(sn_forward_env_check());
     sn_pcache_opts o = { 0 }; /* only parsed into */
     return env_pcache(&o);
 }

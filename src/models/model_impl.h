@@ -231,6 +231,10 @@ bool sn_weights_copy_wanted(sn_weights_mode mode, sn_backend_kind backend, size_
  * avail_bytes together (and when avail_bytes is unknown). */
 bool sn_weights_copy_drops_cache(size_t data_bytes, size_t avail_bytes);
 
+/* forward.c's environment knobs (SANCTUM_GRAPH_ROWS, SANCTUM_RECORD_AHEAD),
+ * checked as each forward checks them: for sn_engine_env_check. */
+sn_status sn_forward_env_check(void);
+
 /* Allocation helpers for the loader (memory freed with the model). */
 sn_status sn_model_host_alloc(sn_model *m, size_t bytes, void **out);
 sn_status sn_model_be_upload(sn_model *m, const void *host, size_t bytes, float **out);
