@@ -232,7 +232,8 @@ static void test_identical_sampling(void)
  * turn and the plain CPU backend's (greedy with and without PLD, sampled
  * with draws on the backend); parked records are really launched; a second
  * sequence between two steps, or a buffer freed, makes the next step record
- * anew with the same ids; and where a forward would read the host inside a
+ * anew with the same ids; drawn and greedy steps by turns never take each
+ * other's parked record; and where a forward would read the host inside a
  * step (the MoE layer routed on the host), nothing is parked and nothing
  * changes. Fails if a stale or wrongly keyed record is launched, or if the
  * stand-in token is not replaced. */
@@ -320,6 +321,34 @@ static void test_record_ahead(void)
         CHECKF(!memcmp(ref, two[0], sizeof ref) && !memcmp(ref, two[1], sizeof ref),
                "%s: two sequences by turns differ from one", PM->name);
         CHECKF(!memcmp(ref, churn, sizeof ref), "%s: a freed buffer between steps changed the ids", PM->name);
+
+        /* drawn and greedy steps by turns on one sequence: a record parked for the one head must not
+         * serve the other (the greedy step would read ids no argmax wrote) */
+        int32_t alt[2][STEPS];
+        for (int form = 0; form < 2; form++) {
+            be->ops = sr_install(&with_draws);
+            setenv("SANCTUM_RECORD_AHEAD", form ? "1" : "0", 1);
+            sn_seq *q = NULL;
+            CHECK_OK(sn_seq_new(PM->m, n + STEPS + 2, &q));
+            int32_t id = -1;
+            for (int t = 0; t < STEPS; t++) {
+                int32_t in = id;
+                sn_sample_row r = { .row = t ? 0 : n - 1, .temperature = 0.8f, .top_p = 0.95f,
+                                    .u = fmod(0.137 + 0.618 * t, 1.0) };
+                sn_batch_item bi = { .seq = q, .tokens = t ? &in : P, .n = t ? 1 : n, .next_id = &id };
+                if (t % 2 == 0) {
+                    bi.sample = &r;
+                    bi.n_sample = 1;
+                }
+                CHECK_OK(sn_forward_batch(PM->m, &bi, 1));
+                alt[form][t] = id;
+            }
+            sn_seq_free(q);
+            unsetenv("SANCTUM_RECORD_AHEAD");
+            be->ops = orig;
+        }
+        CHECKF(!memcmp(alt[0], alt[1], sizeof alt[0]), "%s: drawn and greedy by turns: ahead differs from in turn",
+               PM->name);
 
         /* the MoE layer routed on the host (no moe op): a step recorded ahead would read the host, so
          * it is refused and nothing is parked; the ids stay the plain backend's */
