@@ -1601,6 +1601,21 @@ sn_status launch_step(cuda_be *cb)
     return st;
 }
 
+/* The step's record and the parked one change places (buffers, not
+ * copies): parking hands the record over and takes the old parked buffer
+ * to record into next; launching from the park takes it back. */
+void swap_park_recs(cuda_be *cb)
+{
+    rec *r = cb->park.recs;
+    int cap = cb->park.cap, n = cb->park.n_recs;
+    cb->park.recs = cb->recs;
+    cb->park.cap = cb->cap_recs;
+    cb->park.n_recs = cb->n_recs;
+    cb->recs = r;
+    cb->cap_recs = cap;
+    cb->n_recs = n;
+}
+
 } // namespace
 
 extern "C" sn_status sn_cuda_begin_step(sn_backend *b)
@@ -1662,14 +1677,7 @@ extern "C" sn_status sn_cuda_step_park(sn_backend *b, const void *owner)
             cb->park.slot = i;
             cb->park.gen = cb->gs[i].gen;
         }
-    /* the record changes hands: the parked buffer becomes the next one recorded into */
-    rec *r = cb->park.recs;
-    int cap = cb->park.cap;
-    cb->park.recs = cb->recs;
-    cb->park.cap = cb->cap_recs;
-    cb->park.n_recs = cb->n_recs;
-    cb->recs = r;
-    cb->cap_recs = cap;
+    swap_park_recs(cb);
     memcpy(cb->park.ids, cb->pend_ids, sizeof(int32_t) * cb->n_ids);
     cb->park.n_ids = cb->n_ids;
     memcpy(cb->park.out_ptrs, cb->out_ptrs, sizeof(int32_t *) * cb->n_outs);
@@ -1696,13 +1704,7 @@ extern "C" sn_status sn_cuda_step_launch_parked(sn_backend *b, const void *owner
     SN_TRY(open_step(cb, false));
     const bool eager = cb->broken; /* profiling turned on since the park: run the record op by op */
     cb->broken = false;
-    rec *r = cb->recs;
-    int cap = cb->cap_recs;
-    cb->recs = cb->park.recs;
-    cb->cap_recs = cb->park.cap;
-    cb->n_recs = cb->park.n_recs;
-    cb->park.recs = r;
-    cb->park.cap = cap;
+    swap_park_recs(cb);
     cb->park.valid = false;
     memcpy(cb->pend_ids, cb->park.ids, sizeof(int32_t) * cb->park.n_ids);
     memcpy(cb->pend_ids, ids, sizeof(int32_t) * n);
