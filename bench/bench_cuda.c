@@ -34,6 +34,7 @@
 
 #ifdef SN_HAVE_CUDA
 #include "backend/cuda/sn_cuda.h"
+#include "models/model_impl.h" /* sn_record_ahead_env: the engine's reading of SANCTUM_RECORD_AHEAD */
 #include "timeline.h"
 
 typedef struct {
@@ -775,14 +776,12 @@ int main(int argc, char **argv)
      * again with that knob, interleaved with the default, 3 rounds */
     const char *vary[16];
     int n_vary = 0;
-    const char *ahead_env = getenv("SANCTUM_RECORD_AHEAD");
-    if (ahead_env && *ahead_env) {
-        if (strcmp(ahead_env, "0") && strcmp(ahead_env, "1")) {
-            fprintf(stderr, "bench_cuda: SANCTUM_RECORD_AHEAD=%s: want 1 (default) or 0\n", ahead_env);
-            return 2;
-        }
-        g_ahead = *ahead_env == '1';
+    bool ahead_on;
+    if (sn_record_ahead_env(&ahead_on) != SN_OK) {
+        fprintf(stderr, "bench_cuda: %s\n", sn_errmsg());
+        return 2;
     }
+    g_ahead = ahead_on;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config") && i + 1 < argc) cfgp = argv[++i];
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc) prefill = atoi(argv[++i]);

@@ -284,10 +284,9 @@ static void hist_disarm(sn_seq *q, int from, int rows)
     }
 }
 
-/* SANCTUM_RECORD_AHEAD: 1 (default) records a plain greedy decode step's
- * successor while the backend runs the step; 0 records each step in turn.
- * Read at every step, as SANCTUM_GRAPH_ROWS is. */
-static sn_status record_ahead_env(bool *out)
+/* SANCTUM_RECORD_AHEAD (model_impl.h). Read at every step, as
+ * SANCTUM_GRAPH_ROWS is. */
+sn_status sn_record_ahead_env(bool *out)
 {
     const char *e = getenv("SANCTUM_RECORD_AHEAD");
     *out = true;
@@ -304,7 +303,7 @@ sn_status sn_forward_env_check(void)
     int rows;
     bool ahead;
     SN_TRY(graph_rows(&rows));
-    return record_ahead_env(&ahead);
+    return sn_record_ahead_env(&ahead);
 }
 
 /* Recording ahead (backend.h): a plain decode step (one sequence, one row,
@@ -397,7 +396,7 @@ static sn_status run_step(sn_model *m, const step *st)
     bool have_ids = false, one_head = nr <= SN_LOGIT_ROWS, decode = true, ahead_on;
     int grows;
     SN_TRY(graph_rows(&grows));
-    SN_TRY(record_ahead_env(&ahead_on));
+    SN_TRY(sn_record_ahead_env(&ahead_on));
     for (int i = 0; i < st->n_items; i++) decode = decode && st->it[i].n <= grows;
     /* only decode steps: they repeat with positions shifted, which is what
      * a recorded graph can replay; a prefill chunk would be captured once
@@ -414,7 +413,7 @@ static sn_status run_step(sn_model *m, const step *st)
     m->ahead.valid = false;
     if (match) {
         sn_status e = OPS->step_launch_parked(BE, m, st->it[0].tokens, 1);
-        if (e == SN_OK) launched = have_ids = true;
+        if (e == SN_OK) launched = true, have_ids = !rows[0].smp; /* a draw's record has no argmax */
         else if (e == SN_E_MISSING) sn_clear_error(); /* dropped by the backend (a buffer freed): record anew */
         else return e;
     }

@@ -234,6 +234,11 @@ bool sn_weights_copy_drops_cache(size_t data_bytes, size_t avail_bytes);
 /* forward.c's environment knobs (SANCTUM_GRAPH_ROWS, SANCTUM_RECORD_AHEAD),
  * checked as each forward checks them: for sn_engine_env_check. */
 sn_status sn_forward_env_check(void);
+/* SANCTUM_RECORD_AHEAD: unset, empty or 1 (the default) records a plain
+ * decode step's successor while the backend runs the step; 0 records each
+ * step in turn; anything else is SN_E_INVALID naming it. bench_cuda takes
+ * its decode steps by the same reading. */
+sn_status sn_record_ahead_env(bool *out);
 
 /* Allocation helpers for the loader (memory freed with the model). */
 sn_status sn_model_host_alloc(sn_model *m, size_t bytes, void **out);
