@@ -227,6 +227,16 @@ static void drawn_ids(int i, bool alt, int32_t out[NGREEDY])
     sn_seq_free(s);
 }
 
+/* The GPU model's recording-ahead counts (0 and 0 in a build without CUDA,
+ * where the tests that read them skip). */
+static void ahead_counts(long *parked, long *launched)
+{
+    *parked = *launched = 0;
+#ifdef SN_HAVE_CUDA
+    sn_cuda_ahead_stats(cur->gpu->be, parked, launched);
+#endif
+}
+
 /* Recording ahead (forward.c): the next decode step recorded while one runs,
  * its stand-in token replaced at launch. Its greedy ids must be the
  * fixture's and those of steps recorded in turn, alone, beside another
@@ -235,10 +245,8 @@ static void drawn_ids(int i, bool alt, int32_t out[NGREEDY])
 static void test_greedy_ahead(void)
 {
     NEED();
-    long parked0 = 0, launched0 = 0, parked1 = 0, launched1 = 0;
-#ifdef SN_HAVE_CUDA
-    sn_cuda_ahead_stats(cur->gpu->be, &parked0, &launched0);
-#endif
+    long parked0, launched0, parked1, launched1;
+    ahead_counts(&parked0, &launched0);
     for (int i = 0; i < cur->n; i++) {
         int32_t turn[NGREEDY], ahead[NGREEDY], two[NGREEDY], churn[NGREEDY];
         setenv("SANCTUM_RECORD_AHEAD", "0", 1);
@@ -259,9 +267,7 @@ static void test_greedy_ahead(void)
                    churn[t], turn[t]);
         }
     }
-#ifdef SN_HAVE_CUDA
-    sn_cuda_ahead_stats(cur->gpu->be, &parked1, &launched1);
-#endif
+    ahead_counts(&parked1, &launched1);
     fprintf(stderr, "  %s: %ld steps parked, %ld launched from the park\n", cur->arch, parked1 - parked0,
             launched1 - launched0);
     /* alone, all but the first decode step of each prompt come from the park */
@@ -276,10 +282,8 @@ static void test_drawn_ahead(void)
 {
     NEED();
     if (!sn_model_can_sample(cur->gpu)) SKIP("the backend does not draw");
-    long p0 = 0, l0 = 0, p1 = 0, l1 = 0;
-#ifdef SN_HAVE_CUDA
-    sn_cuda_ahead_stats(cur->gpu->be, &p0, &l0);
-#endif
+    long p0, l0, p1, l1;
+    ahead_counts(&p0, &l0);
     for (int i = 0; i < cur->n; i++) {
         int32_t turn[NGREEDY], ahead[NGREEDY], alt_turn[NGREEDY], alt_ahead[NGREEDY];
         setenv("SANCTUM_RECORD_AHEAD", "0", 1);
@@ -296,9 +300,7 @@ static void test_drawn_ahead(void)
                    "turn %d", cur->arch, i, t, alt_ahead[t], alt_turn[t]);
         }
     }
-#ifdef SN_HAVE_CUDA
-    sn_cuda_ahead_stats(cur->gpu->be, &p1, &l1);
-#endif
+    ahead_counts(&p1, &l1);
     fprintf(stderr, "  %s: drawn: %ld steps parked, %ld launched from the park\n", cur->arch, p1 - p0, l1 - l0);
     CHECKF(l1 - l0 >= (long)cur->n * (NGREEDY - 4), "%s: only %ld parked drawn steps launched", cur->arch, l1 - l0);
 }
