@@ -1385,11 +1385,12 @@ k_gdn_after_conv(const float *__restrict__ c, int Hk, int Hv, int Dk, int Dv, fl
 /* Argmax in two passes so a 248k vocabulary row is read by many blocks:
  * slices of ARGMAX_SLICE values (one per block, at most ARGMAX_MAX_SPLIT a
  * row) -> (value, index) partials -> one warp per row. A thread's
- * ARGMAX_SLICE / 256 loads are issued together, so a slice costs one round
+ * ARGMAX_LOADS loads are issued together, so a slice costs one round
  * trip to L2 (64 slices of 3880 values looped through one load at a time
  * took 8.6 us of a 35B-A3B step, run 49). Ties keep the lower index; NaN
  * never wins. */
-constexpr int ARGMAX_SLICE = 2048, ARGMAX_MAX_SPLIT = 512;
+constexpr int ARGMAX_SLICE = 2048, ARGMAX_MAX_SPLIT = 512, ARGMAX_THREADS = 256,
+              ARGMAX_LOADS = ARGMAX_SLICE / ARGMAX_THREADS; /* a thread's loads issued together */
 
 __host__ __device__ __forceinline__ int argmax_split(int n)
 {
@@ -1405,7 +1406,8 @@ __device__ __forceinline__ void amax_merge(float &best, int &bi, float v, int i)
     }
 }
 
-__global__ void __launch_bounds__(256) k_argmax_part(const float *__restrict__ x, int n, float2 *__restrict__ part)
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+k_argmax_part(const float *__restrict__ x, int n, float2 *__restrict__ part)
 {
     pdl_enter();
     const float *xr = x + (size_t)blockIdx.x * n;
@@ -1413,15 +1415,15 @@ __global__ void __launch_bounds__(256) k_argmax_part(const float *__restrict__ x
     const int i0 = blockIdx.y * per, i1 = min(n, i0 + per);
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = i0 + threadIdx.x; i < i1; i += 256 * 8) {
-        float v[8];
+    for (int i = i0 + threadIdx.x; i < i1; i += ARGMAX_SLICE) {
+        float v[ARGMAX_LOADS];
 #pragma unroll
-        for (int u = 0; u < 8; u++)
-            v[u] = i + 256 * u < i1 ? __ldg(xr + i + 256 * u) : -INFINITY;
+        for (int u = 0; u < ARGMAX_LOADS; u++)
+            v[u] = i + ARGMAX_THREADS * u < i1 ? __ldg(xr + i + ARGMAX_THREADS * u) : -INFINITY;
 #pragma unroll
-        for (int u = 0; u < 8; u++)
-            if (i + 256 * u < i1)
-                amax_merge(best, bi, v[u], i + 256 * u);
+        for (int u = 0; u < ARGMAX_LOADS; u++)
+            if (i + ARGMAX_THREADS * u < i1)
+                amax_merge(best, bi, v[u], i + ARGMAX_THREADS * u);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -1429,8 +1431,8 @@ __global__ void __launch_bounds__(256) k_argmax_part(const float *__restrict__ x
         int oi = __shfl_xor_sync(0xffffffffu, bi, o);
         amax_merge(best, bi, ob, oi);
     }
-    __shared__ float sb[8];
-    __shared__ int si[8];
+    __shared__ float sb[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
     if ((threadIdx.x & 31) == 0) {
         sb[threadIdx.x >> 5] = best;
         si[threadIdx.x >> 5] = bi;
@@ -1439,7 +1441,7 @@ __global__ void __launch_bounds__(256) k_argmax_part(const float *__restrict__ x
     if (threadIdx.x == 0) {
         best = sb[0];
         bi = si[0];
-        for (int w = 1; w < 8; w++)
+        for (int w = 1; w < ARGMAX_THREADS / 32; w++)
             amax_merge(best, bi, sb[w], si[w]);
         part[(size_t)blockIdx.x * ARGMAX_MAX_SPLIT + blockIdx.y] = make_float2(best, __int_as_float(bi));
     }
@@ -1855,7 +1857,7 @@ sn_status cu_argmax(cudaStream_t s, const float *x, int rows, int n, int32_t *d_
         return SN_OK;
     float2 *part = (float2 *)scratch;
     const int split = argmax_split(n);
-    (void)cu_launch(k_argmax_part, dim3((unsigned)rows, (unsigned)split), 256, 0, s, x, n, part);
+    (void)cu_launch(k_argmax_part, dim3((unsigned)rows, (unsigned)split), ARGMAX_THREADS, 0, s, x, n, part);
     CU_CHECK_LAUNCH("argmax");
     (void)cu_launch(k_argmax_final, (unsigned)rows, 32, 0, s, part, split, d_out);
     CU_CHECK_LAUNCH("argmax final");
