@@ -16,6 +16,7 @@ LDLIBS  += -lm -lpthread -ljansson -lpcre2-8 -lutf8proc -lssl -lcrypto -levent -
 # SIMD flags per file: the binary still runs on any x86-64; kernels are chosen at run time.
 AVX2_FLAGS   = -mavx2 -mfma -mf16c
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c
+VNNI_FLAGS   = -mavx512vnni
 
 LIB_DIRS   = src/core src/io src/tok src/tensor src/backend src/models src/engine
 LIB_SRC    = $(shell find $(LIB_DIRS) -name '*.c' 2>/dev/null | sort)
@@ -46,7 +47,7 @@ $(BUILD)/libsanctum.a: $(LIB_OBJ) $(CU_OBJ)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(AVX512_FLAGS),$(if $(findstring _avx2,$<),$(AVX2_FLAGS))) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(AVX512_FLAGS) $(if $(findstring _vnni,$<),$(VNNI_FLAGS)),$(if $(findstring _avx2,$<),$(AVX2_FLAGS))) -MMD -MP -c $< -o $@
 
 # -MMD -MP as for C: a header change (cuda_internal.h's cu_devinfo) must
 # rebuild every .cu that includes it, or objects disagree on its layout

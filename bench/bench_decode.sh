@@ -94,7 +94,7 @@ for cfg in "${configs[@]}"; do
     act=$(active_bytes "$out")
     gbs=$(awk -v a="$act" -v d="$dec" 'BEGIN {printf "%.2f", a * d / 1e9}')
     pct=$(awk -v g="$gbs" -v b="$bw" 'BEGIN {printf "%.0f", 100 * g / b}')
-    line="$(date -u +%FT%TZ) $(git rev-parse --short HEAD) bench_decode $name: prefill $prompt tok $pre tok/s, decode $dec tok/s, $(awk -v a="$act" 'BEGIN {printf "%.1f", a / 1e6}') MB weights/token -> $gbs GB/s = $pct% of measured read bandwidth $bw GB/s (goal >= 60%), $threads threads, $(nproc) cpus, weights $where | cmd: $cmdline"
+    line="$(date -u +%FT%TZ) $(git rev-parse --short HEAD)$(git diff --quiet HEAD 2>/dev/null || echo +dirty) bench_decode $name: prefill $prompt tok $pre tok/s, decode $dec tok/s, $(awk -v a="$act" 'BEGIN {printf "%.1f", a / 1e6}') MB weights/token -> $gbs GB/s = $pct% of measured read bandwidth $bw GB/s (goal >= 60%), $threads threads, $(nproc) cpus, weights $where | cmd: $cmdline"
     echo "$line"
     echo "$line" >> bench/results.log
 done

@@ -16,8 +16,9 @@
  * (lm_head), each cycled over copies >= 1.5 GB so it streams from DRAM.
  * SANCTUM_CPU_PREFETCH=rows overrides the kernels' prefetch distance.
  * --group sets the quant group (default 64); --q4 fp32 sets
- * SANCTUM_CPU_Q4=fp32, so the AVX2 table's float Q4 kernel runs instead of
- * its integer one (an A/B in one binary; default int); --q4 q8 sets
+ * SANCTUM_CPU_Q4=fp32, so the AVX2 table's float Q4 kernel (and on an
+ * AVX-512 VNNI host the AVX-512 table's) runs instead of its integer one
+ * (an A/B in one binary; default int); --q4 q8 sets
  * SANCTUM_CPU_Q4=q8, the AVX2 table's opt-in 8-bit activation path.
  * Results are appended to bench/results.log with the command. */
 #include <stdio.h>

@@ -50,9 +50,9 @@ static void test_cpu_features(void)
     unsetenv("SANCTUM_CPU");
     CHECK_OK(sn_cpu_select_isa(&isa));
     CHECK(isa == sn_cpu_best_isa());
-    fprintf(stderr, "  cpu: %d cores, best %s (avx2 %d fma %d f16c %d avx512f %d bw %d vl %d dq %d)\n", f->n_cores,
-            sn_isa_name(sn_cpu_best_isa()), f->avx2, f->fma, f->f16c, f->avx512f, f->avx512bw, f->avx512vl,
-            f->avx512dq);
+    fprintf(stderr, "  cpu: %d cores, best %s (avx2 %d fma %d f16c %d avx512f %d bw %d vl %d dq %d vnni %d)\n",
+            f->n_cores, sn_isa_name(sn_cpu_best_isa()), f->avx2, f->fma, f->f16c, f->avx512f, f->avx512bw,
+            f->avx512vl, f->avx512dq, f->avx512vnni);
 }
 
 typedef struct {

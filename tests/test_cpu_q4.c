@@ -1,5 +1,5 @@
-/* CPU backend, Q4 paths of kernels_avx2.c: the exact integer kernel (x
- * as three int8 digit planes per group) against the double reference and
+/* CPU backend, Q4 paths of kernels_avx2.c and kernels_avx512_vnni.c: the
+ * exact integer kernel (x as three int8 digit planes per group) against the double reference and
  * the scalar backend, its limits (zero, tiny, huge and spiky groups, NaN),
  * batch invariance over T and threads, and the opt-in 8-bit activation
  * path (SANCTUM_CPU_Q4=q8) within its derived bound; the SANCTUM_CPU_Q4
@@ -50,8 +50,9 @@ static void fill_xk(float *x, int64_t cols, int T, int group, int kind)
  * multiples of the 8-group scale blocks, all scale dtypes (negative scales
  * and biases included: tw_make draws them from both signs), and x that is
  * zero, tiny, huge, one spike per group, or of wildly different magnitude
- * from group to group. Every ISA runs it (the scalar and AVX-512 tables
- * take their float kernels). */
+ * from group to group. Every ISA runs it (the scalar table takes its float
+ * kernel, the AVX-512 one kernels_avx512_vnni.c's on a CPU with VNNI and
+ * its float kernel without). */
 static void test_matmul_q4_int(void)
 {
     sn_backend *ref = backend_for(SN_ISA_SCALAR, 2);

@@ -22,6 +22,7 @@ typedef enum {
 typedef struct {
     bool avx, avx2, fma, f16c;                      /* usable (CPU + OS YMM state) */
     bool avx512f, avx512bw, avx512vl, avx512dq;     /* usable (CPU + OS ZMM state) */
+    bool avx512vnni;                                /* vpdpbusd (usable with avx512f) */
     bool vendor_amd, vendor_intel;                  /* from cpuid leaf 0 (kernel tuning) */
     int n_cores;                                    /* CPUs this process may run on */
 } sn_cpu_features;

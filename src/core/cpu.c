@@ -59,6 +59,7 @@ static void detect(void)
             g_feat.avx512dq = (b & (1u << 17)) && zmm_ok;
             g_feat.avx512bw = (b & (1u << 30)) && zmm_ok;
             g_feat.avx512vl = (b & (1u << 31)) && zmm_ok;
+            g_feat.avx512vnni = (c & (1u << 11)) && zmm_ok;
         }
     }
 #endif

@@ -125,6 +125,9 @@ sn_status cpu_add_gated(sn_backend *b, float *y, const float *x, const float *g,
 extern const cpu_kernels cpu_kernels_ref;
 extern const cpu_kernels cpu_kernels_avx2;
 extern const cpu_kernels cpu_kernels_avx512;
+/* The AVX-512 table with the exact integer Q4 path on VNNI
+ * (kernels_avx512_vnni.c); only for a CPU with AVX512_VNNI. */
+const cpu_kernels *cpu_kernels_avx512_vnni_get(void);
 
 static inline float cpu_load_scale(const uint8_t *p, sn_dtype dt, int64_t i)
 {
