@@ -60,6 +60,10 @@ static void test_matmul_q4_int(void)
     const int64_t rowss[] = { 1, 3, 37, 8 };
     const int64_t ngs[] = { 1, 3, 9, 16, 17 };
     const int Ts[] = { 1, 2, 5 };
+    const sn_cpu_features *f = sn_cpu_features_get();
+    if (sn_cpu_isa_supported(SN_ISA_AVX512) && !f->avx512vnni)
+        fprintf(stderr, "  note: no AVX512_VNNI on this CPU: the AVX-512 table runs its float Q4 kernel here, "
+                        "kernels_avx512_vnni.c is not exercised\n");
     for (size_t ii = 0; ii < 3; ii++) {
         sn_backend *be = ii == 0 ? ref : backend_for(isas[ii], 2);
         if (!be)
