@@ -19,7 +19,8 @@
  * SANCTUM_CPU_Q4=fp32, so the AVX2 table's float Q4 kernel (and on an
  * AVX-512 VNNI host the AVX-512 table's) runs instead of its integer one
  * (an A/B in one binary; default int); --q4 q8 sets
- * SANCTUM_CPU_Q4=q8, the AVX2 table's opt-in 8-bit activation path.
+ * SANCTUM_CPU_Q4=q8, the opt-in 8-bit activation path (AVX2, or AVX-512
+ * with VNNI).
  * Results are appended to bench/results.log with the command. */
 #include <stdio.h>
 #include <stdlib.h>

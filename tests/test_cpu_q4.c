@@ -166,8 +166,9 @@ static sn_backend *backend_for_q4(sn_isa isa, int threads, const char *mode)
 /* Batch invariance of the Q4 kernels per group (32/64/128, and 96 for the
  * generic float one), at batch sizes around the token tiles and on 1, 2, 3
  * threads: each token of a batch equals its GEMV bitwise. For the default
- * kernels and for SANCTUM_CPU_Q4=q8 (the AVX2 8-bit activation path; the
- * other tables keep their default there). */
+ * kernels and for SANCTUM_CPU_Q4=q8 (the 8-bit activation path of the AVX2
+ * table, and of the AVX-512 one with VNNI; the scalar table keeps its
+ * default there). */
 static void test_matmul_q4_batch_sizes(void)
 {
     const int groups[] = { 32, 64, 128, 96 };
@@ -235,7 +236,8 @@ static void q8_bound(const sn_weight *w, const float *x, int T, double *bnd)
         }
 }
 
-/* The opt-in 8-bit activation Q4 path of the AVX2 table against the double
+/* The opt-in 8-bit activation Q4 path of a table (q4_q8_check: AVX2, and
+ * AVX-512, VNNI's kernel where the CPU has it) against the double
  * reference and the scalar oracle within q8_bound (+ REL_MM * mag, twice
  * that against the scalar oracle, which has its own fp32 rounding), on the
  * shapes of test_matmul_q4_int (odd rows, group counts around the 8-group
@@ -244,10 +246,10 @@ static void q8_bound(const sn_weight *w, const float *x, int T, double *bnd)
  * is not zero, so the knob really switched. Also: a NaN or inf makes
  * exactly its token's outputs NaN, the others stay equal to their GEMV.
  * The observed worst error relative to the bound and to mag is printed. */
-static void test_matmul_q4_q8(void)
+static void q4_q8_check(sn_isa isa)
 {
     sn_backend *ref = backend_for(SN_ISA_SCALAR, 2);
-    sn_backend *be = backend_for_q4(SN_ISA_AVX2, 2, "q8"), *ex = backend_for_q4(SN_ISA_AVX2, 2, NULL);
+    sn_backend *be = backend_for_q4(isa, 2, "q8"), *ex = backend_for_q4(isa, 2, NULL);
     if (!be || !ex) {
         sn_backend_free(be);
         sn_backend_free(ex);
@@ -291,16 +293,17 @@ static void test_matmul_q4_q8(void)
                     if (mag[i] > 0)
                         worst_m = fmax(worst_m, e / mag[i]);
                 }
-                CHECKF(ok_r && ok_s, "q8 x %s: [%lld x %lld] T=%d group=%d: outside the derived bound (vs double %d, "
-                       "vs scalar %d)", kind == XK_COUNT ? "1e-30" : xk_name[kind], (long long)rows, (long long)cols,
-                       T, group, ok_r, ok_s);
+                CHECKF(ok_r && ok_s, "%s q8 x %s: [%lld x %lld] T=%d group=%d: outside the derived bound (vs double %d, "
+                       "vs scalar %d)", sn_isa_name(isa), kind == XK_COUNT ? "1e-30" : xk_name[kind], (long long)rows,
+                       (long long)cols, T, group, ok_r, ok_s);
                 if (kind != XK_ZERO)
-                    CHECKF(memcmp(y, ye, ny * 4) != 0, "q8 x %s group %d: bitwise equal to the exact path",
-                           kind == XK_COUNT ? "1e-30" : xk_name[kind], group);
+                    CHECKF(memcmp(y, ye, ny * 4) != 0, "%s q8 x %s group %d: bitwise equal to the exact path",
+                           sn_isa_name(isa), kind == XK_COUNT ? "1e-30" : xk_name[kind], group);
                 free(x); free(y); free(ys); free(ye); free(yr); free(mag); free(bnd);
                 tw_free(&t);
             }
-    fprintf(stderr, "  q8 worst |err| / derived bound %.3g, / sum|terms| %.3g\n", worst_b, worst_m);
+    fprintf(stderr, "  %s q8 worst |err| / derived bound %.3g, / sum|terms| %.3g\n", sn_isa_name(isa), worst_b,
+            worst_m);
     for (int group = 32; group <= 128; group *= 2) {
         tw t;
         tw_make(&t, SN_DT_Q4, 5, 3 * group, group, SN_DT_BF16, 0);
@@ -312,6 +315,15 @@ static void test_matmul_q4_q8(void)
     sn_backend_free(be);
     sn_backend_free(ex);
     sn_backend_free(ref);
+}
+
+/* q4_q8_check on the AVX2 kernel, and on an AVX-512 host (which without
+ * VNNI runs the AVX2 kernel for q8 too) on the AVX-512 table's */
+static void test_matmul_q4_q8(void)
+{
+    q4_q8_check(SN_ISA_AVX2);
+    if (sn_cpu_isa_supported(SN_ISA_AVX512))
+        q4_q8_check(SN_ISA_AVX512);
 }
 
 /* SANCTUM_CPU_Q4=fp32 keeps Q4 on the float kernel (an A/B knob); it meets

@@ -147,9 +147,10 @@ void cpu_mm_plan_for(const cpu_be *be, const cpu_mat *m, cpu_mm_plan *p)
     p->prep = !quant ? NULL : m->dtype == SN_DT_Q4 ? k->prep_q4 : k->prep_q8;
     p->gsum = quant && k->wants_gsum;
     int gi = m->group == 32 ? 0 : m->group == 64 ? 1 : m->group == 128 ? 2 : -1;
-    /* the opt-in 8-bit activation kernel exists for AVX2 only; an AVX-512
-     * host (which has the AVX2 set) runs that one, so the knob means the
-     * same on both instead of silently falling back to the default path */
+    /* the opt-in 8-bit activation kernel exists for AVX2 and AVX-512 with
+     * VNNI; an AVX-512 host without VNNI (which has the AVX2 set) runs the
+     * AVX2 one, so the knob means the same everywhere instead of silently
+     * falling back to the default path */
     const cpu_kernels *kq8 = k->mm_q4x8 ? k : k->isa == SN_ISA_AVX512 ? &cpu_kernels_avx2 : NULL;
     if (m->dtype == SN_DT_Q4 && gi >= 0 && be->q4_mode == CPU_Q4_Q8 && kq8 && m->group % kq8->min_group == 0) {
         /* opt-in 8-bit activations: its x records carry the group sums */
@@ -721,7 +722,7 @@ sn_status sn_backend_cpu_new_isa(int n_threads, sn_isa isa, sn_backend **out)
     /* Q4 kernel knob: SANCTUM_CPU_Q4=fp32 keeps Q4 on the float kernel even
      * where the table has the integer one (int, the default, uses it); q8
      * opts in to 8-bit activations (approximate, faster) on AVX2 and AVX-512
-     * hosts (the AVX2 kernel), else it is int. */
+     * hosts (AVX-512 without VNNI: the AVX2 kernel), else it is int. */
     const char *q4 = getenv("SANCTUM_CPU_Q4");
     if (q4 && *q4 && strcmp(q4, "int") != 0 && strcmp(q4, "fp32") != 0 && strcmp(q4, "q8") != 0) {
         sn_pool_free(be->pool);

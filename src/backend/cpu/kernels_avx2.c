@@ -1,9 +1,9 @@
 /* AVX2 + FMA + F16C kernels; compiled with those flags and only reached
  * through cpu_kernels_avx2 once the CPU check passed. Bodies are in
  * kernels_simd.h, except the exact integer Q4 path and the opt-in 8-bit
- * activation Q4 path below. The AVX-512 table has the integer path only
- * with VNNI (kernels_avx512_vnni.c, on the x records prepared here);
- * without it, its float Q4 kernel. */
+ * activation Q4 path below. The AVX-512 table has both only with VNNI
+ * (kernels_avx512_vnni.c: the integer path on the x records prepared here,
+ * the 8-bit one with its own); without it, its float Q4 kernel. */
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>

@@ -8,6 +8,8 @@
  * and vpmaddwd per 32. On the Intel Xeon (AVX-512, VNNI) of 2026-12-07 the
  * AVX-512 table's float Q4 kernel ran at 12.3 GB/s a core with the weights
  * in L2 and the AVX2 integer kernel at 15.3-16.0 (docs/PERFORMANCE.md).
+ * The same tile code runs the opt-in 8-bit activations (SANCTUM_CPU_Q4=q8)
+ * on one plane, with its own x preparation (vq8_prep, below).
  *
  * Per output y[t, r] (the same for every row/token blocking and thread
  * split, so GEMV == GEMM bitwise), per group g in order:
@@ -23,7 +25,9 @@
  * reduce(acc + bv) + bt (_mm512_reduce_add_ps). A group with a non-finite
  * x has zero digits and es = xb = NaN, so its outputs are NaN, as on the
  * float kernels. */
+#include <float.h>
 #include <immintrin.h>
+#include <math.h>
 #include <pthread.h>
 
 #include "backend/cpu/cpu_internal.h"
@@ -65,12 +69,13 @@ AI __m256i vq_unpack32(const uint8_t *w)
     return _mm256_and_si256(_mm256_srlv_epi64(b, sh), _mm256_set1_epi8(0x0F));
 }
 
-/* A = 65536*D0 + 256*D1 + D2 per lane, D_p the lane's sums over n chunks
- * of 64 columns (plane p of chunk k at d + p*pstride + 64*k) */
-AI __m512i vq_dot(const __m512i *q, const int8_t *d, const int n, const int pstride)
+/* P = 3: A = 65536*D0 + 256*D1 + D2 per lane, D_p the lane's sums over n
+ * chunks of 64 columns (plane p of chunk k at d + p*pstride + 64*k);
+ * P = 1 (8-bit activations): A = D0 */
+AI __m512i vq_dot(const __m512i *q, const int8_t *d, const int n, const int pstride, const int P)
 {
     __m512i A = _mm512_setzero_si512();
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < P; p++) {
         if (p)
             A = _mm512_slli_epi32(A, 8);
         for (int k = 0; k < n; k++)
@@ -79,8 +84,9 @@ AI __m512i vq_dot(const __m512i *q, const int8_t *d, const int n, const int pstr
     return A;
 }
 
-/* RB consecutive rows from r, TB consecutive tokens from t0, group G. */
-AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int TB, const int G)
+/* RB consecutive rows from r, TB consecutive tokens from t0, group G, P
+ * planes per x record (3: exact, 1: 8-bit activations). */
+AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int TB, const int G, const int P)
 {
     const cpu_mat *m = a->m;
     const int64_t cols = m->cols, ng = m->n_groups, rows = m->rows;
@@ -107,7 +113,7 @@ AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int
         float c[VQ_RMAX][VQ_TMAX][16] __attribute__((aligned(64)));
 #pragma GCC unroll 8
         for (int t = 0; t < TB; t++) {
-            const float *es = (const float *)(xr + t * xstride + 3 * cols), *xb = es + ng;
+            const float *es = (const float *)(xr + t * xstride + P * cols), *xb = es + ng;
             if (n == 16) {
                 const __m512 e16 = _mm512_loadu_ps(es + g16), x16 = _mm512_loadu_ps(xb + g16);
 #pragma GCC unroll 8
@@ -133,13 +139,13 @@ AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int
                     _mm_prefetch((const char *)wg + i * rb + pf, _MM_HINT_T0);
             if (G == 32 && j + 1 < n) {
                 /* groups g, g+1 as one unit of 64 columns (q4i_prep's layout) */
-                const int8_t *rec = xr + (size_t)g * 96;
+                const int8_t *rec = xr + (size_t)g * 32 * P;
 #pragma GCC unroll 8
                 for (int i = 0; i < RB; i++) {
                     const __m512i q = vq_unpack64(wg + i * rb);
 #pragma GCC unroll 8
                     for (int t = 0; t < TB; t++) {
-                        const __m512i A = vq_dot(&q, rec + t * xstride, 1, 64);
+                        const __m512i A = vq_dot(&q, rec + t * xstride, 1, 64, P);
                         const __m512 cv = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(c[i][t][j]),
                                                                _mm512_set1_ps(c[i][t][j + 1]));
                         acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(A), cv, acc[i][t]);
@@ -150,7 +156,7 @@ AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int
             }
             if (G == 32) {
                 /* the last odd group of 32, a unit of its own: 8 lanes */
-                const int8_t *rec = xr + (size_t)g * 96;
+                const int8_t *rec = xr + (size_t)g * 32 * P;
 #pragma GCC unroll 8
                 for (int i = 0; i < RB; i++) {
                     const __m256i q = vq_unpack32(wg + i * rb);
@@ -158,8 +164,9 @@ AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int
                     for (int t = 0; t < TB; t++) {
                         const int8_t *d = rec + t * xstride;
                         __m256i A = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, _mm256_loadu_si256((const __m256i *)d));
-                        A = _mm256_dpbusd_epi32(_mm256_slli_epi32(A, 8), q, _mm256_loadu_si256((const __m256i *)(d + 32)));
-                        A = _mm256_dpbusd_epi32(_mm256_slli_epi32(A, 8), q, _mm256_loadu_si256((const __m256i *)(d + 64)));
+                        for (int p = 1; p < P; p++)
+                            A = _mm256_dpbusd_epi32(_mm256_slli_epi32(A, 8), q,
+                                                    _mm256_loadu_si256((const __m256i *)(d + 32 * p)));
                         /* lanes 8-15 keep acc (mask3: unset lanes come from the addend) */
                         acc[i][t] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(A)),
                                                           _mm512_set1_ps(c[i][t][j]), acc[i][t], 0x00FF);
@@ -168,7 +175,7 @@ AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int
                 j++;
                 continue;
             }
-            const int8_t *rec = xr + (size_t)g * 3 * G;
+            const int8_t *rec = xr + (size_t)g * P * G;
 #pragma GCC unroll 8
             for (int i = 0; i < RB; i++) {
                 __m512i q[2];
@@ -177,7 +184,7 @@ AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int
                     q[1] = vq_unpack64(wg + i * rb + 32);
 #pragma GCC unroll 8
                 for (int t = 0; t < TB; t++) {
-                    const __m512i A = vq_dot(q, rec + t * xstride, G / 64, G);
+                    const __m512i A = vq_dot(q, rec + t * xstride, G / 64, G, P);
                     acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(A), _mm512_set1_ps(c[i][t][j]), acc[i][t]);
                 }
             }
@@ -193,14 +200,14 @@ AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int
 
 /* Blocking as kernels_avx2.c's q4i_mm_g: decode VQ_RB rows a tile, prefill
  * row tiles with VQ_TMAX tokens at a time. */
-AI void vq_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G)
+AI void vq_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G, const int P)
 {
     if (a->T == 1) {
         int64_t r = r0;
         for (; r + VQ_RB <= r1; r += VQ_RB)
-            vq_tile(a, r, 0, VQ_RB, 1, G);
+            vq_tile(a, r, 0, VQ_RB, 1, G, P);
         for (; r < r1; r++)
-            vq_tile(a, r, 0, 1, 1, G);
+            vq_tile(a, r, 0, 1, 1, G, P);
         return;
     }
     for (int64_t rt = r0; rt < r1; rt += a->row_tile) {
@@ -208,19 +215,102 @@ AI void vq_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G)
         int t = 0;
         for (; t + VQ_TMAX <= a->T; t += VQ_TMAX)
             for (int64_t r = rt; r < re; r++)
-                vq_tile(a, r, t, 1, VQ_TMAX, G);
+                vq_tile(a, r, t, 1, VQ_TMAX, G, P);
         for (; t < a->T; t++)
             for (int64_t r = rt; r < re; r++)
-                vq_tile(a, r, t, 1, 1, G);
+                vq_tile(a, r, t, 1, 1, G, P);
     }
 }
 
 static void avx512vnni_mm_q4i(const cpu_mm_args *a, int64_t r0, int64_t r1)
 {
     switch (a->m->group) {
-    case 32: vq_mm_g(a, r0, r1, 32); break;
-    case 64: vq_mm_g(a, r0, r1, 64); break;
-    default: vq_mm_g(a, r0, r1, 128); break; /* the plan gives only 32/64/128 */
+    case 32: vq_mm_g(a, r0, r1, 32, 3); break;
+    case 64: vq_mm_g(a, r0, r1, 64, 3); break;
+    default: vq_mm_g(a, r0, r1, 128, 3); break; /* the plan gives only 32/64/128 */
+    }
+}
+
+/* ---- Opt-in 8-bit activations (SANCTUM_CPU_Q4=q8) on VNNI ----
+ *
+ * The approximation of kernels_avx2.c's q4x8 path (its comment derives
+ * the error bound): per token and group, m = max |x|, d = m / 127, X =
+ * rne(x * (127 / m)) (m < 2^-64 first scaled by 2^64), and the bias part
+ * b_g * sum(x) on the group's float sum. The record is laid out as
+ * q4i_prep's with one plane, so vq_tile runs it with P = 1: group g's
+ * bytes at [G*g, G*g + G), chunks of 64 columns as [32 even | 32 odd]; for
+ * G = 32 groups 2k, 2k+1 as one unit of 64 ([2k even | 2k+1 even | 2k odd
+ * | 2k+1 odd], 16 each; a last odd group [16 even | 16 odd]); then float
+ * d[ng] from byte cols and float xs[ng]. A group with a non-finite x gets
+ * X = 0 and d = xs = NaN. */
+AI void vq8_prep(const float *x, int64_t cols, float *xp, const int G)
+{
+    const int64_t ng = cols / G;
+    int8_t *plane = (int8_t *)xp;
+    float *dm = (float *)((uint8_t *)xp + cols), *xsm = dm + ng;
+    const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    for (int64_t g = 0; g < ng; g++) {
+        const float *xg = x + g * G;
+        __m512 mx = _mm512_setzero_ps(), sum = _mm512_setzero_ps();
+        __mmask16 fin = 0xFFFF;
+        for (int i = 0; i < G; i += 16) {
+            const __m512 v = _mm512_loadu_ps(xg + i);
+            sum = _mm512_add_ps(sum, v);
+            const __m512 av = _mm512_and_ps(v, absm);
+            mx = _mm512_max_ps(mx, av);
+            fin &= _mm512_cmp_ps_mask(av, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ); /* false for inf, NaN */
+        }
+        const int bad = fin != 0xFFFF;
+        float m = _mm512_reduce_max_ps(mx), pre = 1.0f, inv = 0.0f, d = 0.0f;
+        if (m > 0.0f && !bad) {
+            if (m < 0x1p-64f) {
+                pre = 0x1p64f;
+                m *= pre;
+            }
+            inv = 127.0f / m;
+            d = (m / 127.0f) / pre;
+        }
+        const __m512 vpre = _mm512_set1_ps(pre), vinv = _mm512_set1_ps(bad ? 0.0f : inv);
+        for (int c0 = 0; c0 < G; c0 += 32) {
+            /* 32 columns -> 16 even and 16 odd values, as int8 */
+            const __m512 a = _mm512_loadu_ps(xg + c0), b = _mm512_loadu_ps(xg + c0 + 16);
+            /* bad: inv 0 makes every X 0 (x * 0 is NaN for an inf or NaN x, so mask those) */
+            const __mmask16 ka = bad ? 0 : 0xFFFF;
+            const __m512 e = _mm512_maskz_mov_ps(ka, _mm512_permutex2var_ps(a, ev, b));
+            const __m512 o = _mm512_maskz_mov_ps(ka, _mm512_permutex2var_ps(a, od, b));
+            const __m128i Xe = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(e, vpre), vinv)));
+            const __m128i Xo = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(o, vpre), vinv)));
+            int8_t *de, *dd;
+            if (G == 32) {
+                const int pair = (g & 1) || g + 1 < ng;
+                int8_t *u = plane + 32 * (g & ~(int64_t)1);
+                de = pair ? u + (g & 1) * 16 : u;
+                dd = pair ? u + 32 + (g & 1) * 16 : u + 16;
+            } else { /* chunk c0 / 64: [32 even | 32 odd]; this half's 16 of each */
+                int8_t *ch = plane + G * g + 64 * (c0 / 64);
+                de = ch + (c0 & 32) / 2;
+                dd = ch + 32 + (c0 & 32) / 2;
+            }
+            _mm_storeu_si128((__m128i *)de, Xe);
+            _mm_storeu_si128((__m128i *)dd, Xo);
+        }
+        dm[g] = bad ? NAN : d;
+        xsm[g] = bad ? NAN : _mm512_reduce_add_ps(sum);
+    }
+}
+
+static void avx512vnni_prep_q4x8_32(const float *x, int64_t cols, float *xp) { vq8_prep(x, cols, xp, 32); }
+static void avx512vnni_prep_q4x8_64(const float *x, int64_t cols, float *xp) { vq8_prep(x, cols, xp, 64); }
+static void avx512vnni_prep_q4x8_128(const float *x, int64_t cols, float *xp) { vq8_prep(x, cols, xp, 128); }
+
+static void avx512vnni_mm_q4x8(const cpu_mm_args *a, int64_t r0, int64_t r1)
+{
+    switch (a->m->group) {
+    case 32: vq_mm_g(a, r0, r1, 32, 1); break;
+    case 64: vq_mm_g(a, r0, r1, 64, 1); break;
+    default: vq_mm_g(a, r0, r1, 128, 1); break;
     }
 }
 
@@ -235,6 +325,10 @@ static void vnni_table_init(void)
     for (int i = 0; i < 3; i++)
         vnni_table.prep_q4i[i] = cpu_kernels_avx2.prep_q4i[i];
     vnni_table.mm_q4i = avx512vnni_mm_q4i;
+    vnni_table.prep_q4x8[0] = avx512vnni_prep_q4x8_32;
+    vnni_table.prep_q4x8[1] = avx512vnni_prep_q4x8_64;
+    vnni_table.prep_q4x8[2] = avx512vnni_prep_q4x8_128;
+    vnni_table.mm_q4x8 = avx512vnni_mm_q4x8;
 }
 
 const cpu_kernels *cpu_kernels_avx512_vnni_get(void)
