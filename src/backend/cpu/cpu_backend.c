@@ -699,7 +699,7 @@ sn_status sn_backend_cpu_new_isa(int n_threads, sn_isa isa, sn_backend **out)
         return st;
     }
     be->k = isa == SN_ISA_AVX2 ? &cpu_kernels_avx2 : &cpu_kernels_ref;
-    if (isa == SN_ISA_AVX512) /* with VNNI, the exact integer Q4 path too */
+    if (isa == SN_ISA_AVX512) /* with VNNI, the integer Q4 paths (exact and q8) too */
         be->k = sn_cpu_features_get()->avx512vnni ? cpu_kernels_avx512_vnni_get() : &cpu_kernels_avx512;
     /* GEMV software prefetch, 8 rows ahead. Measured with bench_matmul:
      * AMD EPYC (Zen 4), 1 thread, 44 MB Q4 matrix from DRAM: ~9 -> ~15 GB/s.

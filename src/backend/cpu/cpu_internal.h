@@ -125,7 +125,7 @@ sn_status cpu_add_gated(sn_backend *b, float *y, const float *x, const float *g,
 extern const cpu_kernels cpu_kernels_ref;
 extern const cpu_kernels cpu_kernels_avx2;
 extern const cpu_kernels cpu_kernels_avx512;
-/* The AVX-512 table with the exact integer Q4 path on VNNI
+/* The AVX-512 table with the integer Q4 paths on VNNI, exact and 8-bit
  * (kernels_avx512_vnni.c); only for a CPU with AVX512_VNNI. */
 const cpu_kernels *cpu_kernels_avx512_vnni_get(void);
 

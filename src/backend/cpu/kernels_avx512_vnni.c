@@ -314,8 +314,9 @@ static void avx512vnni_mm_q4x8(const cpu_mm_args *a, int64_t r0, int64_t r1)
     }
 }
 
-/* The AVX-512 table with this exact integer Q4 path, whose x records are
- * the AVX2 table's (its prep runs on any AVX-512 host). */
+/* The AVX-512 table with these two Q4 paths: the exact one on the AVX2
+ * table's x records (its prep runs on any AVX-512 host), the 8-bit one on
+ * vq8_prep's. */
 static cpu_kernels vnni_table;
 static pthread_once_t vnni_once = PTHREAD_ONCE_INIT;
 
