@@ -199,7 +199,10 @@ void sn_pool_for(sn_pool *p, int64_t n, int64_t grain, sn_pool_fn fn, void *ctx)
     if (grain <= 0)
         grain = 1;
     /* About 4 chunks per thread balances uneven cores without making the
-     * claim word a hot spot; never more chunks than the word can count. */
+     * claim word a hot spot; never more chunks than the word can count.
+     * 16 made the 1B synth's decode 11 % slower on 2 vCPUs (each chunk of a
+     * GEMV restarts its weight streams), 2 was the same as 4 (2026-12-07,
+     * docs/PERFORMANCE.md). */
     int64_t chunk = p ? (n + (int64_t)p->n * 4 - 1) / ((int64_t)p->n * 4) : n;
     if (chunk < grain)
         chunk = grain;
