@@ -698,9 +698,11 @@ sn_status sn_backend_cpu_new_isa(int n_threads, sn_isa isa, sn_backend **out)
         free(be);
         return st;
     }
-    be->k = isa == SN_ISA_AVX2 ? &cpu_kernels_avx2 : &cpu_kernels_ref;
-    if (isa == SN_ISA_AVX512) /* with VNNI, the integer Q4 paths (exact and q8) too */
-        be->k = sn_cpu_features_get()->avx512vnni ? cpu_kernels_avx512_vnni_get() : &cpu_kernels_avx512;
+    /* AVX-512 with VNNI: the table with the integer Q4 paths (exact and q8) */
+    be->k = isa == SN_ISA_AVX512 ? (sn_cpu_features_get()->avx512vnni ? cpu_kernels_avx512_vnni_get()
+                                                                       : &cpu_kernels_avx512)
+            : isa == SN_ISA_AVX2 ? &cpu_kernels_avx2
+                                 : &cpu_kernels_ref;
     /* GEMV software prefetch, 8 rows ahead. Measured with bench_matmul:
      * AMD EPYC (Zen 4), 1 thread, 44 MB Q4 matrix from DRAM: ~9 -> ~15 GB/s.
      * Intel Xeon (H200 host, 300 MB L3), 16 threads: the 716 MB lm_head

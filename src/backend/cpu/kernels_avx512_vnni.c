@@ -272,12 +272,13 @@ AI void vq8_prep(const float *x, int64_t cols, float *xp, const int G)
             inv = 127.0f / m;
             d = (m / 127.0f) / pre;
         }
-        const __m512 vpre = _mm512_set1_ps(pre), vinv = _mm512_set1_ps(bad ? 0.0f : inv);
+        const __m512 vpre = _mm512_set1_ps(pre), vinv = _mm512_set1_ps(inv);
+        /* a bad group's values are zeroed before the multiply (an inf or NaN
+         * times its inv of 0 would be NaN), so all its X are 0 */
+        const __mmask16 ka = bad ? 0 : 0xFFFF;
         for (int c0 = 0; c0 < G; c0 += 32) {
             /* 32 columns -> 16 even and 16 odd values, as int8 */
             const __m512 a = _mm512_loadu_ps(xg + c0), b = _mm512_loadu_ps(xg + c0 + 16);
-            /* bad: inv 0 makes every X 0 (x * 0 is NaN for an inf or NaN x, so mask those) */
-            const __mmask16 ka = bad ? 0 : 0xFFFF;
             const __m512 e = _mm512_maskz_mov_ps(ka, _mm512_permutex2var_ps(a, ev, b));
             const __m512 o = _mm512_maskz_mov_ps(ka, _mm512_permutex2var_ps(a, od, b));
             const __m128i Xe = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_mul_ps(e, vpre), vinv)));
