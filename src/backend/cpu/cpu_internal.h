@@ -46,6 +46,40 @@ typedef struct {
 
 typedef void (*cpu_mm_fn)(const cpu_mm_args *a, int64_t r0, int64_t r1);
 
+/* The blocking the SIMD quantized kernels share; TILE(a, r, t0, RB, TB,
+ * ...) computes y for rows [r, r+RB) and tokens [t0, t0+TB). Decode
+ * (T == 1) takes RB rows a tile to keep enough independent chains in
+ * flight. Prefill tiles rows by a->row_tile, so that a tile's weights stay
+ * in L2 while every token block of x streams past them (x is re-read once
+ * a tile: bigger tiles, less x traffic), in token blocks of TB, then 2,
+ * then 1. RB and TB must fold to constants so each tile shape is compiled
+ * on its own; the kernels give every output the same arithmetic whatever
+ * its tile, so the blocking never changes a bit. */
+#define CPU_MM_BLOCKED(a, r0, r1, RB, TB, TILE, ...) do { \
+        if ((a)->T == 1) { \
+            int64_t r_ = (r0); \
+            for (; r_ + (RB) <= (r1); r_ += (RB)) \
+                TILE((a), r_, 0, (RB), 1, __VA_ARGS__); \
+            for (; r_ < (r1); r_++) \
+                TILE((a), r_, 0, 1, 1, __VA_ARGS__); \
+            break; \
+        } \
+        for (int64_t rt_ = (r0); rt_ < (r1); rt_ += (a)->row_tile) { \
+            const int64_t re_ = rt_ + (a)->row_tile < (r1) ? rt_ + (a)->row_tile : (r1); \
+            int t_ = 0; \
+            for (; t_ + (TB) <= (a)->T; t_ += (TB)) \
+                for (int64_t r_ = rt_; r_ < re_; r_++) \
+                    TILE((a), r_, t_, 1, (TB), __VA_ARGS__); \
+            if ((TB) > 2) \
+                for (; t_ + 2 <= (a)->T; t_ += 2) \
+                    for (int64_t r_ = rt_; r_ < re_; r_++) \
+                        TILE((a), r_, t_, 1, 2, __VA_ARGS__); \
+            for (; t_ < (a)->T; t_++) \
+                for (int64_t r_ = rt_; r_ < re_; r_++) \
+                    TILE((a), r_, t_, 1, 1, __VA_ARGS__); \
+        } \
+    } while (0)
+
 typedef struct {
     sn_isa isa;
     /* Rearrange one token row of x (cols floats) for the Q4/Q8 kernels;

@@ -527,7 +527,7 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
 #ifndef Q4I_RB /* overridable for tuning runs; 1 row measured the same as 2 in 1B decode */
 #define Q4I_RB RB_GEMV
 #endif
-/* Blocking as q_mm_gs (kernels_simd.h): decode Q4I_RB rows per tile,
+/* CPU_MM_BLOCKED: decode Q4I_RB rows per tile (Q4X8_RB for 8-bit x),
  * prefill row tiles with TB_MAX tokens at a time (1, 3 or 4 tokens per
  * tile measured the same: the per-token multiply work dominates). */
 #ifndef Q4X8_RB
@@ -535,25 +535,7 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
 #endif
 AI void q4i_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G, const int P)
 {
-    if (a->T == 1) {
-        const int RB = P == 1 ? Q4X8_RB : Q4I_RB;
-        int64_t r = r0;
-        for (; r + RB <= r1; r += RB)
-            q4i_tile(a, r, 0, RB, 1, G, P);
-        for (; r < r1; r++)
-            q4i_tile(a, r, 0, 1, 1, G, P);
-        return;
-    }
-    for (int64_t rt = r0; rt < r1; rt += a->row_tile) {
-        int64_t re = rt + a->row_tile < r1 ? rt + a->row_tile : r1;
-        int t = 0;
-        for (; t + TB_MAX <= a->T; t += TB_MAX)
-            for (int64_t r = rt; r < re; r++)
-                q4i_tile(a, r, t, 1, TB_MAX, G, P);
-        for (; t < a->T; t++)
-            for (int64_t r = rt; r < re; r++)
-                q4i_tile(a, r, t, 1, 1, G, P);
-    }
+    CPU_MM_BLOCKED(a, r0, r1, P == 1 ? Q4X8_RB : Q4I_RB, TB_MAX, q4i_tile, G, P);
 }
 
 static void avx2_mm_q4i(const cpu_mm_args *a, int64_t r0, int64_t r1)

@@ -198,28 +198,10 @@ AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int
             a->y[(size_t)(t0 + t) * rows + r + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][t], bv[i][t])) + bt[i][t];
 }
 
-/* Blocking as kernels_avx2.c's q4i_mm_g: decode VQ_RB rows a tile, prefill
- * row tiles with VQ_TMAX tokens at a time. */
+/* CPU_MM_BLOCKED: decode VQ_RB rows a tile, prefill VQ_TMAX tokens. */
 AI void vq_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G, const int P)
 {
-    if (a->T == 1) {
-        int64_t r = r0;
-        for (; r + VQ_RB <= r1; r += VQ_RB)
-            vq_tile(a, r, 0, VQ_RB, 1, G, P);
-        for (; r < r1; r++)
-            vq_tile(a, r, 0, 1, 1, G, P);
-        return;
-    }
-    for (int64_t rt = r0; rt < r1; rt += a->row_tile) {
-        int64_t re = rt + a->row_tile < r1 ? rt + a->row_tile : r1;
-        int t = 0;
-        for (; t + VQ_TMAX <= a->T; t += VQ_TMAX)
-            for (int64_t r = rt; r < re; r++)
-                vq_tile(a, r, t, 1, VQ_TMAX, G, P);
-        for (; t < a->T; t++)
-            for (int64_t r = rt; r < re; r++)
-                vq_tile(a, r, t, 1, 1, G, P);
-    }
+    CPU_MM_BLOCKED(a, r0, r1, VQ_RB, VQ_TMAX, vq_tile, G, P);
 }
 
 static void avx512vnni_mm_q4i(const cpu_mm_args *a, int64_t r0, int64_t r1)

@@ -137,36 +137,10 @@ AI void q_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int 
             a->y[(size_t)(t0 + t) * rows + r + i] = V_REDUCE(acc[i][t]) + bacc[i][t];
 }
 
-/* Prefill (T > 1): rows are tiled (a->row_tile) so that a tile's weights
- * stay in L2 while every token block of x streams past them; x is re-read
- * once per tile, so bigger tiles mean less x traffic. Decode (T == 1)
- * blocks RB rows to keep enough independent FMA chains in flight. */
+/* Decode blocks RB_GEMV rows, prefill TB_MAX tokens (CPU_MM_BLOCKED). */
 AI void q_mm_gs(const cpu_mm_args *a, int64_t r0, int64_t r1, const int bits, const int GS)
 {
-    if (a->T == 1) {
-        int64_t r = r0;
-        for (; r + RB_GEMV <= r1; r += RB_GEMV)
-            q_tile(a, r, 0, RB_GEMV, 1, bits, GS);
-        for (; r < r1; r++)
-            q_tile(a, r, 0, 1, 1, bits, GS);
-        return;
-    }
-    for (int64_t rt = r0; rt < r1; rt += a->row_tile) {
-        int64_t re = rt + a->row_tile < r1 ? rt + a->row_tile : r1;
-        int t = 0;
-        for (; t + TB_MAX <= a->T; t += TB_MAX)
-            for (int64_t r = rt; r < re; r++)
-                q_tile(a, r, t, 1, TB_MAX, bits, GS);
-        for (; t + 4 <= a->T; t += 4)
-            for (int64_t r = rt; r < re; r++)
-                q_tile(a, r, t, 1, 4, bits, GS);
-        for (; t + 2 <= a->T; t += 2)
-            for (int64_t r = rt; r < re; r++)
-                q_tile(a, r, t, 1, 2, bits, GS);
-        for (; t < a->T; t++)
-            for (int64_t r = rt; r < re; r++)
-                q_tile(a, r, t, 1, 1, bits, GS);
-    }
+    CPU_MM_BLOCKED(a, r0, r1, RB_GEMV, TB_MAX, q_tile, bits, GS);
 }
 
 /* One instantiation per supported group (32/64/128 columns), plus a
