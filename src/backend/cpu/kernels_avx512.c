@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/kernels_avx512_cvt.h"
 
 #define V __m512
 #define VW 16
@@ -32,9 +33,6 @@
         lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))); \
         hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p) + 1))); \
     } while (0)
-#define BF16_LOAD(p) _mm512_castsi512_ps(_mm512_slli_epi32( \
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
-#define F16_LOAD(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define KNAME(x) avx512_##x
 #define TB_MAX 4
 #ifndef RB_GEMV /* overridable for tuning runs */

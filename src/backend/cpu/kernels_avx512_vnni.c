@@ -31,6 +31,7 @@
 #include <pthread.h>
 
 #include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/kernels_avx512_cvt.h"
 
 #define AI static inline __attribute__((always_inline))
 #define VQ_RMAX 4 /* rows a decode tile */
@@ -43,10 +44,8 @@
 AI __m512 vq_load16(const uint8_t *p, sn_dtype dt, int64_t i)
 {
     switch (dt) {
-    case SN_DT_BF16:
-        return _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i))), 16));
-    case SN_DT_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    case SN_DT_BF16: return BF16_LOAD((const uint16_t *)p + i);
+    case SN_DT_F16: return F16_LOAD((const uint16_t *)p + i);
     default: return _mm512_loadu_ps((const float *)p + i);
     }
 }
