@@ -62,21 +62,21 @@ typedef void (*cpu_mm_fn)(const cpu_mm_args *a, int64_t r0, int64_t r1);
                 TILE((a), r_, 0, (RB), 1, __VA_ARGS__); \
             for (; r_ < (r1); r_++) \
                 TILE((a), r_, 0, 1, 1, __VA_ARGS__); \
-            break; \
-        } \
-        for (int64_t rt_ = (r0); rt_ < (r1); rt_ += (a)->row_tile) { \
-            const int64_t re_ = rt_ + (a)->row_tile < (r1) ? rt_ + (a)->row_tile : (r1); \
-            int t_ = 0; \
-            for (; t_ + (TB) <= (a)->T; t_ += (TB)) \
-                for (int64_t r_ = rt_; r_ < re_; r_++) \
-                    TILE((a), r_, t_, 1, (TB), __VA_ARGS__); \
-            if ((TB) > 2) \
-                for (; t_ + 2 <= (a)->T; t_ += 2) \
+        } else { \
+            for (int64_t rt_ = (r0); rt_ < (r1); rt_ += (a)->row_tile) { \
+                const int64_t re_ = rt_ + (a)->row_tile < (r1) ? rt_ + (a)->row_tile : (r1); \
+                int t_ = 0; \
+                for (; t_ + (TB) <= (a)->T; t_ += (TB)) \
                     for (int64_t r_ = rt_; r_ < re_; r_++) \
-                        TILE((a), r_, t_, 1, 2, __VA_ARGS__); \
-            for (; t_ < (a)->T; t_++) \
-                for (int64_t r_ = rt_; r_ < re_; r_++) \
-                    TILE((a), r_, t_, 1, 1, __VA_ARGS__); \
+                        TILE((a), r_, t_, 1, (TB), __VA_ARGS__); \
+                if ((TB) > 2) \
+                    for (; t_ + 2 <= (a)->T; t_ += 2) \
+                        for (int64_t r_ = rt_; r_ < re_; r_++) \
+                            TILE((a), r_, t_, 1, 2, __VA_ARGS__); \
+                for (; t_ < (a)->T; t_++) \
+                    for (int64_t r_ = rt_; r_ < re_; r_++) \
+                        TILE((a), r_, t_, 1, 1, __VA_ARGS__); \
+            } \
         } \
     } while (0)
 
