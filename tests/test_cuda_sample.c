@@ -25,6 +25,7 @@
 
 #include <time.h>
 
+#ifdef SN_HAVE_CUDA /* a CPU-only build (no nvcc) compiles main alone: the SKIP */
 static int g_draws, g_boundary;
 
 /* rows of x [nr, V] on the GPU against the reference; exact: no boundary cases allowed */
@@ -220,6 +221,7 @@ static void time_draws(void)
     G->ops->buf_free(G, d);
     free(x);
 }
+#endif
 
 int main(void)
 {
