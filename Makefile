@@ -36,7 +36,7 @@ CFLAGS  += -DSN_HAVE_CUDA=1
 LDLIBS  += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcudart_static -lrt -lstdc++
 endif
 
-.PHONY: all lib tools server test test-cuda bench clean fuzz
+.PHONY: all lib tools server test test-cuda bench clean fuzz cpu-cflags
 all: $(BUILD)/libsanctum.a $(BUILD)/sanctum-mlx $(TOOLS)
 
 lib: $(BUILD)/libsanctum.a
@@ -82,5 +82,9 @@ $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(SERVER_OBJ) $(BUILD)/libsanc
 
 clean:
 	rm -rf $(BUILD)
+
+# The C flags of a build without CUDA (tests/suite_cpu_build.sh compiles with them)
+cpu-cflags:
+	@echo $(CFLAGS_BASE)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -3,15 +3,17 @@
 # README's Quick start has it) builds with SN_CUDA=0, so every C file with
 # an SN_HAVE_CUDA branch must also compile, warning-free, with that branch
 # off. The suite's own build may have CUDA on, so each such file is
-# compiled here once more without it (-O0, objects discarded).
+# compiled here once more with the Makefile's flags less CUDA's define
+# (make cpu-cflags), the objects discarded.
 # Usage: suite_cpu_build.sh [BUILD]   Ends with "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
 pass=0; fail=0
 err=$(mktemp); trap 'rm -f "$err"' EXIT
+read -ra flags <<< "$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s --no-print-directory cpu-cflags)" # not make test's jobserver
+[ ${#flags[@]} -gt 0 ] || { echo "FAIL make cpu-cflags printed nothing"; echo "0 passed, 1 failed"; exit 0; }
 for f in $(grep -rl SN_HAVE_CUDA src tools tests bench --include='*.c' | sort); do
-    if cc -std=c17 -D_GNU_SOURCE -O0 -Wall -Wextra -Werror -Wno-unused-parameter -Iinclude -Isrc -Itests -pthread \
-        -fno-strict-aliasing -USN_HAVE_CUDA -c -o /dev/null "$f" 2> "$err"; then
+    if cc "${flags[@]}" -Itests -c -o /dev/null "$f" 2> "$err"; then
         echo "ok   $f compiles without CUDA"; pass=$((pass + 1))
     else
         echo "FAIL $f does not compile without CUDA:"; head -n 5 "$err"; fail=$((fail + 1))
