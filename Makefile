@@ -83,6 +83,33 @@ $(BUILD)/bench/%: bench/%.c $(wildcard bench/*.h) $(SERVER_OBJ) $(BUILD)/libsanc
 clean:
 	rm -rf $(BUILD)
 
+# libFuzzer targets over the parsers that take untrusted bytes, built with
+# clang under ASan + UBSan into $(BUILD)/fuzz/ (tests/fuzz/README.md: how to
+# run them). fuzz_tok reads $(BUILD)/fuzz/tokenizer.json via SN_FUZZ_TOKENIZER.
+FUZZ_CC     ?= clang
+FUZZ_CFLAGS  = -g -O1 -fsanitize=fuzzer,address,undefined -std=c17 -D_GNU_SOURCE -Iinclude -Isrc
+FUZZERS      = $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_SRC_fuzz_auth         = src/server/auth.c src/server/tls.c src/core/status.c
+FUZZ_LIB_fuzz_auth         = -lssl -lcrypto -levent -levent_openssl
+FUZZ_SRC_fuzz_config       = src/io/config.c src/io/manifest.c src/tensor/dtype.c src/tensor/quant.c src/core/status.c
+FUZZ_LIB_fuzz_config       = -ljansson -lcrypto -lpthread -lm
+FUZZ_SRC_fuzz_manifest     = src/io/manifest.c src/core/status.c
+FUZZ_LIB_fuzz_manifest     = -lcrypto -lpthread
+FUZZ_SRC_fuzz_request      = src/server/api.c src/engine/sample.c src/core/status.c
+FUZZ_LIB_fuzz_request      = -ljansson -lm
+FUZZ_SRC_fuzz_safetensors  = src/io/safetensors.c src/io/manifest.c src/tensor/dtype.c src/core/status.c
+FUZZ_LIB_fuzz_safetensors  = -ljansson -lcrypto -lpthread
+FUZZ_SRC_fuzz_tok          = $(wildcard src/tok/[a-z]*.c) src/core/status.c
+FUZZ_LIB_fuzz_tok          = -ljansson -lpcre2-8 -lutf8proc -lpthread
+fuzz: $(FUZZERS) $(BUILD)/fuzz/tokenizer.json
+.SECONDEXPANSION:
+$(BUILD)/fuzz/%: tests/fuzz/%.c $$(FUZZ_SRC_$$*) $(wildcard include/*.h) $(wildcard src/*/*.h)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_SRC_$*) $(FUZZ_LIB_$*)
+$(BUILD)/fuzz/tokenizer.json: tests/fixtures/tokenizer/qwen3/tokenizer.json.gz
+	@mkdir -p $(@D)
+	gzip -dc $< > $@
+
 # The C flags of a build without CUDA (tests/suite_cpu_build.sh compiles with them)
 cpu-cflags:
 	@echo $(CFLAGS_BASE)
