@@ -85,7 +85,8 @@ clean:
 
 # libFuzzer targets over the parsers that take untrusted bytes, built with
 # clang under ASan + UBSan into $(BUILD)/fuzz/ (tests/fuzz/README.md: how to
-# run them). fuzz_tok reads $(BUILD)/fuzz/tokenizer.json via SN_FUZZ_TOKENIZER.
+# run them); fuzz_tok loads build/fuzz/tokenizer.json. The one build recipe:
+# the targets' headers and the README point here.
 FUZZ_CC     ?= clang
 FUZZ_CFLAGS  = -g -O1 -fsanitize=fuzzer,address,undefined -std=c17 -D_GNU_SOURCE -Iinclude -Isrc
 FUZZERS      = $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))

@@ -1,9 +1,7 @@
 /* libFuzzer target: Authorization header handling (untrusted request bytes).
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc \
- *     tests/fuzz/fuzz_auth.c src/server/auth.c src/server/tls.c src/core/status.c \
- *     -lssl -lcrypto -levent -levent_openssl -o build/fuzz_auth
- *   build/fuzz_auth -max_total_time=60 -max_len=8192
+ * Build with `make fuzz`, run from the repository root:
+ *   build/fuzz/fuzz_auth -max_total_time=60 -max_len=8192
  *
  * Properties: the strict parser returns a token inside the input that is
  * token68; the full decision for a non-loopback peer allows only the exact

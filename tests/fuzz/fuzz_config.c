@@ -2,14 +2,8 @@
  * first NUL byte: before it config.json, after it generation_config.json
  * (absent when there is no NUL), so both files get mutated.
  *
- * Build and run (from the repository root; see tests/fuzz/README.md):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c17 -D_GNU_SOURCE -Iinclude -Isrc \
- *     tests/fuzz/fuzz_config.c src/io/config.c src/io/manifest.c src/tensor/dtype.c src/tensor/quant.c \
- *     src/core/status.c -ljansson -lcrypto -lpthread -lm -o build/fuzz_config
- *   mkdir -p build/fuzz-corpus/cfg && cp bench/configs/[a-z]*.json build/fuzz-corpus/cfg/ &&
- *   build/fuzz_config -max_total_time=60 build/fuzz-corpus/cfg
- * (the glob is [a-z]*.json, not a bare star, so this comment does not hold a
- * slash-star: clang's -Wcomment flags one) */
+ * Build with `make fuzz`; run from the repository root with the bench
+ * configs as seeds (tests/fuzz/README.md has the lines). */
 #include <stdint.h>
 #include <string.h>
 

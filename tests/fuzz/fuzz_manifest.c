@@ -1,8 +1,7 @@
 /* libFuzzer target: the manifest parser (untrusted file bytes).
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc \
- *     tests/fuzz/fuzz_manifest.c src/io/manifest.c src/core/status.c -lcrypto -lpthread -o build/fuzz_manifest
- *   build/fuzz_manifest -max_total_time=60 -max_len=4096
+ * Build with `make fuzz`, run from the repository root:
+ *   build/fuzz/fuzz_manifest -max_total_time=60 -max_len=4096
  *
  * Beyond "no crash", every accepted entry must satisfy the path rules the
  * gate relies on to stay inside the model directory. */

@@ -1,10 +1,9 @@
 /* libFuzzer target: the chat-completions request parser and the response
  * builders (untrusted request bytes, model output echoed back).
  *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c17 -D_GNU_SOURCE -Iinclude -Isrc \
- *     tests/fuzz/fuzz_request.c src/server/api.c src/engine/sample.c src/core/status.c \
- *     -ljansson -lm -o build/fuzz_request
- *   build/fuzz_request -max_total_time=60 -max_len=65536 build/fuzz-corpus/req
+ * Build with `make fuzz`, run from the repository root:
+ *   mkdir -p build/fuzz-corpus/req
+ *   build/fuzz/fuzz_request -max_total_time=60 -max_len=65536 build/fuzz-corpus/req
  *
  * Properties: a rejected body always gets a 4xx with a message and an error
  * JSON that parses; an accepted one has >= 1 message with a known role,

@@ -1,11 +1,8 @@
 /* libFuzzer target for the safetensors header parser (sn_st_open_mem takes
  * the same path as a file on disk, minus the mmap).
  *
- * Build and run (from the repository root; see tests/fuzz/README.md):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c17 -D_GNU_SOURCE -Iinclude -Isrc \
- *     tests/fuzz/fuzz_safetensors.c src/io/safetensors.c src/io/manifest.c src/tensor/dtype.c \
- *     src/core/status.c -ljansson -lcrypto -lpthread -o build/fuzz_safetensors
- *   mkdir -p build/fuzz-corpus/st && build/fuzz_safetensors -max_total_time=60 build/fuzz-corpus/st
+ * Build with `make fuzz`, run from the repository root:
+ *   mkdir -p build/fuzz-corpus/st && build/fuzz/fuzz_safetensors -max_total_time=60 build/fuzz-corpus/st
  *
  * Every accepted file is walked: each tensor's first and last byte is read
  * (ASan catches a view that escapes the buffer) and each name is looked up. */

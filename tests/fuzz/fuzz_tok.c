@@ -1,12 +1,10 @@
 /* libFuzzer target: tokenizer input, detokenizer, chat rendering and the
  * tokenizer.json / tekken.json loader (all take untrusted bytes).
  *
- *   mkdir -p build/fuzz_tok build/fuzz-corpus/tok
- *   gzip -dc tests/fixtures/tokenizer/qwen3/tokenizer.json.gz > build/fuzz_tok/tokenizer.json
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -std=c17 -D_GNU_SOURCE -Iinclude -Isrc \
- *     tests/fuzz/fuzz_tok.c src/tok/[a-z]*.c src/core/status.c -ljansson -lpcre2-8 -lutf8proc -lpthread \
- *     -o build/fuzz_tok/fuzz_tok
- *   build/fuzz_tok/fuzz_tok -max_total_time=120 -rss_limit_mb=4096 build/fuzz-corpus/tok
+ * Build with `make fuzz` (it also unpacks the Qwen3 tokenizer.json this
+ * target loads to build/fuzz/), run from the repository root:
+ *   mkdir -p build/fuzz-corpus/tok
+ *   build/fuzz/fuzz_tok -max_total_time=120 -rss_limit_mb=4096 build/fuzz-corpus/tok
  *
  * The first byte picks the mode; the rest is the payload:
  *   0 encode (parse_special from bit 7 of byte 0): succeeds exactly on valid
@@ -57,7 +55,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     const char *p = getenv("SN_FUZZ_TOKENIZER");
-    if (sn_tok_load(p ? p : "build/fuzz_tok/tokenizer.json", NULL, &g_tok) != SN_OK) {
+    if (sn_tok_load(p ? p : "build/fuzz/tokenizer.json", NULL, &g_tok) != SN_OK) {
         fprintf(stderr, "fuzz_tok: cannot load the tokenizer: %s\n", sn_errmsg());
         abort();
     }
