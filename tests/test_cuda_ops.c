@@ -1151,6 +1151,77 @@ static void test_gdn_layer_graph(void)
     gdn_layer_case(512, 4, 8, 64, 96, 5, 2, 0);      /* Dv not a multiple of 32, a partial history */
 }
 
+/* The register-load form of the one-token dp4a GEMV (tune gemv_rl: no
+ * cp.async ring, the next chunk's words loaded into registers): only where
+ * the weights wait changes, so it gives the ring form's bits, at every
+ * rows-a-warp (1, 2, 4), dealt and pooled, with each scale format (the
+ * 8-byte fp32 pairs too) and rows that end inside a warp's group; three
+ * launches each. */
+static void rl_case(int64_t rows, int64_t cols, int group, sn_dtype sdt, int bias, int rpw, int dyn, int pooled)
+{
+    tw w;
+    tw_make(&w, SN_DT_Q4, rows, cols, group, sdt, 0, bias);
+    float *x = hrand((size_t)cols, 1.0f), *dx = dcopy(x, (size_t)cols);
+    CHECK_OK(sn_cuda_tune(G, "gemv_rpw", rpw));
+    CHECK_OK(sn_cuda_tune(G, "gemv_dyn", dyn));
+    float *ref = NULL;
+    for (int f = 0; f < 4; f++) {
+        CHECK_OK(sn_cuda_tune(G, "gemv_rl", f > 0)); /* the ring form first */
+        long n0[2] = { 0, 0 }, n1[2] = { 0, 0 };
+        int cnt[4];
+        CHECK_OK(sn_cuda_gemv_pool(G, n0, cnt));
+        float *dy = dpoison((size_t)rows);
+        CHECK_OK(G->ops->matmul(G, &w.wg, 0, dx, 1, dy));
+        float *y = tohost(dy, (size_t)rows);
+        dfree(dy);
+        CHECK_OK(sn_cuda_gemv_pool(G, n1, cnt));
+        CHECKF(cnt[0] == 0 && cnt[1] == 0, "gemv_rl %lldx%lld: pool counters %d %d after the launch", (long long)rows,
+               (long long)cols, cnt[0], cnt[1]);
+        CHECKF(n1[0] - n0[0] == pooled, "gemv_rl %lldx%lld dyn=%d: %ld launches pooled, %d expected", (long long)rows,
+               (long long)cols, dyn, n1[0] - n0[0], pooled);
+        if (!ref) {
+            ref = y;
+            continue;
+        }
+        CHECKF(memcmp(ref, y, sizeof(float) * rows) == 0,
+               "gemv_rl %lldx%lld g=%d rpw=%d dyn=%d launch %d: bits differ from the ring form's", (long long)rows,
+               (long long)cols, group, rpw, dyn, f);
+        free(y);
+    }
+    CHECK_OK(sn_cuda_tune(G, "gemv_rl", 0));
+    CHECK_OK(sn_cuda_tune(G, "gemv_dyn", 50)); /* the defaults */
+    CHECK_OK(sn_cuda_tune(G, "gemv_rpw", 0));
+    free(x); free(ref);
+    dfree(dx);
+    tw_free(&w);
+}
+
+static void test_gemv_rl(void)
+{
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 0)); /* the SIMT GEMV for every matrix */
+    for (int dyn = 0; dyn <= 50; dyn += 50) {
+        rl_case(34816, 5120, 64, SN_DT_BF16, 0, 0, dyn, dyn > 0); /* the 27B's gate/up: pooled at dyn 50 */
+        rl_case(5120, 17408, 64, SN_DT_BF16, 0, 0, dyn, 0);       /* its down projection */
+        rl_case(180000, 1024, 64, SN_DT_BF16, 0, 4, dyn, dyn > 0); /* one chunk a group: loads run a group ahead */
+    }
+    static const int rpws[3] = { 1, 2, 4 };
+    for (int i = 0; i < 3; i++) {
+        rl_case(1000, 5120, 64, SN_DT_BF16, 1, rpws[i], 0, 0);
+        rl_case(300, 2048, 128, SN_DT_BF16, 0, rpws[i], 0, 0);
+        rl_case(48, 5120, 32, SN_DT_F16, 1, rpws[i], 0, 0);
+        rl_case(259, 1088, 64, SN_DT_BF16, 1, rpws[i], 0, 0);
+        rl_case(33, 384, 128, SN_DT_F32, 0, rpws[i], 0, 0);
+    }
+    /* the GDN layer with its conv folded into the register-load form */
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
+    CHECK_OK(sn_cuda_tune(G, "gemv_rl", 1));
+    CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
+    gdn_layer_case(5120, 16, 48, 128, 128, 1, 0, 1);
+    gdn_layer_case(256, 1, 3, 48, 40, 1, 0, 0);
+    CHECK_OK(sn_cuda_tune(G, "gemv_rl", 0));
+}
+
+
 /* ---- MoE (host reference from CPU matmuls) ---- */
 
 static int moe_i8 = 1; /* the backend's gemm_i8 is on (the default) */
@@ -1550,6 +1621,7 @@ int main(void)
     RUN(test_gdn);
     RUN(test_gdn_gnorm_graph);
     RUN(test_gdn_layer_graph);
+    RUN(test_gemv_rl);
     RUN(test_moe);
     RUN(test_argmax);
     RUN(test_graph_replay);

@@ -600,10 +600,19 @@ constexpr int GV_POOL_Q = 8; /* the queue: more than S groups of >= 1 chunk */
  * taking counts the block, not each warp: fewer atomics on the two hot
  * addresses as the launch ends. */
 
-template <int BITS, int TT, int RPW, bool DP, bool CV = false, bool ST = false, int DY = 0>
+/* RL (tune gemv_rl; one token, dp4a): no cp.async ring. Each lane loads
+ * its rows' weight words and (scale, bias) entries for the next chunk
+ * straight into registers (two slots, compile-time: the loop runs two
+ * chunks an iteration) while it computes the current one; the loads are
+ * streaming (__ldcs: read once a step, evict first). The cursor, the pool
+ * takes, x's staging and the epilogue are the ring form's, so a row's bits
+ * are too. The ring's shared memory is still allocated (the occupancy is
+ * set by registers either way). */
+template <int BITS, int TT, int RPW, bool DP, bool CV = false, bool ST = false, int DY = 0, bool RL = false>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
+    static_assert(!RL || (TT == 1 && DP && !ST), "the register-load form is for one token, dp4a, unstamped");
     static_assert(!DP || BITS == 4, "the dp4a form is for Q4");
     static_assert(!CV || DP, "the conv fold is for the dp4a form");
     static_assert(!DY || (TT == 1 && !CV && !ST), "the pool form is for one token, no fold, unstamped");
@@ -657,27 +666,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
         iw = (const char *)ic.W + 16 * lane;
     }
     int fi = 0, islot = 0;
-    auto issue = [&]() {
-        asm volatile("" ::: "memory");
-        const int c = lane + 32 * ic.it;
-        if (c < nch) {
-            const uint32_t gi = __umulhi((uint32_t)c * VPC, gmag);
-            const char *ws = iw + (size_t)ic.it * 512;
-            const char *ss = ic.sb + ((size_t)gi << sbs);
-            const uint32_t wd = ring_sa + (uint32_t)islot * (RPW * 512), sd = sring_sa + (uint32_t)islot * (RPW * 256);
-            /* a group's rows past the matrix's end (nrows < RPW) copy its
-             * last row again: no branch per row, and their sums are never
-             * stored */
-#pragma unroll
-            for (int r = 0; r < RPW; r++) {
-                const uint32_t rr = (uint32_t)min(r, ic.nrows - 1);
-                cp_async_sa<16>(wd + r * 512, ws + (size_t)(rr * rwb));
-                if (f32s)
-                    cp_async_sa<8>(sd + r * 256, ss + (size_t)(rr * rsb));
-                else
-                    cp_async_sa<4>(sd + r * 256, ss + (size_t)(rr * rsb));
-            }
-        }
+    auto advance = [&]() { /* the issue side's cursor past the chunk just issued or loaded */
         fi++;
         islot = islot + 1 == S ? 0 : islot + 1;
         if (++ic.it == nit) {
@@ -714,17 +703,67 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             }
         }
     };
+    auto issue = [&]() {
+        asm volatile("" ::: "memory");
+        const int c = lane + 32 * ic.it;
+        if (c < nch) {
+            const uint32_t gi = __umulhi((uint32_t)c * VPC, gmag);
+            const char *ws = iw + (size_t)ic.it * 512;
+            const char *ss = ic.sb + ((size_t)gi << sbs);
+            const uint32_t wd = ring_sa + (uint32_t)islot * (RPW * 512), sd = sring_sa + (uint32_t)islot * (RPW * 256);
+            /* a group's rows past the matrix's end (nrows < RPW) copy its
+             * last row again: no branch per row, and their sums are never
+             * stored */
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                const uint32_t rr = (uint32_t)min(r, ic.nrows - 1);
+                cp_async_sa<16>(wd + r * 512, ws + (size_t)(rr * rwb));
+                if (f32s)
+                    cp_async_sa<8>(sd + r * 256, ss + (size_t)(rr * rsb));
+                else
+                    cp_async_sa<4>(sd + r * 256, ss + (size_t)(rr * rsb));
+            }
+        }
+        advance();
+    };
+    /* RL: chunk ic.it of the row group into registers (rows past the
+     * matrix's end load its last row again, as issue() copies it) */
+    auto rl_load = [&](uint4 (&wv)[RPW], uint2 (&sr)[RPW]) {
+        const int c = lane + 32 * ic.it;
+        if (c < nch) {
+            const uint32_t gi = __umulhi((uint32_t)c * VPC, gmag);
+            const char *ws = iw + (size_t)ic.it * 512;
+            const char *ss = ic.sb + ((size_t)gi << sbs);
+#pragma unroll
+            for (int r = 0; r < RPW; r++) {
+                const uint32_t rr = (uint32_t)min(r, ic.nrows - 1);
+                wv[r] = __ldcs((const uint4 *)(ws + (size_t)(rr * rwb)));
+                if (f32s)
+                    sr[r] = __ldcs((const uint2 *)(ss + (size_t)(rr * rsb)));
+                else
+                    sr[r] = make_uint2(__ldcs((const unsigned *)(ss + (size_t)(rr * rsb))), 0u);
+            }
+        }
+        advance();
+    };
     /* g.npre of the ring's S - 1 first chunks go out before x can be read;
      * the others once x's loads are issued (after the norm's first batch),
      * so that those are not queued behind a ring's worth of weights */
     const int npre = min(g.npre, S - 1);
+    uint4 wa[RPW], wb[RPW]; /* RL: the two register slots */
+    uint2 sa[RPW], sb[RPW];
+    if constexpr (RL) {
+        if (fi < nf) /* constant data: the first chunk before the wait too */
+            rl_load(wa, sa);
+    } else {
 #pragma unroll
-    for (int st = 0; st < S - 1; st++)
-        if (st < npre) {
-            if (fi < nf)
-                issue();
-            cp_async_commit();
-        }
+        for (int st = 0; st < S - 1; st++)
+            if (st < npre) {
+                if (fi < nf)
+                    issue();
+                cp_async_commit();
+            }
+    }
     if constexpr (CV) {
         /* the conv state and taps of this warp's first rows of segment 0
          * toward L2, for the epilogue (a hint: no ordering needed) */
@@ -740,11 +779,13 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
     if constexpr (ST)
         ts[1] = gv_now();
     auto rest = [&]() { /* called at up to three places: one copy of issue() each */
+        if constexpr (!RL) {
 #pragma unroll 1
-        for (int st = npre; st < S - 1; st++) {
-            if (fi < nf)
-                issue();
-            cp_async_commit();
+            for (int st = npre; st < S - 1; st++) {
+                if (fi < nf)
+                    issue();
+                cp_async_commit();
+            }
         }
     };
     if constexpr (DP)
@@ -766,81 +807,111 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
 #pragma unroll
         for (int t = 0; t < TT; t++)
             acc[r][t] = 0.f;
-    int cslot = 0;
-    for (int f = 0; f < nf; f++) {
-        if (fi < nf)
-            issue();
-        cp_async_commit();
-        cp_async_wait<S - 1>();
-        const int c = lane + 32 * cc.it;
-        if (c < nch) {
-            const uint4 *wsrc = ring + cslot * RPW * 32;
-            const uint2 *ssrc = sring + cslot * RPW * 32;
-            uint4 wv[RPW];
-            float2 sbv[RPW];
+    /* the row group at cc is complete: reduce over the lanes, store, move on */
+    auto finish = [&]() {
+        /* the row group is complete: reduce over the lanes and store */
 #pragma unroll
-            for (int r = 0; r < RPW; r++) {
-                wv[r] = wsrc[r * 32];
-                sbv[r] = sb_pair(ssrc[r * 32], sf);
+        for (int r = 0; r < RPW; r++)
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                if (TT > 1 && t >= T)
+                    break;
+                float v = acc[r][t];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1)
+                    v += __shfl_xor_sync(0xffffffffu, v, o);
+                acc[r][t] = v;
             }
-            if constexpr (DP)
-                gd_chunk<TT, RPW>(wv, sbv, (const char *)xs, nit, nch, c, acc, T);
-            else
-                gv_chunk<BITS, TT, RPW>(wv, sbv, xs, stride4, xsums, nch, c, acc, T);
+        /* the epilogue's loads for the warp's row group */
+        const float addv = gv_add_load<TT>(g, cc, lane, T);
+        gv_conv_in cin = {};
+        if (CV)
+            cin = gv_conv_load<TT>(g, cc, lane, T);
+        if (CV && cc.seg == 0) {
+            const int r = lane / TT, t = lane % TT;
+            float v = gv_lane_acc<RPW, TT>(acc, r, t);
+            const bool mine = lane < cc.nrows * TT && t < T;
+            const int64_t row = cc.r0 + r;
+            if (mine && g.bias[0])
+                v += g.bias[0][row];
+            gv_conv_epi<TT>(g, v, mine, r, t, row, T, cin);
+        } else if (lane < cc.nrows * TT) {
+            const int r = lane / TT, t = lane % TT;
+            float v = gv_lane_acc<RPW, TT>(acc, r, t);
+            if (t < T) {
+                const int i = cc.seg;
+                const int64_t row = cc.r0 + r, rows = g.rows[i];
+                if (g.bias[i])
+                    v += g.bias[i][row];
+                g.y[i][(size_t)t * rows + row] = v;
+                if (g.add_to[i])
+                    g.add_to[i][(size_t)t * rows + row] = addv + v;
+            }
         }
-        cslot = cslot + 1 == S ? 0 : cslot + 1;
-        if (++cc.it == nit) {
-            /* the row group is complete: reduce over the lanes and store */
 #pragma unroll
-            for (int r = 0; r < RPW; r++)
+        for (int r = 0; r < RPW; r++)
 #pragma unroll
-                for (int t = 0; t < TT; t++) {
-                    if (TT > 1 && t >= T)
-                        break;
-                    float v = acc[r][t];
+            for (int t = 0; t < TT; t++)
+                acc[r][t] = 0.f;
+        cc.it = 0;
+        if (++cc.grp < ge)
+            gv_locate(g, RPW, words, groups, sbsz, cc);
+        else if (DY && qout < qin) {
+            cc.grp = pool_q[warp][qout++ % GV_POOL_Q];
+            gv_locate(g, RPW, words, groups, sbsz, cc);
+        }
+    };
+    if constexpr (RL) {
+        /* two chunks an iteration, so each slot is a compile-time one: the
+         * next chunk's loads go out before this one's arithmetic */
+        auto rl_chunk = [&](const uint4 (&wr)[RPW], const uint2 (&sr)[RPW]) {
+            const int c = lane + 32 * cc.it;
+            if (c < nch) {
+                float2 sbv[RPW];
 #pragma unroll
-                    for (int o = 16; o > 0; o >>= 1)
-                        v += __shfl_xor_sync(0xffffffffu, v, o);
-                    acc[r][t] = v;
-                }
-            /* the epilogue's loads for the warp's row group */
-            const float addv = gv_add_load<TT>(g, cc, lane, T);
-            gv_conv_in cin = {};
-            if (CV)
-                cin = gv_conv_load<TT>(g, cc, lane, T);
-            if (CV && cc.seg == 0) {
-                const int r = lane / TT, t = lane % TT;
-                float v = gv_lane_acc<RPW, TT>(acc, r, t);
-                const bool mine = lane < cc.nrows * TT && t < T;
-                const int64_t row = cc.r0 + r;
-                if (mine && g.bias[0])
-                    v += g.bias[0][row];
-                gv_conv_epi<TT>(g, v, mine, r, t, row, T, cin);
-            } else if (lane < cc.nrows * TT) {
-                const int r = lane / TT, t = lane % TT;
-                float v = gv_lane_acc<RPW, TT>(acc, r, t);
-                if (t < T) {
-                    const int i = cc.seg;
-                    const int64_t row = cc.r0 + r, rows = g.rows[i];
-                    if (g.bias[i])
-                        v += g.bias[i][row];
-                    g.y[i][(size_t)t * rows + row] = v;
-                    if (g.add_to[i])
-                        g.add_to[i][(size_t)t * rows + row] = addv + v;
-                }
+                for (int r = 0; r < RPW; r++)
+                    sbv[r] = sb_pair(sr[r], sf);
+                gd_chunk<TT, RPW>(wr, sbv, (const char *)xs, nit, nch, c, acc, T);
             }
+            if (++cc.it == nit)
+                finish();
+        };
+        for (int f = 0; f < nf; f += 2) {
+            if (fi < nf)
+                rl_load(wb, sb);
+            rl_chunk(wa, sa);
+            if (f + 1 >= nf)
+                break;
+            if (fi < nf)
+                rl_load(wa, sa);
+            rl_chunk(wb, sb);
+        }
+    } else {
+        int cslot = 0;
+        for (int f = 0; f < nf; f++) {
+            if (fi < nf)
+                issue();
+            cp_async_commit();
+            cp_async_wait<S - 1>();
+            const int c = lane + 32 * cc.it;
+            if (c < nch) {
+                const uint4 *wsrc = ring + cslot * RPW * 32;
+                const uint2 *ssrc = sring + cslot * RPW * 32;
+                uint4 wv[RPW];
+                float2 sbv[RPW];
 #pragma unroll
-            for (int r = 0; r < RPW; r++)
-#pragma unroll
-                for (int t = 0; t < TT; t++)
-                    acc[r][t] = 0.f;
-            cc.it = 0;
-            if (++cc.grp < ge)
-                gv_locate(g, RPW, words, groups, sbsz, cc);
-            else if (DY && qout < qin) {
-                cc.grp = pool_q[warp][qout++ % GV_POOL_Q];
-                gv_locate(g, RPW, words, groups, sbsz, cc);
+                for (int r = 0; r < RPW; r++) {
+                    wv[r] = wsrc[r * 32];
+                    sbv[r] = sb_pair(ssrc[r * 32], sf);
+                }
+                if constexpr (DP)
+                    gd_chunk<TT, RPW>(wv, sbv, (const char *)xs, nit, nch, c, acc, T);
+                else
+                    gv_chunk<BITS, TT, RPW>(wv, sbv, xs, stride4, xsums, nch, c, acc, T);
             }
+            cslot = cslot + 1 == S ? 0 : cslot + 1;
+            if (++cc.it == nit)
+                finish();
         }
     }
     if constexpr (ST) {
@@ -951,6 +1022,12 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &gin, c
     if constexpr (TT == 1)
         if (gv_stamping)
             kern = k_gemv<BITS, 1, RPW, DP, CV, true>;
+    /* the register-load form (tune gemv_rl) where it has instances */
+    constexpr bool RLF = TT == 1 && DP;
+    const bool rl = RLF && di->gemv_rl && !gv_stamping;
+    if constexpr (RLF)
+        if (rl)
+            kern = k_gemv<BITS, 1, RPW, DP, CV, false, 0, RLF>;
     /* the pool form exists for the shapes that have enough groups for it:
      * the dp4a form at 4 rows a warp (T <= 2, at least 8192 rows) */
     constexpr bool POOL = TT == 1 && RPW == 4 && DP && !CV;
@@ -981,6 +1058,9 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &gin, c
         /* the pool instance keeps the plain one's grid when as many of
          * its blocks are resident (more registers) */
         auto pk = di->gemv_dyn_lean ? k_gemv<BITS, 1, RPW, DP, CV, false, 2> : k_gemv<BITS, 1, RPW, DP, CV, false, 1>;
+        if (rl)
+            pk = di->gemv_dyn_lean ? k_gemv<BITS, 1, RPW, DP, CV, false, 2, true>
+                                   : k_gemv<BITS, 1, RPW, DP, CV, false, 1, true>;
         if (!gv_stamping && gv_pool_form(di, G, grid * best_w, nit, gv_ring<RPW>::S, &g.gst) &&
             occupancy(pk, best_w * 32, gv_smem(w0, TT, RPW, best_w, DP)) == best_per) {
             g.pool = di->gv_pool;
@@ -1375,6 +1455,14 @@ sn_status cu_gemv_init(const cu_devinfo *di)
     SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, CV>, di));
     SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 1>, di));
     SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 2>, di));
+    /* the register-load form (gemv_rl): dealt, pooled, conv-folded */
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 1, true>, di));
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 2, true>, di));
+    for (int cv = 0; cv < 2; cv++) {
+        SN_TRY(gv_max_smem(cv ? k_gemv<4, 1, 1, true, true, false, 0, true> : k_gemv<4, 1, 1, true, false, false, 0, true>, di));
+        SN_TRY(gv_max_smem(cv ? k_gemv<4, 1, 2, true, true, false, 0, true> : k_gemv<4, 1, 2, true, false, false, 0, true>, di));
+        SN_TRY(gv_max_smem(cv ? k_gemv<4, 1, 4, true, true, false, 0, true> : k_gemv<4, 1, 4, true, false, false, 0, true>, di));
+    }
     GEMV_INIT(4, 1, false, false)
     GEMV_INIT(4, 2, false, false)
     GEMV_INIT(4, 4, false, false)
