@@ -1155,8 +1155,8 @@ static void test_gdn_layer_graph(void)
  * cp.async ring, the next chunk's words loaded into registers): only where
  * the weights wait changes, so it gives the ring form's bits, at every
  * rows-a-warp (1, 2, 4), dealt and pooled, with each scale format (the
- * 8-byte fp32 pairs too) and rows that end inside a warp's group; three
- * launches each. */
+ * 8-byte fp32 pairs too) and rows that end inside a warp's group; each
+ * load form (1 and 2) twice. */
 static void rl_case(int64_t rows, int64_t cols, int group, sn_dtype sdt, int bias, int rpw, int dyn, int pooled)
 {
     tw w;
@@ -1165,8 +1165,8 @@ static void rl_case(int64_t rows, int64_t cols, int group, sn_dtype sdt, int bia
     CHECK_OK(sn_cuda_tune(G, "gemv_rpw", rpw));
     CHECK_OK(sn_cuda_tune(G, "gemv_dyn", dyn));
     float *ref = NULL;
-    for (int f = 0; f < 4; f++) {
-        CHECK_OK(sn_cuda_tune(G, "gemv_rl", f > 0)); /* the ring form first */
+    for (int f = 0; f < 5; f++) {
+        CHECK_OK(sn_cuda_tune(G, "gemv_rl", (f + 1) / 2)); /* the ring form, then forms 1 and 2 twice each */
         long n0[2] = { 0, 0 }, n1[2] = { 0, 0 };
         int cnt[4];
         CHECK_OK(sn_cuda_gemv_pool(G, n0, cnt));
@@ -1184,8 +1184,8 @@ static void rl_case(int64_t rows, int64_t cols, int group, sn_dtype sdt, int bia
             continue;
         }
         CHECKF(memcmp(ref, y, sizeof(float) * rows) == 0,
-               "gemv_rl %lldx%lld g=%d rpw=%d dyn=%d launch %d: bits differ from the ring form's", (long long)rows,
-               (long long)cols, group, rpw, dyn, f);
+               "gemv_rl=%d %lldx%lld g=%d rpw=%d dyn=%d: bits differ from the ring form's", (f + 1) / 2,
+               (long long)rows, (long long)cols, group, rpw, dyn);
         free(y);
     }
     CHECK_OK(sn_cuda_tune(G, "gemv_rl", 0));
@@ -1214,11 +1214,14 @@ static void test_gemv_rl(void)
     }
     /* the GDN layer with its conv folded into the register-load form */
     CHECK_OK(sn_cuda_tune(G, "gemv_i8", 1));
-    CHECK_OK(sn_cuda_tune(G, "gemv_rl", 1));
     CHECK_OK(sn_cuda_tune(G, "gemv_i8_min_kb", -1));
-    gdn_layer_case(5120, 16, 48, 128, 128, 1, 0, 1);
-    gdn_layer_case(256, 1, 3, 48, 40, 1, 0, 0);
+    for (int rl = 1; rl <= 2; rl++) {
+        CHECK_OK(sn_cuda_tune(G, "gemv_rl", rl));
+        gdn_layer_case(5120, 16, 48, 128, 128, 1, 0, 1);
+        gdn_layer_case(256, 1, 3, 48, 40, 1, 0, 0);
+    }
     CHECK_OK(sn_cuda_tune(G, "gemv_rl", 0));
+    CHECK(sn_cuda_tune(G, "gemv_rl", 3) == SN_E_INVALID);
 }
 
 

@@ -604,11 +604,41 @@ constexpr int GV_POOL_Q = 8; /* the queue: more than S groups of >= 1 chunk */
  * its rows' weight words and (scale, bias) entries for the next chunk
  * straight into registers (two slots, compile-time: the loop runs two
  * chunks an iteration) while it computes the current one; the loads are
- * streaming (__ldcs: read once a step, evict first). The cursor, the pool
+ * streaming (RL 1: ld.global.cs, read once a step, evict first; RL 2:
+ * ld.global.nc with no L1 allocation and L2 fetches of 256 bytes, see
+ * rl_ld). The cursor, the pool
  * takes, x's staging and the epilogue are the ring form's, so a row's bits
  * are too. The ring's shared memory is still allocated (the occupancy is
  * set by registers either way). */
-template <int BITS, int TT, int RPW, bool DP, bool CV = false, bool ST = false, int DY = 0, bool RL = false>
+template <int RL>
+__device__ __forceinline__ uint4 rl_ld16(const void *p)
+{
+    if constexpr (RL == 1)
+        return __ldcs((const uint4 *)p);
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+template <int RL, typename E>
+__device__ __forceinline__ E rl_ld(const E *p)
+{
+    if constexpr (RL == 1)
+        return __ldcs(p);
+    if constexpr (sizeof(E) == 8) {
+        uint2 v;
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+        return *reinterpret_cast<E *>(&v);
+    } else {
+        unsigned v;
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
+        return *reinterpret_cast<E *>(&v);
+    }
+}
+
+template <int BITS, int TT, int RPW, bool DP, bool CV = false, bool ST = false, int DY = 0, int RL = 0>
 __global__ void __launch_bounds__(512)
 k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int group, const float *__restrict__ x, int T)
 {
@@ -737,11 +767,11 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
 #pragma unroll
             for (int r = 0; r < RPW; r++) {
                 const uint32_t rr = (uint32_t)min(r, ic.nrows - 1);
-                wv[r] = __ldcs((const uint4 *)(ws + (size_t)(rr * rwb)));
+                wv[r] = rl_ld16<RL>(ws + (size_t)(rr * rwb));
                 if (f32s)
-                    sr[r] = __ldcs((const uint2 *)(ss + (size_t)(rr * rsb)));
+                    sr[r] = rl_ld<RL>((const uint2 *)(ss + (size_t)(rr * rsb)));
                 else
-                    sr[r] = make_uint2(__ldcs((const unsigned *)(ss + (size_t)(rr * rsb))), 0u);
+                    sr[r] = make_uint2(rl_ld<RL>((const unsigned *)(ss + (size_t)(rr * rsb))), 0u);
             }
         }
         advance();
@@ -1022,12 +1052,15 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &gin, c
     if constexpr (TT == 1)
         if (gv_stamping)
             kern = k_gemv<BITS, 1, RPW, DP, CV, true>;
-    /* the register-load form (tune gemv_rl) where it has instances */
+    /* the register-load form (tune gemv_rl: 1 or 2) where it has instances */
     constexpr bool RLF = TT == 1 && DP;
-    const bool rl = RLF && di->gemv_rl && !gv_stamping;
-    if constexpr (RLF)
-        if (rl)
-            kern = k_gemv<BITS, 1, RPW, DP, CV, false, 0, RLF>;
+    const int rl = RLF && !gv_stamping ? di->gemv_rl : 0;
+    if constexpr (RLF) {
+        if (rl == 1)
+            kern = k_gemv<BITS, 1, RPW, DP, CV, false, 0, 1>;
+        else if (rl == 2)
+            kern = k_gemv<BITS, 1, RPW, DP, CV, false, 0, 2>;
+    }
     /* the pool form exists for the shapes that have enough groups for it:
      * the dp4a form at 4 rows a warp (T <= 2, at least 8192 rows) */
     constexpr bool POOL = TT == 1 && RPW == 4 && DP && !CV;
@@ -1058,9 +1091,10 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &gin, c
         /* the pool instance keeps the plain one's grid when as many of
          * its blocks are resident (more registers) */
         auto pk = di->gemv_dyn_lean ? k_gemv<BITS, 1, RPW, DP, CV, false, 2> : k_gemv<BITS, 1, RPW, DP, CV, false, 1>;
-        if (rl)
-            pk = di->gemv_dyn_lean ? k_gemv<BITS, 1, RPW, DP, CV, false, 2, true>
-                                   : k_gemv<BITS, 1, RPW, DP, CV, false, 1, true>;
+        if (rl == 1)
+            pk = di->gemv_dyn_lean ? k_gemv<BITS, 1, RPW, DP, CV, false, 2, 1> : k_gemv<BITS, 1, RPW, DP, CV, false, 1, 1>;
+        else if (rl == 2)
+            pk = di->gemv_dyn_lean ? k_gemv<BITS, 1, RPW, DP, CV, false, 2, 2> : k_gemv<BITS, 1, RPW, DP, CV, false, 1, 2>;
         if (!gv_stamping && gv_pool_form(di, G, grid * best_w, nit, gv_ring<RPW>::S, &g.gst) &&
             occupancy(pk, best_w * 32, gv_smem(w0, TT, RPW, best_w, DP)) == best_per) {
             g.pool = di->gv_pool;
@@ -1455,14 +1489,19 @@ sn_status cu_gemv_init(const cu_devinfo *di)
     SN_TRY(gv_max_smem(k_gemv<B, 8, R, DP, CV>, di));
     SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 1>, di));
     SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 2>, di));
-    /* the register-load form (gemv_rl): dealt, pooled, conv-folded */
-    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 1, true>, di));
-    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 2, true>, di));
-    for (int cv = 0; cv < 2; cv++) {
-        SN_TRY(gv_max_smem(cv ? k_gemv<4, 1, 1, true, true, false, 0, true> : k_gemv<4, 1, 1, true, false, false, 0, true>, di));
-        SN_TRY(gv_max_smem(cv ? k_gemv<4, 1, 2, true, true, false, 0, true> : k_gemv<4, 1, 2, true, false, false, 0, true>, di));
-        SN_TRY(gv_max_smem(cv ? k_gemv<4, 1, 4, true, true, false, 0, true> : k_gemv<4, 1, 4, true, false, false, 0, true>, di));
-    }
+    /* the register-load forms (gemv_rl 1 and 2): dealt, pooled, conv-folded */
+#define GEMV_INIT_RL(L)                                                                                           \
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 1, L>, di));                                            \
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 2, L>, di));                                            \
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 1, true, false, false, 0, L>, di));                                            \
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 2, true, false, false, 0, L>, di));                                            \
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, false, false, 0, L>, di));                                            \
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 1, true, true, false, 0, L>, di));                                             \
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 2, true, true, false, 0, L>, di));                                             \
+    SN_TRY(gv_max_smem(k_gemv<4, 1, 4, true, true, false, 0, L>, di));
+    GEMV_INIT_RL(1)
+    GEMV_INIT_RL(2)
+#undef GEMV_INIT_RL
     GEMV_INIT(4, 1, false, false)
     GEMV_INIT(4, 2, false, false)
     GEMV_INIT(4, 4, false, false)
