@@ -4,8 +4,11 @@
 # (its test_gemv_rl: the ring form's bits), then on the 27B and 35B-A3B at
 # 4096 context, three interleaved rounds of the default against gemv_rl=1
 # and 2 (the two load forms), gemv_i8=0 (down/out on the SIMT GEMV too),
-# that with each load form, and gemv_rl=1 without the pool (gemv_dyn=0).
-# The logs come back as $OUT/rl.tar.xz.
+# that with each load form, and gemv_rl=1 without the pool (gemv_dyn=0);
+# then on the 27B one step's kernel timeline (CUPTI) under each form, and
+# ncu on layer 0's qkv (conv folded) and gate/up (pooled) launches under
+# each: duration, DRAM throughput, active warps and where the warps stall.
+# The logs come back as $OUT/rl.tar.xz (about 5 minutes on an H100).
 #   There (device tool, carry [".devcarry/lead"]):  bench/gpu_rl.sh
 set -u
 cd "$(dirname "$0")/.."
@@ -24,5 +27,29 @@ for m in qwen3_5_27b qwen3_5_35b_a3b; do
         --vary gemv_rl=1:0,gemv_dyn=0:50 > "$w/$m.log" 2>&1
     echo "$m (rc $?, $((SECONDS - t0)) s)"
     gpu_rounds "$w/$m.log"
+    (cd "$w" && tar cJf "${OUT:-/tmp/out}/rl.tar.xz" ./*.log)
+done
+cfg=bench/configs/qwen3_5_27b.json
+for rl in 0 1 2; do
+    t0=$SECONDS
+    timeout 120 "$B/bench_cuda" --config $cfg --prefill 4096 --decode 16 --ncu-decode --no-profile --timeline \
+        --tune gemv_rl=$rl > "$w/timeline_rl$rl.log" 2>&1
+    echo "timeline gemv_rl=$rl (rc $?, $((SECONDS - t0)) s)"
+    sed -n '/^  timeline/,/in stream order/p' "$w/timeline_rl$rl.log" | grep -v "in stream order" | head -16 |
+        sed -E 's/ +/ /g'
+done
+(cd "$w" && tar cJf "${OUT:-/tmp/out}/rl.tar.xz" ./*.log)
+command -v ncu > /dev/null || exit 0
+m=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
+for r in long_scoreboard barrier short_scoreboard mio_throttle lg_throttle wait not_selected selected no_instruction \
+    math_pipe_throttle; do m+=",smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"; done
+for rl in 0 1 2; do
+    t0=$SECONDS
+    timeout 150 ncu --profile-from-start off --graph-profiling node -k regex:k_gemv --launch-count 2 --metrics "$m" \
+        "$B/bench_cuda" --config $cfg --prefill 64 --decode 4 --ncu-decode --no-profile --tune gemv_rl=$rl \
+        > "$w/ncu_rl$rl.log" 2>&1
+    echo "ncu gemv_rl=$rl, layer 0's qkv then gate/up (rc $?, $((SECONDS - t0)) s)"
+    grep -E "k_gemv|duration|throughput|warps_active|stalled" "$w/ncu_rl$rl.log" |
+        sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/ +/ /g' | head -32
     (cd "$w" && tar cJf "${OUT:-/tmp/out}/rl.tar.xz" ./*.log)
 done
