@@ -3,6 +3,7 @@
 #include "harness.h"
 #include "sanctum/stop.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 typedef struct { char *p; size_t n, cap; } buf;
@@ -148,6 +149,104 @@ static void test_never_leaks_byte_by_byte(void)
     free(b.p);
 }
 
+/* Random texts, stops and cuts against a reference: at the first push after
+ * which some stop string lies wholly in the text so far, the output is the
+ * text up to the earliest start of such a match; until then every push leaves
+ * the emitted bytes a prefix of the text with no stop string in them, and
+ * holds back exactly the longest suffix that is a proper prefix of a stop.
+ * A three-letter alphabet (one letter a two-byte UTF-8 character) makes
+ * overlapping and repeated partial matches common. */
+static uint64_t rs = 0x9E3779B97F4A7C15ull;
+static unsigned rnd(unsigned n)
+{
+    rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+    return (unsigned)(rs % n);
+}
+
+static size_t rand_text(char *t, size_t max_units)
+{
+    static const char *units[] = { "a", "b", "\xc3\xa9" };
+    size_t n = 0, k = 1 + rnd((unsigned)max_units);
+    for (size_t i = 0; i < k; i++) {
+        const char *u = units[rnd(3)];
+        memcpy(t + n, u, strlen(u));
+        n += strlen(u);
+    }
+    t[n] = 0;
+    return n;
+}
+
+/* the longest suffix of t[0,len) that is a proper prefix of a stop */
+static size_t ref_partial(char stops[][16], size_t ns, const char *t, size_t len)
+{
+    size_t best = 0;
+    for (size_t i = 0; i < ns; i++)
+        for (size_t k = 1; k < strlen(stops[i]) && k <= len; k++)
+            if (k > best && !memcmp(t + len - k, stops[i], k)) best = k;
+    return best;
+}
+
+/* the earliest start of a whole stop in t[0,len), or -1 */
+static long ref_first(char stops[][16], size_t ns, const char *t, size_t len)
+{
+    long first = -1;
+    for (size_t i = 0; i < ns; i++) {
+        size_t l = strlen(stops[i]);
+        for (size_t p = 0; p + l <= len; p++)
+            if (!memcmp(t + p, stops[i], l) && (first < 0 || (long)p < first)) first = (long)p;
+    }
+    return first;
+}
+
+static void test_random_against_reference(void)
+{
+    int bad = 0;
+    for (int trial = 0; trial < 20000 && bad < 5; trial++) {
+        char stops[3][16], text[128];
+        const char *sp[3];
+        size_t ns = 1 + rnd(3);
+        for (size_t i = 0; i < ns; i++) {
+            rand_text(stops[i], 4);
+            sp[i] = stops[i];
+        }
+        size_t tl = rand_text(text, 40);
+        sn_stopper *s = NULL;
+        CHECK_OK(sn_stop_new(sp, ns, &s));
+        if (!s) return;
+        buf b = {0};
+        bool st = false;
+        size_t at = 0;
+        long want = -1; /* where the output ends once stopped */
+        while (at < tl && !st) {
+            size_t n = rnd(7); /* byte cuts, empty pushes and splits inside a character included */
+            if (n > tl - at) n = tl - at;
+            CHECK_OK(sn_stop_push(s, text + at, n, &b.p, &b.n, &b.cap, &st));
+            at += n;
+            const long first = ref_first(stops, ns, text, at);
+            const size_t held = ref_partial(stops, ns, text, at);
+            const bool ok = first >= 0 ? st && b.n == (size_t)first && !memcmp(b.p, text, b.n)
+                                       : !st && b.n == at - held && sn_stop_held(s) == held &&
+                                             (b.n == 0 || !memcmp(b.p, text, b.n));
+            if (!ok) {
+                bad++;
+                CHECKF(ok, "trial %d: stops '%s' '%s' '%s', text '%s' pushed to %zu: out %zu bytes, held %zu, "
+                       "stopped %d; want %s %ld / held %zu", trial, stops[0], ns > 1 ? stops[1] : "",
+                       ns > 2 ? stops[2] : "", text, at, b.n, sn_stop_held(s), st, first >= 0 ? "stop at" : "no stop",
+                       first, held);
+                break;
+            }
+            want = first;
+        }
+        if (!st && !bad) {
+            CHECK_OK(sn_stop_flush(s, &b.p, &b.n, &b.cap));
+            CHECKF(want < 0 && b.n == tl && (tl == 0 || !memcmp(b.p, text, tl)), "trial %d: flush gave %zu of %zu bytes",
+                   trial, b.n, tl);
+        }
+        sn_stop_free(s);
+        free(b.p);
+    }
+}
+
 static void test_invalid(void)
 {
     sn_stopper *s = NULL;
@@ -177,6 +276,7 @@ int main(void)
     RUN(test_flush_releases_tail);
     RUN(test_multibyte);
     RUN(test_never_leaks_byte_by_byte);
+    RUN(test_random_against_reference);
     RUN(test_invalid);
     return TEST_END();
 }
