@@ -58,7 +58,9 @@ static void test_matmul_q4_int(void)
     sn_backend *ref = backend_for(SN_ISA_SCALAR, 2);
     const sn_dtype sdts[] = { SN_DT_BF16, SN_DT_F16, SN_DT_F32 };
     const int64_t rowss[] = { 1, 3, 37, 8 };
-    const int64_t ngs[] = { 1, 3, 9, 16, 17 };
+    /* 131 groups: rows over kernels_avx512_vnni.c's VQ_RB1_COLS, which
+     * decode four a tile (shorter ones one a tile) */
+    const int64_t ngs[] = { 1, 3, 9, 16, 17, 131 };
     const int Ts[] = { 1, 2, 5 };
     const sn_cpu_features *f = sn_cpu_features_get();
     if (sn_cpu_isa_supported(SN_ISA_AVX512) && !f->avx512vnni)
@@ -72,7 +74,7 @@ static void test_matmul_q4_int(void)
         for (int group = 32; group <= 128; group *= 2)
             for (int kind = 0; kind < XK_COUNT; kind++)
                 for (int rep = 0; rep < 3; rep++, k++) {
-                    int64_t rows = rowss[k % 4], cols = group * ngs[k % 5];
+                    int64_t rows = rowss[k % 4], cols = group * ngs[k % 6];
                     int T = Ts[k % 3];
                     tw t;
                     tw_make(&t, SN_DT_Q4, rows, cols, group, sdts[k % 3], 0);
@@ -182,9 +184,10 @@ static void test_matmul_q4_batch_sizes(void)
             continue;
         bes[1] = backend_for_q4(isas[ii % 3], 2, mode);
         bes[2] = backend_for_q4(isas[ii % 3], 3, mode);
-        for (size_t gi = 0; gi < 4; gi++) {
-            const int group = groups[gi];
-            const int64_t rows = 23, cols = 9 * (int64_t)group;
+        for (size_t gi = 0; gi < 8; gi++) {
+            /* 9 groups, then 131 (rows decoded four a tile on VNNI) */
+            const int group = groups[gi % 4];
+            const int64_t rows = 23, cols = (gi < 4 ? 9 : 131) * (int64_t)group;
             tw t;
             tw_make(&t, SN_DT_Q4, rows, cols, group, gi % 2 ? SN_DT_F16 : SN_DT_BF16, 0);
             float *x = malloc(sizeof(float) * 9 * (size_t)cols), y1[9][23], yb[9 * 23];
