@@ -384,6 +384,18 @@ static void test_matmul_wide_tiles(void)
         tw_make(&t, SN_DT_BF16, 37, 20000, 0, SN_DT_F32, 0);
         check_mm_case(be, ref, &t, 0, 2, "BF16 wide");
         tw_free(&t);
+        /* Q8 rows over Q_RB1_COLS (kernels_simd.h): a decode tile holds
+         * RB_GEMV of them; the GEMV against the double reference and the
+         * batch's bits */
+        tw_make(&t, SN_DT_Q8, 37, 8192, 64, SN_DT_BF16, 0);
+        check_mm_case(be, ref, &t, 0, 1, "Q8 wide");
+        float *x8 = malloc(sizeof(float) * 3 * 8192), yb8[3 * 37], y18[37];
+        fill(x8, 3 * 8192, -1, 1);
+        CHECK_OK(be->ops->matmul(be, &t.w, 0, x8, 3, yb8));
+        CHECK_OK(be->ops->matmul(be, &t.w, 0, x8 + 2 * 8192, 1, y18));
+        CHECK(memcmp(y18, yb8 + 2 * 37, sizeof y18) == 0);
+        free(x8);
+        tw_free(&t);
         if (be != ref)
             sn_backend_free(be);
     }
