@@ -4,7 +4,8 @@
 # (its test_gemv_rl: the ring form's bits), then on the 27B and 35B-A3B at
 # 4096 context, three interleaved rounds of the default against gemv_rl=1
 # and 2 (the two load forms), gemv_i8=0 (down/out on the SIMT GEMV too),
-# that with each load form, and gemv_rl=1 without the pool (gemv_dyn=0);
+# that with each load form, gemv_rl=1 without the pool (gemv_dyn=0) and at
+# two rows a warp (gemv_rpw=2: 97 registers instead of 128);
 # then on the 27B one step's kernel timeline (CUPTI) under each form, and
 # ncu on layer 0's qkv (conv folded) and gate/up (pooled) launches under
 # each: duration, DRAM throughput, active warps and where the warps stall.
@@ -24,7 +25,7 @@ for m in qwen3_5_27b qwen3_5_35b_a3b; do
     t0=$SECONDS
     gpu_decode "$B/bench_cuda" "bench/configs/$m.json" 4096 240 --vary gemv_rl=1:0 --vary gemv_rl=2:0 \
         --vary gemv_i8=0:1 --vary gemv_rl=1:0,gemv_i8=0:1 --vary gemv_rl=2:0,gemv_i8=0:1 \
-        --vary gemv_rl=1:0,gemv_dyn=0:50 > "$w/$m.log" 2>&1
+        --vary gemv_rl=1:0,gemv_dyn=0:50 --vary gemv_rl=1:0,gemv_rpw=2:0 > "$w/$m.log" 2>&1
     echo "$m (rc $?, $((SECONDS - t0)) s)"
     gpu_rounds "$w/$m.log"
     (cd "$w" && tar cJf "${OUT:-/tmp/out}/rl.tar.xz" ./*.log)
