@@ -224,7 +224,7 @@ static void test_random_against_reference(void)
             at += n;
             const long first = ref_first(stops, ns, text, at);
             const size_t held = ref_partial(stops, ns, text, at);
-            const bool ok = first >= 0 ? st && b.n == (size_t)first && !memcmp(b.p, text, b.n)
+            const bool ok = first >= 0 ? st && b.n == (size_t)first && (b.n == 0 || !memcmp(b.p, text, b.n))
                                        : !st && b.n == at - held && sn_stop_held(s) == held &&
                                              (b.n == 0 || !memcmp(b.p, text, b.n));
             if (!ok) {
