@@ -605,11 +605,10 @@ constexpr int GV_POOL_Q = 8; /* the queue: more than S groups of >= 1 chunk */
  * straight into registers (two slots, compile-time: the loop runs two
  * chunks an iteration) while it computes the current one; the loads are
  * streaming (RL 1: ld.global.cs, read once a step, evict first; RL 2:
- * ld.global.nc with no L1 allocation and L2 fetches of 256 bytes, see
- * rl_ld). The cursor, the pool
- * takes, x's staging and the epilogue are the ring form's, so a row's bits
- * are too. The ring's shared memory is still allocated (the occupancy is
- * set by registers either way). */
+ * ld.global.nc with no L1 allocation and L2 fetches of 256 bytes). The
+ * cursor, the pool takes, x's staging and the epilogue are the ring
+ * form's, so a row's bits are too. The ring's shared memory is still
+ * allocated (the occupancy is set by registers either way). */
 template <int RL>
 __device__ __forceinline__ uint4 rl_ld16(const void *p)
 {
