@@ -476,16 +476,16 @@ static void attn_seq_body(void *ctx, int64_t i0, int64_t i1, int tid)
     }
 }
 
-/* Decode (T == 1): item = (kv head, chunk), partials to scratch... */
+/* Decode (T == 1): item = chunk, every kv head's partial of it (one pass
+ * over the chunk's keys, cpu_op_attn_chunk_heads) to scratch... */
 static void attn_chunk_body(void *ctx, int64_t i0, int64_t i1, int tid)
 {
     attn_job *j = ctx;
-    int D = j->kv->head_dim, G = j->G, n = j->pos0 + 1;
-    for (int64_t i = i0; i < i1; i++) {
-        int kvh = (int)(i / j->n_chunks), c = (int)(i % j->n_chunks);
-        int j0 = c * CPU_ATTN_CHUNK, j1 = j0 + CPU_ATTN_CHUNK < n ? j0 + CPU_ATTN_CHUNK : n;
-        float *o = j->part + (size_t)i * j->part_sz, *m = o + (size_t)G * D, *l = m + G;
-        cpu_op_attn_chunk(j->k, j->q, j->kv, 0, kvh, G, j->n_q_heads, j0, j1, j->scale, o, m, l);
+    int n = j->pos0 + 1;
+    for (int64_t c = i0; c < i1; c++) {
+        int j0 = (int)c * CPU_ATTN_CHUNK, j1 = j0 + CPU_ATTN_CHUNK < n ? j0 + CPU_ATTN_CHUNK : n;
+        cpu_op_attn_chunk_heads(j->k, j->q, j->kv, 0, j->G, j->n_q_heads, j0, j1, j->scale,
+                                j->part + (size_t)c * j->part_sz, (size_t)j->n_chunks * j->part_sz);
     }
 }
 
@@ -531,8 +531,7 @@ static sn_status cpu_attention(sn_backend *b, const float *q, const sn_kv_view *
     if (T == 1) {
         j.n_chunks = (pos0 + CPU_ATTN_CHUNK) / CPU_ATTN_CHUNK; /* ceil((pos0+1)/CHUNK) */
         SN_TRY(cpu_scratch_get(be, (size_t)Hkv * j.n_chunks * j.part_sz, &j.part));
-        sn_pool_for(be->pool, (int64_t)Hkv * j.n_chunks, (1 << 14) / (per_key * CPU_ATTN_CHUNK) + 1, attn_chunk_body,
-                    &j);
+        sn_pool_for(be->pool, j.n_chunks, (1 << 14) / (per_key * Hkv * CPU_ATTN_CHUNK) + 1, attn_chunk_body, &j);
         sn_pool_for(be->pool, Hkv, 1, attn_merge_body, &j);
         return SN_OK;
     }

@@ -207,6 +207,10 @@ void cpu_op_rope_tokens(float *x, int64_t t0, int64_t t1, int n_heads, int head_
 /* Partial of query heads [kvh*G, kvh*G+G) of token t over positions [j0, j1). */
 void cpu_op_attn_chunk(const cpu_kernels *k, const float *q, const sn_kv_view *kv, int t, int kvh, int G,
                        int n_q_heads, int j0, int j1, float scale, float *o, float *m, float *l);
+/* The same for every kv head h at once (one pass over the keys): head h's
+ * partial at part + h * part_stride, laid out as o [G, D], m [G], l [G]. */
+void cpu_op_attn_chunk_heads(const cpu_kernels *k, const float *q, const sn_kv_view *kv, int t, int G, int n_q_heads,
+                             int j0, int j1, float scale, float *part, size_t part_stride);
 /* Running (O, M, L) ⊕= partial (o, m, l); O, M, L start as 0, -inf, 0. */
 void cpu_op_attn_merge(const cpu_kernels *k, int G, int D, const float *o, const float *m, const float *l, float *O,
                        float *M, float *L);

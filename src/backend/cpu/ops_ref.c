@@ -191,8 +191,38 @@ void cpu_op_rope_tokens(float *x, int64_t t0, int64_t t1, int n_heads, int head_
     }
 }
 
-/* Online softmax within the chunk (running max, rescaled accumulator):
- * one pass over K/V, straight from the cache, with no score buffer. */
+/* One cached key j (row kj, value vj) into the partial (o, m, l) of the
+ * G query heads at qg: online softmax (running max, rescaled accumulator),
+ * straight from the cache, with no score buffer. first: j is the chunk's
+ * first key (o still zero). */
+static inline void attn_key(const cpu_kernels *k, const float *qg, const float *kj, const float *vj, int G, int D,
+                            float scale, bool first, float *o, float *m, float *l)
+{
+    for (int g = 0; g < G; g++) {
+        float s = k->dot(qg + (size_t)g * D, kj, D) * scale;
+        float *og = o + (size_t)g * D;
+        if (s > m[g]) {
+            float corr = expf(m[g] - s); /* 0 on the chunk's first key */
+            if (!first)
+                k->scale(og, corr, D);
+            l[g] *= corr;
+            m[g] = s;
+        }
+        float p = expf(s - m[g]);
+        l[g] += p;
+        k->axpy(og, p, vj, D);
+    }
+}
+
+static void attn_partial_init(int G, int D, float *o, float *m, float *l)
+{
+    memset(o, 0, sizeof(float) * G * D);
+    for (int g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+}
+
 void cpu_op_attn_chunk(const cpu_kernels *k, const float *q, const sn_kv_view *kv, int t, int kvh, int G,
                        int n_q_heads, int j0, int j1, float scale, float *o, float *m, float *l)
 {
@@ -200,28 +230,32 @@ void cpu_op_attn_chunk(const cpu_kernels *k, const float *q, const sn_kv_view *k
     size_t stride = (size_t)kv->n_kv_heads * D;
     const float *qg = q + ((size_t)t * n_q_heads + (size_t)kvh * G) * D;
     const float *kp = kv->k + (size_t)kvh * D, *vp = kv->v + (size_t)kvh * D;
-    memset(o, 0, sizeof(float) * G * D);
-    for (int g = 0; g < G; g++) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
+    attn_partial_init(G, D, o, m, l);
+    for (int j = j0; j < j1; j++)
+        attn_key(k, qg, kp + j * stride, vp + j * stride, G, D, scale, j == j0, o, m, l);
+}
+
+/* The same partials for every kv head at once, key by key: each key's rows
+ * of all heads are one contiguous run of the cache, where a head alone reads
+ * 1 KB rows between the other heads' (two threads read that layout at about
+ * half the contiguous rate on the Zen 4 VM: bench/stride_read.c). Each
+ * head's arithmetic is cpu_op_attn_chunk's, key for key, so the bits are. */
+void cpu_op_attn_chunk_heads(const cpu_kernels *k, const float *q, const sn_kv_view *kv, int t, int G, int n_q_heads,
+                             int j0, int j1, float scale, float *part, size_t part_stride)
+{
+    int D = kv->head_dim, Hkv = kv->n_kv_heads;
+    size_t stride = (size_t)Hkv * D;
+    for (int h = 0; h < Hkv; h++) {
+        float *o = part + (size_t)h * part_stride;
+        attn_partial_init(G, D, o, o + (size_t)G * D, o + (size_t)G * D + G);
     }
-    for (int j = j0; j < j1; j++) {
-        const float *kj = kp + j * stride, *vj = vp + j * stride;
-        for (int g = 0; g < G; g++) {
-            float s = k->dot(qg + (size_t)g * D, kj, D) * scale;
-            float *og = o + (size_t)g * D;
-            if (s > m[g]) {
-                float corr = expf(m[g] - s); /* 0 on the chunk's first key */
-                if (j > j0)
-                    k->scale(og, corr, D);
-                l[g] *= corr;
-                m[g] = s;
-            }
-            float p = expf(s - m[g]);
-            l[g] += p;
-            k->axpy(og, p, vj, D);
+    for (int j = j0; j < j1; j++)
+        for (int h = 0; h < Hkv; h++) {
+            float *o = part + (size_t)h * part_stride;
+            attn_key(k, q + ((size_t)t * n_q_heads + (size_t)h * G) * D, kv->k + j * stride + (size_t)h * D,
+                     kv->v + j * stride + (size_t)h * D, G, D, scale, j == j0, o, o + (size_t)G * D,
+                     o + (size_t)G * D + G);
         }
-    }
 }
 
 void cpu_op_attn_merge(const cpu_kernels *k, int G, int D, const float *o, const float *m, const float *l, float *O,
