@@ -384,7 +384,7 @@ static void test_matmul_wide_tiles(void)
         tw_make(&t, SN_DT_BF16, 37, 20000, 0, SN_DT_F32, 0);
         check_mm_case(be, ref, &t, 0, 2, "BF16 wide");
         tw_free(&t);
-        /* Q8 rows over Q_RB1_COLS (kernels_simd.h): a decode tile holds
+        /* Q8 rows over CPU_MM_RB1_COLS (cpu_internal.h): a decode tile holds
          * RB_GEMV of them; the GEMV against the double reference and the
          * batch's bits */
         tw_make(&t, SN_DT_Q8, 37, 8192, 64, SN_DT_BF16, 0);

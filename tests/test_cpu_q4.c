@@ -58,8 +58,8 @@ static void test_matmul_q4_int(void)
     sn_backend *ref = backend_for(SN_ISA_SCALAR, 2);
     const sn_dtype sdts[] = { SN_DT_BF16, SN_DT_F16, SN_DT_F32 };
     const int64_t rowss[] = { 1, 3, 37, 8 };
-    /* 131 groups: rows over kernels_avx512_vnni.c's VQ_RB1_COLS, which
-     * decode four a tile (shorter ones one a tile) */
+    /* 131 groups: rows over CPU_MM_RB1_COLS, which decode several a tile
+     * (shorter ones one a tile) */
     const int64_t ngs[] = { 1, 3, 9, 16, 17, 131 };
     const int Ts[] = { 1, 2, 5 };
     const sn_cpu_features *f = sn_cpu_features_get();
@@ -185,7 +185,7 @@ static void test_matmul_q4_batch_sizes(void)
         bes[1] = backend_for_q4(isas[ii % 3], 2, mode);
         bes[2] = backend_for_q4(isas[ii % 3], 3, mode);
         for (size_t gi = 0; gi < 8; gi++) {
-            /* 9 groups, then 131 (rows decoded four a tile on VNNI) */
+            /* 9 groups, then 131 (rows over CPU_MM_RB1_COLS: several a decode tile) */
             const int group = groups[gi % 4];
             const int64_t rows = 23, cols = (gi < 4 ? 9 : 131) * (int64_t)group;
             tw t;

@@ -49,17 +49,25 @@ typedef void (*cpu_mm_fn)(const cpu_mm_args *a, int64_t r0, int64_t r1);
 /* The blocking the SIMD quantized kernels share; TILE(a, r, t0, RB, TB,
  * ...) computes y for rows [r, r+RB) and tokens [t0, t0+TB). Decode
  * (T == 1) takes RB rows a tile to keep enough independent chains in
- * flight. Prefill tiles rows by a->row_tile, so that a tile's weights stay
+ * flight, except for rows of up to CPU_MM_RB1_COLS columns, which go one a
+ * tile: the rows are contiguous, so that is one sequential weight stream,
+ * where RB rows of 1 KB are RB interleaved ones (on the Zen 4 VM of
+ * 2026-12-07, 2 threads from DRAM: 8192 x 2048 0.34-0.37 against
+ * 0.51-0.54 ms on VNNI, 1B decode 35.5 against 27.2 tok/s; longer rows, whose
+ * RB rows share each x load, kept their tiles: 2048 x 8192 0.39 against
+ * 0.48; docs/PERFORMANCE.md, "This VM since 2026-12-07 (evening)"). Prefill tiles rows by a->row_tile, so that a tile's weights stay
  * in L2 while every token block of x streams past them (x is re-read once
  * a tile: bigger tiles, less x traffic), in token blocks of TB, then 2,
  * then 1. RB and TB must fold to constants so each tile shape is compiled
  * on its own; the kernels give every output the same arithmetic whatever
  * its tile, so the blocking never changes a bit. */
+#define CPU_MM_RB1_COLS 4096
 #define CPU_MM_BLOCKED(a, r0, r1, RB, TB, TILE, ...) do { \
         if ((a)->T == 1) { \
             int64_t r_ = (r0); \
-            for (; r_ + (RB) <= (r1); r_ += (RB)) \
-                TILE((a), r_, 0, (RB), 1, __VA_ARGS__); \
+            if ((a)->m->cols > CPU_MM_RB1_COLS) \
+                for (; r_ + (RB) <= (r1); r_ += (RB)) \
+                    TILE((a), r_, 0, (RB), 1, __VA_ARGS__); \
             for (; r_ < (r1); r_++) \
                 TILE((a), r_, 0, 1, 1, __VA_ARGS__); \
         } else { \

@@ -524,28 +524,18 @@ AI void q4i_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const in
             a->y[(size_t)(t0 + t) * rows + r + i] = avx2_hsum(_mm256_add_ps(acc[i][t], bv[i][t])) + bt[i][t];
 }
 
-#ifndef Q4I_RB /* overridable for tuning runs; 1 row measured the same as 2 in 1B decode on the AVX2-only VM */
+#ifndef Q4I_RB /* overridable for tuning runs; 1 row measured the same as 2 in 1B decode */
 #define Q4I_RB RB_GEMV
 #endif
-/* CPU_MM_BLOCKED: decode Q4I_RB rows per tile (Q4X8_RB for 8-bit x; one for short rows),
+/* CPU_MM_BLOCKED: decode Q4I_RB rows per tile (Q4X8_RB for 8-bit x),
  * prefill row tiles with TB_MAX tokens at a time (1, 3 or 4 tokens per
  * tile measured the same: the per-token multiply work dominates). */
 #ifndef Q4X8_RB
 #define Q4X8_RB 4
 #endif
-/* Decode rows of up to this many columns one a tile, as
- * kernels_avx512_vnni.c does (one sequential weight stream): on the Zen 4
- * VM of 2026-12-07 (2 threads, from DRAM, medians of 5 interleaved runs)
- * 8192 x 2048 took 0.48 ms against 0.72 two rows a tile, 0.33 against
- * 0.65 with 8-bit x (four a tile), 2048 x 4096 0.23 against 0.27, and
- * 2048 x 8192 the same either way. The tiling does not change a row's bits. */
-#define Q4I_RB1_COLS 4096
 AI void q4i_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G, const int P)
 {
-    if (a->T == 1 && a->m->cols <= Q4I_RB1_COLS)
-        CPU_MM_BLOCKED(a, r0, r1, 1, TB_MAX, q4i_tile, G, P);
-    else
-        CPU_MM_BLOCKED(a, r0, r1, P == 1 ? Q4X8_RB : Q4I_RB, TB_MAX, q4i_tile, G, P);
+    CPU_MM_BLOCKED(a, r0, r1, P == 1 ? Q4X8_RB : Q4I_RB, TB_MAX, q4i_tile, G, P);
 }
 
 static void avx2_mm_q4i(const cpu_mm_args *a, int64_t r0, int64_t r1)

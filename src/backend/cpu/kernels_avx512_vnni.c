@@ -197,23 +197,10 @@ AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int
             a->y[(size_t)(t0 + t) * rows + r + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][t], bv[i][t])) + bt[i][t];
 }
 
-/* Decode rows of up to this many columns one a tile: on the Zen 4 VM of
- * 2026-12-07 (2 vCPUs, bench_matmul from DRAM, 2 threads) a 2048-column
- * matrix streamed 1.5x faster one row a tile (one sequential stream) than
- * four (four interleaved 1 KB streams: 0.34-0.37 against 0.51-0.54 ms for
- * 8192 x 2048), 4096 columns 1.15x, while at 5120 and more the four rows
- * sharing each x load won (5120 x 6144 0.70 against 0.77 ms, 2048 x 8192
- * 0.39 against 0.48). The tiling does not change a row's bits. */
-#define VQ_RB1_COLS 4096
-
-/* CPU_MM_BLOCKED: decode VQ_RB rows a tile (one for short rows), prefill
- * VQ_TMAX tokens. */
+/* CPU_MM_BLOCKED: decode VQ_RB rows a tile, prefill VQ_TMAX tokens. */
 AI void vq_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G, const int P)
 {
-    if (a->T == 1 && a->m->cols <= VQ_RB1_COLS)
-        CPU_MM_BLOCKED(a, r0, r1, 1, VQ_TMAX, vq_tile, G, P);
-    else
-        CPU_MM_BLOCKED(a, r0, r1, VQ_RB, VQ_TMAX, vq_tile, G, P);
+    CPU_MM_BLOCKED(a, r0, r1, VQ_RB, VQ_TMAX, vq_tile, G, P);
 }
 
 static void avx512vnni_mm_q4i(const cpu_mm_args *a, int64_t r0, int64_t r1)

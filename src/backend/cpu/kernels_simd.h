@@ -137,18 +137,10 @@ AI void q_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int 
             a->y[(size_t)(t0 + t) * rows + r + i] = V_REDUCE(acc[i][t]) + bacc[i][t];
 }
 
-/* Decode blocks RB_GEMV rows (one for rows of up to Q_RB1_COLS columns:
- * one sequential weight stream, as the integer kernels do; on the Zen 4
- * VM of 2026-12-07 the AVX-512 float kernel ran 8192 x 2048 in 0.50 ms
- * (median of 5, 2 threads) against 0.64 four rows a tile, the AVX2 one the
- * same either way), prefill TB_MAX tokens (CPU_MM_BLOCKED). */
-#define Q_RB1_COLS 4096
+/* Decode blocks RB_GEMV rows, prefill TB_MAX tokens (CPU_MM_BLOCKED). */
 AI void q_mm_gs(const cpu_mm_args *a, int64_t r0, int64_t r1, const int bits, const int GS)
 {
-    if (a->T == 1 && a->m->cols <= Q_RB1_COLS)
-        CPU_MM_BLOCKED(a, r0, r1, 1, TB_MAX, q_tile, bits, GS);
-    else
-        CPU_MM_BLOCKED(a, r0, r1, RB_GEMV, TB_MAX, q_tile, bits, GS);
+    CPU_MM_BLOCKED(a, r0, r1, RB_GEMV, TB_MAX, q_tile, bits, GS);
 }
 
 /* One instantiation per supported group (32/64/128 columns), plus a
