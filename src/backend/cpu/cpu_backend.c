@@ -462,11 +462,7 @@ static void attn_seq_body(void *ctx, int64_t i0, int64_t i1, int tid)
         int t = (int)(i / Hkv), kvh = (int)(i % Hkv), n = j->pos0 + t + 1;
         float *O = j->out + ((size_t)t * j->n_q_heads + (size_t)kvh * G) * D;
         float M[CPU_ATTN_MAX_GROUP], L[CPU_ATTN_MAX_GROUP];
-        memset(O, 0, sizeof(float) * G * D);
-        for (int g = 0; g < G; g++) {
-            M[g] = -INFINITY;
-            L[g] = 0.0f;
-        }
+        cpu_op_attn_init(G, D, O, M, L);
         for (int j0 = 0; j0 < n; j0 += CPU_ATTN_CHUNK) {
             int j1 = j0 + CPU_ATTN_CHUNK < n ? j0 + CPU_ATTN_CHUNK : n;
             cpu_op_attn_chunk(j->k, j->q, j->kv, t, kvh, G, j->n_q_heads, j0, j1, j->scale, o, m, l);
@@ -497,11 +493,7 @@ static void attn_merge_body(void *ctx, int64_t h0, int64_t h1, int tid)
     for (int64_t kvh = h0; kvh < h1; kvh++) {
         float *O = j->out + (size_t)kvh * G * D;
         float M[CPU_ATTN_MAX_GROUP], L[CPU_ATTN_MAX_GROUP];
-        memset(O, 0, sizeof(float) * G * D);
-        for (int g = 0; g < G; g++) {
-            M[g] = -INFINITY;
-            L[g] = 0.0f;
-        }
+        cpu_op_attn_init(G, D, O, M, L);
         for (int c = 0; c < j->n_chunks; c++) {
             const float *o = j->part + ((size_t)kvh * j->n_chunks + c) * j->part_sz;
             cpu_op_attn_merge(j->k, G, D, o, o + (size_t)G * D, o + (size_t)G * D + G, O, M, L);

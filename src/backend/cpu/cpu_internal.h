@@ -212,6 +212,8 @@ void cpu_op_rope_tokens(float *x, int64_t t0, int64_t t1, int n_heads, int head_
  * invariance. */
 #define CPU_ATTN_CHUNK 64
 #define CPU_ATTN_MAX_GROUP 256
+/* An empty partial or running sum: o [G, D] = 0, m = -inf, l = 0. */
+void cpu_op_attn_init(int G, int D, float *o, float *m, float *l);
 /* Partial of query heads [kvh*G, kvh*G+G) of token t over positions [j0, j1). */
 void cpu_op_attn_chunk(const cpu_kernels *k, const float *q, const sn_kv_view *kv, int t, int kvh, int G,
                        int n_q_heads, int j0, int j1, float scale, float *o, float *m, float *l);

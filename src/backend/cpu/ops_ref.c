@@ -214,7 +214,7 @@ static inline void attn_key(const cpu_kernels *k, const float *qg, const float *
     }
 }
 
-static void attn_partial_init(int G, int D, float *o, float *m, float *l)
+void cpu_op_attn_init(int G, int D, float *o, float *m, float *l)
 {
     memset(o, 0, sizeof(float) * G * D);
     for (int g = 0; g < G; g++) {
@@ -230,7 +230,7 @@ void cpu_op_attn_chunk(const cpu_kernels *k, const float *q, const sn_kv_view *k
     size_t stride = (size_t)kv->n_kv_heads * D;
     const float *qg = q + ((size_t)t * n_q_heads + (size_t)kvh * G) * D;
     const float *kp = kv->k + (size_t)kvh * D, *vp = kv->v + (size_t)kvh * D;
-    attn_partial_init(G, D, o, m, l);
+    cpu_op_attn_init(G, D, o, m, l);
     for (int j = j0; j < j1; j++)
         attn_key(k, qg, kp + j * stride, vp + j * stride, G, D, scale, j == j0, o, m, l);
 }
@@ -247,7 +247,7 @@ void cpu_op_attn_chunk_heads(const cpu_kernels *k, const float *q, const sn_kv_v
     size_t stride = (size_t)Hkv * D;
     for (int h = 0; h < Hkv; h++) {
         float *o = part + (size_t)h * part_stride;
-        attn_partial_init(G, D, o, o + (size_t)G * D, o + (size_t)G * D + G);
+        cpu_op_attn_init(G, D, o, o + (size_t)G * D, o + (size_t)G * D + G);
     }
     for (int j = j0; j < j1; j++)
         for (int h = 0; h < Hkv; h++) {
