@@ -362,6 +362,19 @@ static void test_matmul_generic_group(void)
     sn_backend_free(ref);
 }
 
+/* The GEMV of a batch's last token equals the batch's last row (3 tokens). */
+static void check_gemv_is_batch_row(sn_backend *be, const tw *t)
+{
+    const int64_t rows = t->w.rows, cols = t->w.cols;
+    float *x = malloc(sizeof(float) * 3 * cols), *yb = malloc(sizeof(float) * 3 * rows),
+          *y1 = malloc(sizeof(float) * rows);
+    fill(x, (size_t)(3 * cols), -1, 1);
+    CHECK_OK(be->ops->matmul(be, &t->w, 0, x, 3, yb));
+    CHECK_OK(be->ops->matmul(be, &t->w, 0, x + 2 * cols, 1, y1));
+    CHECK(memcmp(y1, yb + 2 * rows, sizeof(float) * rows) == 0);
+    free(x); free(yb); free(y1);
+}
+
 /* Wide rows (the prefill row tile shrinks to its 16-row minimum) and more
  * rows than a tile: several tiles per thread chunk, partial last tile. */
 static void test_matmul_wide_tiles(void)
@@ -374,12 +387,7 @@ static void test_matmul_wide_tiles(void)
         tw t;
         tw_make(&t, SN_DT_Q4, 70, 65536, 64, SN_DT_BF16, 0); /* 2 threads: chunks of 18 rows = tiles of 16 + 2 */
         check_mm_case(be, ref, &t, 0, 3, "Q4 wide");
-        float *x = malloc(sizeof(float) * 3 * 65536), yb[3 * 70], y1[70];
-        fill(x, 3 * 65536, -1, 1);
-        CHECK_OK(be->ops->matmul(be, &t.w, 0, x, 3, yb));
-        CHECK_OK(be->ops->matmul(be, &t.w, 0, x + 2 * 65536, 1, y1));
-        CHECK(memcmp(y1, yb + 2 * 70, sizeof y1) == 0);
-        free(x);
+        check_gemv_is_batch_row(be, &t);
         tw_free(&t);
         tw_make(&t, SN_DT_BF16, 37, 20000, 0, SN_DT_F32, 0);
         check_mm_case(be, ref, &t, 0, 2, "BF16 wide");
@@ -389,12 +397,7 @@ static void test_matmul_wide_tiles(void)
          * batch's bits */
         tw_make(&t, SN_DT_Q8, 37, 8192, 64, SN_DT_BF16, 0);
         check_mm_case(be, ref, &t, 0, 1, "Q8 wide");
-        float *x8 = malloc(sizeof(float) * 3 * 8192), yb8[3 * 37], y18[37];
-        fill(x8, 3 * 8192, -1, 1);
-        CHECK_OK(be->ops->matmul(be, &t.w, 0, x8, 3, yb8));
-        CHECK_OK(be->ops->matmul(be, &t.w, 0, x8 + 2 * 8192, 1, y18));
-        CHECK(memcmp(y18, yb8 + 2 * 37, sizeof y18) == 0);
-        free(x8);
+        check_gemv_is_batch_row(be, &t);
         tw_free(&t);
         if (be != ref)
             sn_backend_free(be);
