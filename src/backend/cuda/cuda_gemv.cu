@@ -609,24 +609,19 @@ constexpr int GV_POOL_Q = 8; /* the queue: more than S groups of >= 1 chunk */
  * cursor, the pool takes, x's staging and the epilogue are the ring
  * form's, so a row's bits are too. The ring's shared memory is still
  * allocated (the occupancy is set by registers either way). */
-template <int RL>
-__device__ __forceinline__ uint4 rl_ld16(const void *p)
-{
-    if constexpr (RL == 1)
-        return __ldcs((const uint4 *)p);
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
+/* one register-load form's load of a uint4, uint2 or 32-bit word */
 template <int RL, typename E>
 __device__ __forceinline__ E rl_ld(const E *p)
 {
     if constexpr (RL == 1)
         return __ldcs(p);
-    if constexpr (sizeof(E) == 8) {
+    if constexpr (sizeof(E) == 16) {
+        uint4 v;
+        asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+        return *reinterpret_cast<E *>(&v);
+    } else if constexpr (sizeof(E) == 8) {
         uint2 v;
         asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
         return *reinterpret_cast<E *>(&v);
@@ -766,7 +761,7 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
 #pragma unroll
             for (int r = 0; r < RPW; r++) {
                 const uint32_t rr = (uint32_t)min(r, ic.nrows - 1);
-                wv[r] = rl_ld16<RL>(ws + (size_t)(rr * rwb));
+                wv[r] = rl_ld<RL>((const uint4 *)(ws + (size_t)(rr * rwb)));
                 if (f32s)
                     sr[r] = rl_ld<RL>((const uint2 *)(ss + (size_t)(rr * rsb)));
                 else
@@ -838,7 +833,6 @@ k_gemv(gemv_seg g, int sf, int64_t cols, int64_t words, int64_t groups, int grou
             acc[r][t] = 0.f;
     /* the row group at cc is complete: reduce over the lanes, store, move on */
     auto finish = [&]() {
-        /* the row group is complete: reduce over the lanes and store */
 #pragma unroll
         for (int r = 0; r < RPW; r++)
 #pragma unroll
