@@ -1224,7 +1224,6 @@ static void test_gemv_rl(void)
     CHECK(sn_cuda_tune(G, "gemv_rl", 3) == SN_E_INVALID);
 }
 
-
 /* ---- MoE (host reference from CPU matmuls) ---- */
 
 static int moe_i8 = 1; /* the backend's gemm_i8 is on (the default) */
