@@ -15,6 +15,8 @@ set -u
 cd "$(dirname "$0")/.."
 . bench/gpu_common.sh
 gpu_run_begin .devcarry/lead /tmp/gpu_rl
+# the logs so far into $OUT (rewritten after each step: a call cut short keeps them)
+keep_logs() { (cd "$w" && tar cJf "${OUT:-/tmp/out}/rl.tar.xz" ./*.log); }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$w/env.log" 2>&1
 cat "$w/env.log"
 t0=$SECONDS
@@ -28,7 +30,7 @@ for m in qwen3_5_27b qwen3_5_35b_a3b; do
         --vary gemv_rl=1:0,gemv_dyn=0:50 --vary gemv_rl=1:0,gemv_rpw=2:0 > "$w/$m.log" 2>&1
     echo "$m (rc $?, $((SECONDS - t0)) s)"
     gpu_rounds "$w/$m.log"
-    (cd "$w" && tar cJf "${OUT:-/tmp/out}/rl.tar.xz" ./*.log)
+    keep_logs
 done
 cfg=bench/configs/qwen3_5_27b.json
 for rl in 0 1 2; do
@@ -39,7 +41,7 @@ for rl in 0 1 2; do
     sed -n '/^  timeline/,/in stream order/p' "$w/timeline_rl$rl.log" | grep -v "in stream order" | head -16 |
         sed -E 's/ +/ /g'
 done
-(cd "$w" && tar cJf "${OUT:-/tmp/out}/rl.tar.xz" ./*.log)
+keep_logs
 command -v ncu > /dev/null || exit 0
 m=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active
 for r in long_scoreboard barrier short_scoreboard mio_throttle lg_throttle wait not_selected selected no_instruction \
@@ -52,5 +54,5 @@ for rl in 0 1 2; do
     echo "ncu gemv_rl=$rl, layer 0's qkv then gate/up (rc $?, $((SECONDS - t0)) s)"
     grep -E "k_gemv|duration|throughput|warps_active|stalled" "$w/ncu_rl$rl.log" |
         sed -E 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//; s/ +/ /g' | head -32
-    (cd "$w" && tar cJf "${OUT:-/tmp/out}/rl.tar.xz" ./*.log)
+    keep_logs
 done

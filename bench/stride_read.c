@@ -1,7 +1,8 @@
 /* stride_read: the read rate of two threads streaming 1 KB rows that are
  * contiguous against rows laid out as a KV cache with two kv heads keeps
  * them (each thread reads one head's rows: 1 KB, then the other head's 1 KB
- * skipped). The CPU attention reads its cache that way (docs/PERFORMANCE.md,
+ * skipped). The CPU attention read its cache that way, a kv head a work
+ * item (decode until 82c2f52; prefill still does; docs/PERFORMANCE.md,
  * "This VM since 2026-12-07 (evening)"); this says what the layout alone
  * costs, without the attention's arithmetic.
  *
