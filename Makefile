@@ -104,7 +104,7 @@ FUZZ_SRC_fuzz_tok          = $(wildcard src/tok/[a-z]*.c) src/core/status.c
 FUZZ_LIB_fuzz_tok          = -ljansson -lpcre2-8 -lutf8proc -lpthread
 fuzz: $(FUZZERS) $(BUILD)/fuzz/tokenizer.json
 .SECONDEXPANSION:
-$(BUILD)/fuzz/%: tests/fuzz/%.c $$(FUZZ_SRC_$$*) $(wildcard include/*.h) $(wildcard src/*/*.h)
+$(BUILD)/fuzz/%: tests/fuzz/%.c $$(FUZZ_SRC_$$*) $(wildcard include/sanctum/*.h) $(wildcard src/*/*.h)
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_SRC_$*) $(FUZZ_LIB_$*)
 $(BUILD)/fuzz/tokenizer.json: tests/fixtures/tokenizer/qwen3/tokenizer.json.gz
