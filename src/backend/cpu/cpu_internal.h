@@ -58,11 +58,14 @@ typedef void (*cpu_mm_fn)(const cpu_mm_args *a, int64_t r0, int64_t r1);
  * 0.48; docs/PERFORMANCE.md, "This VM since 2026-12-07 (evening)"). Prefill tiles rows by a->row_tile, so that a tile's weights stay
  * in L2 while every token block of x streams past them (x is re-read once
  * a tile: bigger tiles, less x traffic), in token blocks of TB, then 2,
- * then 1. RB and TB must fold to constants so each tile shape is compiled
+ * then 1; a block of TB tokens takes PRB rows a tile, so each x load
+ * serves PRB rows (a row's x records, 4 bytes a column a token, outgrow
+ * L1 at TB = 4: on the Zen 4 VM a 64-token 5120 x 5120 VNNI GEMM took
+ * 34-36 ms at one row a tile, 20-23 at four). RB, PRB and TB must fold to constants so each tile shape is compiled
  * on its own; the kernels give every output the same arithmetic whatever
  * its tile, so the blocking never changes a bit. */
 #define CPU_MM_RB1_COLS 4096
-#define CPU_MM_BLOCKED(a, r0, r1, RB, TB, TILE, ...) do { \
+#define CPU_MM_BLOCKED(a, r0, r1, RB, PRB, TB, TILE, ...) do { \
         if ((a)->T == 1) { \
             int64_t r_ = (r0); \
             if ((a)->m->cols > CPU_MM_RB1_COLS) \
@@ -74,9 +77,13 @@ typedef void (*cpu_mm_fn)(const cpu_mm_args *a, int64_t r0, int64_t r1);
             for (int64_t rt_ = (r0); rt_ < (r1); rt_ += (a)->row_tile) { \
                 const int64_t re_ = rt_ + (a)->row_tile < (r1) ? rt_ + (a)->row_tile : (r1); \
                 int t_ = 0; \
-                for (; t_ + (TB) <= (a)->T; t_ += (TB)) \
-                    for (int64_t r_ = rt_; r_ < re_; r_++) \
+                for (; t_ + (TB) <= (a)->T; t_ += (TB)) { \
+                    int64_t r_ = rt_; \
+                    for (; r_ + (PRB) <= re_; r_ += (PRB)) \
+                        TILE((a), r_, t_, (PRB), (TB), __VA_ARGS__); \
+                    for (; r_ < re_; r_++) \
                         TILE((a), r_, t_, 1, (TB), __VA_ARGS__); \
+                } \
                 if ((TB) > 2) \
                     for (; t_ + 2 <= (a)->T; t_ += 2) \
                         for (int64_t r_ = rt_; r_ < re_; r_++) \

@@ -35,7 +35,12 @@
 
 #define AI static inline __attribute__((always_inline))
 #define VQ_RMAX 4 /* rows a decode tile */
-#define VQ_TMAX 4 /* tokens a prefill tile */
+#ifndef VQ_TMAX   /* tokens a prefill tile; overridable for tuning runs */
+#define VQ_TMAX 4
+#endif
+#ifndef VQ_PRB    /* rows a prefill tile: 4 x 4 beat 4 x 2, 4 x 3, 3 x 4 and 2 x 6 (Zen 4, 2026-12-07) */
+#define VQ_PRB 4
+#endif
 #ifndef VQ_RB     /* overridable for tuning runs */
 #define VQ_RB 4
 #endif
@@ -197,10 +202,10 @@ AI void vq_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int
             a->y[(size_t)(t0 + t) * rows + r + i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][t], bv[i][t])) + bt[i][t];
 }
 
-/* CPU_MM_BLOCKED: decode VQ_RB rows a tile, prefill VQ_TMAX tokens. */
+/* CPU_MM_BLOCKED: decode VQ_RB rows a tile, prefill VQ_PRB rows x VQ_TMAX tokens. */
 AI void vq_mm_g(const cpu_mm_args *a, int64_t r0, int64_t r1, const int G, const int P)
 {
-    CPU_MM_BLOCKED(a, r0, r1, VQ_RB, VQ_TMAX, vq_tile, G, P);
+    CPU_MM_BLOCKED(a, r0, r1, VQ_RB, VQ_PRB, VQ_TMAX, vq_tile, G, P);
 }
 
 static void avx512vnni_mm_q4i(const cpu_mm_args *a, int64_t r0, int64_t r1)

@@ -140,7 +140,7 @@ AI void q_tile(const cpu_mm_args *a, int64_t r, int t0, const int RB, const int 
 /* Decode blocks RB_GEMV rows, prefill TB_MAX tokens (CPU_MM_BLOCKED). */
 AI void q_mm_gs(const cpu_mm_args *a, int64_t r0, int64_t r1, const int bits, const int GS)
 {
-    CPU_MM_BLOCKED(a, r0, r1, RB_GEMV, TB_MAX, q_tile, bits, GS);
+    CPU_MM_BLOCKED(a, r0, r1, RB_GEMV, 1, TB_MAX, q_tile, bits, GS);
 }
 
 /* One instantiation per supported group (32/64/128 columns), plus a
