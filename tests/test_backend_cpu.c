@@ -950,6 +950,27 @@ static void test_moe(void)
         CHECK_OK(be->ops->moe(be, &g.w, &u.w, &d.w, lg, 3, true, x, 9, y));
         CHECK_OK(be->ops->moe(be, &g.w, &u.w, &d.w, lg + 5 * E, 3, true, x + 5 * H, 1, y1));
         CHECK(memcmp(y1, y + 5 * H, sizeof y1) == 0);
+        {
+            /* more tokens than moe.c's blocks (MOE_TBLK): the tokens on either
+             * side of each block edge equal the same tokens alone */
+            enum { TB = 1100 };
+            float *xb = malloc(sizeof(float) * TB * H), *lb = malloc(sizeof(float) * TB * E),
+                  *yb = malloc(sizeof(float) * TB * H);
+            fill(xb, TB * H, -1, 1);
+            fill(lb, TB * E, -3, 3);
+            CHECK_OK(be->ops->moe(be, &g.w, &u.w, &d.w, lb, 3, true, xb, TB, yb));
+            const int probe[] = { 0, 127, 128, 255, 256, 511, 512, 1023, 1024, TB - 1 };
+            bool same = true;
+            for (size_t pi = 0; pi < sizeof probe / sizeof *probe; pi++) {
+                const int t = probe[pi];
+                CHECK_OK(be->ops->moe(be, &g.w, &u.w, &d.w, lb + (size_t)t * E, 3, true, xb + (size_t)t * H, 1, y1));
+                same &= memcmp(y1, yb + (size_t)t * H, sizeof y1) == 0;
+            }
+            CHECKF(same, "%s moe: a token of a %d-token batch differs from the token alone", be->ops->name, TB);
+            free(xb);
+            free(lb);
+            free(yb);
+        }
         /* against double precision: routing and the expert MLPs from the MLX definition */
         double worst = 0, mx = 0;
         for (int t = 0; t < 9; t++) {
