@@ -2,8 +2,9 @@
 # The register-load GEMV (tune gemv_rl) on the GPU in one device call, on
 # the binaries of bench/gpu_record.sh pack (.devcarry/lead): test_cuda_ops
 # (its test_gemv_rl: the ring form's bits), then on the 27B and 35B-A3B at
-# 4096 context, three interleaved rounds of the default against gemv_rl=1
-# and 2 (the two load forms), gemv_i8=0 (down/out on the SIMT GEMV too),
+# 4096 context, three interleaved rounds of the default (gemv_rl=3: form 1
+# over 4096 columns, the ring below) against gemv_rl=0 (the ring
+# everywhere), 1 and 2 (the two load forms everywhere), gemv_i8=0 (down/out on the SIMT GEMV too),
 # that with each load form, gemv_rl=1 without the pool (gemv_dyn=0) and at
 # two rows a warp (gemv_rpw=2: 97 registers instead of 128);
 # then on the 27B one step's kernel timeline (CUPTI) under each form, and
@@ -25,9 +26,9 @@ echo "test_cuda_ops rc $? ($((SECONDS - t0)) s): $(grep -E '^[0-9]+ passed' "$w/
 grep -E 'FAIL|differ' "$w/ops.log" | head -20
 for m in qwen3_5_27b qwen3_5_35b_a3b; do
     t0=$SECONDS
-    gpu_decode "$B/bench_cuda" "bench/configs/$m.json" 4096 240 --vary gemv_rl=1:0 --vary gemv_rl=2:0 \
-        --vary gemv_i8=0:1 --vary gemv_rl=1:0,gemv_i8=0:1 --vary gemv_rl=2:0,gemv_i8=0:1 \
-        --vary gemv_rl=1:0,gemv_dyn=0:50 --vary gemv_rl=1:0,gemv_rpw=2:0 > "$w/$m.log" 2>&1
+    gpu_decode "$B/bench_cuda" "bench/configs/$m.json" 4096 240 --vary gemv_rl=0:3 --vary gemv_rl=1:3 \
+        --vary gemv_rl=2:3 --vary gemv_i8=0:1 --vary gemv_rl=1:3,gemv_i8=0:1 --vary gemv_rl=2:3,gemv_i8=0:1 \
+        --vary gemv_rl=1:3,gemv_dyn=0:50 --vary gemv_rl=1:3,gemv_rpw=2:0 > "$w/$m.log" 2>&1
     echo "$m (rc $?, $((SECONDS - t0)) s)"
     gpu_rounds "$w/$m.log"
     keep_logs

@@ -1188,7 +1188,7 @@ static void rl_case(int64_t rows, int64_t cols, int group, sn_dtype sdt, int bia
                (long long)rows, (long long)cols, group, rpw, dyn);
         free(y);
     }
-    CHECK_OK(sn_cuda_tune(G, "gemv_rl", 0));
+    CHECK_OK(sn_cuda_tune(G, "gemv_rl", 3));
     CHECK_OK(sn_cuda_tune(G, "gemv_dyn", 50)); /* the defaults */
     CHECK_OK(sn_cuda_tune(G, "gemv_rpw", 0));
     free(x); free(ref);
@@ -1220,8 +1220,8 @@ static void test_gemv_rl(void)
         gdn_layer_case(5120, 16, 48, 128, 128, 1, 0, 1);
         gdn_layer_case(256, 1, 3, 48, 40, 1, 0, 0);
     }
-    CHECK_OK(sn_cuda_tune(G, "gemv_rl", 0));
-    CHECK(sn_cuda_tune(G, "gemv_rl", 3) == SN_E_INVALID);
+    CHECK_OK(sn_cuda_tune(G, "gemv_rl", 3)); /* the default: form 1 over 4096 columns, else the ring */
+    CHECK(sn_cuda_tune(G, "gemv_rl", 4) == SN_E_INVALID);
 }
 
 /* ---- MoE (host reference from CPU matmuls) ---- */

@@ -1871,7 +1871,7 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_dyn = 50;
     cb->di.gemv_dyn_min = 2;
     cb->di.gemv_dyn_lean = 0; /* built after s35r1, not yet run */
-    cb->di.gemv_rl = 0;       /* register loads, no ring: not yet timed */
+    cb->di.gemv_rl = 3;       /* register loads for rows over 4096 columns, the ring below (gv_launch) */
     /* the stream-K GEMV's pool: off (27B decode 9.43-9.60 ms a step at
      * gemv_sk_vw=2, 12.07-12.26 at 4, against 8.10-8.41 off, s35r1) */
     cb->di.gemv_sk_vw = 1;

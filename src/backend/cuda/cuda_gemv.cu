@@ -1036,6 +1036,15 @@ bool gv_pool_form(const cu_devinfo *di, int64_t G, int64_t nw, int nit, int S, i
     return true;
 }
 
+/* gemv_rl = 3 (the default) takes the register-load form (1) for rows of
+ * more than this many columns and the ring for the others. On an H100
+ * (s45r1, three interleaved rounds at 4096 context) the 27B's step, whose
+ * one-token dp4a GEMVs all have 5120 columns, took 7.763-7.771 ms with
+ * form 1 against 7.838-7.874 with the ring (-1.1 %), and the 35B-A3B's,
+ * all 2048 columns, 2.055-2.057 against 2.027-2.042 (+0.8 %; ncu: its
+ * launches 7-9 % longer). Form 2 lost on both. */
+#define GV_RL_MIN_COLS 4096
+
 template <int BITS, int TT, int RPW, bool DP, bool CV>
 sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &gin, const cu_weight *w0, const float *x,
                     int T)
@@ -1047,7 +1056,9 @@ sn_status gv_launch(const cu_devinfo *di, cudaStream_t s, const gemv_seg &gin, c
             kern = k_gemv<BITS, 1, RPW, DP, CV, true>;
     /* the register-load form (tune gemv_rl: 1 or 2) where it has instances */
     constexpr bool RLF = TT == 1 && DP;
-    const int rl = RLF && !gv_stamping ? di->gemv_rl : 0;
+    int rl = RLF && !gv_stamping ? di->gemv_rl : 0;
+    if (rl == 3) /* by shape: register loads for rows longer than GV_RL_MIN_COLS */
+        rl = w0->cols > GV_RL_MIN_COLS ? 1 : 0;
     if constexpr (RLF) {
         if (rl == 1)
             kern = k_gemv<BITS, 1, RPW, DP, CV, false, 0, 1>;

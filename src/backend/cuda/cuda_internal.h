@@ -233,7 +233,8 @@ typedef struct {
     int gemv_dyn_min;     /* ... only for launches of at least this many row groups a resident warp */
     int gemv_dyn_lean;    /* ... skipping takes a plain load shows spent, one done count a block (0 default) */
     int gemv_rl;          /* one-token dp4a SIMT GEMV loads its weights into registers, no cp.async ring:
-                           * 1 ld.global.cs, 2 ld.global.nc with 256-byte L2 fetches; 0 the ring (default) */
+                           * 1 ld.global.cs, 2 ld.global.nc with 256-byte L2 fetches; 0 the ring; 3 (default)
+                           * form 1 for rows of more than 4096 columns, the ring for shorter ones */
     int gemv_sk_vw;       /* stream-K GEMV at one token: virtual warps a resident warp (1 = off, the default; to 4) */
     int gemv_sk_dv;       /* ... taken from a pool as warps finish (1, default) or walked in a fixed order (0) */
     int gemv_sk_minu;     /* units a (virtual) warp has at least: 0 = GK_MINU / vw (default), else this */

@@ -126,8 +126,9 @@ const tune_key tune_keys[] = {
     { "gemv_dyn", TUNE_DI(gemv_dyn), false, true, 0, {}, 0, 99, "0 off, or 1 to 99 (percent of row groups dealt)" },
     { "gemv_dyn_min", TUNE_DI(gemv_dyn_min), false, true, 0, {}, 1, 1000, "1 to 1000 (row groups a warp)" },
     { "gemv_dyn_lean", TUNE_DI(gemv_dyn_lean), true, true, 0, {}, 0, 0, "" },
-    { "gemv_rl", TUNE_DI(gemv_rl), false, true, 3, { 0, 1, 2 }, 0, 0,
-      "0 the cp.async ring, 1 register loads (ld.global.cs), 2 register loads (nc, 256-byte L2 fetches)" },
+    { "gemv_rl", TUNE_DI(gemv_rl), false, true, 4, { 0, 1, 2, 3 }, 0, 0,
+      "0 the cp.async ring, 1 register loads (ld.global.cs), 2 register loads (nc, 256-byte L2 fetches), "
+      "3 form 1 for rows of more than 4096 columns, else the ring (default)" },
     { "gemv_sk_vw", TUNE_DI(gemv_sk_vw), false, true, 0, {}, 1, 4, "1 to 4 (virtual warps a warp)" },
     { "gemv_sk_dv", TUNE_DI(gemv_sk_dv), true, true, 0, {}, 0, 0, "" },
     { "gemv_sk_minu", TUNE_DI(gemv_sk_minu), false, true, 0, {}, 0, 1024, "0 = 16 / vw, or 1 to 1024 units" },
