@@ -65,32 +65,31 @@ typedef void (*cpu_mm_fn)(const cpu_mm_args *a, int64_t r0, int64_t r1);
  * on its own; the kernels give every output the same arithmetic whatever
  * its tile, so the blocking never changes a bit. */
 #define CPU_MM_RB1_COLS 4096
+/* rows [rs, re) of tokens [t, t + TB): N rows a tile, then the last ones one a tile */
+#define CPU_MM_ROWS_(a, rs, re, t, N, TB, TILE, ...) do { \
+        int64_t r_ = (rs); \
+        for (; r_ + (N) <= (re); r_ += (N)) \
+            TILE((a), r_, (t), (N), (TB), __VA_ARGS__); \
+        for (; r_ < (re); r_++) \
+            TILE((a), r_, (t), 1, (TB), __VA_ARGS__); \
+    } while (0)
 #define CPU_MM_BLOCKED(a, r0, r1, RB, PRB, TB, TILE, ...) do { \
         if ((a)->T == 1) { \
-            int64_t r_ = (r0); \
             if ((a)->m->cols > CPU_MM_RB1_COLS) \
-                for (; r_ + (RB) <= (r1); r_ += (RB)) \
-                    TILE((a), r_, 0, (RB), 1, __VA_ARGS__); \
-            for (; r_ < (r1); r_++) \
-                TILE((a), r_, 0, 1, 1, __VA_ARGS__); \
+                CPU_MM_ROWS_(a, r0, r1, 0, RB, 1, TILE, __VA_ARGS__); \
+            else \
+                CPU_MM_ROWS_(a, r0, r1, 0, 1, 1, TILE, __VA_ARGS__); \
         } else { \
             for (int64_t rt_ = (r0); rt_ < (r1); rt_ += (a)->row_tile) { \
                 const int64_t re_ = rt_ + (a)->row_tile < (r1) ? rt_ + (a)->row_tile : (r1); \
                 int t_ = 0; \
-                for (; t_ + (TB) <= (a)->T; t_ += (TB)) { \
-                    int64_t r_ = rt_; \
-                    for (; r_ + (PRB) <= re_; r_ += (PRB)) \
-                        TILE((a), r_, t_, (PRB), (TB), __VA_ARGS__); \
-                    for (; r_ < re_; r_++) \
-                        TILE((a), r_, t_, 1, (TB), __VA_ARGS__); \
-                } \
+                for (; t_ + (TB) <= (a)->T; t_ += (TB)) \
+                    CPU_MM_ROWS_(a, rt_, re_, t_, PRB, TB, TILE, __VA_ARGS__); \
                 if ((TB) > 2) \
                     for (; t_ + 2 <= (a)->T; t_ += 2) \
-                        for (int64_t r_ = rt_; r_ < re_; r_++) \
-                            TILE((a), r_, t_, 1, 2, __VA_ARGS__); \
+                        CPU_MM_ROWS_(a, rt_, re_, t_, 1, 2, TILE, __VA_ARGS__); \
                 for (; t_ < (a)->T; t_++) \
-                    for (int64_t r_ = rt_; r_ < re_; r_++) \
-                        TILE((a), r_, t_, 1, 1, __VA_ARGS__); \
+                    CPU_MM_ROWS_(a, rt_, re_, t_, 1, 1, TILE, __VA_ARGS__); \
             } \
         } \
     } while (0)
