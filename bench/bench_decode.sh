@@ -4,7 +4,7 @@
 # set against this machine's measured memory read bandwidth.
 #
 #   bench/bench_decode.sh [--build DIR] [--dir MODELS] [--threads N] [--prompt N] [--tokens N]
-#                         [--weights auto|mmap|copy] [CONFIG.json ...]
+#                         [--weights auto|mmap|copy] [--precision exact|fast] [CONFIG.json ...]
 #
 # Default configs: bench/configs/qwen3_5_1b.json. A model whose checkpoint
 # would not fit in MemAvailable (with 2 GB to spare) is skipped with a note.
@@ -16,7 +16,7 @@ cmdline="bench/bench_decode.sh $*"
 for v in SANCTUM_CPU_Q4 SANCTUM_CPU; do
     [ -n "${!v:-}" ] && cmdline="$v=${!v} $cmdline"
 done
-build=build; dir=/tmp/sanctum-bench; threads=$(nproc); prompt=128; tokens=32; weights=auto; configs=()
+build=build; dir=/tmp/sanctum-bench; threads=$(nproc); prompt=128; tokens=32; weights=auto; precision=exact; configs=()
 while [ $# -gt 0 ]; do
     case $1 in
         --build) build=$2; shift 2 ;;
@@ -25,6 +25,7 @@ while [ $# -gt 0 ]; do
         --prompt) prompt=$2; shift 2 ;;
         --tokens) tokens=$2; shift 2 ;;
         --weights) weights=$2; shift 2 ;;
+        --precision) precision=$2; shift 2 ;;
         -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         *) configs+=("$1"); shift ;;
     esac
@@ -85,9 +86,9 @@ for cfg in "${configs[@]}"; do
     # warm the page cache so the first tokens do not measure the disk
     cat "$out"/*.safetensors > /dev/null
     log=$("$build/sanctum-run" --model "$out" --ids "$ids" --max-tokens "$tokens" --print-ids --threads "$threads" \
-        --weights "$weights" 2>&1 >/dev/null)
+        --weights "$weights" --precision "$precision" 2>&1 >/dev/null)
     # where the weights were read from, and how long the load took (the copy is part of it)
-    where=$(echo "$log" | sed -nE 's/.*; weights (copied into memory|mapped)\) in ([0-9.]+) s.*/\1, loaded in \2 s/p')
+    where=$(echo "$log" | sed -nE 's/.*; weights (copied into memory|mapped), precision ([a-z]+)\) in ([0-9.]+) s.*/\1, precision \2, loaded in \3 s/p')
     stat=$(echo "$log" | grep 'prefill .* tok/s')
     pre=$(echo "$stat" | sed -E 's/.*prefill [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/')
     dec=$(echo "$stat" | sed -E 's/.*decode [0-9]+ tokens in [0-9.]+ s \(([0-9.]+) tok\/s\).*/\1/')

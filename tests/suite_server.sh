@@ -1016,8 +1016,10 @@ def startup_refusals_and_binding():
     with open(tokf, "w") as f:
         f.write("suite-token-0123456789\n")
     os.chmod(tokf, 0o600)
-    D = Server("--host", "192.0.2.1", "--host", "127.0.0.1", "--auth-token-file", tokf, "--max-queue", "0", name="D")
+    D = Server("--host", "192.0.2.1", "--host", "127.0.0.1", "--auth-token-file", tokf, "--max-queue", "0",
+               "--precision", "fast", name="D")
     assert "cannot bind 192.0.2.1" in D.tail() and "listening on 127.0.0.1" in D.tail()
+    assert "precision fast" in D.tail(), D.tail()
     # --max-queue 0: no waiting room, but an idle worker still takes a request.
     st, b, _ = D.post({"messages": msg("Hi"), "max_tokens": 2})
     assert st == 200, (st, b[:200])
@@ -1025,6 +1027,8 @@ def startup_refusals_and_binding():
     # Bad flags exit with a usage error, not a crash.
     r = subprocess.run([exe, "--port", "99999"], capture_output=True, timeout=10)
     assert r.returncode == 2 and b"--port" in r.stderr
+    r = subprocess.run([exe, "--precision", "half"], capture_output=True, timeout=10)
+    assert r.returncode == 2 and b"--precision" in r.stderr and b"'half'" in r.stderr, r.stderr[-300:]
 
 if failed:
     for f in sorted(os.listdir(TMP)):

@@ -14,6 +14,7 @@
  *    prefill(L) vs prefill(L-1) + decode(1): max |diff| <= 1e-2 * scale
  *    (the GEMM vs GEMV paths differ in rounding, not in function).
  * Missing fixtures or GPU: SKIP, visibly. */
+#include <jansson.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -328,6 +329,68 @@ static void test_decode_after_prefill(void)
     }
 }
 
+/* --precision fast on CUDA (sn_load_opts.precision: the prefill GEMMs on x
+ * rounded to fp16 in one pass) on the shipped default model, against the
+ * exact load on the same GPU: along every prompt of tests/parity-smoke.json,
+ * teacher-forced on transformers' greedy tokens (prefills of 9 and more
+ * tokens, so the GEMMs run), the fast argmax is that token at every step, its
+ * logits stay within 2e-2 of their scale, and they are not bitwise the exact
+ * ones (the option took effect). */
+static void test_precision_fast(void)
+{
+    json_error_t je;
+    json_t *bat = json_load_file("tests/parity-smoke.json", 0, &je);
+    if (!bat || access("models/default/model.safetensors", R_OK) != 0) {
+        json_decref(bat);
+        SKIP("models/default or tests/parity-smoke.json missing");
+    }
+    sn_load_opts oe = { .backend = SN_BACKEND_CUDA }, of = oe;
+    of.precision = SN_PRECISION_FAST;
+    sn_model *me = NULL, *mf = NULL;
+    CHECK_OK(sn_model_load("models/default", &oe, &me));
+    CHECK_OK(sn_model_load("models/default", &of, &mf));
+    json_t *ps = json_object_get(bat, "prompts");
+    int differ = 0, V = me ? sn_model_get_info(me)->vocab_size : 0;
+    double worst = 0, scale = 0;
+    for (size_t pi = 0; me && mf && pi < json_array_size(ps); pi++) {
+        json_t *pj = json_array_get(ps, pi), *pid = json_object_get(pj, "prompt_ids"), *rid = json_object_get(pj, "ref_ids");
+        const int L = (int)json_array_size(pid), R = (int)json_array_size(rid), n = L + R - 1;
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)(L + R));
+        for (int i = 0; i < L + R; i++)
+            ids[i] = (int32_t)json_integer_value(json_array_get(i < L ? pid : rid, i < L ? i : i - L));
+        float *le = malloc(sizeof(float) * (size_t)n * V), *lf = malloc(sizeof(float) * (size_t)n * V);
+        sn_seq *se = NULL, *sf = NULL;
+        CHECK_OK(sn_seq_new(me, n + 1, &se));
+        CHECK_OK(sn_seq_new(mf, n + 1, &sf));
+        CHECK_OK(sn_forward(me, se, ids, n, le, true));
+        CHECK_OK(sn_forward(mf, sf, ids, n, lf, true));
+        differ |= memcmp(le, lf, sizeof(float) * (size_t)n * V) != 0;
+        for (int t = L - 1; t < n; t++) {
+            const float *a = le + (size_t)t * V, *b = lf + (size_t)t * V;
+            int bf = 0;
+            for (int v = 0; v < V; v++) {
+                if (b[v] > b[bf]) bf = v;
+                worst = fmax(worst, fabs((double)a[v] - b[v]));
+                scale = fmax(scale, fabs((double)a[v]));
+            }
+            CHECKF(bf == ids[t + 1], "fast prompt %zu step %d: argmax %d, transformers' greedy token %d", pi,
+                   t - (L - 1), bf, ids[t + 1]);
+        }
+        sn_seq_free(se);
+        sn_seq_free(sf);
+        free(le);
+        free(lf);
+        free(ids);
+    }
+    fprintf(stderr, "  precision fast vs exact on models/default (CUDA): max |logit diff| %.3g (max |logit| %.3g)\n",
+            worst, scale);
+    CHECK(differ);
+    CHECKF(worst <= 2e-2 * scale, "fast vs exact %.3g > 2e-2 of %.3g", worst, scale);
+    sn_model_free(me);
+    sn_model_free(mf);
+    json_decref(bat);
+}
+
 int main(void)
 {
     sn_backend *probe = NULL;
@@ -358,5 +421,6 @@ int main(void)
         sn_model_free(cur->cpu);
         sn_st_close(cur->ref);
     }
+    RUN(test_precision_fast);
     return TEST_END();
 }

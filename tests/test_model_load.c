@@ -299,6 +299,12 @@ static void test_weights_copy(void)
     CHECK(sn_weights_mode_parse("copy", &wm) && wm == SN_WEIGHTS_COPY);
     CHECK(sn_weights_mode_parse("mmap", &wm) && wm == SN_WEIGHTS_MMAP);
     CHECK(!sn_weights_mode_parse("Copy", &wm) && !sn_weights_mode_parse("", &wm) && !sn_weights_mode_parse(NULL, &wm));
+    sn_precision pr = SN_PRECISION_FAST;
+    CHECK(sn_precision_parse("exact", &pr) && pr == SN_PRECISION_EXACT);
+    CHECK(sn_precision_parse("fast", &pr) && pr == SN_PRECISION_FAST);
+    CHECK(!sn_precision_parse("FAST", &pr) && !sn_precision_parse("", &pr) && !sn_precision_parse(NULL, &pr));
+    sn_load_opts badp = { .n_threads = 1, .precision = (sn_precision)5 };
+    CHECK(sn_model_load(dir, &badp, &m) == SN_E_INVALID && m == NULL && strstr(sn_errmsg(), "precision"));
 
     /* the tools refuse a bad --weights by name, and say where the weights are */
     if (access(g_run, X_OK) != 0) SKIP("sanctum-run not built");
@@ -318,6 +324,21 @@ static void test_weights_copy(void)
     while (f && fgets(line, sizeof line, f)) said = said || strstr(line, "weights copied into memory");
     if (f) fclose(f);
     CHECKF(said, "sanctum-run --weights copy did not say the weights were copied (%s)", outf);
+    /* and --precision the same way */
+    snprintf(cmd, sizeof cmd, "%s --model %s --ids 3 --max-tokens 1 --precision half 2>%s", g_run, dir, outf);
+    CHECK(system(cmd) != 0);
+    line[0] = 0;
+    f = fopen(outf, "r");
+    if (f) { if (!fgets(line, sizeof line, f)) line[0] = 0; fclose(f); }
+    CHECKF(strstr(line, "--precision") && strstr(line, "'half'"), "stderr: %s", line);
+    snprintf(cmd, sizeof cmd, "%s --model %s --ids 3 --max-tokens 1 --precision fast --print-ids >/dev/null 2>%s", g_run,
+             dir, outf);
+    CHECK(system(cmd) == 0);
+    said = false;
+    f = fopen(outf, "r");
+    while (f && fgets(line, sizeof line, f)) said = said || strstr(line, "precision fast");
+    if (f) fclose(f);
+    CHECKF(said, "sanctum-run --precision fast did not say so (%s)", outf);
 }
 
 /* --quantize 8 at load == a checkpoint holding dequant(quant8(w)) as F32:
@@ -718,9 +739,11 @@ static void test_cli_top_p_and_penalty(void)
     CHECKF(named, "no error line names top_p 1.5");
 }
 
-/* SANCTUM_CPU_Q4=q8 (8-bit activations for the Q4 matmuls, an opt-in
- * approximation; its per-matmul error bound is tested in test_backend_cpu)
- * on the shipped trained model: on every prompt of tests/parity-smoke.json,
+/* --precision fast on the CPU (sn_load_opts.precision: the SANCTUM_CPU_Q4=q8
+ * kernels, 8-bit activations for the Q4 matmuls, an opt-in approximation;
+ * its per-matmul error bound is tested in test_backend_cpu) on the shipped
+ * trained model, loaded through the option; the env knob gives the same
+ * bits on the first prompt: on every prompt of tests/parity-smoke.json,
  * teacher-forced along transformers' greedy tokens, the q8 argmax is that
  * token at every step (so its greedy continuation is transformers'), and
  * its logits are not bitwise the default path's (the knob took effect).
@@ -741,14 +764,20 @@ static void test_default_model_q8(void)
     sn_load_opts o = { .n_threads = 2, .backend = SN_BACKEND_CPU };
     sn_model *mi = NULL, *mq = NULL;
     CHECK_OK(sn_model_load("models/default", &o, &mi));
+    sn_load_opts of = o;
+    of.precision = SN_PRECISION_FAST;
+    CHECK_OK(sn_model_load("models/default", &of, &mq));
+    CHECK(mq && sn_model_get_info(mq)->precision == SN_PRECISION_FAST && sn_model_get_info(mi)->precision == SN_PRECISION_EXACT);
+    sn_model *me = NULL; /* the env knob's model, for the first prompt */
     setenv("SANCTUM_CPU_Q4", "q8", 1);
-    CHECK_OK(sn_model_load("models/default", &o, &mq));
+    CHECK_OK(sn_model_load("models/default", &o, &me));
     unsetenv("SANCTUM_CPU_Q4");
     json_t *ps = json_object_get(bat, "prompts");
     CHECK(mi && mq && json_array_size(ps) >= 10);
     if (!mi || !mq || !json_is_array(ps)) {
         sn_model_free(mi);
         sn_model_free(mq);
+        sn_model_free(me);
         json_decref(bat);
         return;
     }
@@ -772,6 +801,15 @@ static void test_default_model_q8(void)
         CHECK_OK(sn_forward(mi, si, ids, n, li, true));
         CHECK_OK(sn_forward(mq, sq, ids, n, lq, true));
         differ |= memcmp(li, lq, sizeof(float) * (size_t)n * Vn) != 0;
+        if (pi == 0 && me) {
+            float *le = malloc(sizeof(float) * (size_t)n * Vn);
+            sn_seq *se = NULL;
+            CHECK_OK(sn_seq_new(me, n + 1, &se));
+            CHECK_OK(sn_forward(me, se, ids, n, le, true));
+            CHECKF(memcmp(le, lq, sizeof(float) * (size_t)n * Vn) == 0, "--precision fast differs from SANCTUM_CPU_Q4=q8");
+            sn_seq_free(se);
+            free(le);
+        }
         for (int t = L - 1; t < n; t++) {
             const float *a = li + (size_t)t * Vn, *b = lq + (size_t)t * Vn;
             int bi = 0, bq = 0;
@@ -800,6 +838,7 @@ static void test_default_model_q8(void)
     CHECK(differ);
     sn_model_free(mi);
     sn_model_free(mq);
+    sn_model_free(me);
     json_decref(bat);
 }
 

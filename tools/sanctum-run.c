@@ -29,6 +29,7 @@ typedef struct {
     unsigned long long seed;
     sn_backend_kind backend;
     sn_weights_mode weights;
+    sn_precision precision;
 } args;
 
 static void usage(FILE *f)
@@ -54,6 +55,8 @@ static void usage(FILE *f)
             "  --weights auto|mmap|copy  weights read from the file mappings, or copied into\n"
             "                     memory in huge pages (default auto: copy on the CPU backend\n"
             "                     when they fit in available memory with 2 GB to spare)\n"
+            "  --precision exact|fast  activations of quantized products: exact (default,\n"
+            "                     fp32-class) or fast (CPU: 8-bit; CUDA: prefill GEMMs on fp16 x)\n"
             "  --ctx N            context length (default: prompt + max tokens)\n");
 }
 
@@ -123,6 +126,12 @@ static int parse_args(int argc, char **argv, args *a)
             NEEDV();
             if (!sn_weights_mode_parse(v, &a->weights)) {
                 fprintf(stderr, "sanctum-run: --weights: expected auto, mmap or copy, got '%s'\n", v);
+                return -1;
+            }
+        } else if (!strcmp(k, "--precision")) {
+            NEEDV();
+            if (!sn_precision_parse(v, &a->precision)) {
+                fprintf(stderr, "sanctum-run: --precision: expected exact or fast, got '%s'\n", v);
                 return -1;
             }
         } else if (!strcmp(k, "--backend")) {
@@ -268,7 +277,7 @@ int main(int argc, char **argv)
     size_t dlen = 0, dcap = 0;
 
     sn_load_opts lo = { .backend = a.backend, .gpu = a.gpu, .n_threads = a.threads, .quantize_bits = a.quantize,
-                        .weights = a.weights };
+                        .weights = a.weights, .precision = a.precision };
     if (isatty(2)) {
         lo.progress = load_progress;
         lo.progress_ud = &g_load_pct;
@@ -276,9 +285,10 @@ int main(int argc, char **argv)
     double t0 = now_s();
     if ((s = sn_model_load(a.model, &lo, &m)) != SN_OK) { rc = fail("loading model", s); goto out; }
     const sn_model_info *info = sn_model_get_info(m);
-    fprintf(stderr, "sanctum-run: loaded %s (%s, %s layout, %d layers; weights %s) in %.2f s\n", info->name,
-            info->model_type, info->mlx_layout ? "MLX" : "HF", info->n_layers,
-            info->weights_copied ? "copied into memory" : "mapped", now_s() - t0);
+    fprintf(stderr, "sanctum-run: loaded %s (%s, %s layout, %d layers; weights %s, precision %s) in %.2f s\n",
+            info->name, info->model_type, info->mlx_layout ? "MLX" : "HF", info->n_layers,
+            info->weights_copied ? "copied into memory" : "mapped",
+            info->precision == SN_PRECISION_FAST ? "fast" : "exact", now_s() - t0);
 
     /* The tokenizer is optional with --ids: then only ids come out. */
     if (a.prompt || !a.print_ids) {

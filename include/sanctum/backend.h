@@ -211,6 +211,14 @@ typedef struct sn_backend_ops {
     sn_status (*step_park)(sn_backend *, const void *owner);
     sn_status (*step_launch_parked)(sn_backend *, const void *owner, const int32_t *ids, int n);
     void (*step_drop)(sn_backend *);
+    /* Optional: the faster, approximate activations for quantized products
+     * (--precision fast), set once after creation and before any weight is
+     * uploaded. CPU: Q4 weights against 8-bit activations (the
+     * SANCTUM_CPU_Q4=q8 kernels, where the ISA has them; scalar stays
+     * exact). CUDA: prefill GEMMs with x in one fp16 pass
+     * (SANCTUM_CUDA_GEMM=fast); decode is unchanged. NULL: the backend has
+     * only its exact products. */
+    sn_status (*set_fast)(sn_backend *);
 } sn_backend_ops;
 
 struct sn_backend {

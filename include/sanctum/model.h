@@ -33,6 +33,21 @@ typedef enum {
 /* "auto", "mmap", "copy" -> the mode; false for any other string */
 bool sn_weights_mode_parse(const char *s, sn_weights_mode *out);
 
+/* The activations of quantized products (sn_load_opts.precision). */
+typedef enum {
+    /* fp32-class: x kept to 22-24 bits in every product (CPU: three int8
+     * digit planes; CUDA: the same on decode, fp16 hi + lo in prefill) */
+    SN_PRECISION_EXACT = 0,
+    /* faster, approximate: CPU Q4 weights against 8-bit activations (AVX2
+     * and AVX-512; the scalar kernels stay exact); CUDA prefill GEMMs on x
+     * rounded to fp16 in one pass (decode unchanged). See the backend op
+     * set_fast. */
+    SN_PRECISION_FAST,
+} sn_precision;
+
+/* "exact", "fast" -> the precision; false for any other string */
+bool sn_precision_parse(const char *s, sn_precision *out);
+
 typedef struct {
     sn_backend_kind backend;  /* CPU (default) or CUDA */
     int gpu;                  /* CUDA device index */
@@ -40,6 +55,7 @@ typedef struct {
     int quantize_bits;        /* 0: as stored; 4 or 8: quantize raw HF weights at load */
     int64_t memory_limit_mb;  /* 0: no limit; else refuse a model whose weights exceed it */
     sn_weights_mode weights;  /* AUTO (default), MMAP or COPY */
+    sn_precision precision;   /* EXACT (default) or FAST */
     /* Optional: progress of the load in [0, 1] (binding and quantizing layer
      * by layer, then the upload), for a terminal bar or log milestones. */
     void (*progress)(void *ud, double frac);
@@ -67,6 +83,7 @@ typedef struct {
     bool mlx_layout;          /* true: MLX-converted checkpoint; false: raw HF */
     int64_t weight_bytes;     /* bytes of weights as stored (for bandwidth figures) */
     bool weights_copied;      /* in anonymous memory (sn_load_opts.weights), not the file mappings */
+    sn_precision precision;   /* as loaded (sn_load_opts.precision) */
 } sn_model_info;
 
 sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **out);

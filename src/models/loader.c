@@ -646,6 +646,13 @@ bool sn_weights_mode_parse(const char *s, sn_weights_mode *out)
     return false;
 }
 
+bool sn_precision_parse(const char *s, sn_precision *out)
+{
+    if (s && !strcmp(s, "exact")) { *out = SN_PRECISION_EXACT; return true; }
+    if (s && !strcmp(s, "fast")) { *out = SN_PRECISION_FAST; return true; }
+    return false;
+}
+
 bool sn_weights_copy_wanted(sn_weights_mode mode, sn_backend_kind backend, size_t data_bytes, size_t avail_bytes)
 {
     if (mode != SN_WEIGHTS_AUTO) return mode == SN_WEIGHTS_COPY;
@@ -683,6 +690,8 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
     if (!opts) opts = &defaults;
     if (opts->quantize_bits != 0 && opts->quantize_bits != 4 && opts->quantize_bits != 8)
         return SN_FAIL(SN_E_INVALID, "quantize_bits must be 0, 4 or 8 (got %d)", opts->quantize_bits);
+    if (opts->precision != SN_PRECISION_EXACT && opts->precision != SN_PRECISION_FAST)
+        return SN_FAIL(SN_E_INVALID, "precision must be exact or fast (got %d)", (int)opts->precision);
     sn_model *m = calloc(1, sizeof *m);
     if (!m) return SN_FAIL(SN_E_NOMEM, "model: out of memory");
     pthread_mutex_init(&m->lock, NULL);
@@ -728,6 +737,15 @@ sn_status sn_model_load(const char *dir, const sn_load_opts *opts, sn_model **ou
     else s = sn_backend_cpu_new(opts->n_threads, &m->be);
     if (s != SN_OK) goto out;
     m->own_be = true;
+    if (opts->precision == SN_PRECISION_FAST) {
+        /* before any upload: the CUDA backend's choice decides what it repacks */
+        if (!m->be->ops->set_fast) {
+            s = SN_FAIL(SN_E_UNSUPPORTED, "precision fast: the %s backend has only exact products", m->be->ops->name);
+            goto out;
+        }
+        if ((s = m->be->ops->set_fast(m->be)) != SN_OK) goto out;
+    }
+    m->info.precision = opts->precision;
 
     fill_dims(m);
     m->H = c->hidden_size;

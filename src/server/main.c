@@ -46,6 +46,7 @@ typedef struct {
     double request_timeout;
     sn_backend_kind backend;
     sn_weights_mode weights;
+    sn_precision precision;
     const char *manifest, *manifest_sig, *manifest_pubkey;
     bool require_signed, no_plain;
     const char *tls_cert, *tls_key, *tls_ca, *tls_crl;
@@ -210,6 +211,8 @@ static void usage(FILE *f)
             "  --weights auto|mmap|copy     weights read from the file mappings, or copied into memory in\n"
             "                               huge pages (default auto: copy on the CPU backend when they fit\n"
             "                               in available memory with 2 GB to spare)\n"
+            "  --precision exact|fast       activations of quantized products: exact (default, fp32-class)\n"
+            "                               or fast (CPU: 8-bit; CUDA: prefill GEMMs on fp16 x)\n"
             "  --manifest FILE              sha256sum manifest of the model dir, verified before loading\n"
             "  --manifest-sig FILE          detached ed25519 signature (default FILE.sig)\n"
             "  --manifest-pubkey FILE       ed25519 public key that must have signed the manifest\n"
@@ -292,6 +295,13 @@ static int parse_args(int argc, char **argv, cli *c)
             NEEDV();
             if (!sn_weights_mode_parse(v, &c->weights)) {
                 fprintf(stderr, "sanctum-mlx: --weights must be auto, mmap or copy, got '%s'\n", v);
+                return -1;
+            }
+        }
+        else if (!strcmp(k, "--precision")) {
+            NEEDV();
+            if (!sn_precision_parse(v, &c->precision)) {
+                fprintf(stderr, "sanctum-mlx: --precision must be exact or fast, got '%s'\n", v);
                 return -1;
             }
         }
@@ -538,7 +548,8 @@ int main(int argc, char **argv)
 
     double t0 = sn_now_s();
     sn_load_opts lo = {.backend = c.backend, .gpu = c.gpu, .n_threads = c.threads,
-                       .memory_limit_mb = c.memory_limit_mb, .weights = c.weights, .pins = pins};
+                       .memory_limit_mb = c.memory_limit_mb, .weights = c.weights,
+                       .precision = c.precision, .pins = pins};
     fprintf(stderr, "sanctum-mlx: loading %s\n", c.model_dir);
     if (sn_model_load(c.model_dir, &lo, &e.model) != SN_OK) {
         fprintf(stderr, "sanctum-mlx: cannot load model %s: %s\n", c.model_dir, sn_errmsg());
@@ -607,9 +618,10 @@ int main(int argc, char **argv)
         snprintf(fingerprint, sizeof fingerprint, "fp_%s_%s_%08llx", model_id, SANCTUM_VERSION,
                  (unsigned long long)(hsh & 0xffffffffull));
     }
-    fprintf(stderr, "sanctum-mlx: loaded %s (%s, %d layers, vocab %d, ctx %d; weights %s) in %.2fs\n", model_id,
-            e.info->model_type, e.info->n_layers, e.info->vocab_size, sn_seq_max_ctx(e.seq),
-            e.info->weights_copied ? "copied into memory" : "mapped", load_s);
+    fprintf(stderr, "sanctum-mlx: loaded %s (%s, %d layers, vocab %d, ctx %d; weights %s, precision %s) in %.2fs\n",
+            model_id, e.info->model_type, e.info->n_layers, e.info->vocab_size, sn_seq_max_ctx(e.seq),
+            e.info->weights_copied ? "copied into memory" : "mapped",
+            e.info->precision == SN_PRECISION_FAST ? "fast" : "exact", load_s);
 
     srv_opts so = {
         .hosts = c.hosts, .n_hosts = c.n_hosts, .port = c.port,

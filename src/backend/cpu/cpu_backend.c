@@ -659,6 +659,14 @@ static sn_status cpu_argmax(sn_backend *b, const float *x, int rows, int n, int3
 
 /* ---------------- construction ---------------- */
 
+/* --precision fast: the 8-bit activation kernels for Q4 weights (the table
+ * falls back to the exact ones where it has none) */
+static sn_status cpu_set_fast(sn_backend *b)
+{
+    ((cpu_be *)b)->q4_mode = CPU_Q4_Q8;
+    return SN_OK;
+}
+
 #define CPU_OPS(NAME)                                                                                       \
     {                                                                                                        \
         .name = NAME, .destroy = cpu_destroy, .buf_alloc = cpu_buf_alloc, .buf_free = cpu_buf_free,         \
@@ -667,7 +675,7 @@ static sn_status cpu_argmax(sn_backend *b, const float *x, int rows, int n, int3
         .rmsnorm = cpu_rmsnorm, .add = cpu_add, .swiglu = cpu_swiglu, .rope = cpu_rope,                     \
         .attention = cpu_attention, .kv_write = cpu_kv_write, .gdn = cpu_gdn,                               \
         .gated_rmsnorm = cpu_gated_rmsnorm, .mul_sigmoid = cpu_mul_sigmoid, .argmax = cpu_argmax,           \
-        .moe = cpu_moe, .add_gated = cpu_add_gated, .copy_n = cpu_copy_n,                                   \
+        .moe = cpu_moe, .add_gated = cpu_add_gated, .copy_n = cpu_copy_n, .set_fast = cpu_set_fast,         \
     }
 
 static const sn_backend_ops g_ops[SN_ISA_COUNT] = {

@@ -1749,6 +1749,17 @@ sn_status tbl_moe_shared(sn_backend *b, const sn_weight *gate, const sn_weight *
     return moe_submit(b, gate, up, down, logits, top_k, norm_topk ? 1 : 0, sh, x, T, out);
 }
 
+/* --precision fast: what SANCTUM_CUDA_GEMM=fast selects at creation, the
+ * prefill GEMMs in one fp16 pass (x rounded to fp16; test_cuda_ops bounds
+ * them at 2e-3 against the CPU) instead of the hi/lo form */
+sn_status cuda_set_fast(sn_backend *b)
+{
+    cuda_be *cb = cb_of(b);
+    cb->di.gemm_fast = 1;
+    cb->di.gemm_i8 = 0;
+    return SN_OK;
+}
+
 const sn_backend_ops g_cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -1785,6 +1796,7 @@ const sn_backend_ops g_cuda_ops = {
     .step_park = sn_cuda_step_park,
     .step_launch_parked = sn_cuda_step_launch_parked,
     .step_drop = sn_cuda_step_drop,
+    .set_fast = cuda_set_fast,
 };
 
 } // namespace
