@@ -1024,6 +1024,15 @@ def startup_refusals_and_binding():
     st, b, _ = D.post({"messages": msg("Hi"), "max_tokens": 2})
     assert st == 200, (st, b[:200])
     assert D.stop() == 0
+    # the precision is part of the fingerprint: X serves the same model exactly
+    X = Server(name="X")
+    try:
+        stx, bx, _ = X.post({"messages": msg("Hi"), "max_tokens": 2})
+        assert stx == 200, (stx, bx[:200])
+        fd, fx = json.loads(b)["system_fingerprint"], json.loads(bx)["system_fingerprint"]
+        assert fd.startswith("fp_") and fx.startswith("fp_") and fd != fx, (fd, fx)
+    finally:
+        assert X.stop() == 0
     # Bad flags exit with a usage error, not a crash.
     r = subprocess.run([exe, "--port", "99999"], capture_output=True, timeout=10)
     assert r.returncode == 2 and b"--port" in r.stderr

@@ -611,7 +611,11 @@ int main(int argc, char **argv)
     snprintf(model_id, sizeof model_id, "%s", e.info->name && e.info->name[0] ? e.info->name : base_name(c.model_dir));
     {
         uint64_t hsh = 0xcbf29ce484222325ull;
-        const char *parts[] = {model_id, e.info->model_type, SANCTUM_VERSION, __DATE__, __TIME__};
+        /* the backend and the precision change the numbers a request gets back, so they are
+         * part of what the fingerprint says stayed the same */
+        const char *parts[] = {model_id, e.info->model_type, SANCTUM_VERSION, __DATE__, __TIME__,
+                               c.backend == SN_BACKEND_CUDA ? "cuda" : "cpu",
+                               e.info->precision == SN_PRECISION_FAST ? "fast" : "exact"};
         for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
             for (const char *p = parts[i]; p && *p; p++) { hsh ^= (unsigned char)*p; hsh *= 0x100000001b3ull; }
         hsh ^= (uint64_t)e.info->weight_bytes;
