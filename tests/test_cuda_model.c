@@ -14,7 +14,6 @@
  *    prefill(L) vs prefill(L-1) + decode(1): max |diff| <= 1e-2 * scale
  *    (the GEMM vs GEMV paths differ in rounding, not in function).
  * Missing fixtures or GPU: SKIP, visibly. */
-#include <jansson.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -27,6 +26,7 @@
 #include "harness.h"
 #include "logit_cmp.h"
 #include "models/model_impl.h" /* the model's backend, for its recording-ahead counts */
+#include "parity_pair.h"
 #include "sanctum/model.h"
 #include "sanctum/safetensors.h"
 
@@ -350,42 +350,13 @@ static void test_precision_fast(void)
     CHECK_OK(sn_model_load("models/default", &oe, &me));
     CHECK_OK(sn_model_load("models/default", &of, &mf));
     json_t *ps = json_object_get(bat, "prompts");
-    int differ = 0, V = me ? sn_model_get_info(me)->vocab_size : 0;
-    double worst = 0, scale = 0;
-    for (size_t pi = 0; me && mf && pi < json_array_size(ps); pi++) {
-        json_t *pj = json_array_get(ps, pi), *pid = json_object_get(pj, "prompt_ids"), *rid = json_object_get(pj, "ref_ids");
-        const int L = (int)json_array_size(pid), R = (int)json_array_size(rid), n = L + R - 1;
-        int32_t *ids = malloc(sizeof(int32_t) * (size_t)(L + R));
-        for (int i = 0; i < L + R; i++)
-            ids[i] = (int32_t)json_integer_value(json_array_get(i < L ? pid : rid, i < L ? i : i - L));
-        float *le = malloc(sizeof(float) * (size_t)n * V), *lf = malloc(sizeof(float) * (size_t)n * V);
-        sn_seq *se = NULL, *sf = NULL;
-        CHECK_OK(sn_seq_new(me, n + 1, &se));
-        CHECK_OK(sn_seq_new(mf, n + 1, &sf));
-        CHECK_OK(sn_forward(me, se, ids, n, le, true));
-        CHECK_OK(sn_forward(mf, sf, ids, n, lf, true));
-        differ |= memcmp(le, lf, sizeof(float) * (size_t)n * V) != 0;
-        for (int t = L - 1; t < n; t++) {
-            const float *a = le + (size_t)t * V, *b = lf + (size_t)t * V;
-            int bf = 0;
-            for (int v = 0; v < V; v++) {
-                if (b[v] > b[bf]) bf = v;
-                worst = fmax(worst, fabs((double)a[v] - b[v]));
-                scale = fmax(scale, fabs((double)a[v]));
-            }
-            CHECKF(bf == ids[t + 1], "fast prompt %zu step %d: argmax %d, transformers' greedy token %d", pi,
-                   t - (L - 1), bf, ids[t + 1]);
-        }
-        sn_seq_free(se);
-        sn_seq_free(sf);
-        free(le);
-        free(lf);
-        free(ids);
-    }
+    parity_pair st = { 0 };
+    if (me && mf)
+        parity_pair_run(ps, me, mf, "fast", NULL, NULL, &st);
     fprintf(stderr, "  precision fast vs exact on models/default (CUDA): max |logit diff| %.3g (max |logit| %.3g)\n",
-            worst, scale);
-    CHECK(differ);
-    CHECKF(worst <= 2e-2 * scale, "fast vs exact %.3g > 2e-2 of %.3g", worst, scale);
+            st.worst, st.scale);
+    CHECK(st.differ);
+    CHECKF(st.worst <= 2e-2 * st.scale, "fast vs exact %.3g > 2e-2 of %.3g", st.worst, st.scale);
     sn_model_free(me);
     sn_model_free(mf);
     json_decref(bat);

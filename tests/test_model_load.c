@@ -14,6 +14,7 @@
 
 #include "harness.h"
 #include "models/model_impl.h"
+#include "parity_pair.h"
 #include "sanctum/model.h"
 #include "sanctum/quant.h"
 #include "sanctum/safetensors.h"
@@ -739,6 +740,23 @@ static void test_cli_top_p_and_penalty(void)
     CHECKF(named, "no error line names top_p 1.5");
 }
 
+/* test_default_model_q8's check on the first prompt: the env knob's model
+ * (ud) gives --precision fast's bits */
+static void env_knob_same_bits(size_t prompt, const int32_t *ids, int n, const float *alt, void *ud)
+{
+    sn_model *me = ud;
+    if (prompt != 0 || !me)
+        return;
+    const size_t bytes = sizeof(float) * (size_t)n * sn_model_get_info(me)->vocab_size;
+    float *le = malloc(bytes);
+    sn_seq *se = NULL;
+    CHECK_OK(sn_seq_new(me, n + 1, &se));
+    CHECK_OK(sn_forward(me, se, ids, n, le, true));
+    CHECKF(memcmp(le, alt, bytes) == 0, "--precision fast differs from SANCTUM_CPU_Q4=q8");
+    sn_seq_free(se);
+    free(le);
+}
+
 /* --precision fast on the CPU (sn_load_opts.precision: the SANCTUM_CPU_Q4=q8
  * kernels, 8-bit activations for the Q4 matmuls, an opt-in approximation;
  * its per-matmul error bound is tested in test_backend_cpu) on the shipped
@@ -781,61 +799,11 @@ static void test_default_model_q8(void)
         json_decref(bat);
         return;
     }
-    const int Vn = sn_model_get_info(mi)->vocab_size;
-    double worst_d = 0, min_margin = INFINITY, scale = 0;
-    int differ = 0;
-    for (size_t pi = 0; pi < json_array_size(ps); pi++) {
-        json_t *pj = json_array_get(ps, pi), *pid = json_object_get(pj, "prompt_ids"), *rid = json_object_get(pj, "ref_ids");
-        int L = (int)json_array_size(pid), R = (int)json_array_size(rid);
-        int32_t *ids = malloc(sizeof(int32_t) * (size_t)(L + R));
-        for (int i = 0; i < L; i++)
-            ids[i] = (int32_t)json_integer_value(json_array_get(pid, i));
-        for (int i = 0; i < R; i++)
-            ids[L + i] = (int32_t)json_integer_value(json_array_get(rid, i));
-        /* logits after the prompt and after each reference token but the last */
-        const int n = L + R - 1;
-        float *li = malloc(sizeof(float) * (size_t)n * Vn), *lq = malloc(sizeof(float) * (size_t)n * Vn);
-        sn_seq *si = NULL, *sq = NULL;
-        CHECK_OK(sn_seq_new(mi, n + 1, &si));
-        CHECK_OK(sn_seq_new(mq, n + 1, &sq));
-        CHECK_OK(sn_forward(mi, si, ids, n, li, true));
-        CHECK_OK(sn_forward(mq, sq, ids, n, lq, true));
-        differ |= memcmp(li, lq, sizeof(float) * (size_t)n * Vn) != 0;
-        if (pi == 0 && me) {
-            float *le = malloc(sizeof(float) * (size_t)n * Vn);
-            sn_seq *se = NULL;
-            CHECK_OK(sn_seq_new(me, n + 1, &se));
-            CHECK_OK(sn_forward(me, se, ids, n, le, true));
-            CHECKF(memcmp(le, lq, sizeof(float) * (size_t)n * Vn) == 0, "--precision fast differs from SANCTUM_CPU_Q4=q8");
-            sn_seq_free(se);
-            free(le);
-        }
-        for (int t = L - 1; t < n; t++) {
-            const float *a = li + (size_t)t * Vn, *b = lq + (size_t)t * Vn;
-            int bi = 0, bq = 0;
-            for (int v = 1; v < Vn; v++) {
-                if (a[v] > a[bi]) bi = v;
-                if (b[v] > b[bq]) bq = v;
-            }
-            float second = -INFINITY;
-            for (int v = 0; v < Vn; v++) {
-                if (v != bi && a[v] > second) second = a[v];
-                worst_d = fmax(worst_d, fabs((double)a[v] - b[v]));
-                scale = fmax(scale, fabs((double)a[v]));
-            }
-            min_margin = fmin(min_margin, (double)a[bi] - second);
-            CHECKF(bq == ids[t + 1], "q8 prompt %zu step %d: argmax %d, transformers' greedy token %d (default path %d)",
-                   pi, t - (L - 1), bq, ids[t + 1], bi);
-        }
-        sn_seq_free(si);
-        sn_seq_free(sq);
-        free(li);
-        free(lq);
-        free(ids);
-    }
+    parity_pair st;
+    parity_pair_run(ps, mi, mq, "q8", env_knob_same_bits, me, &st);
     fprintf(stderr, "  q8 vs default on models/default: max |logit diff| %.3g (max |logit| %.3g), min default top-2 "
-            "margin %.3g\n", worst_d, scale, min_margin);
-    CHECK(differ);
+            "margin %.3g\n", st.worst, st.scale, st.min_margin);
+    CHECK(st.differ);
     sn_model_free(mi);
     sn_model_free(mq);
     sn_model_free(me);
