@@ -304,6 +304,8 @@ static void test_weights_copy(void)
     CHECK(sn_precision_parse("exact", &pr) && pr == SN_PRECISION_EXACT);
     CHECK(sn_precision_parse("fast", &pr) && pr == SN_PRECISION_FAST);
     CHECK(!sn_precision_parse("FAST", &pr) && !sn_precision_parse("", &pr) && !sn_precision_parse(NULL, &pr));
+    CHECK(sn_precision_parse(sn_precision_name(SN_PRECISION_FAST), &pr) && pr == SN_PRECISION_FAST);
+    CHECK(sn_precision_parse(sn_precision_name(SN_PRECISION_EXACT), &pr) && pr == SN_PRECISION_EXACT);
     sn_load_opts badp = { .n_threads = 1, .precision = (sn_precision)5 };
     CHECK(sn_model_load(dir, &badp, &m) == SN_E_INVALID && m == NULL && strstr(sn_errmsg(), "precision"));
 

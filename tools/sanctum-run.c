@@ -288,7 +288,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "sanctum-run: loaded %s (%s, %s layout, %d layers; weights %s, precision %s) in %.2f s\n",
             info->name, info->model_type, info->mlx_layout ? "MLX" : "HF", info->n_layers,
             info->weights_copied ? "copied into memory" : "mapped",
-            info->precision == SN_PRECISION_FAST ? "fast" : "exact", now_s() - t0);
+            sn_precision_name(info->precision), now_s() - t0);
 
     /* The tokenizer is optional with --ids: then only ids come out. */
     if (a.prompt || !a.print_ids) {

@@ -47,6 +47,8 @@ typedef enum {
 
 /* "exact", "fast" -> the precision; false for any other string */
 bool sn_precision_parse(const char *s, sn_precision *out);
+/* the precision's name, as sn_precision_parse takes it */
+const char *sn_precision_name(sn_precision p);
 
 typedef struct {
     sn_backend_kind backend;  /* CPU (default) or CUDA */

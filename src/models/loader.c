@@ -646,11 +646,18 @@ bool sn_weights_mode_parse(const char *s, sn_weights_mode *out)
     return false;
 }
 
+static const char *const precision_names[] = { [SN_PRECISION_EXACT] = "exact", [SN_PRECISION_FAST] = "fast" };
+
 bool sn_precision_parse(const char *s, sn_precision *out)
 {
-    if (s && !strcmp(s, "exact")) { *out = SN_PRECISION_EXACT; return true; }
-    if (s && !strcmp(s, "fast")) { *out = SN_PRECISION_FAST; return true; }
+    for (size_t i = 0; s && i < sizeof precision_names / sizeof precision_names[0]; i++)
+        if (!strcmp(s, precision_names[i])) { *out = (sn_precision)i; return true; }
     return false;
+}
+
+const char *sn_precision_name(sn_precision p)
+{
+    return p == SN_PRECISION_FAST ? precision_names[SN_PRECISION_FAST] : precision_names[SN_PRECISION_EXACT];
 }
 
 bool sn_weights_copy_wanted(sn_weights_mode mode, sn_backend_kind backend, size_t data_bytes, size_t avail_bytes)

@@ -615,7 +615,7 @@ int main(int argc, char **argv)
          * part of what the fingerprint says stayed the same */
         const char *parts[] = {model_id, e.info->model_type, SANCTUM_VERSION, __DATE__, __TIME__,
                                c.backend == SN_BACKEND_CUDA ? "cuda" : "cpu",
-                               e.info->precision == SN_PRECISION_FAST ? "fast" : "exact"};
+                               sn_precision_name(e.info->precision)};
         for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
             for (const char *p = parts[i]; p && *p; p++) { hsh ^= (unsigned char)*p; hsh *= 0x100000001b3ull; }
         hsh ^= (uint64_t)e.info->weight_bytes;
@@ -625,7 +625,7 @@ int main(int argc, char **argv)
     fprintf(stderr, "sanctum-mlx: loaded %s (%s, %d layers, vocab %d, ctx %d; weights %s, precision %s) in %.2fs\n",
             model_id, e.info->model_type, e.info->n_layers, e.info->vocab_size, sn_seq_max_ctx(e.seq),
             e.info->weights_copied ? "copied into memory" : "mapped",
-            e.info->precision == SN_PRECISION_FAST ? "fast" : "exact", load_s);
+            sn_precision_name(e.info->precision), load_s);
 
     srv_opts so = {
         .hosts = c.hosts, .n_hosts = c.n_hosts, .port = c.port,

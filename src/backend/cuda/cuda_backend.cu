@@ -1749,14 +1749,21 @@ sn_status tbl_moe_shared(sn_backend *b, const sn_weight *gate, const sn_weight *
     return moe_submit(b, gate, up, down, logits, top_k, norm_topk ? 1 : 0, sh, x, T, out);
 }
 
+/* The prefill GEMM a SANCTUM_CUDA_GEMM value names (NULL: the default; a
+ * value sn_cuda_gemm_i8_of refuses was refused at creation): "fast" the
+ * single-pass fp16 GEMM (see k_x_to_f16), else gemm_i8's form */
+void gemm_mode_set(cu_devinfo *di, const char *g)
+{
+    di->gemm_fast = g && !strcmp(g, "fast");
+    di->gemm_i8 = sn_cuda_gemm_i8_of(g);
+}
+
 /* --precision fast: what SANCTUM_CUDA_GEMM=fast selects at creation, the
  * prefill GEMMs in one fp16 pass (x rounded to fp16; test_cuda_ops bounds
  * them at 2e-3 against the CPU) instead of the hi/lo form */
 sn_status cuda_set_fast(sn_backend *b)
 {
-    cuda_be *cb = cb_of(b);
-    cb->di.gemm_fast = 1;
-    cb->di.gemm_i8 = 0;
+    gemm_mode_set(&cb_of(b)->di, "fast");
     return SN_OK;
 }
 
@@ -1899,15 +1906,13 @@ extern "C" sn_status sn_backend_cuda_new(int gpu, sn_backend **out)
     cb->di.gemv_q8s_rows = 1024;
     cb->di.gemv_rpw1_rows = 0; /* off: 35B-A3B 339-349 vs 347-355 tok/s, not separable from noise (results.log 20:19Z) */
     {
-        /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16) */
-        const char *g = getenv("SANCTUM_CUDA_GEMM");
-        cb->di.gemm_fast = g && !strcmp(g, "fast");
-        /* [gemm_i8] SANCTUM_CUDA_GEMM=hilo (default: x as fp16 hi + lo on the fp16 tensor cores,
+        /* SANCTUM_CUDA_GEMM=fast: single-pass fp16 prefill GEMM (see k_x_to_f16);
+         * [gemm_i8] SANCTUM_CUDA_GEMM=hilo (default: x as fp16 hi + lo on the fp16 tensor cores,
          * dense weights; MoE experts take 3 digits) | i8 (3 digits) | i8fast (2 digits) | split |
          * fast: the tensor-core GEMM for repacked Q4 weights, or the fp16 GEMMs above for every
          * weight. hi/lo is the default since s38r1: the model and prefill tests pass with it, its
          * GEMM is 1.16x the 3 digits' (H100, warps of 32 rows) and 5.6e-7 off the CPU (6.7e-7) */
-        cb->di.gemm_i8 = sn_cuda_gemm_i8_of(g);
+        gemm_mode_set(&cb->di, getenv("SANCTUM_CUDA_GEMM"));
         /* the hi/lo form's nibbles by the magic number: as subnormals its results were 1.19x the
          * 3-digit GEMM's speed against 1.11x, but 4e-6 off its host emulation (s37r1, H100) */
         cb->di.gemm_hl_sub = 0;
